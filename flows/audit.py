@@ -1,0 +1,70 @@
+"""Audit one existing counterfactual pair: align it and run every gate (``counterfactory measure``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from generation.align import AlignConfig, align_candidate
+from generation.masks import load_mask_file
+from generation.sources import SourceError, load_image
+from validation.faces import face_mask, get_face_landmarker
+from validation.judge import GatesConfig, GateStack
+
+
+def measure_pair(
+    source_path: Path,
+    candidate_path: Path,
+    *,
+    mask_path: Path | None = None,
+    kind: str | None = None,
+    spec_path: Path | None = None,
+) -> dict[str, Any]:
+    """Align ``candidate_path`` to ``source_path`` and judge it.
+
+    Returns a JSON-ready dict: ``verdict``, ``reasons``, ``alignment`` and per-gate
+    ``gates`` (metrics, thresholds, reasons). Unreadable files raise ``ValueError`` naming the file.
+    """
+    align_config, gates_config = AlignConfig(), GatesConfig()
+    if spec_path is not None:
+        from manifests.spec import load_spec
+
+        spec = load_spec(spec_path)
+        align_config, gates_config = spec.align, spec.gates
+    kind = kind or ("limb" if mask_path is not None else "face")
+    try:
+        source = load_image(source_path).pixels
+        candidate = load_image(candidate_path).pixels
+    except SourceError as exc:
+        raise ValueError(str(exc)) from None
+
+    region: np.ndarray | None
+    face_size = None
+    if kind == "limb":
+        if mask_path is None:
+            raise ValueError("limb pairs need --mask FILE (the limb region, white inside)")
+        region = load_mask_file(mask_path, source.shape[:2])
+    else:
+        faces = get_face_landmarker().detect(source)
+        region = face_mask(faces[0].landmarks, source.shape[:2], mode=gates_config.face_mask) if faces else None
+        face_size = faces[0].size_px if faces else None
+
+    alignment = align_candidate(
+        source, candidate, mask=region, kind=kind, face_size_px=face_size, config=align_config
+    )
+    report: dict[str, Any] = {
+        "source": str(source_path),
+        "candidate": str(candidate_path),
+        "kind": kind,
+        "alignment": alignment.record(),
+    }
+    if not alignment.ok:
+        report.update(verdict="rejected", reasons=[alignment.reason], gates={})
+        return report
+    stack = GateStack.from_config(gates_config, kind)
+    judgement = stack.evaluate(source, alignment.image, edit_mask=region if kind == "limb" else None)
+    data = judgement.to_dict()
+    report.update(verdict=data["verdict"], reasons=data["reasons"], gates=data["gates"])
+    return report

@@ -1,0 +1,137 @@
+"""The ``counterfactory`` command line. Each command calls the same functions as the Python API."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import click
+
+# Prefect's console logging would drown the progress bar; its temporary server's telemetry
+# logs database-lock errors. Both can be overridden from the environment.
+os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+
+
+def _fail(message: str, code: int = 2) -> None:
+    click.echo(f"error: {message}", err=True)
+    sys.exit(code)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def main() -> None:
+    """counterfactory: counterfactual image stimuli, edited, aligned, measured and released."""
+
+
+@main.command()
+@click.argument("spec_path", type=click.Path(path_type=Path))
+@click.option("--out", "out", required=True, type=click.Path(path_type=Path), help="Output folder (ledger, store, releases).")
+@click.option("--workers", default=2, show_default=True, help="Templates processed at a time.")
+@click.option("--no-progress", is_flag=True, help="Hide the progress bar.")
+def run(spec_path: Path, out: Path, workers: int, no_progress: bool) -> None:
+    """Run SPEC_PATH end to end and publish its release under OUT/releases/."""
+    from generation.editors import EditorSetupError
+    from manifests.release import ReleaseExistsError
+    from manifests.spec import SpecError, load_spec
+
+    try:
+        spec = load_spec(spec_path)
+    except SpecError as exc:
+        _fail(str(exc))
+    try:
+        # Fail on a missing model, key or GPU before the flow starts or anything is paid for.
+        from flows.steps import build_editor
+
+        build_editor(spec)
+    except EditorSetupError as exc:
+        _fail(f"editor backend {spec.editor.backend!r} cannot run: {exc}")
+
+    from flows.run import run_spec
+
+    started = time.perf_counter()
+    try:
+        summary = run_spec(spec_path, out, workers=workers, progress=not no_progress)
+    except (ReleaseExistsError, EditorSetupError, SpecError) as exc:
+        _fail(str(exc))
+    counts = ", ".join(f"{k} {v}" for k, v in sorted(summary.counts.items())) or "no cells"
+    click.echo(f"cells: {counts}")
+    click.echo(f"templates complete: {summary.complete_templates}/{summary.templates}; failed sources: {summary.failed_sources}")
+    click.echo(f"editor calls: {summary.editor_calls}")
+    state = "written" if summary.release_created else "unchanged (identical release already existed)"
+    click.echo(f"release {state}: {summary.release_path}")
+    click.echo(f"report: {summary.release_path / 'report.html'}")
+    click.echo(f"time: {time.perf_counter() - started:.1f} s")
+
+
+@main.command()
+@click.argument("source", type=click.Path(path_type=Path))
+@click.argument("candidate", type=click.Path(path_type=Path))
+@click.option("--mask", type=click.Path(path_type=Path), help="Edit mask (limb region) image; makes this a limb pair.")
+@click.option("--kind", type=click.Choice(["face", "limb"]), help="Edit kind (default: limb with --mask, else face).")
+@click.option("--spec", "spec_path", type=click.Path(path_type=Path), help="Take gate and alignment settings from this spec.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def measure(source: Path, candidate: Path, mask: Path | None, kind: str | None, spec_path: Path | None, as_json: bool) -> None:
+    """Align CANDIDATE to SOURCE and print every gate's metrics (audit any counterfactual pair)."""
+    from flows.audit import measure_pair
+
+    try:
+        report = measure_pair(source, candidate, mask_path=mask, kind=kind, spec_path=spec_path)
+    except (OSError, ValueError) as exc:
+        _fail(str(exc))
+    if as_json:
+        click.echo(json.dumps(report, indent=2, sort_keys=True, default=str))
+        return
+    click.echo(f"verdict: {report['verdict']}" + (f"  ({', '.join(report['reasons'])})" if report["reasons"] else ""))
+    align = report["alignment"]
+    click.echo(
+        f"alignment: ok={align['ok']} scale={align['scale']} rotation={align['rotation_deg']}° "
+        f"shift={align['shift_px']} residual_px={align['residual_px']}"
+    )
+    for gate, result in report["gates"].items():
+        click.echo(f"[{gate}] {'pass' if result['passed'] else 'FAIL'}" + (f"  {', '.join(result['reasons'])}" if result["reasons"] else ""))
+        for name, value in result["metrics"].items():
+            click.echo(f"    {name:28s} {value}")
+
+
+@main.command()
+@click.option("--out", "out", required=True, type=click.Path(path_type=Path), help="Folder for calibration.json and plots.")
+@click.option("--spec", "spec_path", type=click.Path(path_type=Path), help="Also measure this spec's sources.")
+def calibrate(out: Path, spec_path: Path | None) -> None:
+    """Measure the no-op ceiling and different-person floor; suggest thresholds."""
+    from assets import PHOTOS_DIR
+    from validation.calibrate import run_calibration
+
+    paths = sorted(p for p in PHOTOS_DIR.iterdir() if p.suffix.lower() in (".jpg", ".jpeg", ".png"))
+    if spec_path is not None:
+        from generation.sources import load_metadata
+        from manifests.spec import SpecError, load_spec
+
+        try:
+            spec = load_spec(spec_path)
+        except SpecError as exc:
+            _fail(str(exc))
+        paths += [spec.sources.photos / r.path for r in load_metadata(spec.sources.metadata)]
+    result = run_calibration(sorted(set(paths)), out)
+    click.echo(json.dumps(result.get("suggested", result), indent=2, sort_keys=True, default=str))
+    click.echo(f"written: {out / 'calibration.json'}")
+
+
+@main.command()
+@click.argument("release", type=click.Path(path_type=Path, exists=True, file_okay=False))
+def verify(release: Path) -> None:
+    """Re-hash every file of a release folder against its checksums."""
+    from manifests.release import verify_release
+
+    problems = verify_release(release)
+    if problems:
+        for p in problems:
+            click.echo(p, err=True)
+        _fail(f"{release}: {len(problems)} problem(s)", code=1)
+    click.echo(f"{release}: every file matches its checksum")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,139 @@
+"""Turn a finished run's ledger state into a release folder (plain functions, no Prefect)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from datetime import datetime, timezone
+from typing import Any, Sequence
+
+from flows.steps import PreparedSource, TemplateOutcome, Workspace
+from generation.sources import FailedSource
+from manifests.release import ITEMS, MANIFEST, ReleaseStage, SealedRelease, write_json, write_jsonl
+from manifests.spec import Spec
+from validation.attrition import attrition_table, plot_attrition
+from validation.report import write_report
+
+STATUSES = ("accepted", "needs_review", "rejected", "failed")
+
+
+def build_items(
+    spec: Spec, ws: Workspace, prepared: Sequence[PreparedSource], outcomes: Sequence[TemplateOutcome],
+    stage: ReleaseStage,
+) -> list[dict[str, Any]]:
+    """One row per cell with its final attempt, candidate and verdict; files staged by sha256."""
+    by_id = {p.id: p for p in prepared}
+    rows = []
+    for outcome in outcomes:
+        src = by_id[outcome.template_id]
+        src_rel = stage.add_file(f"sources/{src.source.sha256}{src.source.path.suffix.lower()}", src.source.path)
+        for cell_outcome in outcome.cells:
+            cell = cell_outcome.cell
+            attempt = ws.ledger.attempt(cell_outcome.final_attempt) if cell_outcome.final_attempt else None
+            candidate = ws.ledger.candidate(cell_outcome.final_attempt) if cell_outcome.final_attempt else None
+            image = None
+            if candidate is not None and candidate.image_sha256:
+                rel = stage.add_file(f"images/{candidate.image_sha256}.png", ws.store.path(candidate.image_sha256))
+                image = {"sha256": candidate.image_sha256, "path": rel}
+            record = src.meta
+            rows.append(
+                {
+                    "item_id": cell_outcome.final_attempt,
+                    "cell_id": cell.cell_id,
+                    "template_id": outcome.template_id,
+                    "kind": spec.design.kind,
+                    "condition": dict(cell.condition),
+                    "gender_match": cell.gender_match,
+                    "status": cell_outcome.verdict,
+                    "reasons": cell_outcome.reasons,
+                    "attempts": len(cell_outcome.attempt_ids),
+                    "image": image,
+                    "source": {
+                        "id": src.id,
+                        "sha256": src.source.sha256,
+                        "path": src_rel,
+                        "licence": record.get("licence"),
+                        "occupation": record.get("occupation"),
+                        "context": record.get("context"),
+                        "presented_gender": record.get("presented_gender"),
+                    },
+                    "editor": None
+                    if attempt is None
+                    else {
+                        "backend": attempt.backend,
+                        "lineage": attempt.lineage,
+                        "prompt": attempt.prompt,
+                        "seed": attempt.seed,
+                        "attempt_no": attempt.attempt_no,
+                        "cost_usd": attempt.cost_usd,
+                    },
+                    "alignment": candidate.alignment if candidate else None,
+                    "gates": candidate.gates if candidate else {},
+                    "review": None,
+                }
+            )
+    return rows
+
+
+def build_stats(
+    spec: Spec, items: Sequence[dict[str, Any]], failed: Sequence[FailedSource],
+    outcomes: Sequence[TemplateOutcome], *, editor_calls: int, total_cost_usd: float,
+) -> dict[str, Any]:
+    counts = Counter(row["status"] for row in items)
+    reasons = Counter(code.split(":")[0] for row in items if row["status"] != "accepted" for code in row["reasons"])
+    gate_rows = [
+        {
+            "condition": row["condition"],
+            "verdict": row["status"],
+            "gates": {name: bool(g.get("passed")) for name, g in (row["gates"] or {}).items()},
+        }
+        for row in items
+    ]
+    return {
+        "release": {"name": spec.release.name, "version": spec.release.version},
+        "spec_hash": spec.spec_hash(),
+        "items": {status: counts.get(status, 0) for status in STATUSES} | {"total": len(items)},
+        "failed_sources": [
+            {"source_id": f.id, "path": str(f.path), "reason": f.reason} for f in failed
+        ],
+        "templates": {
+            "total": len(outcomes),
+            "complete": sum(o.complete for o in outcomes),
+            "incomplete": [o.template_id for o in outcomes if not o.complete],
+        },
+        "reasons": dict(reasons.most_common()),
+        "editor_calls_this_run": editor_calls,
+        "cost_usd_total": round(total_cost_usd, 4),
+        "attrition": attrition_table(gate_rows),
+    }
+
+
+def publish_release(
+    spec: Spec, ws: Workspace, prepared: Sequence[PreparedSource], failed: Sequence[FailedSource],
+    outcomes: Sequence[TemplateOutcome], *, editor_calls: int,
+) -> SealedRelease:
+    """Stage manifest, items, spec, stats, report and images; seal the version."""
+    stage = ReleaseStage(ws.releases, spec.release.name, spec.release.version)
+    try:
+        items = build_items(spec, ws, prepared, outcomes, stage)
+        cost = sum(a.cost_usd for a in ws.ledger.attempts())
+        stats = build_stats(spec, items, failed, outcomes, editor_calls=editor_calls, total_cost_usd=cost)
+        write_jsonl(stage.dir / MANIFEST, [r for r in items if r["status"] == "accepted"])
+        write_jsonl(stage.dir / ITEMS, items)
+        (stage.dir / "spec.yaml").write_text(spec.to_yaml(), encoding="utf-8")
+        write_json(stage.dir / "stats.json", stats)
+        plot_attrition(stats["attrition"], stage.dir / "attrition.png")
+        write_json(
+            stage.dir / "release.json",
+            {
+                "name": spec.release.name,
+                "version": spec.release.version,
+                "description": spec.release.description,
+                "created_at": datetime.now(timezone.utc).isoformat(),
+                "spec_hash": spec.spec_hash(),
+            },
+        )
+        write_report(stage.dir, spec=spec, items=items, stats=stats)
+        return stage.seal()
+    except BaseException:
+        stage.discard()
+        raise

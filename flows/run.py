@@ -1,0 +1,117 @@
+"""The Prefect flow: spec, sources, grid, then one task per template (edit, align, measure,
+judge), then the release. Each task wraps a plain function from :mod:`flows.steps`.
+
+One task handles a template with all its cells, not one image: Prefect's database struggles
+with tens of thousands of task runs, and the ledger already holds the per-image state.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+
+from prefect import flow, task  # noqa: E402
+from prefect.cache_policies import NONE  # noqa: E402
+from prefect.futures import as_completed  # noqa: E402
+from prefect.task_runners import ThreadPoolTaskRunner  # noqa: E402
+from tqdm.auto import tqdm  # noqa: E402
+
+from flows import steps  # noqa: E402
+from flows.publish import publish_release  # noqa: E402
+from manifests.spec import load_spec  # noqa: E402
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    release_path: Path
+    release_created: bool
+    counts: dict[str, int]
+    failed_sources: int
+    templates: int
+    complete_templates: int
+    editor_calls: int
+
+
+@task(name="prepare-sources", cache_policy=NONE)
+def prepare_sources_task(spec, ws):
+    return steps.prepare_sources(spec, ws.ledger)
+
+
+@task(name="grid", cache_policy=NONE)
+def grid_task(spec, prepared):
+    return steps.plan_grid(spec, prepared)
+
+
+@task(name="template", cache_policy=NONE, task_run_name="template-{prepared.id}")
+def template_task(spec, ws, prepared, cells, editor, stack):
+    return steps.process_template(spec, ws, prepared, cells, editor, stack)
+
+
+@task(name="release", cache_policy=NONE)
+def release_task(spec, ws, prepared, failed, outcomes, editor_calls):
+    return publish_release(spec, ws, prepared, failed, outcomes, editor_calls=editor_calls)
+
+
+def _template_key(cell) -> str:
+    return cell.template_id
+
+
+@flow(name="counterfactory-run", log_prints=True)
+def run_flow(spec_path: str, out: str, progress: bool = True) -> RunSummary:
+    """Run one spec end to end into ``out`` and publish its release.
+
+    Templates run concurrently on the flow's task runner (see :func:`run_spec`).
+    """
+    spec = load_spec(spec_path)
+    ws = steps.open_workspace(spec, out)
+    run_id = os.urandom(8).hex()
+    ws.ledger.start_run(run_id, spec_name=spec.name, spec_hash=spec.spec_hash())
+    editor = steps.build_editor(spec)
+    stack = steps.build_gate_stack(spec)
+
+    prepared, failed = prepare_sources_task(spec, ws)
+    grid = grid_task(spec, prepared)
+    cells_by_template: dict[str, list] = {}
+    for cell in grid.cells:
+        cells_by_template.setdefault(_template_key(cell), []).append(cell)
+    by_id = {p.id: p for p in prepared}
+
+    futures = [
+        template_task.submit(spec, ws, by_id[tid], cells, editor, stack)
+        for tid, cells in cells_by_template.items()
+    ]
+    outcomes = []
+    with tqdm(total=len(grid.cells), desc="cells", unit="cell", disable=not progress) as bar:
+        for future in as_completed(futures):
+            outcome = future.result()
+            outcomes.append(outcome)
+            bar.update(len(outcome.cells))
+    outcomes.sort(key=lambda o: o.template_id)
+    calls = sum(o.editor_calls for o in outcomes)
+    sealed = release_task(spec, ws, prepared, failed, outcomes, calls)
+    ws.ledger.finish_run(run_id, editor_calls=calls)
+
+    counts: dict[str, int] = {}
+    for o in outcomes:
+        for c in o.cells:
+            counts[c.verdict] = counts.get(c.verdict, 0) + 1
+    summary = RunSummary(
+        release_path=sealed.path,
+        release_created=sealed.created,
+        counts=counts,
+        failed_sources=len(failed),
+        templates=len(outcomes),
+        complete_templates=sum(o.complete for o in outcomes),
+        editor_calls=calls,
+    )
+    ws.ledger.close()
+    return summary
+
+
+def run_spec(spec_path: str | Path, out: str | Path, *, workers: int = 2, progress: bool = True) -> RunSummary:
+    """Run the flow with ``workers`` templates at a time (threads on this machine)."""
+    configured = run_flow.with_options(task_runner=ThreadPoolTaskRunner(max_workers=max(1, workers)))
+    return configured(str(spec_path), str(out), progress=progress)

@@ -1,0 +1,153 @@
+"""The one interface every editor backend implements.
+
+An editor turns an :class:`EditRequest` (a source image, a rendered prompt, a seed and,
+for limb cells, an edit mask) into an :class:`EditResult`. Backends never align, composite
+or judge: the factory does that to every result the same way, whatever produced it.
+
+Per-item problems (a safety refusal, an empty output, a decode error) are *values*: an
+``EditResult`` with ``status`` ``"refused"`` or ``"failed"`` and a reason. Only problems that
+make the whole batch impossible (a missing model, no GPU, a bad API key) raise
+:class:`EditorSetupError`, and they do so from ``prepare()``, before any work is paid for.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Literal, Mapping, Protocol, Sequence, runtime_checkable
+
+import numpy as np
+
+EditStatus = Literal["ok", "refused", "failed"]
+
+
+class EditorSetupError(RuntimeError):
+    """A backend cannot run at all here (missing weights, dependency, key, device).
+
+    The message says what is wrong and how to fix it; raised before any edit is attempted.
+    """
+
+
+@dataclass(frozen=True)
+class EditRequest:
+    """One editor call.
+
+    Attributes:
+        attempt_id: the ledger id of this attempt (hash of everything deciding the output).
+        image: the source, ``(H, W, 3)`` ``uint8`` RGB.
+        prompt: the rendered prompt, exactly as it goes into the attempt's lineage.
+        seed: the attempt's seed; backends seed their generator from it and nothing else.
+        kind: ``"face"`` (a whole-image edit of the face's demographic cues) or ``"limb"``
+            (inpainting inside ``mask``).
+        mask: the region the study varies, ``(H, W)`` ``uint8`` with 255 inside and 0 outside:
+            the face mask for face cells, the limb mask for limb cells; ``None`` if unknown.
+            Inpainting backends edit inside it for limb cells; whole-image editors may ignore it.
+        condition: the cell's condition, e.g. ``{"race": "Black", "gender": "female"}``
+            or ``{"cue": "removed"}``; informative only, the prompt already encodes it.
+        negative_prompt: optional negative prompt for backends with classifier-free guidance.
+    """
+
+    attempt_id: str
+    image: np.ndarray
+    prompt: str
+    seed: int
+    kind: Literal["face", "limb"] = "face"
+    mask: np.ndarray | None = None
+    condition: Mapping[str, str] = field(default_factory=dict)
+    negative_prompt: str | None = None
+
+
+@dataclass(frozen=True)
+class EditResult:
+    """What a backend returned for one request.
+
+    Attributes:
+        attempt_id: copied from the request.
+        status: ``"ok"`` with an image; ``"refused"`` when the model declined (safety filter,
+            empty output) with its reason; ``"failed"`` for any other per-item error.
+        image: ``(h, w, 3)`` ``uint8`` RGB of whatever size the model returned, or ``None``.
+        reason: the model's or the transport's reason when not ``"ok"``.
+        cost_usd: money spent on this call (0 for local models).
+        metadata: backend facts worth keeping (request ids, timings, output size, seed used).
+    """
+
+    attempt_id: str
+    status: EditStatus
+    image: np.ndarray | None = None
+    reason: str | None = None
+    cost_usd: float = 0.0
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.status == "ok" and self.image is None:
+            raise ValueError("an 'ok' EditResult needs an image")
+
+
+@runtime_checkable
+class EditJournal(Protocol):
+    """Durable per-attempt notes for backends that talk to paid remote services.
+
+    A backend writes what it must not lose (a remote request id) *before* it waits for the
+    answer, so that a process killed mid-wait resumes by fetching instead of paying again.
+    The ledger implements this on its database; :class:`MemoryJournal` serves tests.
+    """
+
+    def load(self, attempt_id: str) -> dict[str, Any] | None: ...
+
+    def save(self, attempt_id: str, data: Mapping[str, Any], *, cost_usd: float = 0.0) -> None: ...
+
+    def spent_usd(self) -> float: ...
+
+
+class MemoryJournal:
+    """An in-process :class:`EditJournal` (tests, one-off scripts)."""
+
+    def __init__(self) -> None:
+        self._rows: dict[str, tuple[dict[str, Any], float]] = {}
+        self._lock = threading.Lock()
+
+    def load(self, attempt_id: str) -> dict[str, Any] | None:
+        with self._lock:
+            row = self._rows.get(attempt_id)
+            return dict(row[0]) if row else None
+
+    def save(self, attempt_id: str, data: Mapping[str, Any], *, cost_usd: float = 0.0) -> None:
+        with self._lock:
+            self._rows[attempt_id] = (dict(data), float(cost_usd))
+
+    def spent_usd(self) -> float:
+        with self._lock:
+            return sum(cost for _, cost in self._rows.values())
+
+
+class Editor(Protocol):
+    """An editing backend. Construct with its options; ``prepare()`` loads heavy parts once.
+
+    ``lineage()`` returns everything about the backend that decides its output (backend name,
+    model id, revision, steps, guidance, ...). It is hashed into every attempt id, so changing
+    any of it makes new attempts instead of reusing old ones.
+    """
+
+    name: str
+
+    def lineage(self) -> dict[str, Any]: ...
+
+    def prepare(self) -> None: ...
+
+    def edit(self, request: EditRequest) -> EditResult: ...
+
+    def edit_many(
+        self, requests: Sequence[EditRequest], journal: EditJournal | None = None
+    ) -> list[EditResult]: ...
+
+
+class SequentialEditor:
+    """Mixin giving ``prepare`` and ``edit_many`` defaults: no set-up, one request at a time."""
+
+    def prepare(self) -> None:
+        return None
+
+    def edit_many(
+        self, requests: Sequence[EditRequest], journal: EditJournal | None = None
+    ) -> list[EditResult]:
+        return [self.edit(r) for r in requests]  # type: ignore[attr-defined]

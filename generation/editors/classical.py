@@ -1,0 +1,103 @@
+"""The ``classical`` backend: a CPU editor for demos and pipeline tests. Demo quality.
+
+It makes **no** demographic change and claims none. It exists so that every later stage
+(alignment, gates, review, release) runs for real on a laptop with no GPU and no network:
+
+- face cells: a deterministic, visibly different tone and colour change per condition, inside
+  the feathered face mask the factory passes in ``EditRequest.mask``;
+- limb cells: OpenCV inpainting (Telea 2004) inside the limb mask.
+
+Like the diffusers pipelines, it returns its output resized to a multiple of
+``output_multiple`` pixels, so the factory's alignment has real work to undo. For real
+datasets use the ``qwen`` (local GPU) or ``fal`` (Nano Banana) backends.
+"""
+
+from __future__ import annotations
+
+import colorsys
+import hashlib
+from typing import Any
+
+import cv2
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+from generation.editors.base import EditRequest, EditResult, SequentialEditor
+
+
+class ClassicalOptions(BaseModel):
+    """Options of the ``classical`` backend (``editor.classical`` in the spec)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    strength: float = Field(0.55, ge=0.0, le=1.0)
+    feather_px: float = Field(6.0, ge=0.0)
+    inpaint_radius_px: float = Field(5.0, gt=0.0)
+    #: resize outputs to a multiple of this many pixels (as diffusers does); 0 keeps the size.
+    output_multiple: int = Field(16, ge=0)
+
+
+def condition_tint(condition: dict[str, str], seed: int) -> tuple[np.ndarray, float]:
+    """A stable RGB tint in [0, 1] and a lightness gain for one condition (and seed jitter)."""
+    key = "|".join(f"{k}={v}" for k, v in sorted(condition.items()))
+    digest = hashlib.sha256(key.encode()).digest()
+    hue = digest[0] / 255.0
+    gain = 0.75 + 0.5 * digest[1] / 255.0
+    jitter = (seed % 7) / 70.0  # retries with the next seed differ a little
+    r, g, b = colorsys.hsv_to_rgb((hue + jitter) % 1.0, 0.6, 1.0)
+    return np.array([r, g, b], np.float32), gain
+
+
+def _feathered(mask: np.ndarray, radius_px: float) -> np.ndarray:
+    alpha = (mask > 0).astype(np.float32)
+    if radius_px <= 0:
+        return alpha
+    k = int(2 * np.ceil(3 * radius_px / 2) + 1)
+    return cv2.GaussianBlur(alpha, (k, k), radius_px / 2)
+
+
+def _resize_multiple(image: np.ndarray, multiple: int) -> np.ndarray:
+    if multiple <= 0:
+        return image
+    h, w = image.shape[:2]
+    nh, nw = max(multiple, round(h / multiple) * multiple), max(multiple, round(w / multiple) * multiple)
+    if (nh, nw) == (h, w):
+        return image
+    return cv2.resize(image, (nw, nh), interpolation=cv2.INTER_AREA)
+
+
+class ClassicalEditor(SequentialEditor):
+    """CPU editor; see the module docstring."""
+
+    name = "classical"
+
+    def __init__(self, options: ClassicalOptions | None = None) -> None:
+        self.options = options or ClassicalOptions()
+
+    def lineage(self) -> dict[str, Any]:
+        return {"backend": self.name, "version": 1, **self.options.model_dump()}
+
+    def edit(self, request: EditRequest) -> EditResult:
+        image = request.image
+        if request.mask is None or not np.any(request.mask):
+            return EditResult(
+                request.attempt_id, "failed",
+                reason="classical_no_mask: the classical editor edits only inside the cell's mask",
+            )
+        if request.kind == "limb":
+            out = cv2.inpaint(
+                image, (request.mask > 0).astype(np.uint8) * 255,
+                self.options.inpaint_radius_px, cv2.INPAINT_TELEA,
+            )
+        else:
+            tint, gain = condition_tint(dict(request.condition), request.seed)
+            alpha = _feathered(request.mask, self.options.feather_px)[..., None] * self.options.strength
+            pixels = image.astype(np.float32) / 255.0
+            luminance = pixels.mean(axis=2, keepdims=True)
+            toned = np.clip(luminance * gain * 1.6 * tint, 0.0, 1.0)
+            out = np.rint(255.0 * ((1 - alpha) * pixels + alpha * toned)).astype(np.uint8)
+        out = _resize_multiple(out, self.options.output_multiple)
+        return EditResult(
+            request.attempt_id, "ok", image=out,
+            metadata={"output_size": [int(out.shape[1]), int(out.shape[0])]},
+        )

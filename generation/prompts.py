@@ -1,0 +1,114 @@
+"""Versioned prompt templates and how a cell's condition fills them.
+
+Templates live in ``assets/prompts/<name>.txt``; a spec names them. FOCUS uses one prompt for
+every face edit with ``{TARGET_GROUP}`` the only variable; limb cells pick a template by their
+cue state (``removed`` or the ``kept`` control).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import string
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from assets import PROMPTS_DIR
+
+_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
+
+
+class PromptConfig(BaseModel):
+    """``prompts`` in the spec."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    #: face cells: one template for every condition.
+    face: str = "face_only_v1"
+    #: limb cells: a template per value of the ``cue`` axis.
+    limb: dict[str, str] = Field(
+        default_factory=lambda: {"removed": "limb_removed_v1", "kept": "limb_kept_v1"}
+    )
+    #: how a face condition becomes ``{TARGET_GROUP}``; fields are the design's axes plus
+    #: ``gender_noun`` (man / woman) and ``article`` (a / an).
+    target_group: str = "{article} {race} {gender_noun}"
+    gender_nouns: dict[str, str] = Field(
+        default_factory=lambda: {"male": "man", "female": "woman", "man": "man", "woman": "woman"}
+    )
+    negative: str | None = None
+    #: extra folder searched before the bundled ``assets/prompts``.
+    directory: Path | None = None
+
+
+@dataclass(frozen=True)
+class RenderedPrompt:
+    template: str
+    template_sha256: str
+    text: str
+
+    def lineage(self) -> dict[str, str]:
+        return {"template": self.template, "template_sha256": self.template_sha256, "text": self.text}
+
+
+def load_template(name: str, directory: Path | None = None) -> tuple[str, str]:
+    """``(text, sha256)`` of the template called ``name``."""
+    if not _NAME.match(name):
+        raise ValueError(f"prompt template name {name!r} may hold only letters, digits, '_', '-', '.'")
+    for folder in [d for d in (directory, PROMPTS_DIR) if d is not None]:
+        path = Path(folder) / f"{name}.txt"
+        if path.is_file():
+            raw = path.read_bytes()
+            return raw.decode("utf-8").strip(), hashlib.sha256(raw).hexdigest()
+    known = sorted(p.stem for p in PROMPTS_DIR.glob("*.txt"))
+    raise FileNotFoundError(
+        f"prompt template {name!r} not found in {directory or PROMPTS_DIR}; bundled templates: {', '.join(known)}"
+    )
+
+
+def template_variables(text: str) -> set[str]:
+    return {field for _, field, _, _ in string.Formatter().parse(text) if field}
+
+
+def _article(word: str) -> str:
+    return "an" if word[:1].lower() in "aeiou" else "a"
+
+
+def render_prompt(
+    config: PromptConfig,
+    *,
+    kind: str,
+    condition: Mapping[str, str],
+    source_meta: Mapping[str, object] | None = None,
+) -> RenderedPrompt:
+    """Fill the template for one cell.
+
+    Face cells: ``{TARGET_GROUP}`` from ``config.target_group`` (e.g. "a Black woman").
+    Limb cells: the template for ``condition["cue"]``; ``{LIMB_REGION}`` from the source's
+    metadata ``limb_region`` (default "arm and hand").
+    """
+    meta = dict(source_meta or {})
+    if kind == "face":
+        name = config.face
+        values = dict(condition)
+        gender = values.get("gender", "")
+        values["gender_noun"] = config.gender_nouns.get(gender, gender)
+        first = config.target_group.replace("{article}", "").strip()
+        values["article"] = _article(first.format(**{**values, "article": ""}).strip())
+        group = " ".join(config.target_group.format(**values).split())
+        variables = {"TARGET_GROUP": group}
+    else:
+        cue = condition.get("cue")
+        if cue not in config.limb:
+            raise ValueError(
+                f"no limb prompt for cue {cue!r}; prompts.limb has {sorted(config.limb)}"
+            )
+        name = config.limb[cue]
+        variables = {"LIMB_REGION": str(meta.get("limb_region") or "arm and hand")}
+    text, sha = load_template(name, config.directory)
+    missing = template_variables(text) - set(variables)
+    if missing:
+        raise ValueError(f"prompt template {name!r} needs {sorted(missing)}, which {kind} cells do not provide")
+    return RenderedPrompt(template=name, template_sha256=sha, text=text.format(**variables))

@@ -1,0 +1,341 @@
+"""The factory's ledger: domain state in SQL, so a killed run resumes from it.
+
+SQLite file by default, any SQLAlchemy URL accepted (``postgresql+psycopg://...`` for teams).
+What lives here:
+
+- ``sources``: every photo the spec names, ``ok`` or ``failed`` with its reason;
+- ``attempts``: one row per editor call, keyed by the attempt id (a hash of everything that
+  decides the output); ``status`` ``ok`` means its output is in the image store and it is
+  never run again;
+- ``candidates``: an attempt's aligned image, its metrics, thresholds and verdict;
+- ``editor_journal``: what a remote backend must not lose between submit and result;
+- ``runs``: one row per ``counterfactory run``, with how many editor calls it made.
+
+Every write is its own short transaction, so a SIGKILL loses at most the call in flight.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any, Iterable, Mapping
+
+from sqlalchemy import (
+    JSON,
+    DateTime,
+    Float,
+    ForeignKey,
+    Integer,
+    String,
+    Text,
+    create_engine,
+    event,
+    func,
+    select,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
+
+
+def _now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class SourceRow(Base):
+    __tablename__ = "sources"
+
+    source_id: Mapped[str] = mapped_column(String(200), primary_key=True)
+    path: Mapped[str] = mapped_column(Text)
+    sha256: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    status: Mapped[str] = mapped_column(String(16))  # ok | failed
+    reason: Mapped[str | None] = mapped_column(Text, nullable=True)
+    meta: Mapped[dict] = mapped_column(JSON, default=dict)
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=_now)
+
+
+class AttemptRow(Base):
+    __tablename__ = "attempts"
+
+    attempt_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    cell_id: Mapped[str] = mapped_column(String(400), index=True)
+    attempt_no: Mapped[int] = mapped_column(Integer)
+    seed: Mapped[int] = mapped_column(Integer)
+    backend: Mapped[str] = mapped_column(String(40))
+    lineage: Mapped[dict] = mapped_column(JSON, default=dict)
+    prompt: Mapped[str] = mapped_column(Text)
+    # running | ok | refused | failed
+    status: Mapped[str] = mapped_column(String(16), index=True)
+    reason: Mapped[str | None] = mapped_column(Text, nullable=True)
+    output_sha256: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    cost_usd: Mapped[float] = mapped_column(Float, default=0.0)
+    calls: Mapped[int] = mapped_column(Integer, default=0)
+    meta: Mapped[dict] = mapped_column(JSON, default=dict)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=_now)
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+
+
+class CandidateRow(Base):
+    __tablename__ = "candidates"
+
+    attempt_id: Mapped[str] = mapped_column(
+        String(64), ForeignKey("attempts.attempt_id"), primary_key=True
+    )
+    cell_id: Mapped[str] = mapped_column(String(400), index=True)
+    judge_key: Mapped[str] = mapped_column(String(64))
+    image_sha256: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    alignment: Mapped[dict] = mapped_column(JSON, default=dict)
+    verdict: Mapped[str] = mapped_column(String(16), index=True)
+    reasons: Mapped[list] = mapped_column(JSON, default=list)
+    gates: Mapped[dict] = mapped_column(JSON, default=dict)
+    judged_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=_now)
+
+
+class JournalRow(Base):
+    __tablename__ = "editor_journal"
+
+    attempt_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    backend: Mapped[str] = mapped_column(String(40))
+    data: Mapped[dict] = mapped_column(JSON, default=dict)
+    cost_usd: Mapped[float] = mapped_column(Float, default=0.0)
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=_now)
+
+
+class RunRow(Base):
+    __tablename__ = "runs"
+
+    run_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    spec_name: Mapped[str] = mapped_column(String(200))
+    spec_hash: Mapped[str] = mapped_column(String(64))
+    started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=_now)
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    editor_calls: Mapped[int] = mapped_column(Integer, default=0)
+    status: Mapped[str] = mapped_column(String(16), default="running")
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """A read-only view of an attempts row."""
+
+    attempt_id: str
+    cell_id: str
+    attempt_no: int
+    seed: int
+    backend: str
+    status: str
+    reason: str | None
+    output_sha256: str | None
+    cost_usd: float
+    calls: int
+    lineage: dict
+    prompt: str
+    meta: dict
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A read-only view of a candidates row."""
+
+    attempt_id: str
+    cell_id: str
+    judge_key: str
+    image_sha256: str | None
+    alignment: dict
+    verdict: str
+    reasons: list
+    gates: dict
+
+
+def _attempt(row: AttemptRow) -> Attempt:
+    return Attempt(
+        row.attempt_id, row.cell_id, row.attempt_no, row.seed, row.backend, row.status,
+        row.reason, row.output_sha256, row.cost_usd, row.calls, row.lineage or {},
+        row.prompt, row.meta or {},
+    )
+
+
+def _candidate(row: CandidateRow) -> Candidate:
+    return Candidate(
+        row.attempt_id, row.cell_id, row.judge_key, row.image_sha256, row.alignment or {},
+        row.verdict, list(row.reasons or []), row.gates or {},
+    )
+
+
+def _jsonable(data: Mapping[str, Any]) -> dict:
+    # round-trip through json so numpy scalars and tuples never reach the driver
+    return json.loads(json.dumps(dict(data), default=_json_default))
+
+
+def _json_default(value: Any) -> Any:
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    if hasattr(value, "item"):
+        return value.item()
+    return str(value)
+
+
+class Ledger:
+    """The ledger on one database.
+
+    Args:
+        url: an SQLAlchemy URL, e.g. ``sqlite:///out/ledger.sqlite`` or
+            ``postgresql+psycopg://user@localhost/counterfactory``.
+    """
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        kwargs: dict[str, Any] = {"future": True}
+        if url.startswith("sqlite"):
+            kwargs["connect_args"] = {"check_same_thread": False, "timeout": 60}
+        self.engine = create_engine(url, **kwargs)
+        if url.startswith("sqlite"):
+            event.listen(self.engine, "connect", _sqlite_pragmas)
+        Base.metadata.create_all(self.engine)
+        self._session = sessionmaker(self.engine, expire_on_commit=False)
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    def session(self) -> Session:
+        return self._session()
+
+    # sources ---------------------------------------------------------------------------
+    def record_source(
+        self, source_id: str, path: str, *, sha256: str | None, status: str,
+        reason: str | None = None, meta: Mapping[str, Any] | None = None,
+    ) -> None:
+        with self.session() as s, s.begin():
+            row = s.get(SourceRow, source_id) or SourceRow(source_id=source_id)
+            row.path, row.sha256, row.status, row.reason = path, sha256, status, reason
+            row.meta, row.updated_at = _jsonable(meta or {}), _now()
+            s.add(row)
+
+    def sources(self) -> list[SourceRow]:
+        with self.session() as s:
+            return list(s.scalars(select(SourceRow).order_by(SourceRow.source_id)))
+
+    # attempts --------------------------------------------------------------------------
+    def attempt(self, attempt_id: str) -> Attempt | None:
+        with self.session() as s:
+            row = s.get(AttemptRow, attempt_id)
+            return _attempt(row) if row else None
+
+    def attempts(self, cell_ids: Iterable[str] | None = None) -> list[Attempt]:
+        with self.session() as s:
+            q = select(AttemptRow).order_by(AttemptRow.cell_id, AttemptRow.attempt_no)
+            if cell_ids is not None:
+                q = q.where(AttemptRow.cell_id.in_(list(cell_ids)))
+            return [_attempt(r) for r in s.scalars(q)]
+
+    def start_attempt(
+        self, attempt_id: str, *, cell_id: str, attempt_no: int, seed: int, backend: str,
+        lineage: Mapping[str, Any], prompt: str,
+    ) -> None:
+        """Mark an attempt as running (counting the call) just before the editor is called."""
+        with self.session() as s, s.begin():
+            row = s.get(AttemptRow, attempt_id)
+            if row is None:
+                row = AttemptRow(
+                    attempt_id=attempt_id, cell_id=cell_id, attempt_no=attempt_no, seed=seed,
+                    backend=backend, lineage=_jsonable(lineage), prompt=prompt, calls=0,
+                )
+            if row.status == "ok":
+                raise RuntimeError(f"attempt {attempt_id} already finished; it must not run again")
+            row.status, row.reason, row.calls = "running", None, (row.calls or 0) + 1
+            s.add(row)
+
+    def finish_attempt(
+        self, attempt_id: str, *, status: str, output_sha256: str | None = None,
+        reason: str | None = None, cost_usd: float = 0.0, meta: Mapping[str, Any] | None = None,
+    ) -> None:
+        with self.session() as s, s.begin():
+            row = s.get(AttemptRow, attempt_id)
+            if row is None:
+                raise KeyError(f"attempt {attempt_id} was never started")
+            row.status, row.output_sha256, row.reason = status, output_sha256, reason
+            row.cost_usd, row.meta, row.finished_at = cost_usd, _jsonable(meta or {}), _now()
+
+    def editor_calls(self) -> int:
+        """Total editor calls ever made through this ledger."""
+        with self.session() as s:
+            return int(s.scalar(select(func.coalesce(func.sum(AttemptRow.calls), 0))))
+
+    # candidates ------------------------------------------------------------------------
+    def candidate(self, attempt_id: str) -> Candidate | None:
+        with self.session() as s:
+            row = s.get(CandidateRow, attempt_id)
+            return _candidate(row) if row else None
+
+    def candidates(self) -> list[Candidate]:
+        with self.session() as s:
+            return [_candidate(r) for r in s.scalars(select(CandidateRow))]
+
+    def record_candidate(
+        self, attempt_id: str, *, cell_id: str, judge_key: str, image_sha256: str | None,
+        alignment: Mapping[str, Any], verdict: str, reasons: Iterable[str],
+        gates: Mapping[str, Any],
+    ) -> None:
+        with self.session() as s, s.begin():
+            row = s.get(CandidateRow, attempt_id) or CandidateRow(attempt_id=attempt_id)
+            row.cell_id, row.judge_key, row.image_sha256 = cell_id, judge_key, image_sha256
+            row.alignment, row.verdict = _jsonable(alignment), verdict
+            row.reasons, row.gates, row.judged_at = list(reasons), _jsonable(gates), _now()
+            s.add(row)
+
+    # runs ------------------------------------------------------------------------------
+    def start_run(self, run_id: str, *, spec_name: str, spec_hash: str) -> None:
+        with self.session() as s, s.begin():
+            s.add(RunRow(run_id=run_id, spec_name=spec_name, spec_hash=spec_hash))
+
+    def finish_run(self, run_id: str, *, editor_calls: int, status: str = "completed") -> None:
+        with self.session() as s, s.begin():
+            row = s.get(RunRow, run_id)
+            if row is not None:
+                row.finished_at, row.editor_calls, row.status = _now(), editor_calls, status
+
+    # the editor journal ----------------------------------------------------------------
+    def journal(self, backend: str) -> "LedgerJournal":
+        """An :class:`~generation.editors.base.EditJournal` for one backend on this database."""
+        return LedgerJournal(self, backend)
+
+
+class LedgerJournal:
+    """``EditJournal`` on the ledger's ``editor_journal`` table (durable across SIGKILL)."""
+
+    def __init__(self, ledger: Ledger, backend: str) -> None:
+        self.ledger = ledger
+        self.backend = backend
+
+    def load(self, attempt_id: str) -> dict[str, Any] | None:
+        with self.ledger.session() as s:
+            row = s.get(JournalRow, attempt_id)
+            return dict(row.data) if row is not None else None
+
+    def save(self, attempt_id: str, data: Mapping[str, Any], *, cost_usd: float = 0.0) -> None:
+        with self.ledger.session() as s, s.begin():
+            row = s.get(JournalRow, attempt_id) or JournalRow(
+                attempt_id=attempt_id, backend=self.backend
+            )
+            row.data, row.cost_usd, row.updated_at = _jsonable(data), float(cost_usd), _now()
+            s.add(row)
+
+    def spent_usd(self) -> float:
+        with self.ledger.session() as s:
+            total = s.scalar(
+                select(func.coalesce(func.sum(JournalRow.cost_usd), 0.0)).where(
+                    JournalRow.backend == self.backend
+                )
+            )
+            return float(total or 0.0)
+
+
+def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
+    cursor = dbapi_connection.cursor()
+    # WAL lets the report read while workers write; a busy timeout instead of "locked" errors
+    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.execute("PRAGMA synchronous=NORMAL")
+    cursor.execute("PRAGMA busy_timeout=60000")
+    cursor.close()

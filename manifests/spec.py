@@ -1,0 +1,192 @@
+"""The study spec: one typed model, loaded from YAML, saved with its hash into every release.
+
+Sub-configs live next to the code that uses them (``DesignConfig`` in
+:mod:`generation.sampling`, ``AlignConfig`` in :mod:`generation.align`, each editor's options
+in its backend module, ``GatesConfig`` in :mod:`validation.judge`). Validation errors name the
+field, the expected and the received value, and the file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from generation.align import AlignConfig
+from generation.editors import BACKENDS
+from generation.editors.classical import ClassicalOptions
+from generation.editors.fal import FalOptions
+from generation.editors.qwen import QwenOptions
+from generation.masks import MaskOptions
+from generation.prompts import PromptConfig
+from generation.sampling import DesignConfig
+from validation.judge import GatesConfig
+
+_SEMVER = re.compile(r"^\d+\.\d+\.\d+(?:[-+][0-9A-Za-z.-]+)?$")
+_SLUG = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
+class SpecError(ValueError):
+    """A spec that cannot run; the message names the file and the field."""
+
+
+class SourcesConfig(BaseModel):
+    """``sources``: a photo folder and its metadata file (paths relative to the spec file)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    photos: Path
+    metadata: Path
+    max_pixels: int = Field(40_000_000, gt=0)
+
+
+class EditorConfig(BaseModel):
+    """``editor``: the backend by name, every backend's options, and the retry budget.
+
+    Switching ``backend`` is the only change needed to move a study between editors.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    backend: str = "classical"
+    classical: ClassicalOptions = Field(default_factory=ClassicalOptions)
+    qwen: QwenOptions = Field(default_factory=QwenOptions)
+    fal: FalOptions = Field(default_factory=FalOptions)
+    #: a rejected cell is tried again with the next seed, up to this many attempts.
+    max_attempts: int = Field(3, ge=1)
+    seed: int = 0
+
+    @field_validator("backend")
+    @classmethod
+    def _known_backend(cls, value: str) -> str:
+        if value not in BACKENDS:
+            raise ValueError(f"unknown editor backend {value!r}; valid backends: {', '.join(sorted(BACKENDS))}")
+        return value
+
+    def options(self) -> BaseModel:
+        return getattr(self, self.backend)
+
+
+class ReleaseConfig(BaseModel):
+    """``release``: the name and semantic version the run publishes."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    version: str = "0.1.0"
+    description: str = ""
+    licence: str = "see sources"
+
+    @field_validator("name")
+    @classmethod
+    def _slug(cls, value: str) -> str:
+        if not _SLUG.match(value):
+            raise ValueError("a release name holds letters, digits, '_', '-', '.'")
+        return value
+
+    @field_validator("version")
+    @classmethod
+    def _semver(cls, value: str) -> str:
+        if not _SEMVER.match(value):
+            raise ValueError("a semantic version such as 1.0.0")
+        return value
+
+
+class Spec(BaseModel):
+    """A whole study design."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    description: str = ""
+    sources: SourcesConfig
+    design: DesignConfig
+    prompts: PromptConfig = Field(default_factory=PromptConfig)
+    editor: EditorConfig = Field(default_factory=EditorConfig)
+    masks: MaskOptions = Field(default_factory=MaskOptions)
+    align: AlignConfig = Field(default_factory=AlignConfig)
+    gates: GatesConfig = Field(default_factory=GatesConfig)
+    release: ReleaseConfig
+    #: SQLAlchemy URL of the ledger; default ``sqlite:///<out>/ledger.sqlite``.
+    ledger_url: str | None = None
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "Spec":
+        if self.design.kind == "limb" and "cue" not in self.design.axes:
+            raise ValueError("limb designs need a 'cue' axis (e.g. cue: [removed, kept])")
+        if self.design.kind == "limb":
+            missing = set(self.design.axes["cue"]) - set(self.prompts.limb)
+            if missing:
+                raise ValueError(f"prompts.limb has no template for cue values {sorted(missing)}")
+        return self
+
+    def canonical_json(self) -> str:
+        return json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+
+    def spec_hash(self) -> str:
+        return hashlib.sha256(self.canonical_json().encode()).hexdigest()
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
+
+
+def _describe(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def format_validation_error(path: Path | str, error: ValidationError) -> str:
+    """One readable message: the file, then each field with expected and received values."""
+    lines = [f"{path}: the spec is not valid ({error.error_count()} problem(s)); nothing was run"]
+    for item in error.errors():
+        loc = ".".join(str(p) for p in item["loc"]) or "(top level)"
+        msg = item["msg"].removeprefix("Value error, ")
+        if item["type"] == "missing":
+            lines.append(f"  - field `{loc}`: required, but missing")
+        elif item["type"] == "extra_forbidden":
+            lines.append(f"  - field `{loc}`: not a known field (received {_describe(item['input'])}); check its spelling")
+        else:
+            lines.append(f"  - field `{loc}`: expected {msg[0].lower() + msg[1:]}; received {_describe(item['input'])}")
+    return "\n".join(lines)
+
+
+def load_spec(path: str | Path, *, check_paths: bool = True) -> Spec:
+    """Read, validate and resolve a spec file. Relative paths resolve against the file's folder.
+
+    ``check_paths`` False validates a spec whose photo folder lives on another machine.
+
+    Raises:
+        SpecError: with one message naming the file and every bad field.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise SpecError(f"{path}: no such spec file")
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        raise SpecError(f"{path}: not valid YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise SpecError(f"{path}: expected a mapping of spec fields at the top level, got {type(data).__name__}")
+    try:
+        spec = Spec.model_validate(data)
+    except ValidationError as exc:
+        raise SpecError(format_validation_error(path, exc)) from None
+    base = path.resolve().parent
+    sources = spec.sources.model_copy(
+        update={
+            "photos": (base / spec.sources.photos).resolve(),
+            "metadata": (base / spec.sources.metadata).resolve(),
+        }
+    )
+    spec = spec.model_copy(update={"sources": sources})
+    if not check_paths:
+        return spec
+    for field_name, p in (("sources.photos", spec.sources.photos), ("sources.metadata", spec.sources.metadata)):
+        if not p.exists():
+            raise SpecError(f"{path}: field `{field_name}`: expected an existing path; received {str(p)!r} which does not exist")
+    return spec

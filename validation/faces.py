@@ -1,0 +1,267 @@
+"""Face landmarks, pose and face masks from the MediaPipe Face Landmarker.
+
+One :class:`FaceLandmarker` per worker process (:func:`get_face_landmarker`) serves every
+stage that needs a face: the source check, the face mask the classical editor and the
+locality gate use, the region alignment keeps out of registration, and the face gate.
+
+Reference: Kartynnik et al., "Real-time Facial Surface Geometry from Monocular Video on
+Mobile GPUs" (2019) for the 468-point mesh (+10 iris points = 478); Grishchenko et al.,
+"Attention Mesh" (2020); MediaPipe's 52 ARKit-style blendshape scores in [0, 1].
+"""
+
+from __future__ import annotations
+
+import atexit
+import math
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import cv2
+import numpy as np
+
+from assets import FACE_LANDMARKER
+
+#: MediaPipe FACEMESH_FACE_OVAL, in drawing order (36 points around the face).
+FACE_OVAL = (
+    10, 338, 297, 332, 284, 251, 389, 356, 454, 323, 361, 288, 397, 365, 379, 378, 400, 377,
+    152, 148, 176, 149, 150, 136, 172, 58, 132, 93, 234, 127, 162, 21, 54, 103, 67, 109,
+)
+#: Closed contours of the features that are not skin (MediaPipe FACEMESH_* loops).
+LEFT_EYE = (263, 249, 390, 373, 374, 380, 381, 382, 362, 398, 384, 385, 386, 387, 388, 466)
+RIGHT_EYE = (33, 7, 163, 144, 145, 153, 154, 155, 133, 173, 157, 158, 159, 160, 161, 246)
+LEFT_BROW = (276, 283, 282, 295, 285, 300, 293, 334, 296, 336)
+RIGHT_BROW = (46, 53, 52, 65, 55, 70, 63, 105, 66, 107)
+LIPS = (61, 146, 91, 181, 84, 17, 314, 405, 321, 375, 291, 409, 270, 269, 267, 0, 37, 39, 40, 185)
+
+MaskMode = Literal["oval", "skin"]
+
+#: Iris centres (present when the mesh has 478 points) and the fallbacks' eye contours.
+RIGHT_IRIS_CENTER, LEFT_IRIS_CENTER = 468, 473
+NOSE_TIP = 1
+MOUTH_RIGHT_CORNER, MOUTH_LEFT_CORNER = 61, 291
+
+
+def register_close_at_exit(close) -> None:
+    """Close a MediaPipe task before the interpreter tears its worker threads down.
+
+    MediaPipe >= 0.10.33 runs every C call through a ``ThreadPoolExecutor``; those executors
+    are shut down by ``threading``'s exit hooks, which run *before* ``atexit`` handlers, so a
+    close registered with ``atexit`` fails with "cannot schedule new futures after shutdown".
+    ``threading._register_atexit`` hooks run in reverse order of registration, so one
+    registered after MediaPipe's executor exists runs before that executor is shut down.
+    """
+    register = getattr(threading, "_register_atexit", None)
+    try:
+        if register is not None:
+            register(close)
+            return
+    except RuntimeError:  # already shutting down
+        return
+    atexit.register(close)
+
+
+@dataclass(frozen=True)
+class FaceObservation:
+    """One detected face.
+
+    Attributes:
+        landmarks: ``(478, 3)`` float32; x and y in pixels of the analysed image, z in the
+            same pixel scale (MediaPipe's normalised z times the image width), smaller is nearer.
+        blendshapes: the 52 blendshape scores in [0, 1] by MediaPipe category name.
+        transform: ``(4, 4)`` float32 facial transformation matrix (canonical face -> camera).
+    """
+
+    landmarks: np.ndarray
+    blendshapes: dict[str, float] = field(default_factory=dict)
+    transform: np.ndarray | None = None
+
+    @property
+    def box(self) -> tuple[float, float, float, float]:
+        """``(x0, y0, x1, y1)`` of the landmarks in pixels."""
+        xy = self.landmarks[:, :2]
+        x0, y0 = xy.min(axis=0)
+        x1, y1 = xy.max(axis=0)
+        return float(x0), float(y0), float(x1), float(y1)
+
+    @property
+    def size_px(self) -> float:
+        """Geometric mean of the landmark box's width and height, in pixels."""
+        x0, y0, x1, y1 = self.box
+        return float(math.sqrt(max(x1 - x0, 1e-6) * max(y1 - y0, 1e-6)))
+
+    def keypoints5(self) -> np.ndarray:
+        """The five points face-recognition crops are aligned on, ``(5, 2)`` float32 pixels.
+
+        Order (ArcFace / SFace template order, in image coordinates): image-left eye centre,
+        image-right eye centre, nose tip, image-left mouth corner, image-right mouth corner.
+        Eye centres are the iris centres (mesh points 468 and 473) when the mesh has them,
+        else the mean of each eye's contour.
+        """
+        lm = self.landmarks
+        if lm.shape[0] > LEFT_IRIS_CENTER:
+            eye_l, eye_r = lm[RIGHT_IRIS_CENTER, :2], lm[LEFT_IRIS_CENTER, :2]
+        else:
+            eye_l = lm[list(RIGHT_EYE), :2].mean(axis=0)
+            eye_r = lm[list(LEFT_EYE), :2].mean(axis=0)
+        points = [eye_l, eye_r, lm[NOSE_TIP, :2], lm[MOUTH_RIGHT_CORNER, :2], lm[MOUTH_LEFT_CORNER, :2]]
+        return np.asarray(points, dtype=np.float32)
+
+    def pose_deg(self) -> tuple[float, float, float]:
+        """Head pose ``(yaw, pitch, roll)`` in degrees from the transformation matrix.
+
+        Uses the rotation part ``R`` of the matrix with the intrinsic y-x-z convention:
+        yaw about the vertical axis, pitch about the horizontal axis, roll in the image plane.
+        Falls back to the eye line for roll (and zeros) when there is no matrix.
+        """
+        if self.transform is None:
+            (lx, ly), (rx, ry) = self.landmarks[33, :2], self.landmarks[263, :2]
+            return 0.0, 0.0, float(math.degrees(math.atan2(ry - ly, rx - lx)))
+        r = np.asarray(self.transform, dtype=np.float64)[:3, :3]
+        # normalise away any scale the matrix carries
+        r = r / np.cbrt(max(abs(np.linalg.det(r)), 1e-12))
+        pitch = math.degrees(math.asin(float(np.clip(-r[1, 2], -1.0, 1.0))))
+        yaw = math.degrees(math.atan2(float(r[0, 2]), float(r[2, 2])))
+        roll = math.degrees(math.atan2(float(r[1, 0]), float(r[1, 1])))
+        return yaw, pitch, roll
+
+
+class FaceLandmarker:
+    """The MediaPipe Face Landmarker, loaded once.
+
+    Args:
+        model_path: a ``face_landmarker.task`` bundle (the bundled Apache-2.0 copy by default).
+        max_faces: how many faces to look for; more than one so that "two faces" is seen.
+        min_detection_confidence: MediaPipe's face-detector threshold in [0, 1].
+    """
+
+    def __init__(
+        self,
+        model_path: str | Path = FACE_LANDMARKER,
+        *,
+        max_faces: int = 4,
+        min_detection_confidence: float = 0.5,
+    ) -> None:
+        from mediapipe.tasks.python import BaseOptions, vision
+
+        path = Path(model_path)
+        if not path.is_file():
+            raise FileNotFoundError(
+                f"face landmarker model not found at {path}; pass the path of a "
+                "face_landmarker.task bundle (the package ships one in assets/models/)"
+            )
+        options = vision.FaceLandmarkerOptions(
+            base_options=BaseOptions(model_asset_path=str(path)),
+            running_mode=vision.RunningMode.IMAGE,
+            num_faces=max_faces,
+            min_face_detection_confidence=min_detection_confidence,
+            min_face_presence_confidence=min_detection_confidence,
+            output_face_blendshapes=True,
+            output_facial_transformation_matrixes=True,
+        )
+        self._landmarker = vision.FaceLandmarker.create_from_options(options)
+        # MediaPipe's graph is not re-entrant; one call at a time per instance.
+        self._lock = threading.Lock()
+        register_close_at_exit(self.close)
+
+    def close(self) -> None:
+        landmarker, self._landmarker = getattr(self, "_landmarker", None), None
+        if landmarker is not None:
+            landmarker.close()
+
+    def detect(self, image: np.ndarray) -> list[FaceObservation]:
+        """Faces in ``image`` (``(H, W, 3)`` uint8 RGB), largest first."""
+        import mediapipe as mp
+
+        if image.ndim != 3 or image.shape[2] != 3 or image.dtype != np.uint8:
+            raise ValueError(f"expected (H, W, 3) uint8 RGB, got {image.shape} {image.dtype}")
+        h, w = image.shape[:2]
+        frame = mp.Image(image_format=mp.ImageFormat.SRGB, data=np.ascontiguousarray(image))
+        with self._lock:
+            if self._landmarker is None:
+                raise RuntimeError("FaceLandmarker is closed")
+            result = self._landmarker.detect(frame)
+        faces = []
+        for i, points in enumerate(result.face_landmarks):
+            lm = np.array([(p.x * w, p.y * h, p.z * w) for p in points], dtype=np.float32)
+            shapes = (
+                {c.category_name: float(c.score) for c in result.face_blendshapes[i]}
+                if result.face_blendshapes
+                else {}
+            )
+            matrix = (
+                np.asarray(result.facial_transformation_matrixes[i], dtype=np.float32)
+                if result.facial_transformation_matrixes
+                else None
+            )
+            faces.append(FaceObservation(landmarks=lm, blendshapes=shapes, transform=matrix))
+        faces.sort(key=lambda f: f.size_px, reverse=True)
+        return faces
+
+
+_shared: dict[tuple, FaceLandmarker] = {}
+_shared_lock = threading.Lock()
+
+
+def get_face_landmarker(
+    model_path: str | Path = FACE_LANDMARKER, *, max_faces: int = 4
+) -> FaceLandmarker:
+    """The process-wide landmarker for these settings (loaded on first use)."""
+    key = (str(Path(model_path).resolve()), max_faces)
+    with _shared_lock:
+        if key not in _shared:
+            _shared[key] = FaceLandmarker(model_path, max_faces=max_faces)
+        return _shared[key]
+
+
+def _polygon(landmarks: np.ndarray, indices: tuple[int, ...]) -> np.ndarray:
+    return np.round(landmarks[list(indices), :2]).astype(np.int32)
+
+
+def face_mask(
+    landmarks: np.ndarray,
+    shape: tuple[int, int],
+    *,
+    mode: MaskMode = "oval",
+    dilate_px: int = 0,
+) -> np.ndarray:
+    """Binary face mask from 478 landmarks.
+
+    Args:
+        landmarks: ``(478, >=2)`` landmark pixels (x, y).
+        shape: ``(H, W)`` of the image the landmarks belong to.
+        mode: ``"oval"``: the whole face-mesh outline, forehead to chin (what FOCUS's
+            face/non-face split measures). ``"skin"``: the oval without the upper forehead
+            (where hair falls), eyes, brows and lips.
+        dilate_px: grow the mask by this many pixels (elliptical kernel).
+
+    Returns:
+        ``(H, W)`` uint8, 255 inside the face and 0 outside.
+    """
+    h, w = shape
+    mask = np.zeros((h, w), np.uint8)
+    cv2.fillPoly(mask, [_polygon(landmarks, FACE_OVAL)], 255)
+    if mode == "skin":
+        brow_y = float(np.mean(landmarks[list(LEFT_BROW + RIGHT_BROW), 1]))
+        top_y = float(landmarks[10, 1])
+        cut = int(round(top_y + 0.5 * (brow_y - top_y)))
+        mask[: max(cut, 0)] = 0
+        for loop in (LEFT_EYE, RIGHT_EYE, LEFT_BROW, RIGHT_BROW, LIPS):
+            cv2.fillPoly(mask, [_polygon(landmarks, loop)], 0)
+    elif mode != "oval":
+        raise ValueError(f"face mask mode must be 'oval' or 'skin', got {mode!r}")
+    if dilate_px > 0:
+        k = 2 * dilate_px + 1
+        mask = cv2.dilate(mask, cv2.getStructuringElement(cv2.MORPH_ELLIPSE, (k, k)))
+    return mask
+
+
+def feather(mask: np.ndarray, radius_px: float) -> np.ndarray:
+    """Soft version of a binary mask: ``(H, W)`` float32 in [0, 1], Gaussian edge of ``radius_px``."""
+    alpha = (mask > 0).astype(np.float32)
+    if radius_px <= 0:
+        return alpha
+    sigma = radius_px / 2.0
+    k = int(2 * math.ceil(3 * sigma) + 1)
+    return cv2.GaussianBlur(alpha, (k, k), sigma)

@@ -1,0 +1,133 @@
+"""The release report: per-status counts, failures, attrition, and contact sheets.
+
+A contact sheet shows, for one template, the source and then every condition's final
+candidate, labelled, as in the FOCUS paper's figure 3. The frame colour is the verdict:
+green accepted, amber needs review, red rejected, grey failed (no image).
+"""
+
+from __future__ import annotations
+
+import html
+from pathlib import Path
+from typing import Any, Sequence
+
+from PIL import Image, ImageDraw, ImageFont
+
+VERDICT_COLOURS = {
+    "accepted": (46, 160, 67),
+    "needs_review": (230, 162, 20),
+    "rejected": (207, 34, 46),
+    "failed": (128, 128, 128),
+    "source": (40, 40, 40),
+}
+THUMB_H = 220
+LABEL_H = 40
+PAD = 8
+
+
+def _font(size: int) -> ImageFont.ImageFont:
+    try:
+        return ImageFont.load_default(size=size)
+    except TypeError:  # Pillow < 10.1 has only the bitmap font
+        return ImageFont.load_default()
+
+
+def _thumb(path: Path | None, height: int) -> Image.Image:
+    if path is None or not path.exists():
+        tile = Image.new("RGB", (int(height * 0.8), height), (235, 235, 235))
+        ImageDraw.Draw(tile).text((10, height // 2 - 8), "no image", fill=(90, 90, 90), font=_font(14))
+        return tile
+    with Image.open(path) as im:
+        im = im.convert("RGB")
+        width = max(1, round(im.width * height / im.height))
+        return im.resize((width, height), Image.Resampling.LANCZOS)
+
+
+def condition_label(condition: dict[str, str]) -> str:
+    return " · ".join(str(v) for v in condition.values())
+
+
+def contact_sheet(release_dir: Path, template_id: str, rows: Sequence[dict[str, Any]]) -> Image.Image:
+    """One row of tiles: the source, then each cell's final candidate with its label."""
+    source_path = release_dir / rows[0]["source"]["path"]
+    tiles = [(_thumb(source_path, THUMB_H), f"source: {template_id}", "source")]
+    for row in rows:
+        image = row.get("image")
+        path = release_dir / image["path"] if image else None
+        tiles.append((_thumb(path, THUMB_H), condition_label(row["condition"]), row["status"]))
+    width = sum(t.width for t, _, _ in tiles) + PAD * (len(tiles) + 1) + 6 * len(tiles)
+    sheet = Image.new("RGB", (width, THUMB_H + LABEL_H + 2 * PAD + 6), "white")
+    draw = ImageDraw.Draw(sheet)
+    font = _font(14)
+    x = PAD
+    for tile, label, status in tiles:
+        colour = VERDICT_COLOURS.get(status, (0, 0, 0))
+        draw.rectangle([x, PAD, x + tile.width + 5, PAD + tile.height + 5], fill=colour)
+        sheet.paste(tile, (x + 3, PAD + 3))
+        draw.text((x + 3, PAD + THUMB_H + 10), label[:40], fill=(20, 20, 20), font=font)
+        draw.text((x + 3, PAD + THUMB_H + 26), status.replace("_", " "), fill=colour, font=_font(12))
+        x += tile.width + 6 + PAD
+    return sheet
+
+
+def write_report(release_dir: Path, *, spec: Any, items: Sequence[dict[str, Any]], stats: dict[str, Any]) -> Path:
+    """Write ``contact_sheets/*.jpg`` and ``report.html`` into ``release_dir``."""
+    by_template: dict[str, list[dict[str, Any]]] = {}
+    for row in items:
+        by_template.setdefault(row["template_id"], []).append(row)
+    sheets_dir = release_dir / "contact_sheets"
+    sheets_dir.mkdir(exist_ok=True)
+    sheet_html = []
+    for template_id, rows in sorted(by_template.items()):
+        name = f"{template_id}.jpg"
+        contact_sheet(release_dir, template_id, rows).save(sheets_dir / name, quality=88)
+        filled = sum(r["status"] in ("accepted", "needs_review") for r in rows)
+        sheet_html.append(
+            f"<section><h3>{html.escape(template_id)} <small>{filled}/{len(rows)} cells filled</small></h3>"
+            f'<img src="contact_sheets/{html.escape(name)}" alt="contact sheet {html.escape(template_id)}"></section>'
+        )
+    counts = stats["items"]
+    count_cells = "".join(
+        f'<td style="color:rgb{VERDICT_COLOURS.get(k, (0, 0, 0))}">{counts.get(k, 0)}</td>'
+        for k in ("accepted", "needs_review", "rejected", "failed")
+    )
+    failed_rows = "".join(
+        f"<tr><td>{html.escape(f['source_id'])}</td><td>{html.escape(Path(f['path']).name)}</td>"
+        f"<td>{html.escape(f['reason'])}</td></tr>"
+        for f in stats["failed_sources"]
+    ) or '<tr><td colspan="3">none</td></tr>'
+    reason_rows = "".join(
+        f"<tr><td><code>{html.escape(code)}</code></td><td>{n}</td></tr>" for code, n in stats["reasons"].items()
+    ) or '<tr><td colspan="2">none</td></tr>'
+    page = f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8">
+<title>{html.escape(spec.release.name)} {html.escape(spec.release.version)}</title>
+<style>
+body {{ font-family: system-ui, sans-serif; margin: 2rem; color: #222; }}
+table {{ border-collapse: collapse; margin: .5rem 0 1.5rem; }}
+td, th {{ border: 1px solid #ccc; padding: .3rem .6rem; text-align: left; }}
+section img {{ max-width: 100%; border: 1px solid #ddd; }}
+small {{ color: #666; font-weight: normal; }}
+</style></head><body>
+<h1>{html.escape(spec.release.name)} <small>{html.escape(spec.release.version)}</small></h1>
+<p>{html.escape(spec.description or spec.release.description)}</p>
+<p>Design: {html.escape(spec.design.kind)} edits, editor <code>{html.escape(spec.editor.backend)}</code>,
+spec sha256 <code>{html.escape(stats['spec_hash'][:16])}</code>.</p>
+<h2>Items by status</h2>
+<table id="status-counts"><tr><th>accepted</th><th>needs review</th><th>rejected</th><th>failed</th><th>total</th></tr>
+<tr>{count_cells}<td>{counts.get('total', 0)}</td></tr></table>
+<p>Templates: {stats['templates']['complete']} of {stats['templates']['total']} complete.
+Editor calls in the run that wrote this release: {stats['editor_calls_this_run']}.</p>
+<h2>Failed sources</h2>
+<table id="failed-sources"><tr><th>source</th><th>file</th><th>reason</th></tr>{failed_rows}</table>
+<h2>Rejection and failure reasons</h2>
+<table id="reasons"><tr><th>reason</th><th>items</th></tr>{reason_rows}</table>
+<h2>Pass rates by group (Wilson 95 % intervals)</h2>
+<img src="attrition.png" alt="pass rates by condition group" style="max-width: 100%">
+<h2>Contact sheets</h2>
+{''.join(sheet_html)}
+</body></html>
+"""
+    path = release_dir / "report.html"
+    path.write_text(page, encoding="utf-8")
+    return path
