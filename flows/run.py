@@ -56,7 +56,7 @@ def release_task(spec, ws, prepared, failed, outcomes, editor_calls):
 
 
 def _template_key(cell) -> str:
-    return cell.template_id
+    return cell.source_id
 
 
 @flow(name="counterfactory-run", log_prints=True)

@@ -87,7 +87,7 @@ def render_prompt(
 
     Face cells: ``{TARGET_GROUP}`` from ``config.target_group`` (e.g. "a Black woman").
     Limb cells: the template for ``condition["cue"]``; ``{LIMB_REGION}`` from the source's
-    metadata ``limb_region`` (default "arm and hand").
+    metadata ``limb_region`` (top level or under ``extra``; default "arm and hand").
     """
     meta = dict(source_meta or {})
     if kind == "face":
@@ -95,8 +95,8 @@ def render_prompt(
         values = dict(condition)
         gender = values.get("gender", "")
         values["gender_noun"] = config.gender_nouns.get(gender, gender)
-        first = config.target_group.replace("{article}", "").strip()
-        values["article"] = _article(first.format(**{**values, "article": ""}).strip())
+        without_article = config.target_group.format(**values, article="").strip()
+        values["article"] = _article(without_article)
         group = " ".join(config.target_group.format(**values).split())
         variables = {"TARGET_GROUP": group}
     else:
@@ -106,7 +106,9 @@ def render_prompt(
                 f"no limb prompt for cue {cue!r}; prompts.limb has {sorted(config.limb)}"
             )
         name = config.limb[cue]
-        variables = {"LIMB_REGION": str(meta.get("limb_region") or "arm and hand")}
+        extra = meta.get("extra") if isinstance(meta.get("extra"), dict) else {}
+        region = meta.get("limb_region") or extra.get("limb_region") or "arm and hand"
+        variables = {"LIMB_REGION": str(region)}
     text, sha = load_template(name, config.directory)
     missing = template_variables(text) - set(variables)
     if missing:

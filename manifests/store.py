@@ -22,7 +22,8 @@ def png_bytes(image: np.ndarray) -> bytes:
     if image.dtype != np.uint8:
         raise ValueError(f"expected uint8 pixels, got {image.dtype}")
     buffer = io.BytesIO()
-    Image.fromarray(image).save(buffer, format="PNG", compress_level=6)
+    # level 1: a 2 MP image encodes ~5x faster than at the default level, for ~15 % more bytes
+    Image.fromarray(image).save(buffer, format="PNG", compress_level=1)
     return buffer.getvalue()
 
 

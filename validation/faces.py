@@ -16,7 +16,7 @@ import math
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Literal, Sequence
 
 import cv2
 import numpy as np
@@ -113,11 +113,14 @@ class FaceObservation:
 
         Uses the rotation part ``R`` of the matrix with the intrinsic y-x-z convention:
         yaw about the vertical axis, pitch about the horizontal axis, roll in the image plane.
-        Falls back to the eye line for roll (and zeros) when there is no matrix.
+        MediaPipe's camera frame has y up, so a positive roll is a counter-clockwise tilt as
+        seen on screen. Falls back to the eye line for roll (same sign) and zeros for yaw and
+        pitch when there is no matrix.
         """
         if self.transform is None:
             (lx, ly), (rx, ry) = self.landmarks[33, :2], self.landmarks[263, :2]
-            return 0.0, 0.0, float(math.degrees(math.atan2(ry - ly, rx - lx)))
+            # image y points down: negate so that counter-clockwise is positive, as above
+            return 0.0, 0.0, float(math.degrees(math.atan2(-(ry - ly), rx - lx)))
         r = np.asarray(self.transform, dtype=np.float64)[:3, :3]
         # normalise away any scale the matrix carries
         r = r / np.cbrt(max(abs(np.linalg.det(r)), 1e-12))
@@ -200,6 +203,19 @@ class FaceLandmarker:
         return faces
 
 
+def nearest_face(reference: FaceObservation, faces: Sequence[FaceObservation]) -> FaceObservation | None:
+    """The face in ``faces`` whose landmark centroid is nearest ``reference``'s, or None.
+
+    In an aligned pair the candidate's counterpart of the source's face sits where the
+    source's face is; taking the candidate's *largest* face instead can pick the wrong
+    person when two faces are about the same size.
+    """
+    if not faces:
+        return None
+    centre = reference.landmarks[:, :2].mean(axis=0)
+    return min(faces, key=lambda f: float(np.sum((f.landmarks[:, :2].mean(axis=0) - centre) ** 2)))
+
+
 _shared: dict[tuple, FaceLandmarker] = {}
 _shared_lock = threading.Lock()
 
@@ -252,8 +268,8 @@ def face_mask(
     elif mode != "oval":
         raise ValueError(f"face mask mode must be 'oval' or 'skin', got {mode!r}")
     if dilate_px > 0:
-        k = 2 * dilate_px + 1
-        mask = cv2.dilate(mask, cv2.getStructuringElement(cv2.MORPH_ELLIPSE, (k, k)))
+        distance = cv2.distanceTransform((mask == 0).astype(np.uint8), cv2.DIST_L2, cv2.DIST_MASK_PRECISE)
+        mask = np.where(distance <= dilate_px, 255, 0).astype(np.uint8)
     return mask
 
 

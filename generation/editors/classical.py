@@ -23,6 +23,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from generation.editors.base import EditRequest, EditResult, SequentialEditor
+from generation.masks import feather
 
 
 class ClassicalOptions(BaseModel):
@@ -46,14 +47,6 @@ def condition_tint(condition: dict[str, str], seed: int) -> tuple[np.ndarray, fl
     jitter = (seed % 7) / 70.0  # retries with the next seed differ a little
     r, g, b = colorsys.hsv_to_rgb((hue + jitter) % 1.0, 0.6, 1.0)
     return np.array([r, g, b], np.float32), gain
-
-
-def _feathered(mask: np.ndarray, radius_px: float) -> np.ndarray:
-    alpha = (mask > 0).astype(np.float32)
-    if radius_px <= 0:
-        return alpha
-    k = int(2 * np.ceil(3 * radius_px / 2) + 1)
-    return cv2.GaussianBlur(alpha, (k, k), radius_px / 2)
 
 
 def _resize_multiple(image: np.ndarray, multiple: int) -> np.ndarray:
@@ -91,7 +84,7 @@ class ClassicalEditor(SequentialEditor):
             )
         else:
             tint, gain = condition_tint(dict(request.condition), request.seed)
-            alpha = _feathered(request.mask, self.options.feather_px)[..., None] * self.options.strength
+            alpha = feather(request.mask, self.options.feather_px)[..., None] * self.options.strength
             pixels = image.astype(np.float32) / 255.0
             luminance = pixels.mean(axis=2, keepdims=True)
             toned = np.clip(luminance * gain * 1.6 * tint, 0.0, 1.0)

@@ -1,0 +1,286 @@
+"""Throughput of the whole gate stack, its overhead over the models alone, and its scaling.
+
+Runs ``GateStack.evaluate`` over a folder of pairs and reports, in one run:
+
+1. overhead: per pair, the models the stack calls (landmarker on both images, the face
+   detector, the identity embedder and the AU model on both) are timed alone, interleaved
+   with the full stack on the same pair; the ratio is total stack time / total model time
+   (target: <= 1.3);
+2. throughput of one worker process (pairs/s, images/s), stack only;
+3. throughput of ``--workers`` processes over the same pairs (target with 2: >= 1.7 x one).
+
+Each worker uses one intra-op thread per library and loads its models once before the
+clock starts. Image decoding is not timed (the stack receives arrays).
+
+A pairs folder holds ``<id>_source.<ext>`` and ``<id>_candidate.<ext>`` (and, for limb
+pairs, ``<id>_mask.png``). Without ``--pairs`` a demo folder is built from the bundled photos:
+face-only edits (another person's features blended into the face mask, a skin-tone shift),
+a JPEG re-encode and an exact copy of each.
+
+    .venv/bin/python benchmarks/gates_throughput.py --workers 2 --repeat 3
+    .venv/bin/python benchmarks/gates_throughput.py --pairs PAIRS_DIR --kind limb --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+IMAGE_EXTS = (".png", ".jpg", ".jpeg", ".webp")
+
+
+def find_pairs(folder: Path) -> list[tuple[str, Path, Path, Path | None]]:
+    """``(id, source, candidate, mask or None)`` for every ``<id>_source.*`` in ``folder``."""
+    pairs = []
+    for src in sorted(folder.iterdir()):
+        if src.suffix.lower() not in IMAGE_EXTS or not src.stem.endswith("_source"):
+            continue
+        pid = src.stem[: -len("_source")]
+        cands = [p for p in folder.glob(f"{pid}_candidate.*") if p.suffix.lower() in IMAGE_EXTS]
+        if not cands:
+            continue
+        mask = folder / f"{pid}_mask.png"
+        pairs.append((pid, src, cands[0], mask if mask.is_file() else None))
+    return pairs
+
+
+def build_demo_pairs(folder: Path) -> Path:
+    """Face-edit demo pairs from the bundled single-face photos (see the module docstring)."""
+    import cv2
+
+    from validation.backends.base import similarity_transform
+    from validation.calibrate import bundled_photo_paths, load_rgb
+    from validation.faces import face_mask, feather, get_face_landmarker
+
+    folder.mkdir(parents=True, exist_ok=True)
+    landmarker = get_face_landmarker()
+    photos = {}
+    for path in bundled_photo_paths():
+        image = load_rgb(path)
+        faces = landmarker.detect(image)
+        if len(faces) == 1:
+            photos[path.stem] = (image, faces[0])
+    names = sorted(photos)
+
+    def save(name: str, image: np.ndarray) -> None:
+        cv2.imwrite(str(folder / name), np.ascontiguousarray(image[:, :, ::-1]))
+
+    for i, name in enumerate(names):
+        image, face = photos[name]
+        alpha = feather(face_mask(face.landmarks, image.shape[:2], mode="skin"), 8)[..., None]
+        donor_image, donor_face = photos[names[(i + 1) % len(names)]]
+        m = similarity_transform(donor_face.keypoints5(), face.keypoints5())
+        pasted = cv2.warpAffine(donor_image, m, image.shape[1::-1], flags=cv2.INTER_LINEAR)
+        hsv = cv2.cvtColor(image, cv2.COLOR_RGB2HSV).astype(np.int16)
+        hsv[..., 2] = np.clip(hsv[..., 2] - 40, 0, 255)
+        toned = cv2.cvtColor(hsv.astype(np.uint8), cv2.COLOR_HSV2RGB)
+        ok, buf = cv2.imencode(".jpg", image[:, :, ::-1], [cv2.IMWRITE_JPEG_QUALITY, 75])
+        jpeg = cv2.imdecode(buf, cv2.IMREAD_COLOR)[:, :, ::-1]
+        candidates = {
+            "paste": alpha * pasted + (1 - alpha) * image,
+            "tone": alpha * toned + (1 - alpha) * image,
+            "jpeg75": jpeg,
+            "copy": image,
+        }
+        for kind, cand in candidates.items():
+            pid = f"{name}-{kind}"
+            save(f"{pid}_source.png", image)
+            save(f"{pid}_candidate.png", np.round(cand).astype(np.uint8))
+    return folder
+
+
+# --- worker side ------------------------------------------------------------------------
+
+_stack = None
+_pairs: list = []
+
+
+def _init_worker(pair_files, kind: str, face_mask_mode: str) -> None:
+    """Load the models and the images once, one intra-op thread per library."""
+    global _stack, _pairs
+    from validation.backends import set_worker_threads
+
+    set_worker_threads(1)
+    from validation.calibrate import load_rgb
+    from validation.judge import GatesConfig, GateStack
+
+    _stack = GateStack.from_config(GatesConfig(face_mask=face_mask_mode), kind)
+    _pairs = []
+    for _, src, cand, mask in pair_files:
+        edit = None
+        if mask is not None:
+            import cv2
+
+            edit = cv2.imread(str(mask), cv2.IMREAD_GRAYSCALE)
+        _pairs.append((load_rgb(src), load_rgb(cand), edit))
+    for source, candidate, edit in _pairs[:2]:  # warm up every model
+        _stack.evaluate(source, candidate, edit_mask=edit)
+
+
+def _models_alone(source: np.ndarray, candidate: np.ndarray) -> None:
+    """Exactly the model calls ``GateStack.evaluate`` makes on one pair, and nothing else."""
+    from validation.faces import nearest_face
+    from validation.gates.expression import ExpressionGate
+    from validation.gates.face import FaceGate
+    from validation.gates.identity import IdentityGate
+
+    src_faces = _stack.landmarker.detect(source)
+    cand_faces = _stack.landmarker.detect(candidate)
+    src_face = src_faces[0] if src_faces else None
+    cand_face = nearest_face(src_face, cand_faces) if src_face is not None else None
+    for gate in _stack.gates:
+        if isinstance(gate, FaceGate):
+            gate.detector.detect(candidate)
+            gate.detector.detect(source)
+        elif isinstance(gate, IdentityGate) and src_face is not None and cand_face is not None:
+            gate.embedder.embed(source, src_face.keypoints5())
+            gate.embedder.embed(candidate, cand_face.keypoints5())
+        elif isinstance(gate, ExpressionGate) and src_face is not None and cand_face is not None:
+            gate.au_model.estimate(source, src_face)
+            gate.au_model.estimate(candidate, cand_face)
+
+
+def _overhead(repeat: int) -> dict:
+    """Interleave models-alone and whole-stack timings over every pair, ``repeat`` times."""
+    models = stack = 0.0
+    verdicts: dict[str, int] = {}
+    for r in range(repeat):
+        for i, (source, candidate, edit) in enumerate(_pairs):
+            order = (r + i) % 2  # alternate which goes first, so neither gets a warmer cache
+            for step in ((0, 1) if order == 0 else (1, 0)):
+                t = time.perf_counter()
+                if step == 0:
+                    _models_alone(source, candidate)
+                    models += time.perf_counter() - t
+                else:
+                    judgement = _stack.evaluate(source, candidate, edit_mask=edit)
+                    stack += time.perf_counter() - t
+                    if r == 0:
+                        verdicts[judgement.verdict] = verdicts.get(judgement.verdict, 0) + 1
+    return {"models_s": models, "stack_s": stack, "pairs": repeat * len(_pairs), "verdicts": verdicts}
+
+
+def _throughput(args) -> dict:
+    """Stack only over this worker's share; start when every worker is ready."""
+    indices, barrier = args
+    barrier.wait()
+    start = time.perf_counter()
+    cpu = time.process_time()
+    wall_start = time.time()
+    for i in indices:
+        source, candidate, edit = _pairs[i]
+        _stack.evaluate(source, candidate, edit_mask=edit)
+    return {
+        "start": wall_start,
+        "end": wall_start + (time.perf_counter() - start),
+        "cpu_s": time.process_time() - cpu,
+        "pairs": len(indices),
+    }
+
+
+def _run_pool(workers: int, pair_files, kind: str, mode: str, total: int) -> dict:
+    ctx = mp.get_context("spawn")  # MediaPipe's threads do not survive fork
+    manager = ctx.Manager()
+    barrier = manager.Barrier(workers)
+    shares = [list(range(total))[w::workers] for w in range(workers)]
+    shares = [[i % len(pair_files) for i in share] for share in shares]
+    with ctx.Pool(workers, initializer=_init_worker, initargs=(pair_files, kind, mode)) as pool:
+        results = pool.map(_throughput, [(share, barrier) for share in shares], chunksize=1)
+    manager.shutdown()
+    wall = max(r["end"] for r in results) - min(r["start"] for r in results)
+    pairs = sum(r["pairs"] for r in results)
+    cpu = sum(r["cpu_s"] for r in results)
+    return {
+        "workers": workers,
+        "pairs": pairs,
+        "wall_s": wall,
+        "pairs_per_s": pairs / wall,
+        "images_per_s": 2 * pairs / wall,
+        # cores the workers actually got: below `workers` means other processes took CPU
+        "cores_used": cpu / wall,
+        "pairs_per_cpu_s": pairs / cpu,
+        "load_average_1min": os.getloadavg()[0],
+    }
+
+
+def _run_overhead(pair_files, kind: str, mode: str, repeat: int) -> dict:
+    ctx = mp.get_context("spawn")
+    with ctx.Pool(1, initializer=_init_worker, initargs=(pair_files, kind, mode)) as pool:
+        return pool.apply(_overhead, (repeat,))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--pairs", type=Path, help="folder of <id>_source / <id>_candidate images")
+    parser.add_argument("--kind", choices=["face", "limb"], default="face")
+    parser.add_argument("--face-mask", choices=["oval", "skin"], default="oval")
+    parser.add_argument("--workers", type=int, default=2, help="processes for the scaling run")
+    parser.add_argument("--repeat", type=int, default=3, help="passes over the pairs per measurement")
+    parser.add_argument("--json", type=Path, help="also write the numbers here")
+    args = parser.parse_args(argv)
+
+    with tempfile.TemporaryDirectory(prefix="cf-bench-") as tmp:
+        folder = args.pairs or build_demo_pairs(Path(tmp) / "pairs")
+        pair_files = find_pairs(folder)
+        if not pair_files:
+            parser.error(f"no <id>_source / <id>_candidate pairs in {folder}")
+        total = len(pair_files) * args.repeat
+        print(f"{len(pair_files)} pairs from {'bundled-photo demo' if args.pairs is None else folder}, "
+              f"kind={args.kind}, {args.repeat} passes")
+        over = _run_overhead(pair_files, args.kind, args.face_mask, args.repeat)
+        one = _run_pool(1, pair_files, args.kind, args.face_mask, total)
+        many = _run_pool(args.workers, pair_files, args.kind, args.face_mask, total) if args.workers > 1 else one
+
+    ratio = over["stack_s"] / over["models_s"]
+    speedup = many["pairs_per_s"] / one["pairs_per_s"]
+    report = {
+        "pairs": len(pair_files),
+        "repeat": args.repeat,
+        "kind": args.kind,
+        "verdicts": over["verdicts"],
+        "models_alone_ms_per_pair": 1000 * over["models_s"] / over["pairs"],
+        "stack_ms_per_pair": 1000 * over["stack_s"] / over["pairs"],
+        "stack_over_models": ratio,
+        "one_worker": one,
+        "workers": many,
+        "speedup": speedup,
+        "cpu_efficiency": many["pairs_per_cpu_s"] / one["pairs_per_cpu_s"],
+        "cores_available": os.cpu_count(),
+        "targets": {"stack_over_models_max": 1.3, "speedup_2_workers_min": 1.7},
+    }
+    print(f"verdicts (first pass): {over['verdicts']}")
+    print(f"models alone: {report['models_alone_ms_per_pair']:.1f} ms/pair; "
+          f"whole stack: {report['stack_ms_per_pair']:.1f} ms/pair; "
+          f"stack / models = {ratio:.3f} (target <= 1.3: {'ok' if ratio <= 1.3 else 'MISSED'})")
+    print(f"1 worker: {one['pairs_per_s']:.2f} pairs/s = {one['images_per_s']:.2f} images/s "
+          f"(cores used {one['cores_used']:.2f}, load average {one['load_average_1min']:.1f})")
+    if args.workers > 1:
+        print(f"{args.workers} workers: {many['pairs_per_s']:.2f} pairs/s = {many['images_per_s']:.2f} images/s "
+              f"(cores used {many['cores_used']:.2f} of {os.cpu_count()}, load average {many['load_average_1min']:.1f}); "
+              f"speedup {speedup:.2f} x (target with 2 >= 1.7: "
+              f"{'ok' if speedup >= 1.7 or args.workers != 2 else 'MISSED'})")
+        efficiency = many["pairs_per_cpu_s"] / one["pairs_per_cpu_s"]
+        print(f"  work per CPU-second, {args.workers} workers vs 1: {efficiency:.2f} "
+              f"(1.00: the workers do not slow each other; speedup with free cores ~ {args.workers} x this)")
+        if many["cores_used"] < 0.9 * min(args.workers, os.cpu_count() or 1):
+            print(f"  note: the {args.workers} workers got {many['cores_used']:.2f} cores between them; "
+                  "other processes were using the CPU, so this speedup understates the stack's scaling")
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,195 @@
+"""End to end through the real command line, Prefect flow, models and photos."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+from PIL import Image
+
+from manifests.release import verify_release
+from tests.conftest import REPO, read_rgb
+from tests.generation import badinputs
+
+pytestmark = pytest.mark.slow
+
+CLI = [sys.executable, "-m", "flows.cli"]
+
+
+def _run(args, **kwargs) -> subprocess.CompletedProcess:
+    return subprocess.run(CLI + args, cwd=REPO, capture_output=True, text=True, timeout=900, **kwargs)
+
+
+def _release(out: Path, name: str = "demo-face", version: str = "0.1.0") -> Path:
+    return out / "releases" / name / version
+
+
+def _ledger(out: Path) -> sqlite3.Connection:
+    return sqlite3.connect(out / "ledger.sqlite")
+
+
+@pytest.fixture(scope="module")
+def demo_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("demo") / "out"
+    first = _run(["run", "assets/specs/demo-face.yaml", "--out", str(out), "--no-progress"])
+    assert first.returncode == 0, first.stderr[-3000:]
+    return out, first
+
+
+def test_demo_release_has_every_file(demo_run):
+    out, first = demo_run
+    release = _release(out)
+    for name in ("manifest.jsonl", "items.jsonl", "spec.yaml", "stats.json", "report.html", "checksums.sha256"):
+        assert (release / name).is_file(), name
+    assert verify_release(release) == []
+    stats = json.loads((release / "stats.json").read_text())
+    items = [json.loads(line) for line in (release / "items.jsonl").read_text().splitlines()]
+    # 3 strata (astronaut/female, naval officer/female, politician/male) x 1 template x 6 conditions
+    assert stats["items"]["total"] == len(items) == 18
+    assert sum(stats["items"][s] for s in ("accepted", "needs_review", "rejected", "failed")) == 18
+    assert {i["template_id"] for i in items} >= {"astronaut", "grace_hopper"}
+    # the two-person photo is a failed source with its reason, not a silent drop
+    failed = {f["source_id"]: f["reason"] for f in stats["failed_sources"]}
+    assert "2 faces" in failed["two_people"]
+    manifest = [json.loads(line) for line in (release / "manifest.jsonl").read_text().splitlines()]
+    assert manifest and all(row["status"] == "accepted" for row in manifest)
+    for row in manifest:
+        image = release / row["image"]["path"]
+        source = release / row["source"]["path"]
+        assert image.is_file() and source.is_file()
+        with Image.open(image) as im, Image.open(source) as src:
+            assert im.size == src.size  # aligned back to the source frame
+        assert row["editor"]["backend"] == "classical" and row["editor"]["prompt"]
+        assert row["alignment"]["ok"] is True
+    report = (release / "report.html").read_text()
+    assert "contact_sheets/astronaut.jpg" in report and 'id="status-counts"' in report
+    sheet = release / "contact_sheets" / "astronaut.jpg"
+    with Image.open(sheet) as im:
+        assert im.width > 6 * 150  # the source and six conditions side by side
+    assert "editor calls: 18" in first.stdout
+
+
+def test_rerun_makes_zero_editor_calls_and_keeps_the_release(demo_run):
+    out, _ = demo_run
+    before = (_release(out) / "manifest.jsonl").read_bytes()
+    again = _run(["run", "assets/specs/demo-face.yaml", "--out", str(out), "--no-progress"])
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "editor calls: 0" in again.stdout
+    assert "unchanged" in again.stdout
+    assert (_release(out) / "manifest.jsonl").read_bytes() == before
+    with _ledger(out) as db:
+        assert db.execute("select max(calls) from attempts").fetchone()[0] == 1
+
+
+def test_sigkill_half_way_then_resume_loses_nothing(demo_run, tmp_path):
+    reference_out, _ = demo_run
+    out = tmp_path / "out"
+    env = dict(os.environ)
+    proc = subprocess.Popen(
+        CLI + ["run", "assets/specs/demo-face.yaml", "--out", str(out), "--no-progress", "--workers", "1"],
+        cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )
+    deadline = time.time() + 600
+    finished_before_kill: dict[str, int] = {}
+    try:
+        while time.time() < deadline:
+            time.sleep(0.2)
+            if (out / "ledger.sqlite").exists():
+                try:
+                    with _ledger(out) as db:
+                        rows = db.execute("select attempt_id, calls from attempts where status='ok'").fetchall()
+                except sqlite3.OperationalError:
+                    continue
+                if len(rows) >= 6:
+                    break
+            assert proc.poll() is None, "the run ended before it could be killed"
+        os.killpg(proc.pid, signal.SIGKILL)  # the CLI and Prefect's temporary server with it
+        proc.wait(timeout=30)
+        with _ledger(out) as db:
+            finished_before_kill = dict(db.execute("select attempt_id, calls from attempts where status='ok'").fetchall())
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert 6 <= len(finished_before_kill) < 18
+    assert not _release(out).exists()
+
+    resumed = _run(["run", "assets/specs/demo-face.yaml", "--out", str(out), "--no-progress"])
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    with _ledger(out) as db:
+        calls = dict(db.execute("select attempt_id, calls from attempts").fetchall())
+        statuses = dict(db.execute("select attempt_id, status from attempts").fetchall())
+    # no finished attempt ran again; only the ones in flight at the kill may have run twice
+    for attempt_id, n in finished_before_kill.items():
+        assert calls[attempt_id] == n == 1
+    assert sum(c - 1 for c in calls.values()) <= 1
+    assert set(statuses.values()) <= {"ok", "refused"}
+    release = _release(out)
+    assert verify_release(release) == []
+    # the resumed release is the release an uninterrupted run makes
+    assert (release / "manifest.jsonl").read_bytes() == (_release(reference_out) / "manifest.jsonl").read_bytes()
+
+
+def test_bad_inputs_fail_with_reasons_and_the_run_completes(tmp_path):
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    shutil.copy(REPO / "assets/photos/grace_hopper.jpg", photos / "grace.jpg")
+    shutil.copy(REPO / "assets/photos/two_people.jpg", photos / "two.jpg")
+    Image.fromarray(np.ascontiguousarray(read_rgb("astronaut.png")[0:300, 330:512])).save(photos / "shuttle.png")
+    written = {
+        "truncated": badinputs.write_truncated_jpeg(photos),
+        "zero": badinputs.write_zero_byte(photos),
+        "text": badinputs.write_text_as_jpg(photos),
+        "huge": badinputs.write_huge_png(photos),
+    }
+    entries = [
+        {"id": "grace", "path": "grace.jpg"},
+        {"id": "two", "path": "two.jpg"},
+        {"id": "shuttle", "path": "shuttle.png"},
+    ] + [{"id": key, "path": path.name} for key, path in written.items()]
+    for entry in entries:
+        entry.update(licence="public domain", occupation="officer", presented_gender="female")
+    (tmp_path / "metadata.yaml").write_text(yaml.safe_dump({"sources": entries}))
+    spec = {
+        "name": "bad-inputs",
+        "sources": {"photos": "photos", "metadata": "metadata.yaml"},
+        "design": {"kind": "face", "axes": {"race": ["Black"], "gender": ["female", "male"]},
+                   "strata": ["occupation"], "templates_per_stratum": 5},
+        "editor": {"backend": "classical", "max_attempts": 1},
+        "release": {"name": "bad-inputs", "version": "0.1.0"},
+    }
+    (tmp_path / "spec.yaml").write_text(yaml.safe_dump(spec))
+    result = _run(["run", str(tmp_path / "spec.yaml"), "--out", str(tmp_path / "out"), "--no-progress"])
+    assert result.returncode == 0, result.stderr[-3000:]
+    stats = json.loads((_release(tmp_path / "out", "bad-inputs") / "stats.json").read_text())
+    failed = {f["source_id"]: f["reason"].lower() for f in stats["failed_sources"]}
+    assert set(failed) == {"two", "shuttle", "truncated", "zero", "text", "huge"}
+    assert "2 faces" in failed["two"] and "no face" in failed["shuttle"]
+    assert "truncated" in failed["truncated"] or "corrupt" in failed["truncated"]
+    assert "empty" in failed["zero"] or "zero" in failed["zero"]
+    assert "not an image" in failed["text"] or "cannot identify" in failed["text"]
+    assert "pixels" in failed["huge"]
+    for key, path in written.items():
+        assert path.name in stats["failed_sources"][[f["source_id"] for f in stats["failed_sources"]].index(key)]["path"]
+    assert stats["items"]["total"] == 2  # grace's two cells ran
+
+
+def test_broken_spec_stops_before_any_work(tmp_path):
+    text = (REPO / "assets/specs/demo-face.yaml").read_text().replace("../photos", str(REPO / "assets/photos"))
+    bad = tmp_path / "broken.yaml"
+    bad.write_text(text.replace("templates_per_stratum: 1", "templates_per_stratum: lots"))
+    out = tmp_path / "out"
+    result = _run(["run", str(bad), "--out", str(out)])
+    assert result.returncode == 2
+    assert "`design.templates_per_stratum`" in result.stderr and "'lots'" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert not out.exists()

@@ -1,0 +1,374 @@
+"""FalEditor against a local fake of fal's queue API (``fal_server.py``), over real HTTPS.
+
+The fake's model returns ``255 - input``, so every expected image comes from the request,
+not from the code under test. Its counters see every submission by payload hash, which is
+what "never pay twice" is checked against.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pydantic
+import pytest
+
+from generation.editors import make_editor
+from generation.editors.base import EditorSetupError, EditRequest, MemoryJournal
+from generation.editors.fal import DEFAULT_PRICES_USD, FalEditor, FalOptions
+from tests.generation.fal_server import Behaviour, FalServer
+
+PRICE = DEFAULT_PRICES_USD["fal-ai/nano-banana/edit"]
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def server():
+    with FalServer(latency_s=0.1, price_usd=PRICE) as fake, fake.patch_environment():
+        yield fake
+
+
+@pytest.fixture(autouse=True)
+def _fresh(server):
+    server.reset()
+    server.latency_s = 0.1
+
+
+def _image(seed: int, shape: tuple[int, int] = (48, 64)) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, 256, (*shape, 3), dtype=np.uint8)
+
+
+def _requests(n: int) -> list[EditRequest]:
+    return [EditRequest(f"att-{i}", _image(i), f"make the person {i}", seed=i) for i in range(n)]
+
+
+def _editor(**options) -> FalEditor:
+    options = {"backoff_s": 0.02, "poll_interval_s": 0.02, "timeout_s": 10.0, **options}
+    return FalEditor(FalOptions(**options))
+
+
+def test_round_trip_is_lossless_and_accounted(server, grace):
+    requests = [
+        EditRequest("a", grace, "make the person Black and female", 11),
+        EditRequest("b", _image(2, (33, 17)), "make the person East Asian and male", 12),
+    ]
+    journal = MemoryJournal()
+    editor = make_editor(
+        "fal", FalOptions(backoff_s=0.02, poll_interval_s=0.02, arguments={"aspect_ratio": "auto"})
+    )
+    editor.prepare()
+    results = editor.edit_many(requests, journal=journal)
+
+    for request, result in zip(requests, results, strict=True):
+        assert result.status == "ok", result.reason
+        job = server.jobs[result.metadata["request_id"]]
+        assert np.array_equal(job.input_image, request.image)  # PNG in: the server saw every pixel
+        assert result.image.dtype == np.uint8 and result.image.shape == request.image.shape
+        assert np.array_equal(result.image, server.outputs[job.request_id])
+        assert np.array_equal(result.image, 255 - request.image)
+        assert job.arguments == {
+            "prompt": request.prompt,
+            "seed": request.seed,
+            "num_images": 1,
+            "output_format": "png",
+            "sync_mode": False,
+            "aspect_ratio": "auto",
+        }
+        assert result.cost_usd == pytest.approx(PRICE)
+        assert result.metadata["endpoint"] == "fal-ai/nano-banana/edit"
+        assert result.metadata["seconds"] >= server.latency_s
+        assert result.metadata["resumed"] is False
+        row = journal.load(request.attempt_id)
+        assert row["request_id"] == job.request_id and row["state"] == "completed"
+    assert journal.spent_usd() == pytest.approx(2 * PRICE) == pytest.approx(server.billed_usd())
+    assert sorted(server.paid_submits.values()) == [1, 1]
+    assert editor.lineage()["arguments"] == {"aspect_ratio": "auto"}
+
+
+def test_concurrency_bound_is_reached_and_never_exceeded(server):
+    server.latency_s = 0.3
+    started = time.monotonic()
+    results = _editor(concurrency=3).edit_many(_requests(10))
+    elapsed = time.monotonic() - started
+
+    assert [r.status for r in results] == ["ok"] * 10
+    assert server.max_in_flight == 3
+    assert elapsed >= 4 * 0.3  # ceil(10 / 3) waves of 0.3 s
+
+
+def test_transient_errors_are_retried_without_paying_twice(server):
+    server.behave("flaky", Behaviour(submit_errors=(429, 503, 500), status_errors=(503, 502)))
+    [result] = _editor(max_retries=3).edit_many([EditRequest("f", _image(3), "flaky", 3)])
+
+    assert result.status == "ok", result.reason
+    assert np.array_equal(result.image, 255 - _image(3))
+    [digest] = server.submit_attempts
+    assert (
+        server.submit_attempts[digest] == 4
+    )  # 429 (fal-client's own retry), 503, 500, then accepted
+    assert server.paid_submits[digest] == 1
+    assert result.metadata["submit_tries"] == 3  # fal-client absorbs the 429 before we see it
+
+
+def test_retries_stop_at_max_retries(server):
+    server.behave("down", Behaviour(submit_errors=(503, 503, 503)))
+    journal = MemoryJournal()
+    [result] = _editor(max_retries=1).edit_many([EditRequest("d", _image(4), "down", 4)], journal)
+
+    assert result.status == "failed"
+    assert result.reason.startswith("fal_unavailable:") and "HTTP 503" in result.reason
+    assert sum(server.submit_attempts.values()) == 2
+    assert not server.paid_submits and journal.load("d") is None and journal.spent_usd() == 0
+
+
+def test_timeout_fails_the_item_and_keeps_its_request_id(server):
+    server.behave("stall", Behaviour(outcome="stall"))
+    server.behave("silent", Behaviour(status_errors=(0,)))  # the status poll is never answered
+    requests = [
+        EditRequest("s", _image(5), "stall", 5),
+        EditRequest("q", _image(6), "silent", 6),
+        EditRequest("o", _image(7), "fine", 7),
+    ]
+    journal = MemoryJournal()
+    started = time.monotonic()
+    stalled, silent, fine = _editor(timeout_s=1.0, concurrency=3).edit_many(requests, journal)
+
+    assert time.monotonic() - started < 5
+    for result in (stalled, silent):
+        assert result.status == "failed"
+        assert result.reason.startswith("fal_timeout:"), result.reason
+        assert result.metadata["request_id"] in result.reason
+        assert journal.load(result.attempt_id)["state"] == "submitted"  # a re-run fetches it
+    assert fine.status == "ok"
+
+
+@pytest.mark.parametrize(
+    ("outcome", "status", "reason", "cost"),
+    [
+        ("nsfw", "refused", "fal_nsfw: the safety checker flagged the output", PRICE),
+        ("no_images", "refused", "fal_no_images: the model returned no image", 0.0),
+        ("refusal_text", "refused", "fal_refusal: I'm unable to make that edit", PRICE),
+        (
+            "policy",
+            "refused",
+            "fal_content_policy: The content was flagged by a content checker.",
+            0.0,
+        ),
+        ("invalid", "failed", "fal_rejected: result HTTP 422: Unsupported image format", 0.0),
+        ("error", "failed", "fal_job_failed: runner_disconnected: Runner disconnected", 0.0),
+    ],
+)
+def test_refusals_and_failed_jobs_carry_the_servers_reason(server, outcome, status, reason, cost):
+    server.behave("edit", Behaviour(outcome=outcome))
+    journal = MemoryJournal()
+    [result] = _editor().edit_many([EditRequest("r", _image(8), "edit", 8)], journal)
+
+    assert result.status == status
+    assert result.image is None
+    assert result.reason.startswith(reason), result.reason
+    assert result.cost_usd == pytest.approx(cost) == pytest.approx(journal.spent_usd())
+    assert journal.load("r")["state"] == {"refused": "refused", "failed": "failed"}[status]
+    if outcome == "policy":
+        assert "model_moderated" in result.reason
+
+
+def test_spend_cap_stops_new_submissions(server):
+    journal = MemoryJournal()
+    cap = 2.5 * PRICE  # two fit, the third would not
+    results = _editor(concurrency=5, spend_cap_usd=cap).edit_many(_requests(5), journal)
+
+    assert sorted(r.status for r in results) == ["failed"] * 3 + ["ok"] * 2
+    for result in results:
+        if result.status == "failed":
+            assert result.reason.startswith("fal_spend_cap_reached:"), result.reason
+            assert result.metadata["request_id"] is None
+    assert sum(server.paid_submits.values()) == 2  # all five started at once; none slipped past
+    assert journal.spent_usd() == pytest.approx(2 * PRICE)
+
+
+def test_rerun_fetches_a_paid_request_instead_of_paying_again_even_at_the_cap(server):
+    server.latency_s = 1.0
+    journal = MemoryJournal()
+    [first] = _editor(timeout_s=0.3).edit_many(_requests(1), journal)
+    assert first.reason.startswith("fal_timeout:")
+    paid_id = first.metadata["request_id"]
+
+    # The cap is already used up by the paid request: it is still fetched, the new one is not sent.
+    again, new = _editor(spend_cap_usd=PRICE).edit_many(_requests(2), journal)
+
+    assert again.status == "ok" and again.metadata["resumed"] is True
+    assert again.metadata["request_id"] == paid_id and again.metadata["submit_tries"] == 0
+    assert np.array_equal(again.image, 255 - _image(0))
+    assert new.status == "failed" and new.reason.startswith("fal_spend_cap_reached:")
+    assert list(server.paid_submits.values()) == [1]
+    assert journal.spent_usd() == pytest.approx(PRICE)
+
+
+def test_an_id_the_server_does_not_know_is_submitted_again(server):
+    journal = MemoryJournal()
+    journal.save(
+        "att-0",
+        {"request_id": "expired-id", "endpoint": "fal-ai/nano-banana/edit", "state": "submitted"},
+        cost_usd=PRICE,
+    )
+    [result] = _editor().edit_many(_requests(1), journal)
+
+    assert result.status == "ok"
+    assert result.metadata["lost_request_ids"] == ["expired-id"]
+    assert result.metadata["resumed"] is False and result.metadata["submit_tries"] == 1
+    assert list(server.paid_submits.values()) == [1]
+    assert journal.load("att-0")["request_id"] == result.metadata["request_id"]
+
+
+def test_duplicates_bad_inputs_and_running_event_loops(server):
+    good = _requests(1)[0]
+    bad = EditRequest("bad", _image(9).astype(np.float32), "edit", 9)
+    editor = _editor()
+
+    async def inside_a_loop():
+        return editor.edit_many([good, bad, good]), await editor.aedit_many([good])
+
+    (first, failed, same), (again,) = asyncio.run(inside_a_loop())
+
+    assert first.status == same.status == again.status == "ok"
+    assert failed.status == "failed" and failed.reason.startswith("fal_bad_input:")
+    assert "float32" in failed.reason
+    assert (
+        sum(server.paid_submits.values()) == 2
+    )  # once per edit_many call without a shared journal
+
+
+def test_setup_error_without_key(server, monkeypatch):
+    for name in ("FAL_KEY", "FAL_KEY_ID", "FAL_KEY_SECRET"):
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(EditorSetupError, match=r"FAL_KEY is not set.*export FAL_KEY="):
+        _editor().prepare()
+
+
+def test_setup_error_for_a_rejected_key(server, monkeypatch):
+    monkeypatch.setenv("FAL_KEY", "wrong:key")
+    with pytest.raises(EditorSetupError, match=r"fal rejected the key in FAL_KEY \(HTTP 401"):
+        _editor().edit_many(_requests(1))
+    assert not server.submit_attempts
+
+
+def test_setup_error_when_the_account_may_not_submit(server, monkeypatch):
+    # The key passes the probe in prepare(); the first submission's 403 stops the batch.
+    monkeypatch.setenv("FAL_KEY", server.locked_keys[0])
+    with pytest.raises(EditorSetupError, match=r"HTTP 403: User is locked. Reason: Exhausted"):
+        _editor(concurrency=4).edit_many(_requests(6))
+    assert not server.paid_submits
+
+
+def test_setup_error_when_fal_cannot_be_reached(server):
+    with socket.socket() as probe:  # a port nobody listens on once this closes
+        probe.bind(("127.0.0.1", 0))
+        closed = f"127.0.0.1:{probe.getsockname()[1]}"
+    with server.patch_environment(host=closed):
+        with pytest.raises(
+            EditorSetupError, match=f"cannot reach fal's queue at https://{closed}/"
+        ):
+            _editor(timeout_s=1.5).prepare()
+
+
+def test_setup_error_for_an_unknown_endpoint(server):
+    with pytest.raises(EditorSetupError) as error:
+        _editor(endpoint="nano banana").prepare()
+    assert "fal-ai/nano-banana/edit" in str(error.value)
+    assert "fal-ai/nano-banana-pro/edit" in str(error.value)
+
+    with pytest.raises(EditorSetupError, match="no price known"):
+        _editor(endpoint="fal-ai/flux-pro/kontext").prepare()
+
+    ghost = _editor(
+        endpoint="fal-ai/no-such-app/edit", prices_usd={"fal-ai/no-such-app/edit": 0.01}
+    )
+    with pytest.raises(
+        EditorSetupError, match=r"no app at endpoint 'fal-ai/no-such-app/edit' \(HTTP 404"
+    ):
+        ghost.edit_many(_requests(3))
+    assert not server.paid_submits
+
+
+def test_setup_error_without_fal_client(monkeypatch):
+    monkeypatch.setitem(sys.modules, "fal_client", None)
+    with pytest.raises(EditorSetupError, match=r"pip install 'counterfactory\[remote\]'"):
+        _editor().prepare()
+
+
+def test_options_refuse_arguments_the_backend_owns():
+    with pytest.raises(pydantic.ValidationError, match="output_format"):
+        FalOptions(arguments={"output_format": "jpeg"})
+
+
+_CHILD = """
+import json, sys
+import numpy as np
+from generation.editors.base import EditRequest
+from generation.editors.fal import FalEditor, FalOptions
+from manifests.ledger import Ledger
+
+url, out, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+requests = [
+    EditRequest(f"kill-{i}", np.random.default_rng(i).integers(0, 256, (40, 56, 3), dtype=np.uint8),
+                f"edit number {i}", i)
+    for i in range(n)
+]
+editor = FalEditor(FalOptions(concurrency=4, poll_interval_s=0.05, backoff_s=0.05, timeout_s=30))
+results = editor.edit_many(requests, journal=Ledger(url).journal("fal"))
+np.savez(out + ".npz", **{r.attempt_id: r.image for r in results if r.image is not None})
+with open(out, "w") as f:
+    json.dump([{"attempt_id": r.attempt_id, "status": r.status, "reason": r.reason,
+                "resumed": r.metadata["resumed"], "request_id": r.metadata["request_id"]}
+               for r in results], f)
+"""
+
+
+@pytest.mark.slow
+def test_killed_batch_resumes_without_submitting_anything_twice(server, tmp_path):
+    from manifests.ledger import Ledger
+
+    url, out, n = f"sqlite:///{tmp_path / 'ledger.sqlite'}", str(tmp_path / "results.json"), 8
+    journal = Ledger(url).journal("fal")  # creates the tables before the child opens them
+    attempt_ids = [f"kill-{i}" for i in range(n)]
+    env = {**os.environ, **server.env()}
+    command = [sys.executable, "-c", _CHILD, url, out, str(n)]
+    server.latency_s = 3.0  # long enough for the first four to be pending at the kill
+
+    child = subprocess.Popen(command, env=env, cwd=REPO)
+    deadline = time.monotonic() + 30
+    while sum(1 for a in attempt_ids if (journal.load(a) or {}).get("state") == "submitted") < 4:
+        assert child.poll() is None, "the child ended before it was killed"
+        assert time.monotonic() < deadline, "the child never had four requests in flight"
+        time.sleep(0.05)
+    child.send_signal(signal.SIGKILL)
+    child.wait()
+    before = {a: journal.load(a) for a in attempt_ids}
+    pending = {a: row["request_id"] for a, row in before.items() if row}
+    assert len(pending) == 4 and sum(server.paid_submits.values()) == 4
+    assert server.result_calls == 0 and not Path(out).exists()
+
+    server.latency_s = 0.2
+    subprocess.run(command, env=env, cwd=REPO, check=True, timeout=60)
+
+    rows = json.loads(Path(out).read_text())
+    images = np.load(out + ".npz")
+    assert [r["status"] for r in rows] == ["ok"] * n, rows
+    for i, row in enumerate(rows):
+        expected = 255 - np.random.default_rng(i).integers(0, 256, (40, 56, 3), dtype=np.uint8)
+        assert np.array_equal(images[row["attempt_id"]], expected)
+        if row["attempt_id"] in pending:
+            assert row["resumed"] is True and row["request_id"] == pending[row["attempt_id"]]
+        else:
+            assert row["resumed"] is False
+    assert len(server.paid_submits) == n and set(server.paid_submits.values()) == {1}
+    assert set(server.submit_attempts.values()) == {1}
+    assert journal.spent_usd() == pytest.approx(n * PRICE) == pytest.approx(server.billed_usd())

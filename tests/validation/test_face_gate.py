@@ -1,0 +1,98 @@
+"""Face gate: face count, detection confidence, head-pose change (real MediaPipe models)."""
+
+from __future__ import annotations
+
+import cv2
+import numpy as np
+import pytest
+
+from validation.backends import DetectedFace
+from validation.faces import FaceObservation
+from validation.gates.face import angle_change_deg, face_gate, pose_change_deg
+
+
+class FixedDetector:
+    """A detector that reports the same faces for any image (for the gate's own logic)."""
+
+    name = "fixed"
+
+    def __init__(self, scores):
+        self.scores = scores
+
+    def detect(self, image):
+        return [DetectedFace(box=(0, 0, 10, 10), score=s) for s in self.scores]
+
+
+def test_angle_wrap_known_answers():
+    assert angle_change_deg(170.0, -170.0) == pytest.approx(20.0)
+    assert angle_change_deg(-170.0, 170.0) == pytest.approx(-20.0)
+    assert pose_change_deg((10, 0, 0), (-5, 3, 359)) == pytest.approx((-15, 3, -1))
+
+
+def test_identical_images_pass(face_stack, photo):
+    image = photo("grace_hopper.jpg")
+    pair = face_stack.context(image, image.copy())
+    detector = face_stack.gates[0].detector
+    result = face_gate(pair, detector=detector, min_detection_score=0.7, max_pose_change_deg=7.9)
+    assert result.passed, result.reasons
+    assert result.metrics["faces"] == 1
+    assert result.metrics["pose_change_deg"] == 0.0
+    assert result.metrics["detection_score"] == pytest.approx(result.metrics["source_detection_score"])
+
+
+@pytest.mark.parametrize("angle", [-10.0, 12.0])
+def test_in_plane_rotation_is_measured_as_roll(face_stack, photo, angle):
+    """Rotating the photo about the face by θ degrees counter-clockwise (OpenCV's positive
+    angle) changes roll by +θ (MediaPipe's camera frame has y up) and leaves yaw and pitch;
+    the eye-line fallback (no transformation matrix) agrees in sign and size."""
+    image = photo("biden_portrait.jpg")
+    face = face_stack.landmarker.detect(image)[0]
+    centre = tuple(float(v) for v in face.landmarks[:, :2].mean(axis=0))
+    matrix = cv2.getRotationMatrix2D(centre, angle, 1.0)  # positive angle: counter-clockwise
+    rotated = cv2.warpAffine(image, matrix, image.shape[1::-1], flags=cv2.INTER_LINEAR, borderMode=cv2.BORDER_REFLECT)
+    pair = face_stack.context(image, rotated)
+    result = face_gate(pair, max_pose_change_deg=7.9)
+    assert result.metrics["roll_change_deg"] == pytest.approx(angle, abs=1.5)
+    assert abs(result.metrics["yaw_change_deg"]) < 2.0
+    assert abs(result.metrics["pitch_change_deg"]) < 2.0
+    assert result.reasons == ("face_pose_change_above_max",)
+    no_matrix = [FaceObservation(landmarks=f.landmarks) for f in (pair.source_faces[0], pair.candidate_faces[0])]
+    fallback = no_matrix[1].pose_deg()[2] - no_matrix[0].pose_deg()[2]
+    assert fallback == pytest.approx(angle, abs=1.5)
+
+
+def test_two_faces_when_one_is_expected(face_stack, photo):
+    image = photo("two_people.jpg")
+    pair = face_stack.context(image, image.copy())
+    result = face_stack.gates[0](pair)
+    assert result.metrics["faces"] == 2
+    assert "face_count_mismatch" in result.reasons
+    ok = face_gate(pair, detector=face_stack.gates[0].detector, expected_faces=2, max_pose_change_deg=7.9)
+    assert ok.passed, ok.reasons
+
+
+def test_no_face_in_candidate(face_stack, photo):
+    image = photo("astronaut.png")
+    # the shuttle model and flag, no face, scaled to the source's size
+    background = cv2.resize(np.ascontiguousarray(image[:300, 330:]), image.shape[1::-1])
+    pair = face_stack.context(image, background)
+    result = face_stack.gates[0](pair)
+    assert result.metrics["faces"] == 0 and result.metrics["detection_score"] is None
+    assert set(result.reasons) == {"face_count_mismatch", "face_pose_unavailable"}
+
+
+def test_low_confidence_and_threshold(face_stack, photo):
+    image = photo("grace_hopper.jpg")
+    pair = face_stack.context(image, image)
+    weak = face_gate(pair, detector=FixedDetector([0.6]), detection_threshold=0.5, min_detection_score=0.7)
+    assert weak.passed and weak.review == ("face_low_confidence",)  # people look; not a rejection
+    below = face_gate(pair, detector=FixedDetector([0.4]), detection_threshold=0.5, min_detection_score=0.7)
+    assert below.reasons == ("face_count_mismatch",)  # not a face at all
+
+
+def test_real_detector_scores_bundled_faces(face_stack, photo):
+    detector = face_stack.gates[0].detector
+    for name in ("astronaut.png", "grace_hopper.jpg", "obama_portrait.jpg", "biden_portrait.jpg"):
+        faces = [f for f in detector.detect(photo(name)) if f.score >= 0.5]
+        assert len(faces) == 1, name
+        assert 0.7 <= faces[0].score <= 1.0

@@ -1,0 +1,171 @@
+"""Locality gate: FOCUS's diff_face / diff_nonface / ratio, and limb-mask locality.
+
+Known answers are analytic: a constant change of k grey levels painted on a region gives a
+mean absolute difference of exactly k / 255 there and 0 elsewhere.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from validation.faces import face_mask
+from validation.gates.base import PairContext
+from validation.gates.locality import RATIO_FLOOR, locality_gate, locality_metrics
+
+
+def _pair(source, candidate, *, fmask, edit_mask=None, kind="face", mode="oval"):
+    return PairContext(
+        source=source, candidate=candidate, kind=kind, face_mask=fmask, edit_mask=edit_mask,
+        source_faces=(), candidate_faces=(), face_mask_mode=mode,
+    )
+
+
+@pytest.fixture(scope="module")
+def grace_and_mask(photo, landmarker):
+    # keep pixel values in [20, 235] so that +/-20 never clips: the answer stays analytic
+    source = np.clip(photo("grace_hopper.jpg"), 20, 235).astype(np.uint8)
+    faces = landmarker.detect(source)
+    assert len(faces) == 1
+    return source, face_mask(faces[0].landmarks, source.shape[:2], mode="oval")
+
+
+def test_identical_images_pass_with_zero_difference(grace_and_mask):
+    source, fmask = grace_and_mask
+    result = locality_gate(
+        _pair(source, source.copy(), fmask=fmask), max_diff_nonface=0.063, min_diff_face=0.02, min_ratio=4.1
+    )
+    assert result.passed
+    assert result.metrics["diff_face"] == 0.0 and result.metrics["diff_nonface"] == 0.0
+    assert result.review == ("locality_face_unchanged",)  # a copy: people decide
+
+
+def test_change_painted_inside_face_mask_gives_analytic_values(grace_and_mask):
+    source, fmask = grace_and_mask
+    inside = fmask > 0
+    candidate = source.astype(np.int16)
+    candidate[inside] += 20
+    candidate = candidate.astype(np.uint8)
+    m = locality_metrics(source, candidate, fmask)
+    assert m["diff_face"] == pytest.approx(20 / 255, abs=1e-12)
+    assert m["diff_nonface"] == 0.0
+    assert m["ratio"] == pytest.approx((20 / 255) / RATIO_FLOOR, rel=1e-12)
+    assert m["face_area_frac"] == pytest.approx(inside.mean(), abs=1e-12)
+    result = locality_gate(_pair(source, candidate, fmask=fmask), max_diff_nonface=0.063, min_diff_face=0.02, min_ratio=4.1)
+    assert result.passed and not result.review
+
+
+def test_change_inside_and_outside_gives_analytic_ratio(grace_and_mask):
+    source, fmask = grace_and_mask
+    inside = fmask > 0
+    candidate = source.astype(np.int16)
+    candidate[inside] += 20  # 20 grey levels inside the face
+    candidate[~inside] -= 4  # 4 grey levels outside
+    candidate[..., 1][inside] -= 40  # green: -20 net inside: |.| still 20
+    candidate = candidate.astype(np.uint8)
+    m = locality_metrics(source, candidate, fmask)
+    assert m["diff_face"] == pytest.approx(20 / 255, abs=1e-12)
+    assert m["diff_nonface"] == pytest.approx(4 / 255, abs=1e-12)
+    assert m["ratio"] == pytest.approx(5.0, rel=1e-9)
+
+
+def test_channel_average_follows_focus_definition():
+    # one channel changed by 30: the channel mean is 10 grey levels
+    source = np.full((10, 10, 3), 100, np.uint8)
+    candidate = source.copy()
+    candidate[..., 0] = 130
+    mask = np.zeros((10, 10), np.uint8)
+    mask[:5] = 255
+    m = locality_metrics(source, candidate, mask)
+    assert m["diff_face"] == pytest.approx(10 / 255)
+    assert m["diff_nonface"] == pytest.approx(10 / 255)
+    assert m["ratio"] == pytest.approx(1.0)
+
+
+def test_global_change_is_rejected_as_not_local(grace_and_mask):
+    source, fmask = grace_and_mask
+    candidate = (source.astype(np.int16) + 20).astype(np.uint8)  # the whole image, uniformly
+    result = locality_gate(_pair(source, candidate, fmask=fmask), max_diff_nonface=0.063, min_diff_face=0.02, min_ratio=4.1)
+    assert not result.passed
+    assert "locality_ratio_below_min" in result.reasons
+    assert result.metrics["ratio"] == pytest.approx(1.0)
+
+
+def test_nonface_change_above_max_is_rejected(grace_and_mask):
+    source, fmask = grace_and_mask
+    candidate = source.astype(np.int16)
+    candidate[fmask > 0] += 20
+    candidate[fmask == 0] -= 20
+    result = locality_gate(
+        _pair(source, candidate.astype(np.uint8), fmask=fmask), max_diff_nonface=0.063, min_ratio=4.1
+    )
+    assert "locality_nonface_diff_above_max" in result.reasons
+
+
+def test_mask_mode_is_recorded_and_skin_is_inside_oval(grace_and_mask, landmarker):
+    source, oval = grace_and_mask
+    skin = face_mask(landmarker.detect(source)[0].landmarks, source.shape[:2], mode="skin")
+    assert np.all(oval[skin > 0] > 0)  # skin mask is a subset of the oval
+    assert (skin > 0).sum() < (oval > 0).sum()
+    result = locality_gate(_pair(source, source, fmask=skin, mode="skin"), min_diff_face=0.02)
+    assert result.metrics["mask_mode"] == "skin"
+
+
+def test_limb_composite_keeps_outside_exactly(grace_and_mask):
+    source, fmask = grace_and_mask
+    h, w = source.shape[:2]
+    limb = np.zeros((h, w), np.uint8)
+    limb[int(0.75 * h):, : w // 3] = 255  # a hand-drawn region over the lower left
+    candidate = source.copy()
+    candidate[limb > 0] = 255 - candidate[limb > 0]
+    result = locality_gate(
+        _pair(source, candidate, fmask=fmask, edit_mask=limb, kind="limb"),
+        max_diff_outside_edit=0.0, max_diff_face_drift=0.02,
+    )
+    assert result.passed
+    assert result.metrics["diff_outside_edit"] == 0.0
+    assert result.metrics["diff_face_drift"] == 0.0
+    assert result.metrics["diff_inside_edit"] > 0.2
+    # one pixel changed outside the mask breaks "every pixel kept"
+    candidate[0, -1] = 255 - candidate[0, -1]
+    result = locality_gate(
+        _pair(source, candidate, fmask=fmask, edit_mask=limb, kind="limb"), max_diff_outside_edit=0.0
+    )
+    assert result.reasons == ("locality_outside_edit_diff_above_max",)
+
+
+def test_limb_face_drift_is_measured_outside_the_limb_mask(grace_and_mask):
+    source, fmask = grace_and_mask
+    limb = np.zeros(source.shape[:2], np.uint8)
+    limb[-40:, :40] = 1  # a {0, 1} mask is accepted too
+    candidate = source.astype(np.int16)
+    candidate[(fmask > 0) & (limb == 0)] += 20
+    result = locality_gate(
+        _pair(source, candidate.astype(np.uint8), fmask=fmask, edit_mask=limb, kind="limb"),
+        max_diff_face_drift=0.02,
+    )
+    assert result.metrics["diff_face_drift"] == pytest.approx(20 / 255)
+    assert result.reasons == ("locality_face_drift_above_max",)
+
+
+@pytest.mark.parametrize(
+    "edit_mask, reason",
+    [(None, "locality_no_edit_mask"), (np.zeros((5, 5), np.uint8), "locality_edit_mask_shape_mismatch")],
+)
+def test_limb_without_a_usable_mask_is_rejected(grace_and_mask, edit_mask, reason):
+    source, fmask = grace_and_mask
+    result = locality_gate(_pair(source, source, fmask=fmask, edit_mask=edit_mask, kind="limb"), max_diff_outside_edit=0.0)
+    assert result.reasons == (reason,)
+
+
+def test_no_face_mask_or_empty_masks_give_reasons_not_nan(grace_and_mask):
+    source, _ = grace_and_mask
+    result = locality_gate(_pair(source, source, fmask=None), max_diff_nonface=0.063, min_ratio=4.1)
+    assert result.reasons == ("locality_no_face_mask",)
+    empty = np.zeros(source.shape[:2], np.uint8)
+    result = locality_gate(_pair(source, source, fmask=empty), max_diff_nonface=0.063, min_ratio=4.1)
+    assert result.reasons == ("locality_no_face_mask",)
+    assert result.metrics["diff_face"] is None and result.metrics["ratio"] is None
+    full = np.full(source.shape[:2], 255, np.uint8)
+    result = locality_gate(_pair(source, source, fmask=full), max_diff_nonface=0.063)
+    assert result.metrics["diff_nonface"] is None and "locality_no_face_mask" in result.reasons

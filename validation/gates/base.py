@@ -1,0 +1,166 @@
+"""What every gate returns, what every gate sees, and how gate results make a verdict.
+
+A gate is a pure function of one :class:`PairContext` (source, aligned candidate, masks and
+the face analyses computed once per image) plus keyword-only thresholds bound at build time.
+It returns a :class:`GateResult`: metrics, pass/fail and stable reason codes prefixed by the
+gate's name (``face_count_mismatch``, ``identity_below_band``, ...). Per-item problems are
+values, never exceptions.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol, Sequence
+
+import numpy as np
+
+from validation.faces import FaceObservation, nearest_face
+
+Verdict = Literal["accepted", "rejected", "needs_review", "failed"]
+Metric = float | int | str | bool | None
+
+
+@dataclass(frozen=True)
+class GateResult:
+    """One gate's measurement of one pair.
+
+    Attributes:
+        gate: the gate's name (``face``, ``identity``, ``expression``, ``locality``).
+        passed: False rejects the candidate.
+        metrics: named numbers; names carry their unit where one applies (``pose_change_deg``).
+        reasons: stable codes, each prefixed by ``gate + "_"``, why it did not pass.
+        review: codes of soft doubts that send an otherwise passing candidate to people.
+        thresholds: the thresholds this result was judged against, for the record.
+        error: set when the gate could not measure at all (an unexpected per-item error);
+            the candidate's verdict is then ``failed`` with this text.
+    """
+
+    gate: str
+    passed: bool
+    metrics: dict[str, Metric] = field(default_factory=dict)
+    reasons: tuple[str, ...] = ()
+    review: tuple[str, ...] = ()
+    thresholds: dict[str, Metric] = field(default_factory=dict)
+    error: str | None = None
+
+    def __post_init__(self) -> None:
+        for code in self.reasons + self.review:
+            if not code.startswith(self.gate + "_"):
+                raise ValueError(f"reason code {code!r} must start with {self.gate + '_'!r}")
+
+
+@dataclass(frozen=True)
+class PairContext:
+    """Everything a gate may look at for one source/candidate pair.
+
+    Attributes:
+        source: ``(H, W, 3)`` uint8 RGB.
+        candidate: ``(H, W, 3)`` uint8 RGB, already aligned to ``source``.
+        kind: ``"face"`` or ``"limb"``.
+        face_mask: ``(H, W)`` uint8 {0, 255} face region of the source, or None (no face).
+        edit_mask: ``(H, W)`` uint8 {0, 255} limb region for limb cells, else None.
+        source_faces / candidate_faces: landmarker observations, largest first.
+        face_mask_mode: how ``face_mask`` was drawn (``oval`` or ``skin``), for the record.
+        extras: anything a caller wants to hand the gates (unused by the built-in ones).
+    """
+
+    source: np.ndarray
+    candidate: np.ndarray
+    kind: Literal["face", "limb"]
+    face_mask: np.ndarray | None
+    edit_mask: np.ndarray | None
+    source_faces: Sequence[FaceObservation]
+    candidate_faces: Sequence[FaceObservation]
+    face_mask_mode: str = "oval"
+    extras: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def source_face(self) -> FaceObservation | None:
+        """The source's subject: its largest face."""
+        return self.source_faces[0] if self.source_faces else None
+
+    @property
+    def candidate_face(self) -> FaceObservation | None:
+        """The candidate's face at the subject's place (:func:`~validation.faces.nearest_face`)."""
+        src = self.source_face
+        if src is None:
+            return self.candidate_faces[0] if self.candidate_faces else None
+        return nearest_face(src, self.candidate_faces)
+
+
+class Gate(Protocol):
+    """A configured gate: thresholds and model handles bound, pure in the pair."""
+
+    name: str
+
+    def __call__(self, pair: PairContext) -> GateResult: ...
+
+
+@dataclass(frozen=True)
+class Judgement:
+    """The verdict over all gates for one candidate."""
+
+    verdict: Verdict
+    reasons: tuple[str, ...]
+    results: tuple[GateResult, ...]
+
+    @property
+    def metrics(self) -> dict[str, Metric]:
+        """Every gate's metrics, flattened as ``gate.metric``."""
+        return {f"{r.gate}.{k}": v for r in self.results for k, v in r.metrics.items()}
+
+    @property
+    def thresholds(self) -> dict[str, Metric]:
+        return {f"{r.gate}.{k}": v for r in self.results for k, v in r.thresholds.items()}
+
+    @property
+    def gates_passed(self) -> dict[str, bool]:
+        """``{gate: passed}``, the per-gate outcome the attrition table counts."""
+        return {r.gate: r.passed for r in self.results}
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready: verdict, reasons, and per gate its outcome, metrics and thresholds."""
+        return {
+            "verdict": self.verdict,
+            "reasons": list(self.reasons),
+            "gates": {
+                r.gate: {
+                    "passed": r.passed,
+                    "metrics": dict(r.metrics),
+                    "reasons": list(r.reasons),
+                    "review": list(r.review),
+                    "thresholds": dict(r.thresholds),
+                    **({"error": r.error} if r.error is not None else {}),
+                }
+                for r in self.results
+            },
+        }
+
+
+def combine(results: Sequence[GateResult]) -> Judgement:
+    """Failed if a gate could not measure; rejected if any gate failed; else needs_review if
+    any gate doubts; else accepted."""
+    errors = tuple(code for r in results if r.error is not None for code in r.reasons)
+    if errors:
+        return Judgement("failed", errors, tuple(results))
+    reasons = tuple(code for r in results for code in r.reasons)
+    if any(not r.passed for r in results):
+        return Judgement("rejected", reasons, tuple(results))
+    review = tuple(code for r in results for code in r.review)
+    if review:
+        return Judgement("needs_review", review, tuple(results))
+    return Judgement("accepted", (), tuple(results))
+
+
+def finite_or_none(value: float | None) -> float | None:
+    """``float(value)`` when finite, else None (metrics must survive JSON and Parquet)."""
+    if value is None:
+        return None
+    v = float(value)
+    return v if math.isfinite(v) else None
+
+
+def not_finite_metrics(metrics: dict[str, Metric]) -> list[str]:
+    """Names of float metrics that are NaN or infinite."""
+    return [k for k, v in metrics.items() if isinstance(v, float) and not math.isfinite(v)]

@@ -1,0 +1,170 @@
+"""Face gate: the expected number of faces, a confident detection, and the same head pose.
+
+Counting and scoring use the configured detector (MediaPipe BlazeFace by default, InsightFace
+SCRFD as the full backend); the pose is read from the MediaPipe mesh of source and candidate
+(:meth:`~validation.faces.FaceObservation.pose_deg`: yaw, pitch, roll from the facial
+transformation matrix the landmarker fits to the 478 landmarks). FOCUS fixes pose in its edit
+prompt; an editor that turns the head has changed more than the face's demographic cues.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, Sequence
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from validation.backends import FaceDetector, load_detector
+from validation.backends.base import DetectedFace
+from validation.gates.base import GateResult, PairContext
+
+#: Thresholds whose calibrated value depends on the detector (a score scale is per model).
+BACKEND_THRESHOLDS = ("min_detection_score",)
+
+
+class FaceGateConfig(BaseModel):
+    """Face gate settings (``gates.<kind>.face`` in the spec)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    backend: Literal["mediapipe", "insightface"] = "mediapipe"
+    expected_faces: int = Field(1, ge=0)
+    detection_threshold: float = Field(
+        0.5, ge=0.0, le=1.0, description="a detection scoring below this is not counted as a face"
+    )
+    min_detection_score: float = Field(
+        0.5, ge=0.0, le=1.0, description="a candidate face scoring below this is sent to review"
+    )
+    max_pose_change_deg: float | None = Field(
+        None, gt=0.0, description="largest |change| of yaw, pitch or roll, degrees; None: not judged"
+    )
+    insightface_pack: str | None = Field(None, description="buffalo_l folder for backend insightface")
+
+    def load(self) -> FaceDetector:
+        return load_detector(self.backend, insightface_pack=self.insightface_pack)
+
+
+def angle_change_deg(a: float, b: float) -> float:
+    """``b - a`` wrapped to [-180, 180) degrees."""
+    return (b - a + 180.0) % 360.0 - 180.0
+
+
+def pose_change_deg(
+    source: tuple[float, float, float], candidate: tuple[float, float, float]
+) -> tuple[float, float, float]:
+    """Signed ``(yaw, pitch, roll)`` change from ``source`` to ``candidate``, degrees."""
+    return tuple(angle_change_deg(s, c) for s, c in zip(source, candidate))  # type: ignore[return-value]
+
+
+def _counted(faces: Sequence[DetectedFace], threshold: float) -> list[DetectedFace]:
+    return [f for f in faces if f.score >= threshold]
+
+
+def face_gate(
+    pair: PairContext,
+    *,
+    detector: FaceDetector | None = None,
+    expected_faces: int = 1,
+    detection_threshold: float = 0.5,
+    min_detection_score: float = 0.5,
+    max_pose_change_deg: float | None = None,
+) -> GateResult:
+    """Judge faces and pose of ``pair.candidate`` against ``pair.source``.
+
+    Args:
+        pair: the aligned pair with both images' MediaPipe observations.
+        detector: counts and scores faces; None counts the landmarker's faces (no score).
+        expected_faces: faces the candidate must show (scores >= ``detection_threshold``).
+        detection_threshold: a detection below this score is not a face, in [0, 1].
+        min_detection_score: a best candidate face scoring below this goes to review, in [0, 1].
+        max_pose_change_deg: bound on the largest absolute change of yaw, pitch and roll
+            between the source's largest face and the candidate's face at its place, degrees.
+
+    Metrics: ``faces``, ``source_faces`` (counted faces), ``mesh_faces`` (landmarker),
+    ``detection_score`` / ``source_detection_score`` (best face, None without a detector or
+    face), ``yaw_change_deg``, ``pitch_change_deg``, ``roll_change_deg``, ``pose_change_deg``
+    (the largest absolute of the three), ``yaw_deg``, ``pitch_deg``, ``roll_deg`` (candidate).
+
+    Reasons: ``face_count_mismatch``, ``face_pose_unavailable`` (no mesh on one side),
+    ``face_pose_change_above_max``. Review: ``face_low_confidence`` (the candidate's face
+    scores below ``min_detection_score``, the lowest score of any real calibration photo).
+    """
+    metrics: dict = {"mesh_faces": len(pair.candidate_faces)}
+    reasons: list[str] = []
+    if detector is not None:
+        cand = _counted(detector.detect(pair.candidate), detection_threshold)
+        src = _counted(detector.detect(pair.source), detection_threshold)
+        metrics["faces"] = len(cand)
+        metrics["source_faces"] = len(src)
+        metrics["detection_score"] = max((f.score for f in cand), default=None)
+        metrics["source_detection_score"] = max((f.score for f in src), default=None)
+    else:
+        metrics["faces"] = len(pair.candidate_faces)
+        metrics["source_faces"] = len(pair.source_faces)
+        metrics["detection_score"] = None
+        metrics["source_detection_score"] = None
+    if metrics["faces"] != expected_faces:
+        reasons.append("face_count_mismatch")
+    score = metrics["detection_score"]
+    review: tuple[str, ...] = ()
+    if detector is not None and expected_faces > 0 and score is not None and score < min_detection_score:
+        # a face is there (its score passed detection_threshold) but weaker than in any real
+        # photo: people look. Not a rejection: detectors score darker faces lower, so a hard
+        # cut here would reject some target groups more often than others.
+        review = ("face_low_confidence",)
+
+    for key in ("yaw_change_deg", "pitch_change_deg", "roll_change_deg", "pose_change_deg", "yaw_deg", "pitch_deg", "roll_deg"):
+        metrics[key] = None
+    src_face, cand_face = pair.source_face, pair.candidate_face
+    if src_face is not None and cand_face is not None:
+        src_pose = src_face.pose_deg()
+        cand_pose = cand_face.pose_deg()
+        dyaw, dpitch, droll = pose_change_deg(src_pose, cand_pose)
+        metrics.update(
+            yaw_change_deg=dyaw,
+            pitch_change_deg=dpitch,
+            roll_change_deg=droll,
+            pose_change_deg=max(abs(dyaw), abs(dpitch), abs(droll)),
+            yaw_deg=cand_pose[0],
+            pitch_deg=cand_pose[1],
+            roll_deg=cand_pose[2],
+        )
+        if max_pose_change_deg is not None and metrics["pose_change_deg"] > max_pose_change_deg:
+            reasons.append("face_pose_change_above_max")
+    elif max_pose_change_deg is not None and expected_faces > 0:
+        reasons.append("face_pose_unavailable")
+
+    return GateResult(
+        gate="face",
+        passed=not reasons,
+        metrics=metrics,
+        reasons=tuple(dict.fromkeys(reasons)),
+        review=review if not reasons else (),
+        thresholds={
+            "expected_faces": expected_faces,
+            "detection_threshold": detection_threshold,
+            "min_detection_score": min_detection_score if detector is not None else None,
+            "max_pose_change_deg": max_pose_change_deg,
+            "backend": getattr(detector, "name", "landmarker"),
+        },
+    )
+
+
+class FaceGate:
+    """:func:`face_gate` with its configuration and detector bound."""
+
+    name = "face"
+
+    def __init__(self, config: FaceGateConfig, detector: FaceDetector | None = None) -> None:
+        self.config = config
+        self.detector = detector if detector is not None else config.load()
+
+    def __call__(self, pair: PairContext) -> GateResult:
+        c = self.config
+        return face_gate(
+            pair,
+            detector=self.detector,
+            expected_faces=c.expected_faces,
+            detection_threshold=c.detection_threshold,
+            min_detection_score=c.min_detection_score,
+            max_pose_change_deg=c.max_pose_change_deg,
+        )
