@@ -278,7 +278,7 @@ def _to_pil_image(array: np.ndarray) -> Any:
     """torchvision's ``to_pil_image`` for an ``(H, W, 3)`` uint8 array."""
     from PIL import Image
 
-    return Image.fromarray(np.asarray(array), mode="RGB")
+    return Image.fromarray(np.asarray(array))
 
 
 def _needs_torchvision(*_: Any, **__: Any) -> Any:

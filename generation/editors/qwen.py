@@ -105,7 +105,7 @@ class QwenOptions(BaseModel):
     compile: bool = False
     batch_size: int = Field(1, ge=1)
     dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"
-    device: str = "cuda"
+    device: str = Field("cuda", pattern=r"^(cpu|cuda(:\d+)?)$")
     download: bool = False
 
 
@@ -160,10 +160,12 @@ class QwenEditor:
 
         Execution choices that do not change what is computed (batch size, CPU offload,
         compilation, downloading) are left out on purpose, so switching them reuses finished
-        attempts. The device *type* is in: a CUDA generator draws different noise than a CPU
-        one from the same seed.
+        attempts; so are settings the configuration never uses (the negative prompt without
+        guidance, the inpaint strength when no cell is inpainted). The device *type* is in: a
+        CUDA generator draws different noise than a CPU one from the same seed.
         """
         o = self.options
+        inpaints = o.pipeline in ("auto", "inpaint")
         return {
             "backend": self.name,
             "model_id": o.model_id,
@@ -171,8 +173,8 @@ class QwenEditor:
             "pipeline": o.pipeline,
             "steps": o.steps,
             "true_cfg_scale": o.true_cfg_scale,
-            "negative_prompt": o.negative_prompt,
-            "strength": o.strength,
+            "negative_prompt": o.negative_prompt if o.true_cfg_scale > 1 else None,
+            "strength": o.strength if inpaints else None,
             "lightning_lora": o.lightning_lora,
             "lightning_lora_weight_name": o.lightning_lora_weight_name,
             "lora_scale": o.lora_scale if o.lightning_lora else None,
@@ -292,8 +294,8 @@ class QwenEditor:
         if name not in loaded.pipelines:
             diffusers = importlib.import_module("diffusers")
             cls = getattr(diffusers, PIPELINE_CLASSES[name])
-            # from_pipe shares the loaded modules: no second copy of the weights
-            # from_pipe casts to float32 unless told the dtype
+            # from_pipe shares the loaded modules (no second copy of the weights) but casts
+            # them to float32 unless told the dtype
             pipe = cls.from_pipe(loaded.pipelines[loaded.base_name], **loaded.dtype_kwarg)
             pipe.set_progress_bar_config(disable=True)
             loaded.pipelines[name] = pipe
@@ -308,7 +310,7 @@ class QwenEditor:
         assert loaded is not None
         pipe = self._pipeline(name)
         h, w = requests[0].image.shape[:2]
-        images = [Image.fromarray(r.image, mode="RGB") for r in requests]
+        images = [Image.fromarray(r.image) for r in requests]  # (H, W, 3) uint8 -> RGB
         if name != "edit_plus":
             # diffusers resizes a single PIL source before conditioning on it but passes a
             # list through unresized; resizing here the same way makes a batch compute
@@ -335,7 +337,7 @@ class QwenEditor:
         else:
             kwargs["image"] = images if len(images) > 1 else images[0]
         if name == "inpaint":
-            masks = [Image.fromarray(np.ascontiguousarray(r.mask), mode="L") for r in requests]
+            masks = [Image.fromarray(np.ascontiguousarray(r.mask)) for r in requests]  # (H, W) uint8 -> L
             kwargs["mask_image"] = masks if len(masks) > 1 else masks[0]
             kwargs["strength"] = o.strength
         with loaded.lock:
@@ -439,8 +441,6 @@ def _check_device(torch: Any, options: QwenOptions) -> None:
                 f"editor.qwen.device is {device!r} but this machine has "
                 f"{torch.cuda.device_count()} CUDA device(s)"
             )
-    elif kind != "cpu":
-        raise EditorSetupError(f"editor.qwen.device must be 'cuda', 'cuda:N' or 'cpu', got {device!r}")
     if options.cpu_offload and kind == "cpu":
         raise EditorSetupError("editor.qwen.cpu_offload needs a CUDA device; it means nothing with device: cpu")
 

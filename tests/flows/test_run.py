@@ -17,6 +17,8 @@ import pytest
 import yaml
 from PIL import Image
 
+from generation.masks import dilate, mask_from_record
+from generation.sources import load_image, load_metadata
 from manifests.release import verify_release
 from tests.conftest import REPO, read_rgb
 from tests.generation import badinputs
@@ -76,7 +78,11 @@ def test_demo_release_has_every_file(demo_run):
     sheet = release / "contact_sheets" / "astronaut.jpg"
     with Image.open(sheet) as im:
         assert im.width > 6 * 150  # the source and six conditions side by side
-    assert "editor calls: 18" in first.stdout
+    with _ledger(out) as db:
+        attempts = db.execute("select count(*) from attempts").fetchone()[0]
+    # one call per attempt: every cell once, plus a retry with the next seed for rejected ones
+    assert attempts >= 18 and f"editor calls: {attempts}" in first.stdout
+    assert stats["editor_calls_this_run"] == attempts
 
 
 def test_rerun_makes_zero_editor_calls_and_keeps_the_release(demo_run):
@@ -193,3 +199,27 @@ def test_broken_spec_stops_before_any_work(tmp_path):
     assert "`design.templates_per_stratum`" in result.stderr and "'lots'" in result.stderr
     assert "Traceback" not in result.stderr
     assert not out.exists()
+
+
+def test_limb_demo_keeps_every_pixel_outside_the_mask(tmp_path):
+    out = tmp_path / "out"
+    result = _run(["run", "assets/specs/demo-limb.yaml", "--out", str(out), "--no-progress"])
+    assert result.returncode == 0, result.stderr[-3000:]
+    release = _release(out, "demo-limb")
+    assert verify_release(release) == []
+    records = {r.id: r for r in load_metadata(REPO / "assets/photos/limb-metadata.yaml")}
+    items = [json.loads(line) for line in (release / "items.jsonl").read_text().splitlines()]
+    assert {(i["template_id"], i["condition"]["cue"]) for i in items} == {
+        (s, c) for s in records for c in ("removed", "kept")
+    }
+    for item in items:
+        assert item["image"] is not None, item["reasons"]
+        source = load_image(release / item["source"]["path"]).pixels
+        candidate = load_image(release / item["image"]["path"]).pixels
+        # the limb mask as drawn, before the spec's 4 px dilation: outside the grown mask,
+        # the release image is the source bit for bit
+        mask = mask_from_record(records[item["template_id"]], REPO / "assets/photos", source.shape[:2])
+        outside = dilate(mask, 4) == 0
+        assert np.array_equal(candidate[outside], source[outside])
+        assert not np.array_equal(candidate[~outside], source[~outside])
+        assert item["gates"]["locality"]["metrics"]["diff_outside_edit"] == 0.0

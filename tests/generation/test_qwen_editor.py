@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pydantic
 import pytest
 
 from generation.align import AlignConfig, align_candidate
@@ -126,6 +127,14 @@ def test_lineage_changes_with_every_option_that_decides_the_output(tmp_path):
     execution_only = {"batch_size": 4, "cpu_offload": True, "compile": True, "download": True, "device": "cuda:1"}
     for name, value in execution_only.items():
         assert QwenEditor(QwenOptions(**{name: value})).lineage() == base, f"{name} changes the lineage"
+    # settings a configuration never uses do not split attempts either
+    unguided = QwenOptions(true_cfg_scale=1.0)
+    assert (
+        QwenEditor(unguided.model_copy(update={"negative_prompt": "blurry"})).lineage()
+        == QwenEditor(unguided).lineage()
+    )
+    edit_only = QwenOptions(pipeline="edit")
+    assert QwenEditor(edit_only.model_copy(update={"strength": 0.5})).lineage() == QwenEditor(edit_only).lineage()
 
 
 def test_registry_builds_the_qwen_backend():
@@ -134,9 +143,11 @@ def test_registry_builds_the_qwen_backend():
     assert editor.lineage()["steps"] == 3
 
 
-def test_options_reject_unknown_fields():
-    with pytest.raises(Exception, match="stepz"):
+def test_options_reject_unknown_fields_and_devices():
+    with pytest.raises(pydantic.ValidationError, match="stepz"):
         QwenOptions(stepz=3)
+    with pytest.raises(pydantic.ValidationError, match="device"):
+        QwenOptions(device="gpu")
 
 
 # -- set-up errors ------------------------------------------------------------------------

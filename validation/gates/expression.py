@@ -96,7 +96,7 @@ def expression_gate(
         argmax = max(deltas, key=lambda au: abs(deltas[au]))
         metrics["au_change_max"] = abs(deltas[argmax])
         metrics["au_change_mean"] = sum(abs(d) for d in deltas.values()) / len(deltas)
-        metrics["au_change_argmax"] = argmax
+        metrics["au_change_argmax"] = argmax if deltas[argmax] != 0 else None
         if metrics["au_change_max"] > max_au_change:
             reasons.append("expression_au_change_above_max")
         if max_mean_au_change is not None and metrics["au_change_mean"] > max_mean_au_change:
