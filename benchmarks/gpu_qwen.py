@@ -83,7 +83,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model-id", default="Qwen/Qwen-Image-Edit-2509")
     parser.add_argument("--revision", default=None)
-    parser.add_argument("--kind", choices=["face", "limb"], default="face", help="face: edit pipeline; limb: inpaint")
+    parser.add_argument(
+        "--kind", choices=["face", "limb"], default="face", help="face: edit pipeline; limb: inpaint"
+    )
     parser.add_argument("--size", type=int, default=1024, help="source side in pixels (square)")
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--true-cfg-scale", type=float, default=4.0)
@@ -98,6 +100,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--warmup", type=int, default=1, help="untimed edits per side first")
     parser.add_argument("--json-out", type=Path, default=None)
     args = parser.parse_args(argv)
+    if args.repeats < 1 or args.warmup < 0:
+        parser.error("--repeats must be at least 1 and --warmup at least 0")
 
     import torch
 
@@ -124,7 +128,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     mask = centre_mask(args.size) if args.kind == "limb" else None
 
     def request(seed: int) -> EditRequest:
-        return EditRequest(attempt_id=f"bench-{seed}", image=image, prompt=PROMPT, seed=seed, kind=args.kind, mask=mask)
+        return EditRequest(
+            attempt_id=f"bench-{seed}", image=image, prompt=PROMPT, seed=seed, kind=args.kind, mask=mask
+        )
 
     name = editor.pipeline_for(request(0))
 
@@ -149,12 +155,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             if cuda:
                 torch.cuda.reset_peak_memory_stats()
             if side == "editor":
-                s, result = timed(lambda: editor.edit(request(seed)))
+                s, result = timed(lambda seed=seed: editor.edit(request(seed)))
                 if result.status != "ok":
                     raise SystemExit(f"editor failed: {result.reason}")
                 ours = result.image
             else:
-                s, theirs = timed(lambda: plain_call(editor, name, image, mask, seed))
+                s, theirs = timed(lambda seed=seed: plain_call(editor, name, image, mask, seed))
                 max_diff = max(max_diff, int(np.abs(ours.astype(int) - np.asarray(theirs).astype(int)).max()))
             seconds[side].append(s)
             if cuda:
@@ -185,7 +191,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print(f"  plain diffusers   {plain_s:9.3f} s/edit")
     print(f"  ratio             {editor_s / plain_s:9.4f}")
     if cuda:
-        print(f"  peak GPU memory   editor {report['peak_gpu_gib_editor']} GiB, plain {report['peak_gpu_gib_plain']} GiB")
+        gib = (report["peak_gpu_gib_editor"], report["peak_gpu_gib_plain"])
+        print(f"  peak GPU memory   editor {gib[0]} GiB, plain {gib[1]} GiB")
     print(f"  max pixel difference editor vs plain (same seed): {max_diff}")
     print(json.dumps(report))
     if args.json_out:

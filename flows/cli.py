@@ -91,7 +91,8 @@ def measure(source: Path, candidate: Path, mask: Path | None, kind: str | None, 
         f"shift={align['shift_px']} residual_px={align['residual_px']}"
     )
     for gate, result in report["gates"].items():
-        click.echo(f"[{gate}] {'pass' if result['passed'] else 'FAIL'}" + (f"  {', '.join(result['reasons'])}" if result["reasons"] else ""))
+        codes = list(result["reasons"]) + [f"review: {c}" for c in result.get("review", [])]
+        click.echo(f"[{gate}] {'pass' if result['passed'] else 'FAIL'}" + (f"  {', '.join(codes)}" if codes else ""))
         for name, value in result["metrics"].items():
             click.echo(f"    {name:28s} {value}")
 
@@ -101,10 +102,9 @@ def measure(source: Path, candidate: Path, mask: Path | None, kind: str | None, 
 @click.option("--spec", "spec_path", type=click.Path(path_type=Path), help="Also measure this spec's sources.")
 def calibrate(out: Path, spec_path: Path | None) -> None:
     """Measure the no-op ceiling and different-person floor; suggest thresholds."""
-    from assets import PHOTOS_DIR
-    from validation.calibrate import run_calibration
+    from validation.calibrate import bundled_photo_paths, run_calibration
 
-    paths = sorted(p for p in PHOTOS_DIR.iterdir() if p.suffix.lower() in (".jpg", ".jpeg", ".png"))
+    paths = bundled_photo_paths()
     if spec_path is not None:
         from generation.sources import load_metadata
         from manifests.spec import SpecError, load_spec

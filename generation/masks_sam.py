@@ -146,7 +146,9 @@ def box_region(box: Sequence[float] | np.ndarray, shape: tuple[int, int]) -> np.
     return inside.astype(np.uint8) * 255
 
 
-def load_sam_predictor(checkpoint: str | Path, *, model_type: str = "vit_b", device: str | None = None) -> _Predictor:
+def load_sam_predictor(
+    checkpoint: str | Path, *, model_type: str = "vit_b", device: str | None = None
+) -> _Predictor:
     """The cached ``SamPredictor`` for a checkpoint (loaded on first use in this process).
 
     Raises:
@@ -177,7 +179,9 @@ def load_sam_predictor(checkpoint: str | Path, *, model_type: str = "vit_b", dev
                     f"check model_type (valid: {', '.join(sorted(registry))})"
                 ) from exc
             except Exception as exc:  # noqa: BLE001 - torch.load's errors vary by version
-                raise MaskSetupError(f"could not read the SAM checkpoint {path}: {type(exc).__name__}: {exc}") from exc
+                raise MaskSetupError(
+                    f"could not read the SAM checkpoint {path}: {type(exc).__name__}: {exc}"
+                ) from exc
             model.to(device).eval()
             entry = _Predictor(predictor=sam.SamPredictor(model))
             _PREDICTORS[key] = entry
@@ -262,7 +266,9 @@ def _check_points(points: Any, labels: Any) -> tuple[np.ndarray | None, np.ndarr
         return coords, np.ones(len(coords), dtype=np.int64)
     lab = np.asarray(labels).reshape(-1)
     if lab.shape != (len(coords),) or not np.isin(lab, (0, 1)).all():
-        raise MaskError(f"point_labels must be {len(coords)} values of 0 or 1, got {np.asarray(labels).tolist()}")
+        raise MaskError(
+            f"point_labels must be {len(coords)} values of 0 or 1, got {np.asarray(labels).tolist()}"
+        )
     return coords, lab.astype(np.int64)
 
 

@@ -33,6 +33,7 @@ import cv2
 import numpy as np
 
 from assets import PHOTOS_DIR
+from generation.sources import load_image
 from validation.backends import load_au_model, load_detector, load_embedder
 from validation.backends.sface import OPENCV_SAME_PERSON_COSINE
 from validation.faces import FaceObservation, MaskMode, face_mask, get_face_landmarker, nearest_face
@@ -77,18 +78,8 @@ def bundled_photo_paths() -> list[Path]:
 
 
 def load_rgb(path: str | Path) -> np.ndarray:
-    """``(H, W, 3)`` uint8 RGB from an image file (grey expanded, alpha dropped, 16-bit scaled)."""
-    data = np.fromfile(str(path), dtype=np.uint8)
-    img = cv2.imdecode(data, cv2.IMREAD_UNCHANGED)
-    if img is None:
-        raise ValueError(f"cannot decode image {path}")
-    if img.dtype == np.uint16:
-        img = (img / 257.0).round().astype(np.uint8)
-    if img.ndim == 2:
-        return cv2.cvtColor(img, cv2.COLOR_GRAY2RGB)
-    if img.shape[2] == 4:
-        return cv2.cvtColor(img, cv2.COLOR_BGRA2RGB)
-    return cv2.cvtColor(img, cv2.COLOR_BGR2RGB)
+    """``(H, W, 3)`` uint8 RGB, read exactly as the factory reads sources (:func:`load_image`)."""
+    return load_image(path).pixels
 
 
 # ---------------------------------------------------------------------------------------

@@ -270,7 +270,7 @@ class QwenEditor:
             size = 1 if name == "edit_plus" else self.options.batch_size
             for start in range(0, len(indices), size):
                 chunk = indices[start : start + size]
-                for i, result in zip(chunk, self._run(name, [requests[i] for i in chunk])):
+                for i, result in zip(chunk, self._run(name, [requests[i] for i in chunk]), strict=True):
                     results[i] = result
         return [r for r in results if r is not None]
 
@@ -345,7 +345,7 @@ class QwenEditor:
             output = pipe(**kwargs).images
             seconds = time.perf_counter() - start
         results = []
-        for request, negative, array in zip(requests, negatives, output):
+        for request, negative, array in zip(requests, negatives, output, strict=True):
             meta = {
                 "pipeline": type(pipe).__name__,
                 "seed": int(request.seed),
@@ -360,7 +360,9 @@ class QwenEditor:
                 "versions": _versions(),
             }
             if not np.isfinite(array).all():
-                results.append(_failed(request, "qwen_nan_output: the pipeline returned NaN or inf pixels", meta))
+                results.append(
+                    _failed(request, "qwen_nan_output: the pipeline returned NaN or inf pixels", meta)
+                )
                 continue
             # the same rounding diffusers uses for its PIL output
             image = (np.clip(array, 0.0, 1.0) * 255).round().astype(np.uint8)
@@ -409,13 +411,19 @@ def _import_backend() -> tuple[Any, Any]:
     try:
         import torch
     except ImportError as exc:
-        raise EditorSetupError(f"the qwen editor needs torch, which is not installed: {_INSTALL_HINT}") from exc
+        raise EditorSetupError(
+            f"the qwen editor needs torch, which is not installed: {_INSTALL_HINT}"
+        ) from exc
     try:
         import diffusers
     except ImportError as exc:
         raise EditorSetupError(
             f"the qwen editor needs diffusers, which is not installed: {_INSTALL_HINT}"
         ) from exc
+    if importlib.util.find_spec("transformers") is None:
+        raise EditorSetupError(
+            f"the qwen editor needs transformers (its text encoder), which is not installed: {_INSTALL_HINT}"
+        )
     missing = [c for c in PIPELINE_CLASSES.values() if not hasattr(diffusers, c)]
     if missing:
         raise EditorSetupError(
@@ -442,7 +450,9 @@ def _check_device(torch: Any, options: QwenOptions) -> None:
                 f"{torch.cuda.device_count()} CUDA device(s)"
             )
     if options.cpu_offload and kind == "cpu":
-        raise EditorSetupError("editor.qwen.cpu_offload needs a CUDA device; it means nothing with device: cpu")
+        raise EditorSetupError(
+            "editor.qwen.cpu_offload needs a CUDA device; it means nothing with device: cpu"
+        )
 
 
 def _looks_like_path(name: str) -> bool:
@@ -472,13 +482,19 @@ def _resolve_model(options: QwenOptions) -> tuple[Path, str | None]:
         folder = Path(snapshot_download(model_id, revision=revision, local_files_only=not options.download))
     except Exception as exc:  # noqa: BLE001 - hub errors have many types; all mean "not here"
         rev = f" --revision {revision}" if revision else ""
-        how = "is not in the Hugging Face cache on this machine" if not options.download else "could not be downloaded"
+        how = (
+            "is not in the Hugging Face cache on this machine"
+            if not options.download
+            else "could not be downloaded"
+        )
         raise EditorSetupError(
             f"{model_id}{'@' + revision if revision else ''} {how} ({type(exc).__name__}); "
             f"run `hf download {model_id}{rev}` first, or set editor.qwen.download: true"
         ) from exc
     if not (folder / "model_index.json").is_file():
-        raise EditorSetupError(f"{model_id} in the Hugging Face cache has no model_index.json: not a diffusers pipeline")
+        raise EditorSetupError(
+            f"{model_id} in the Hugging Face cache has no model_index.json: not a diffusers pipeline"
+        )
     return folder, folder.name
 
 
@@ -487,6 +503,10 @@ def _resolve_lora(options: QwenOptions) -> Path | None:
     name, weight = options.lightning_lora, options.lightning_lora_weight_name
     if not name:
         return None
+    if importlib.util.find_spec("peft") is None:
+        raise EditorSetupError(
+            f"editor.qwen.lightning_lora needs peft, which is not installed: {_INSTALL_HINT}"
+        )
     path = Path(name).expanduser()
     if path.is_file():
         return path
@@ -522,7 +542,9 @@ def _image_only_processor_class() -> type:
     class ImageOnlyQwen2VLProcessor(Qwen2VLProcessor):
         """Qwen2-VL processor without its video half (which needs torchvision)."""
 
-        def __init__(self, image_processor: Any = None, tokenizer: Any = None, chat_template: Any = None, **kwargs: Any):
+        def __init__(
+            self, image_processor: Any = None, tokenizer: Any = None, chat_template: Any = None, **kwargs: Any
+        ):
             super().__init__(image_processor, tokenizer, None, chat_template=chat_template, **kwargs)
 
     return ImageOnlyQwen2VLProcessor
@@ -542,10 +564,17 @@ def _load_processor(model_dir: Path) -> tuple[dict[str, Any], str]:
 
 
 def _load(
-    torch: Any, diffusers: Any, options: QwenOptions, model_dir: Path, commit: str | None, lora_file: Path | None
+    torch: Any,
+    diffusers: Any,
+    options: QwenOptions,
+    model_dir: Path,
+    commit: str | None,
+    lora_file: Path | None,
 ) -> _Loaded:
-    index = json.loads((model_dir / "model_index.json").read_text())
-    class_name = index.get("_class_name", "")
+    try:
+        class_name = json.loads((model_dir / "model_index.json").read_text()).get("_class_name", "")
+    except (OSError, ValueError, AttributeError) as exc:
+        raise EditorSetupError(f"{model_dir / 'model_index.json'} is unreadable: {exc}") from exc
     by_class = {v: k for k, v in PIPELINE_CLASSES.items()}
     base_name: PipelineName = by_class.get(class_name, "edit")  # type: ignore[assignment]
     face_pipeline: PipelineName = "edit_plus" if class_name == PIPELINE_CLASSES["edit_plus"] else "edit"
@@ -562,14 +591,23 @@ def _load(
             f"incomplete, run `hf download {options.model_id}{rev}` again"
         ) from exc
     if options.scheduler_overrides:
-        pipe.scheduler = type(pipe.scheduler).from_config(pipe.scheduler.config, **options.scheduler_overrides)
+        # from_config ignores unknown keys silently; a typo must not go unnoticed
+        unknown = sorted(set(options.scheduler_overrides) - set(pipe.scheduler.config))
+        if unknown:
+            raise EditorSetupError(
+                f"editor.qwen.scheduler_overrides has keys {unknown} that "
+                f"{type(pipe.scheduler).__name__} does not have; valid: {', '.join(sorted(pipe.scheduler.config))}"
+            )
+        pipe.scheduler = type(pipe.scheduler).from_config(
+            pipe.scheduler.config, **options.scheduler_overrides
+        )
     if lora_file is not None:
         try:
             pipe.load_lora_weights(str(lora_file), adapter_name="lightning")
         except (OSError, ValueError, KeyError, RuntimeError) as exc:
-            raise EditorSetupError(f"could not load the LoRA {lora_file}: {type(exc).__name__}: {exc}") from exc
-        except ImportError as exc:
-            raise EditorSetupError(f"LoRAs need peft: {_INSTALL_HINT} ({exc})") from exc
+            raise EditorSetupError(
+                f"could not load the LoRA {lora_file}: {type(exc).__name__}: {exc}"
+            ) from exc
         # fused and unloaded: the LoRA costs nothing per step afterwards
         pipe.fuse_lora(lora_scale=options.lora_scale, adapter_names=["lightning"])
         pipe.unload_lora_weights()
@@ -581,8 +619,12 @@ def _load(
         pipe.transformer.compile_repeated_blocks(fullgraph=True)
     pipe.set_progress_bar_config(disable=True)
     loaded = _Loaded(
-        model_dir=model_dir, model_commit=commit, face_pipeline=face_pipeline,
-        base_name=base_name, processor_backend=backend, dtype_kwarg=dtype_kwarg,
+        model_dir=model_dir,
+        model_commit=commit,
+        face_pipeline=face_pipeline,
+        base_name=base_name,
+        processor_backend=backend,
+        dtype_kwarg=dtype_kwarg,
     )
     loaded.pipelines[base_name] = pipe
     return loaded

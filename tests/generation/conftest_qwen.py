@@ -100,7 +100,13 @@ def build_tiny_components(seed: int = 0) -> dict[str, Any]:
             "bos_token_id": eos,
             "eos_token_id": eos,
         },
-        vision_config={"depth": 2, "hidden_size": 16, "intermediate_size": 16, "num_heads": 2, "out_hidden_size": 16},
+        vision_config={
+            "depth": 2,
+            "hidden_size": 16,
+            "intermediate_size": 16,
+            "num_heads": 2,
+            "out_hidden_size": 16,
+        },
         hidden_size=16,
         vocab_size=len(tokenizer),
         bos_token_id=eos,
@@ -136,7 +142,9 @@ def image_only_processor(tokenizer: Any, image_processor: Any) -> Any:
     from transformers import Qwen2VLProcessor
 
     class ImageOnlyQwen2VLProcessor(Qwen2VLProcessor):
-        def __init__(self, image_processor: Any = None, tokenizer: Any = None, chat_template: Any = None, **kw: Any):
+        def __init__(
+            self, image_processor: Any = None, tokenizer: Any = None, chat_template: Any = None, **kw: Any
+        ):
             super().__init__(image_processor, tokenizer, None, chat_template=chat_template, **kw)
 
     return ImageOnlyQwen2VLProcessor(image_processor=image_processor, tokenizer=tokenizer)

@@ -106,6 +106,10 @@ class FalServer:
             account with an exhausted balance).
         apps: known ``<owner>/<app>`` ids.
         port: port to bind on 127.0.0.1; 0 picks a free one.
+        model: what an ``ok`` job returns: ``invert`` (``255 - input``, the default) or
+            ``resize`` (the input resized to ``resize_to``, as Nano Banana returns a fixed size
+            per aspect ratio; a flow run then has a real alignment to undo).
+        resize_to: ``(width, height)`` for ``model="resize"``.
     """
 
     def __init__(
@@ -117,7 +121,11 @@ class FalServer:
         locked_keys: tuple[str, ...] = ("locked-key-id:locked-key-secret",),
         apps: tuple[str, ...] = ("fal-ai/nano-banana", "fal-ai/nano-banana-pro"),
         port: int = 0,
+        model: Literal["invert", "resize"] = "invert",
+        resize_to: tuple[int, int] = (896, 1152),
     ) -> None:
+        self.model = model
+        self.resize_to = resize_to
         self.latency_s = latency_s
         self.price_usd = price_usd
         self.keys = keys
@@ -500,10 +508,17 @@ class FalServer:
             )
         return JSONResponse(
             {
-                "images": [await self._image(job, 255 - job.input_image)],
+                "images": [await self._image(job, self._model_output(job.input_image))],
                 "description": "Here is the edited image.",
             }
         )
+
+    def _model_output(self, pixels: np.ndarray) -> np.ndarray:
+        if self.model == "resize":
+            import cv2
+
+            return cv2.resize(pixels, self.resize_to, interpolation=cv2.INTER_AREA)
+        return 255 - pixels
 
     async def _image(self, job: Job, pixels: np.ndarray) -> dict[str, Any]:
         data = await asyncio.to_thread(_encode_png, pixels)

@@ -37,18 +37,31 @@ def build_tiny_sam(checkpoint=None):
     dim, size, patch = 16, 64, 8
     sam = Sam(
         image_encoder=ImageEncoderViT(
-            depth=2, embed_dim=32, img_size=size, mlp_ratio=2, norm_layer=partial(torch.nn.LayerNorm, eps=1e-6),
-            num_heads=2, patch_size=patch, qkv_bias=True, use_rel_pos=True, global_attn_indexes=(1,),
-            window_size=4, out_chans=dim,
+            depth=2,
+            embed_dim=32,
+            img_size=size,
+            mlp_ratio=2,
+            norm_layer=partial(torch.nn.LayerNorm, eps=1e-6),
+            num_heads=2,
+            patch_size=patch,
+            qkv_bias=True,
+            use_rel_pos=True,
+            global_attn_indexes=(1,),
+            window_size=4,
+            out_chans=dim,
         ),
         prompt_encoder=PromptEncoder(
-            embed_dim=dim, image_embedding_size=(size // patch, size // patch), input_image_size=(size, size),
+            embed_dim=dim,
+            image_embedding_size=(size // patch, size // patch),
+            input_image_size=(size, size),
             mask_in_chans=4,
         ),
         mask_decoder=MaskDecoder(
             num_multimask_outputs=3,
             transformer=TwoWayTransformer(depth=2, embedding_dim=dim, mlp_dim=32, num_heads=2),
-            transformer_dim=dim, iou_head_depth=3, iou_head_hidden_dim=16,
+            transformer_dim=dim,
+            iou_head_depth=3,
+            iou_head_hidden_dim=16,
         ),
         pixel_mean=[123.675, 116.28, 103.53],
         pixel_std=[58.395, 57.12, 57.375],
@@ -95,7 +108,9 @@ BOX = [40.0, 60.0, 220.0, 330.0]
 
 
 def test_box_mask_matches_sam_predictor(tiny_checkpoint, photo):
-    got = sam_mask(photo, box=BOX, checkpoint=tiny_checkpoint, model_type=TINY, clip_to_box=False, device="cpu")
+    got = sam_mask(
+        photo, box=BOX, checkpoint=tiny_checkpoint, model_type=TINY, clip_to_box=False, device="cpu"
+    )
     assert got.shape == photo.shape[:2] and got.dtype == np.uint8
     assert set(np.unique(got)) <= {0, 255}
     masks, _ = direct_masks(tiny_checkpoint, photo, box=np.array(BOX), multimask_output=False)
@@ -104,17 +119,29 @@ def test_box_mask_matches_sam_predictor(tiny_checkpoint, photo):
 
 def test_points_are_x_then_y(tiny_checkpoint, photo):
     points, labels = [[120.0, 80.0], [30.0, 350.0]], [1, 0]
-    got = sam_mask(photo, points=points, point_labels=labels, checkpoint=tiny_checkpoint, model_type=TINY, device="cpu")
+    got = sam_mask(
+        photo, points=points, point_labels=labels, checkpoint=tiny_checkpoint, model_type=TINY, device="cpu"
+    )
     masks, _ = direct_masks(
-        tiny_checkpoint, photo, point_coords=np.array(points), point_labels=np.array(labels), multimask_output=False
+        tiny_checkpoint,
+        photo,
+        point_coords=np.array(points),
+        point_labels=np.array(labels),
+        multimask_output=False,
     )
     np.testing.assert_array_equal(got, masks[0].astype(np.uint8) * 255)
 
 
 def test_multimask_keeps_the_best_scored(tiny_checkpoint, photo):
-    got = sam_mask(photo, points=[[150, 200]], checkpoint=tiny_checkpoint, model_type=TINY, multimask=True, device="cpu")
+    got = sam_mask(
+        photo, points=[[150, 200]], checkpoint=tiny_checkpoint, model_type=TINY, multimask=True, device="cpu"
+    )
     masks, scores = direct_masks(
-        tiny_checkpoint, photo, point_coords=np.array([[150.0, 200.0]]), point_labels=np.array([1]), multimask_output=True
+        tiny_checkpoint,
+        photo,
+        point_coords=np.array([[150.0, 200.0]]),
+        point_labels=np.array([1]),
+        multimask_output=True,
     )
     assert masks.shape[0] == 3
     np.testing.assert_array_equal(got, masks[int(np.argmax(scores))].astype(np.uint8) * 255)
@@ -138,7 +165,13 @@ def test_box_region_uses_pixel_centres():
 
 
 def test_cached_embedding_follows_the_image(tiny_checkpoint, photo):
-    kwargs = {"box": BOX, "checkpoint": tiny_checkpoint, "model_type": TINY, "device": "cpu", "clip_to_box": False}
+    kwargs = {
+        "box": BOX,
+        "checkpoint": tiny_checkpoint,
+        "model_type": TINY,
+        "device": "cpu",
+        "clip_to_box": False,
+    }
     first = sam_mask(photo, **kwargs)
     other = np.ascontiguousarray(photo[:, ::-1])
     flipped = sam_mask(other, **kwargs)
@@ -177,7 +210,9 @@ def test_bad_image_raises_mask_error(tiny_checkpoint, photo):
 
 def test_missing_checkpoint_is_a_setup_error(tmp_path, tiny_checkpoint):
     with pytest.raises(MaskSetupError, match="does not exist.*sam_vit_b_01ec64.pth"):
-        sam_mask(np.zeros((8, 8, 3), np.uint8), box=[0, 0, 4, 4], checkpoint=tmp_path / "sam.pth", device="cpu")
+        sam_mask(
+            np.zeros((8, 8, 3), np.uint8), box=[0, 0, 4, 4], checkpoint=tmp_path / "sam.pth", device="cpu"
+        )
 
 
 def test_unknown_model_type_lists_the_valid_ones(tiny_checkpoint):

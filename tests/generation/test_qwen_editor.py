@@ -67,12 +67,19 @@ def tiny_options(folder: Path, **changes) -> QwenOptions:
 
 
 def face_request(source, face_mask, *, seed=0, prompt=PROMPT_A, attempt="face") -> EditRequest:
-    return EditRequest(attempt_id=attempt, image=source, prompt=prompt, seed=seed, kind="face", mask=face_mask)
+    return EditRequest(
+        attempt_id=attempt, image=source, prompt=prompt, seed=seed, kind="face", mask=face_mask
+    )
 
 
 def limb_request(source, limb_mask, *, seed=0, attempt="limb") -> EditRequest:
     return EditRequest(
-        attempt_id=attempt, image=source, prompt="Remove the visible arm.", seed=seed, kind="limb", mask=limb_mask
+        attempt_id=attempt,
+        image=source,
+        prompt="Remove the visible arm.",
+        seed=seed,
+        kind="limb",
+        mask=limb_mask,
     )
 
 
@@ -122,9 +129,16 @@ def test_lineage_changes_with_every_option_that_decides_the_output(tmp_path):
         assert changed != base, f"{name} does not change the lineage"
     with_lora = QwenOptions(lightning_lora="x/y")
     assert (
-        QwenEditor(with_lora.model_copy(update={"lora_scale": 0.5})).lineage() != QwenEditor(with_lora).lineage()
+        QwenEditor(with_lora.model_copy(update={"lora_scale": 0.5})).lineage()
+        != QwenEditor(with_lora).lineage()
     )
-    execution_only = {"batch_size": 4, "cpu_offload": True, "compile": True, "download": True, "device": "cuda:1"}
+    execution_only = {
+        "batch_size": 4,
+        "cpu_offload": True,
+        "compile": True,
+        "download": True,
+        "device": "cuda:1",
+    }
     for name, value in execution_only.items():
         assert QwenEditor(QwenOptions(**{name: value})).lineage() == base, f"{name} changes the lineage"
     # settings a configuration never uses do not split attempts either
@@ -134,7 +148,10 @@ def test_lineage_changes_with_every_option_that_decides_the_output(tmp_path):
         == QwenEditor(unguided).lineage()
     )
     edit_only = QwenOptions(pipeline="edit")
-    assert QwenEditor(edit_only.model_copy(update={"strength": 0.5})).lineage() == QwenEditor(edit_only).lineage()
+    assert (
+        QwenEditor(edit_only.model_copy(update={"strength": 0.5})).lineage()
+        == QwenEditor(edit_only).lineage()
+    )
 
 
 def test_registry_builds_the_qwen_backend():
@@ -184,7 +201,7 @@ def test_model_not_in_cache_names_the_download_command():
     assert "download: true" in str(info.value)
 
 
-@pytest.mark.parametrize("module", ["torch", "diffusers"])
+@pytest.mark.parametrize("module", ["torch", "diffusers", "transformers"])
 def test_missing_package_names_the_extra(monkeypatch, tiny, module):
     monkeypatch.setitem(sys.modules, module, None)  # makes `import module` raise ImportError
     with pytest.raises(EditorSetupError, match=r"pip install 'counterfactory\[gpu\]'"):
@@ -194,6 +211,11 @@ def test_missing_package_names_the_extra(monkeypatch, tiny, module):
 def test_cpu_offload_on_cpu_is_a_setup_error(tiny):
     with pytest.raises(EditorSetupError, match="cpu_offload"):
         QwenEditor(tiny_options(tiny[0], cpu_offload=True)).prepare()
+
+
+def test_unknown_scheduler_override_is_a_setup_error(tiny):
+    with pytest.raises(EditorSetupError, match="shfit"):
+        QwenEditor(tiny_options(tiny[0], scheduler_overrides={"shfit": 3.0})).prepare()
 
 
 def test_missing_lora_is_a_setup_error(tiny, tmp_path):
@@ -247,7 +269,7 @@ def test_batches_compute_what_one_by_one_calls_compute(tiny, source, face_mask, 
         ]
     )
     assert [r.attempt_id for r in batch] == ["a", "b"]
-    for got, single in zip(batch, (face_runs["a"], face_runs["b"])):
+    for got, single in zip(batch, (face_runs["a"], face_runs["b"]), strict=True):
         assert got.status == "ok" and got.metadata["batch_size"] == 2
         # prompts of different lengths are padded in a batch, which reorders float sums:
         # at most one grey level on a few pixels, never a different image
@@ -263,7 +285,9 @@ def test_limb_cells_inpaint_and_align_bit_exact_outside_the_mask(limb_run, face_
     # The tiny model's weights are random, so its output is noise with nothing to register
     # against; registration itself is tested in test_align.py. Here: the editor's output goes
     # through alignment as it comes (size, dtype) and the composite restores the source.
-    alignment = align_candidate(source, limb_run.image, mask=limb_mask, kind="limb", config=AlignConfig(method="none"))
+    alignment = align_candidate(
+        source, limb_run.image, mask=limb_mask, kind="limb", config=AlignConfig(method="none")
+    )
     assert alignment.ok, alignment.reason
     assert alignment.image.shape == source.shape and alignment.image.dtype == np.uint8
     outside = limb_mask == 0
@@ -290,7 +314,9 @@ def test_per_item_problems_are_values_and_spare_the_batch(tiny, source, limb_mas
             limb_request(source, limb_mask, attempt="good"),
             bad_seed,
             EditRequest(attempt_id="no-mask", image=source, prompt="x", seed=0, kind="limb"),
-            EditRequest(attempt_id="grey", image=source[..., 0], prompt="x", seed=0, kind="limb", mask=limb_mask),
+            EditRequest(
+                attempt_id="grey", image=source[..., 0], prompt="x", seed=0, kind="limb", mask=limb_mask
+            ),
         ]
     )
     by_id = {r.attempt_id: r for r in results}

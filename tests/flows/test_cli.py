@@ -1,0 +1,177 @@
+"""The command line beyond `run`: backend switching, setup errors, measure, calibrate, verify."""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+import yaml
+from PIL import Image
+
+from tests.conftest import REPO, read_rgb
+from tests.generation.fal_server import FalServer
+
+CLI = [sys.executable, "-m", "flows.cli"]
+
+
+def _run(args, env=None) -> subprocess.CompletedProcess:
+    full_env = {**os.environ, **(env or {})}
+    return subprocess.run(CLI + args, cwd=REPO, capture_output=True, text=True, timeout=900, env=full_env)
+
+
+def _demo_with(tmp_path: Path, backend: str, **editor_options) -> Path:
+    """demo-face.yaml with only `editor.backend` (and that backend's options) changed."""
+    spec = yaml.safe_load((REPO / "assets/specs/demo-face.yaml").read_text())
+    spec["sources"] = {"photos": str(REPO / "assets/photos"), "metadata": str(REPO / "assets/photos/metadata.yaml")}
+    spec["editor"]["backend"] = backend
+    if editor_options:
+        spec["editor"][backend] = editor_options
+    path = tmp_path / f"{backend}.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+def _no_fal_env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if not k.startswith("FAL_")}
+
+
+@pytest.mark.slow
+def test_same_spec_runs_on_fal_through_the_real_client(tmp_path):
+    """Switch the demo to `fal` and run it against a local fal queue: edits, alignment of
+    Nano-Banana-sized outputs, gates and the release, with every request paid once."""
+    with FalServer(model="resize", resize_to=(896, 1152)) as server:
+        spec = _demo_with(tmp_path, "fal", concurrency=4)
+        out = tmp_path / "out"
+        first = _run(["run", str(spec), "--out", str(out), "--no-progress"], env=server.env())
+        assert first.returncode == 0, first.stderr[-3000:]
+        again = _run(["run", str(spec), "--out", str(out), "--no-progress"], env=server.env())
+        assert again.returncode == 0 and "editor calls: 0" in again.stdout
+        stats = server.stats()
+    with sqlite3.connect(out / "ledger.sqlite") as db:
+        attempts = db.execute("select count(*), sum(cost_usd) from attempts where backend='fal'").fetchone()
+        journal = db.execute("select count(*) from editor_journal where backend='fal'").fetchone()[0]
+    assert attempts[0] >= 18 and journal == attempts[0]
+    assert attempts[1] == pytest.approx(0.039 * attempts[0])
+    assert stats["max_paid_per_payload"] == 1  # no paid request submitted twice
+    assert stats["paid_submits"] == attempts[0]
+    release = out / "releases/demo-face/0.1.0"
+    items = [json.loads(line) for line in (release / "items.jsonl").read_text().splitlines()]
+    assert {i["editor"]["backend"] for i in items} == {"fal"}
+    aligned = [i for i in items if i["alignment"] and i["alignment"]["ok"]]
+    assert aligned and all(i["alignment"]["resize_from"] == [896, 1152] for i in aligned)
+
+
+def test_missing_fal_key_stops_before_any_work(tmp_path):
+    out = tmp_path / "out"
+    result = subprocess.run(CLI + ["run", str(_demo_with(tmp_path, "fal")), "--out", str(out)],
+                            cwd=REPO, capture_output=True, text=True, env=_no_fal_env(), timeout=300)
+    assert result.returncode == 2
+    assert "FAL_KEY" in result.stderr and "Traceback" not in result.stderr
+    assert not out.exists()
+
+
+def test_unknown_fal_endpoint_is_one_clear_message(tmp_path):
+    out = tmp_path / "out"
+    spec = _demo_with(tmp_path, "fal", endpoint="not an endpoint")
+    result = subprocess.run(CLI + ["run", str(spec), "--out", str(out)], cwd=REPO, capture_output=True,
+                            text=True, env={**_no_fal_env(), "FAL_KEY": "k:s"}, timeout=300)
+    assert result.returncode == 2
+    assert "fal-ai/nano-banana/edit" in result.stderr and "Traceback" not in result.stderr
+    assert not out.exists()
+
+
+def test_qwen_without_a_gpu_stops_before_any_work(tmp_path):
+    out = tmp_path / "out"
+    result = _run(["run", str(_demo_with(tmp_path, "qwen")), "--out", str(out)])
+    assert result.returncode == 2
+    assert "GPU" in result.stderr or "cuda" in result.stderr.lower()
+    assert "Traceback" not in result.stderr and not out.exists()
+
+
+def test_qwen_model_not_downloaded_is_named(tmp_path):
+    out = tmp_path / "out"
+    spec = _demo_with(tmp_path, "qwen", device="cpu", model_id="Qwen/Qwen-Image-Edit-2509")
+    result = _run(["run", str(spec), "--out", str(out)], env={"HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")})
+    assert result.returncode == 2
+    assert "Qwen/Qwen-Image-Edit-2509" in result.stderr and "download" in result.stderr
+    assert "Traceback" not in result.stderr and not out.exists()
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    """A real photo and a candidate an editor might return: shifted 3 px and resized to 1024."""
+    folder = tmp_path_factory.mktemp("pair")
+    source = read_rgb("grace_hopper.jpg")
+    m = np.float32([[1, 0, 3], [0, 1, -2]])
+    moved = cv2.warpAffine(source, m, (source.shape[1], source.shape[0]), borderMode=cv2.BORDER_REFLECT)
+    Image.fromarray(source).save(folder / "source.png")
+    Image.fromarray(cv2.resize(moved, (1024, 1024), interpolation=cv2.INTER_AREA)).save(folder / "candidate.png")
+    return folder / "source.png", folder / "candidate.png"
+
+
+def test_measure_prints_every_gate_as_json(pair):
+    source, candidate = pair
+    result = _run(["measure", str(source), str(candidate), "--json"])
+    assert result.returncode == 0, result.stderr[-2000:]
+    report = json.loads(result.stdout)
+    assert set(report["gates"]) >= {"face", "identity", "expression", "locality"}
+    assert report["alignment"]["ok"] and report["alignment"]["resize_from"] == [1024, 1024]
+    assert report["alignment"]["shift_px"] == pytest.approx([3, -2], abs=0.5)
+    assert report["gates"]["identity"]["metrics"]["cosine"] > 0.87  # the same photo: a copy
+    assert "identity_above_band" in report["gates"]["identity"]["review"]
+
+
+def test_measure_text_output_and_bad_file(pair, tmp_path):
+    source, candidate = pair
+    text = _run(["measure", str(source), str(candidate)])
+    assert text.returncode == 0
+    for gate in ("[face]", "[identity]", "[expression]", "[locality]", "diff_nonface", "cosine"):
+        assert gate in text.stdout
+    broken = tmp_path / "broken.jpg"
+    broken.write_text("not an image")
+    bad = _run(["measure", str(source), str(broken)])
+    assert bad.returncode == 2 and "broken.jpg" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_measure_limb_pair_with_mask(tmp_path):
+    source = read_rgb("grace_hopper.jpg")
+    mask = np.zeros(source.shape[:2], np.uint8)
+    mask[450:560, 80:220] = 255
+    candidate = source.copy()
+    candidate[mask > 0] = 255 - candidate[mask > 0]
+    for name, pixels in (("s.png", source), ("c.png", candidate), ("m.png", mask)):
+        Image.fromarray(pixels).save(tmp_path / name)
+    result = _run(["measure", str(tmp_path / "s.png"), str(tmp_path / "c.png"), "--mask", str(tmp_path / "m.png"), "--json"])
+    assert result.returncode == 0, result.stderr[-2000:]
+    report = json.loads(result.stdout)
+    assert report["kind"] == "limb"
+    assert report["gates"]["locality"]["metrics"]["diff_outside_edit"] == 0.0
+
+
+def test_calibrate_reproduces_the_shipped_thresholds(tmp_path):
+    result = _run(["calibrate", "--out", str(tmp_path)])
+    assert result.returncode == 0, result.stderr[-2000:]
+    made = json.loads((tmp_path / "calibration.json").read_text())["suggested"]
+    shipped = json.loads((REPO / "assets/calibration/calibration.json").read_text())["suggested"]
+    assert made == shipped
+    assert (tmp_path / "calibration.png").is_file()
+
+
+def test_verify_reports_a_tampered_release(tmp_path):
+    from manifests.release import ReleaseStage, write_jsonl
+
+    stage = ReleaseStage(tmp_path, "r", "1.0.0")
+    write_jsonl(stage.dir / "manifest.jsonl", [{"item_id": "1"}])
+    path = stage.seal().path
+    ok = _run(["verify", str(path)])
+    assert ok.returncode == 0 and "every file matches" in ok.stdout
+    (path / "manifest.jsonl").write_text("changed\n")
+    bad = _run(["verify", str(path)])
+    assert bad.returncode == 1 and "manifest.jsonl: checksum mismatch" in bad.stderr
