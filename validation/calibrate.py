@@ -20,7 +20,6 @@ bundled photos.
 from __future__ import annotations
 
 import datetime as _dt
-import hashlib
 import itertools
 import json
 import math
@@ -34,6 +33,7 @@ import numpy as np
 
 from assets import PHOTOS_DIR
 from generation.sources import load_image
+from manifests.store import sha256_file
 from validation.backends import load_au_model, load_detector, load_embedder
 from validation.backends.sface import OPENCV_SAME_PERSON_COSINE
 from validation.faces import FaceObservation, MaskMode, face_mask, get_face_landmarker, nearest_face
@@ -171,14 +171,6 @@ class _Samples:
         return {"summary": self.summary(), "values": [round(x, 6) for x in self.values], "labels": self.labels}
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def _people(path: Path, n_faces: int) -> tuple[list[tuple[str, str]], str]:
     """((person, shot) per face left to right, where the labels came from)."""
     bundled = BUNDLED_FACES.get(path.name)
@@ -242,7 +234,7 @@ def measure(
         image = load_rgb(path)
         observed = landmarker.detect(image)
         record: dict[str, Any] = {
-            "file": path.name, "sha256": _sha256(path), "shape": list(image.shape), "faces": len(observed)
+            "file": path.name, "sha256": sha256_file(path), "shape": list(image.shape), "faces": len(observed)
         }
         images.append(record)
         if not observed:

@@ -594,9 +594,10 @@ def _load(
         # from_config ignores unknown keys silently; a typo must not go unnoticed
         unknown = sorted(set(options.scheduler_overrides) - set(pipe.scheduler.config))
         if unknown:
+            valid = ", ".join(sorted(pipe.scheduler.config))
             raise EditorSetupError(
                 f"editor.qwen.scheduler_overrides has keys {unknown} that "
-                f"{type(pipe.scheduler).__name__} does not have; valid: {', '.join(sorted(pipe.scheduler.config))}"
+                f"{type(pipe.scheduler).__name__} does not have; valid: {valid}"
             )
         pipe.scheduler = type(pipe.scheduler).from_config(
             pipe.scheduler.config, **options.scheduler_overrides

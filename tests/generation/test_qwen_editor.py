@@ -246,7 +246,12 @@ def test_same_seed_matches_a_plain_diffusers_call_and_other_seeds_differ(face_ru
     from PIL import Image
 
     # the second implementation: diffusers itself, built in memory from the same weights
-    pipe = QwenImageEditPipeline(**tiny[1]).to("cpu")
+    components = dict(tiny[1])
+    if face_runs["a"].metadata["processor_backend"] == "torchvision":  # the stock processor loads
+        from transformers import Qwen2VLProcessor
+
+        components["processor"] = Qwen2VLProcessor.from_pretrained(tiny[0] / "processor")
+    pipe = QwenImageEditPipeline(**components).to("cpu")
     pipe.set_progress_bar_config(disable=True)
     reference = pipe(
         image=Image.fromarray(source),
