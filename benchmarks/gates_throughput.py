@@ -60,9 +60,10 @@ def build_demo_pairs(folder: Path) -> Path:
     """Face-edit demo pairs from the bundled single-face photos (see the module docstring)."""
     import cv2
 
+    from generation.masks import feather
     from validation.backends.base import similarity_transform
     from validation.calibrate import bundled_photo_paths, load_rgb
-    from validation.faces import face_mask, feather, get_face_landmarker
+    from validation.faces import face_mask, get_face_landmarker
 
     folder.mkdir(parents=True, exist_ok=True)
     landmarker = get_face_landmarker()

@@ -17,7 +17,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from generation.align import align_candidate
-from generation.editors import EditRequest, EditResult, Editor, make_editor
+from generation.editors import Editor, EditRequest, EditResult, make_editor
 from generation.masks import dilate, mask_from_record
 from generation.prompts import RenderedPrompt, render_prompt
 from generation.sampling import Cell, Grid, expand_grid

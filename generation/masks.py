@@ -277,9 +277,8 @@ def feather(mask: np.ndarray, px: float) -> np.ndarray:
     """Soft mask that stays inside ``mask``: 0 outside, rising to 1 over ``px`` pixels inward.
 
     ``alpha = smoothstep(clip(d / px, 0, 1))`` where ``d`` is each inside pixel's Euclidean
-    distance (in pixels) to the nearest outside pixel. Unlike
-    :func:`validation.faces.feather` (a Gaussian blur, which spreads alpha *outside* the
-    mask), compositing with this alpha leaves every pixel outside the mask exactly as the
+    distance (in pixels) to the nearest outside pixel. Unlike a Gaussian blur, which spreads
+    alpha *outside* the mask, compositing with this alpha leaves every pixel outside the mask exactly as the
     source had it, which the limb locality gate requires. The image border is not an edge.
 
     Args:

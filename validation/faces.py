@@ -22,6 +22,7 @@ import cv2
 import numpy as np
 
 from assets import FACE_LANDMARKER
+from generation.masks import dilate
 
 #: MediaPipe FACEMESH_FACE_OVAL, in drawing order (36 points around the face).
 FACE_OVAL = (
@@ -267,17 +268,4 @@ def face_mask(
             cv2.fillPoly(mask, [_polygon(landmarks, loop)], 0)
     elif mode != "oval":
         raise ValueError(f"face mask mode must be 'oval' or 'skin', got {mode!r}")
-    if dilate_px > 0:
-        distance = cv2.distanceTransform((mask == 0).astype(np.uint8), cv2.DIST_L2, cv2.DIST_MASK_PRECISE)
-        mask = np.where(distance <= dilate_px, 255, 0).astype(np.uint8)
-    return mask
-
-
-def feather(mask: np.ndarray, radius_px: float) -> np.ndarray:
-    """Soft version of a binary mask: ``(H, W)`` float32 in [0, 1], Gaussian edge of ``radius_px``."""
-    alpha = (mask > 0).astype(np.float32)
-    if radius_px <= 0:
-        return alpha
-    sigma = radius_px / 2.0
-    k = int(2 * math.ceil(3 * sigma) + 1)
-    return cv2.GaussianBlur(alpha, (k, k), sigma)
+    return dilate(mask, dilate_px) if dilate_px > 0 else mask

@@ -11,10 +11,10 @@ from typing import Any
 
 from generation.editors.base import (
     EditJournal,
-    EditRequest,
-    EditResult,
     Editor,
     EditorSetupError,
+    EditRequest,
+    EditResult,
     MemoryJournal,
 )
 

@@ -98,8 +98,9 @@ def test_a_face_only_edit_is_accepted(face_stack, photo, landmarker):
     """A stand-in for a race x gender edit: another person's facial features (Biden, also
     smiling) warped onto the source's face on the five-point template and blended inside the
     source's feathered skin mask; hair, head, pose and background stay the source's."""
+    from generation.masks import feather
     from validation.backends.base import similarity_transform
-    from validation.faces import face_mask, feather
+    from validation.faces import face_mask
 
     source, donor = photo("obama_portrait.jpg"), photo("biden_portrait.jpg")
     face, donor_face = landmarker.detect(source)[0], landmarker.detect(donor)[0]
