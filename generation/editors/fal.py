@@ -33,6 +33,7 @@ the 404 of the first submission, which stops the batch before anything is billed
 from __future__ import annotations
 
 import asyncio
+import threading
 import base64
 import concurrent.futures
 import contextlib
@@ -184,7 +185,6 @@ class _Batch:
     journal: EditJournal
     fal: Any
     http: Any
-    reserved_usd: float = 0.0
 
 
 class FalEditor:
@@ -207,6 +207,12 @@ class FalEditor:
         self._fal: Any = None
         self._key: str | None = None
         self._prepared = False
+        # Shared by every edit_many call of this editor, whatever thread or event loop it runs
+        # in (the flow runs several templates at once): ``concurrency`` bounds the requests in
+        # flight per process, and spend reservations are checked against one cap.
+        self._in_flight = threading.BoundedSemaphore(self.options.concurrency)
+        self._budget = threading.Lock()
+        self._reserved_usd = 0.0
 
     def lineage(self) -> dict[str, Any]:
         """Everything that decides the output; fal does not version its endpoints, so the
@@ -255,13 +261,12 @@ class FalEditor:
         unique: dict[str, EditRequest] = {}
         for request in requests:
             unique.setdefault(request.attempt_id, request)
-        slots = asyncio.Semaphore(self.options.concurrency)
         batch = _Batch(journal=journal, fal=self._client(), http=self._http_client())
         tasks: dict[str, asyncio.Task[EditResult]] = {}
         try:
             async with asyncio.TaskGroup() as group:
                 for attempt_id, request in unique.items():
-                    tasks[attempt_id] = group.create_task(self._one(request, batch, slots))
+                    tasks[attempt_id] = group.create_task(self._one(request, batch))
         except BaseExceptionGroup as errors:
             setup = errors.subgroup(EditorSetupError)
             if setup is not None:
@@ -333,34 +338,40 @@ class FalEditor:
 
     # -- one item -----------------------------------------------------------------------
 
-    async def _one(
-        self, request: EditRequest, batch: _Batch, slots: asyncio.Semaphore
-    ) -> EditResult:
-        async with slots:
-            progress = _Progress(started=asyncio.get_running_loop().time())
-            try:
-                return await self._attempt(request, batch, progress)
-            except _Outcome as outcome:
-                if outcome.state is not None and progress.request_id is not None:
-                    batch.journal.save(
-                        request.attempt_id,
-                        _row(progress, outcome.state, reason=outcome.reason),
-                        cost_usd=outcome.cost_usd,
-                    )
-                return self._result(
-                    request,
-                    progress,
-                    outcome.status,
-                    reason=outcome.reason,
+    async def _one(self, request: EditRequest, batch: _Batch) -> EditResult:
+        # Polling keeps the wait cancellable: a thread blocked in acquire() is not.
+        while not self._in_flight.acquire(blocking=False):
+            await asyncio.sleep(0.005)
+        try:
+            return await self._one_in_slot(request, batch)
+        finally:
+            self._in_flight.release()
+
+    async def _one_in_slot(self, request: EditRequest, batch: _Batch) -> EditResult:
+        progress = _Progress(started=asyncio.get_running_loop().time())
+        try:
+            return await self._attempt(request, batch, progress)
+        except _Outcome as outcome:
+            if outcome.state is not None and progress.request_id is not None:
+                batch.journal.save(
+                    request.attempt_id,
+                    _row(progress, outcome.state, reason=outcome.reason),
                     cost_usd=outcome.cost_usd,
                 )
-            except (EditorSetupError, asyncio.CancelledError):
-                raise
-            except Exception as exc:  # a bug or a surprise must not sink the other items
-                logger.exception("fal request for attempt %s failed", request.attempt_id)
-                return self._result(
-                    request, progress, "failed", reason=f"fal_error: {type(exc).__name__}: {exc}"
-                )
+            return self._result(
+                request,
+                progress,
+                outcome.status,
+                reason=outcome.reason,
+                cost_usd=outcome.cost_usd,
+            )
+        except (EditorSetupError, asyncio.CancelledError):
+            raise
+        except Exception as exc:  # a bug or a surprise must not sink the other items
+            logger.exception("fal request for attempt %s failed", request.attempt_id)
+            return self._result(
+                request, progress, "failed", reason=f"fal_error: {type(exc).__name__}: {exc}"
+            )
 
     async def _attempt(
         self, request: EditRequest, batch: _Batch, progress: _Progress
@@ -434,16 +445,17 @@ class FalEditor:
         """
         endpoint, cap = self.options.endpoint, self.options.spend_cap_usd
         price = float(self._price(endpoint) or 0.0)
-        spent = batch.journal.spent_usd()
-        # No await between this check and the reservation: no other item can slip in.
-        if cap is not None and spent + batch.reserved_usd + price > cap + 1e-9:
-            raise _Outcome(
-                "failed",
-                f"fal_spend_cap_reached: ${spent + batch.reserved_usd:.4f} "
-                f"spent or committed, ${price:.4f} more would exceed "
-                f"spend_cap_usd=${cap:.4f}; no new submissions",
-            )
-        batch.reserved_usd += price
+        # Check and reserve under one lock: no item of this or another batch can slip in.
+        with self._budget:
+            committed = batch.journal.spent_usd() + self._reserved_usd
+            if cap is not None and committed + price > cap + 1e-9:
+                raise _Outcome(
+                    "failed",
+                    f"fal_spend_cap_reached: ${committed:.4f} "
+                    f"spent or committed, ${price:.4f} more would exceed "
+                    f"spend_cap_usd=${cap:.4f}; no new submissions",
+                )
+            self._reserved_usd += price
         try:
             extra = {"start_timeout": self.options.timeout_s} if self.options.timeout_s > 1 else {}
             failures = 0
@@ -469,7 +481,8 @@ class FalEditor:
             progress.request_id, progress.endpoint = handle.request_id, endpoint
             batch.journal.save(request.attempt_id, _row(progress, "submitted"), cost_usd=price)
         finally:
-            batch.reserved_usd -= price
+            with self._budget:
+                self._reserved_usd -= price
 
     async def _collect(self, progress: _Progress, batch: _Batch) -> dict[str, Any]:
         """Polls the request until fal says it is done, then fetches its result JSON."""

@@ -104,6 +104,26 @@ def test_concurrency_bound_is_reached_and_never_exceeded(server):
     assert elapsed >= 4 * 0.3  # ceil(10 / 3) waves of 0.3 s
 
 
+def test_bounds_hold_across_batches_running_in_parallel_threads(server):
+    """The flow runs several templates at once, each its own edit_many on one editor: the
+    concurrency bound and the spend cap are per editor, not per batch."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    server.latency_s = 0.3
+    editor = _editor(concurrency=3, spend_cap_usd=7.5 * PRICE)
+    journal = MemoryJournal()
+    batches = [
+        [EditRequest(f"t{t}-{i}", _image(10 * t + i), f"p{t}-{i}", i) for i in range(5)] for t in range(2)
+    ]
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        results = [r for batch in pool.map(lambda b: editor.edit_many(b, journal), batches) for r in batch]
+
+    assert server.max_in_flight == 3
+    assert sorted(r.status for r in results) == ["failed"] * 3 + ["ok"] * 7
+    assert sum(server.paid_submits.values()) == 7
+    assert journal.spent_usd() == pytest.approx(7 * PRICE)
+
+
 def test_transient_errors_are_retried_without_paying_twice(server):
     server.behave("flaky", Behaviour(submit_errors=(429, 503, 500), status_errors=(503, 502)))
     [result] = _editor(max_retries=3).edit_many([EditRequest("f", _image(3), "flaky", 3)])
