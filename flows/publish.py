@@ -7,6 +7,7 @@ from datetime import datetime, timezone
 from typing import Any, Sequence
 
 from flows.steps import PreparedSource, TemplateOutcome, Workspace
+from generation.sampling import Grid, grid_summary
 from generation.sources import FailedSource
 from manifests.release import ITEMS, MANIFEST, ReleaseStage, SealedRelease, write_json, write_jsonl
 from manifests.spec import Spec
@@ -76,7 +77,7 @@ def build_items(
 
 def build_stats(
     spec: Spec, items: Sequence[dict[str, Any]], failed: Sequence[FailedSource],
-    outcomes: Sequence[TemplateOutcome], *, editor_calls: int, total_cost_usd: float,
+    outcomes: Sequence[TemplateOutcome], grid: Grid, *, editor_calls: int, total_cost_usd: float,
 ) -> dict[str, Any]:
     counts = Counter(row["status"] for row in items)
     reasons = Counter(code.split(":")[0] for row in items if row["status"] != "accepted" for code in row["reasons"])
@@ -95,6 +96,7 @@ def build_stats(
         "failed_sources": [
             {"source_id": f.id, "path": str(f.path), "reason": f.reason} for f in failed
         ],
+        "grid": grid_summary(grid),
         "templates": {
             "total": len(outcomes),
             "complete": sum(o.complete for o in outcomes),
@@ -109,14 +111,14 @@ def build_stats(
 
 def publish_release(
     spec: Spec, ws: Workspace, prepared: Sequence[PreparedSource], failed: Sequence[FailedSource],
-    outcomes: Sequence[TemplateOutcome], *, editor_calls: int,
+    outcomes: Sequence[TemplateOutcome], grid: Grid, *, editor_calls: int,
 ) -> SealedRelease:
     """Stage manifest, items, spec, stats, report and images; seal the version."""
     stage = ReleaseStage(ws.releases, spec.release.name, spec.release.version)
     try:
         items = build_items(spec, ws, prepared, outcomes, stage)
         cost = sum(a.cost_usd for a in ws.ledger.attempts())
-        stats = build_stats(spec, items, failed, outcomes, editor_calls=editor_calls, total_cost_usd=cost)
+        stats = build_stats(spec, items, failed, outcomes, grid, editor_calls=editor_calls, total_cost_usd=cost)
         write_jsonl(stage.dir / MANIFEST, [r for r in items if r["status"] == "accepted"])
         write_jsonl(stage.dir / ITEMS, items)
         (stage.dir / "spec.yaml").write_text(spec.to_yaml(), encoding="utf-8")

@@ -51,8 +51,8 @@ def template_task(spec, ws, prepared, cells, editor, stack):
 
 
 @task(name="release", cache_policy=NONE)
-def release_task(spec, ws, prepared, failed, outcomes, editor_calls):
-    return publish_release(spec, ws, prepared, failed, outcomes, editor_calls=editor_calls)
+def release_task(spec, ws, prepared, failed, outcomes, grid, editor_calls):
+    return publish_release(spec, ws, prepared, failed, outcomes, grid, editor_calls=editor_calls)
 
 
 def _template_key(cell) -> str:
@@ -91,7 +91,7 @@ def run_flow(spec_path: str, out: str, progress: bool = True) -> RunSummary:
             bar.update(len(outcome.cells))
     outcomes.sort(key=lambda o: o.template_id)
     calls = sum(o.editor_calls for o in outcomes)
-    sealed = release_task(spec, ws, prepared, failed, outcomes, calls)
+    sealed = release_task(spec, ws, prepared, failed, outcomes, grid, calls)
     ws.ledger.finish_run(run_id, editor_calls=calls)
 
     counts: dict[str, int] = {}

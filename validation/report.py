@@ -99,6 +99,18 @@ def write_report(release_dir: Path, *, spec: Any, items: Sequence[dict[str, Any]
     reason_rows = "".join(
         f"<tr><td><code>{html.escape(code)}</code></td><td>{n}</td></tr>" for code, n in stats["reasons"].items()
     ) or '<tr><td colspan="2">none</td></tr>'
+    grid = stats.get("grid", {})
+    strata_rows = "".join(
+        "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>".format(
+            html.escape(", ".join(f"{k}={v}" for k, v in s["stratum"].items())),
+            s["available"], s["requested"], s["selected"],
+        )
+        for s in grid.get("strata", [])
+    )
+    excluded_rows = "".join(
+        f"<tr><td>{html.escape(e['source_id'])}</td><td>{html.escape(e['reason'])}</td></tr>"
+        for e in grid.get("excluded", [])
+    ) or '<tr><td colspan="2">none</td></tr>'
     page = f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8">
 <title>{html.escape(spec.release.name)} {html.escape(spec.release.version)}</title>
@@ -118,6 +130,11 @@ spec sha256 <code>{html.escape(stats['spec_hash'][:16])}</code>.</p>
 <tr>{count_cells}<td>{counts.get('total', 0)}</td></tr></table>
 <p>Templates: {stats['templates']['complete']} of {stats['templates']['total']} complete.
 Editor calls in the run that wrote this release: {stats['editor_calls_this_run']}.</p>
+<h2>Grid</h2>
+<p>{grid.get('n_templates', 0)} templates x {grid.get('n_conditions', 0)} conditions = {grid.get('n_cells', 0)} cells
+(seed {grid.get('seed')}).</p>
+<table id="strata"><tr><th>stratum</th><th>available</th><th>requested</th><th>selected</th></tr>{strata_rows}</table>
+<table id="excluded"><tr><th>source left out of the grid</th><th>why</th></tr>{excluded_rows}</table>
 <h2>Failed sources</h2>
 <table id="failed-sources"><tr><th>source</th><th>file</th><th>reason</th></tr>{failed_rows}</table>
 <h2>Rejection and failure reasons</h2>
