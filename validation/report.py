@@ -43,18 +43,31 @@ def _thumb(path: Path | None, height: int) -> Image.Image:
         return im.resize((width, height), Image.Resampling.LANCZOS)
 
 
-def condition_label(condition: dict[str, str]) -> str:
-    return " · ".join(str(v) for v in condition.values())
+def _fit(text: str, font: ImageFont.ImageFont, width: int) -> str:
+    """``text``, shortened with an ellipsis until it is at most ``width`` pixels wide."""
+    if font.getlength(text) <= width:
+        return text
+    while text and font.getlength(text + "…") > width:
+        text = text[:-1]
+    return text + "…"
 
 
-def contact_sheet(release_dir: Path, template_id: str, rows: Sequence[dict[str, Any]]) -> Image.Image:
+def condition_label(condition: dict[str, str], axes: Sequence[str] = ()) -> str:
+    """``"Black · female"``: the condition's values in the design's axis order."""
+    order = [a for a in axes if a in condition] + [k for k in condition if k not in axes]
+    return " · ".join(str(condition[k]) for k in order)
+
+
+def contact_sheet(
+    release_dir: Path, template_id: str, rows: Sequence[dict[str, Any]], axes: Sequence[str] = ()
+) -> Image.Image:
     """One row of tiles: the source, then each cell's final candidate with its label."""
     source_path = release_dir / rows[0]["source"]["path"]
     tiles = [(_thumb(source_path, THUMB_H), f"source: {template_id}", "source")]
     for row in rows:
         image = row.get("image")
         path = release_dir / image["path"] if image else None
-        tiles.append((_thumb(path, THUMB_H), condition_label(row["condition"]), row["status"]))
+        tiles.append((_thumb(path, THUMB_H), condition_label(row["condition"], axes), row["status"]))
     width = sum(t.width for t, _, _ in tiles) + PAD * (len(tiles) + 1) + 6 * len(tiles)
     sheet = Image.new("RGB", (width, THUMB_H + LABEL_H + 2 * PAD + 6), "white")
     draw = ImageDraw.Draw(sheet)
@@ -64,7 +77,7 @@ def contact_sheet(release_dir: Path, template_id: str, rows: Sequence[dict[str, 
         colour = VERDICT_COLOURS.get(status, (0, 0, 0))
         draw.rectangle([x, PAD, x + tile.width + 5, PAD + tile.height + 5], fill=colour)
         sheet.paste(tile, (x + 3, PAD + 3))
-        draw.text((x + 3, PAD + THUMB_H + 10), label[:40], fill=(20, 20, 20), font=font)
+        draw.text((x + 3, PAD + THUMB_H + 10), _fit(label, font, tile.width), fill=(20, 20, 20), font=font)
         draw.text((x + 3, PAD + THUMB_H + 26), status.replace("_", " "), fill=colour, font=_font(12))
         x += tile.width + 6 + PAD
     return sheet
@@ -80,7 +93,7 @@ def write_report(release_dir: Path, *, spec: Any, items: Sequence[dict[str, Any]
     sheet_html = []
     for template_id, rows in sorted(by_template.items()):
         name = f"{template_id}.jpg"
-        contact_sheet(release_dir, template_id, rows).save(sheets_dir / name, quality=88)
+        contact_sheet(release_dir, template_id, rows, list(spec.design.axes)).save(sheets_dir / name, quality=88)
         filled = sum(r["status"] in ("accepted", "needs_review") for r in rows)
         sheet_html.append(
             f"<section><h3>{html.escape(template_id)} <small>{filled}/{len(rows)} cells filled</small></h3>"
@@ -137,7 +150,7 @@ Editor calls in the run that wrote this release: {stats['editor_calls_this_run']
 <table id="excluded"><tr><th>source left out of the grid</th><th>why</th></tr>{excluded_rows}</table>
 <h2>Failed sources</h2>
 <table id="failed-sources"><tr><th>source</th><th>file</th><th>reason</th></tr>{failed_rows}</table>
-<h2>Rejection and failure reasons</h2>
+<h2>Reasons (rejected, needs review, failed)</h2>
 <table id="reasons"><tr><th>reason</th><th>items</th></tr>{reason_rows}</table>
 <h2>Pass rates by group (Wilson 95 % intervals)</h2>
 <img src="attrition.png" alt="pass rates by condition group" style="max-width: 100%">

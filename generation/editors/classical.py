@@ -39,13 +39,19 @@ class ClassicalOptions(BaseModel):
 
 
 def condition_tint(condition: dict[str, str], seed: int) -> tuple[np.ndarray, float]:
-    """A stable RGB tint in [0, 1] and a lightness gain for one condition (and seed jitter)."""
-    key = "|".join(f"{k}={v}" for k, v in sorted(condition.items()))
-    digest = hashlib.sha256(key.encode()).digest()
+    """A stable RGB tint in [0, 1] and a lightness gain for one condition (and seed jitter).
+
+    The hue comes from every axis but ``gender`` and the gain from ``gender``, so conditions
+    that share a race share a colour family and the two genders differ in lightness.
+    """
+    rest = "|".join(f"{k}={v}" for k, v in sorted(condition.items()) if k != "gender")
+    digest = hashlib.sha256(rest.encode()).digest()
     hue = digest[0] / 255.0
-    gain = 0.75 + 0.5 * digest[1] / 255.0
+    gender = condition.get("gender", "")
+    gender_digest = hashlib.sha256(gender.encode()).digest()
+    gain = {"female": 1.2, "male": 0.8}.get(gender.lower(), 0.75 + 0.5 * gender_digest[0] / 255.0)
     jitter = (seed % 7) / 70.0  # retries with the next seed differ a little
-    r, g, b = colorsys.hsv_to_rgb((hue + jitter) % 1.0, 0.6, 1.0)
+    r, g, b = colorsys.hsv_to_rgb((hue + jitter) % 1.0, 0.7, 1.0)
     return np.array([r, g, b], np.float32), gain
 
 
