@@ -386,3 +386,30 @@ def test_auto_uses_edit_plus_for_2509_models_with_guidance(tmp_path, tiny, sourc
     assert result.metadata["pipeline"] == "QwenImageEditPlusPipeline"
     assert result.metadata["negative_prompt"] == "cartoon"  # the request's, over the options'
     assert result.image.shape == (*expected_size(*source.shape[:2]), 3)
+
+
+def test_pipeline_output_with_qwen_like_drift_is_registered_and_composited(limb_run, source, limb_mask):
+    """What the real inpaint pipeline returns: the whole image re-decoded at its ~1 MP size,
+    content drifted by a few pixels (QwenLM/Qwen-Image issues 160, 229), new pixels in the
+    mask. Built from the tiny pipeline's own output inside the mask and the drifted source
+    outside; the factory's default alignment must find the drift and restore the source."""
+    import cv2
+
+    h, w = source.shape[:2]
+    drift = np.float64([[1.01, 0, 2.5], [0, 1.01, -1.5]])  # source -> candidate coordinates
+    drifted = cv2.warpAffine(source, drift, (w, h), flags=cv2.INTER_CUBIC, borderMode=cv2.BORDER_REFLECT)
+    inside = cv2.warpAffine(limb_mask, drift, (w, h), flags=cv2.INTER_NEAREST) > 0
+    out_h, out_w = limb_run.image.shape[:2]
+    painted = drifted.copy()
+    painted[inside] = cv2.resize(limb_run.image, (w, h), interpolation=cv2.INTER_AREA)[inside]
+    candidate = cv2.resize(painted, (out_w, out_h), interpolation=cv2.INTER_AREA)
+
+    alignment = align_candidate(source, candidate, mask=limb_mask, kind="limb", config=AlignConfig())
+    assert alignment.ok, alignment.reason
+    assert alignment.resize_from == (out_w, out_h)
+    ys, xs = np.mgrid[0:h:32, 0:w:32]
+    points = np.stack([xs.ravel(), ys.ravel()], axis=1).astype(np.float64)
+    error = points @ alignment.transform[:, :2].T + alignment.transform[:, 2] - (points @ drift[:, :2].T + drift[:, 2])
+    assert np.abs(error).max() < 0.5
+    outside = limb_mask == 0
+    np.testing.assert_array_equal(alignment.image[outside], source[outside])
