@@ -33,7 +33,6 @@ the 404 of the first submission, which stops the batch before anything is billed
 from __future__ import annotations
 
 import asyncio
-import threading
 import base64
 import concurrent.futures
 import contextlib
@@ -42,6 +41,7 @@ import logging
 import os
 import random
 import re
+import threading
 import time
 import uuid
 from dataclasses import dataclass, field
