@@ -37,9 +37,12 @@ def run(spec_path: Path, out: Path, workers: int, no_progress: bool) -> None:
     from manifests.release import ReleaseExistsError
     from manifests.spec import SpecError, load_spec
 
+    from generation.sources import MetadataError, load_metadata
+
     try:
         spec = load_spec(spec_path)
-    except SpecError as exc:
+        load_metadata(spec.sources.metadata)
+    except (SpecError, MetadataError) as exc:
         _fail(str(exc))
     try:
         # Fail on a missing model, key or GPU before the flow starts or anything is paid for.
@@ -56,6 +59,9 @@ def run(spec_path: Path, out: Path, workers: int, no_progress: bool) -> None:
         summary = run_spec(spec_path, out, workers=workers, progress=not no_progress)
     except (ReleaseExistsError, EditorSetupError, SpecError) as exc:
         _fail(str(exc))
+    if summary.templates == 0:
+        click.echo("warning: no source could serve the design, so the release has no items; "
+                   "see its stats.json for each source's reason", err=True)
     counts = ", ".join(f"{k} {v}" for k, v in sorted(summary.counts.items())) or "no cells"
     click.echo(f"cells: {counts}")
     click.echo(f"templates complete: {summary.complete_templates}/{summary.templates}; failed sources: {summary.failed_sources}")

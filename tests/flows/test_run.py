@@ -226,3 +226,20 @@ def test_limb_demo_keeps_every_pixel_outside_the_mask(tmp_path):
         assert np.array_equal(candidate[outside], source[outside])
         assert not np.array_equal(candidate[~outside], source[~outside])
         assert item["gates"]["locality"]["metrics"]["diff_outside_edit"] == 0.0
+
+
+def test_broken_metadata_stops_before_any_work(tmp_path):
+    (tmp_path / "photos").mkdir()
+    (tmp_path / "meta.yaml").write_text("sources:\n  - {id: a, path: a.jpg, occupation: pilot}\n")
+    spec = {
+        "name": "broken-metadata",
+        "sources": {"photos": "photos", "metadata": "meta.yaml"},
+        "design": {"kind": "face", "axes": {"race": ["Black"]}, "strata": ["occupation"], "templates_per_stratum": 1},
+        "release": {"name": "broken-metadata"},
+    }
+    (tmp_path / "spec.yaml").write_text(yaml.safe_dump(spec))
+    out = tmp_path / "out"
+    result = _run(["run", str(tmp_path / "spec.yaml"), "--out", str(out)])
+    assert result.returncode == 2
+    assert "meta.yaml" in result.stderr and "licence" in result.stderr and "Traceback" not in result.stderr
+    assert not out.exists()
