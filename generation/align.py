@@ -337,10 +337,11 @@ def align_candidate(
     if face_size_px is None and mask is not None:
         face_size_px = math.sqrt(float((mask > 0).sum()))
 
+    # where the two should agree: registration looks only there, and the residual is read there
+    region = exclusion_region((h, w), kind=kind, mask=mask, face_size_px=face_size_px, config=config)
     if config.method == "none":
         t, residual, matches, failure = np.eye(2, 3), None, 0, None
     else:
-        region = exclusion_region((h, w), kind=kind, mask=mask, face_size_px=face_size_px, config=config)
         t, residual, matches, failure = register(source, resized, region, method=config.method)
         if failure is None and t is not None:
             out_of_bounds = _within_bounds(t, (h, w), config)
@@ -363,7 +364,6 @@ def align_candidate(
             resized, t, (w, h), flags=cv2.INTER_LINEAR | cv2.WARP_INVERSE_MAP,
             borderMode=cv2.BORDER_REPLICATE,
         )
-    region = exclusion_region((h, w), kind=kind, mask=mask, face_size_px=face_size_px, config=config)
     keep = region > 0
     photometric = (
         float(np.abs(warped.astype(np.float32) - source.astype(np.float32))[keep].mean() / 255.0)
