@@ -34,10 +34,9 @@ def main() -> None:
 def run(spec_path: Path, out: Path, workers: int, no_progress: bool) -> None:
     """Run SPEC_PATH end to end and publish its release under OUT/releases/."""
     from generation.editors import EditorSetupError
+    from generation.sources import MetadataError, load_metadata
     from manifests.release import ReleaseExistsError
     from manifests.spec import SpecError, load_spec
-
-    from generation.sources import MetadataError, load_metadata
 
     try:
         spec = load_spec(spec_path)

@@ -30,6 +30,10 @@ from validation.judge import GateStack
 
 #: bump when the meaning of a judgement changes, so stored verdicts are recomputed
 JUDGE_VERSION = 1
+#: attempt statuses that are final: never run again
+FINISHED_ATTEMPT = ("ok", "refused")
+#: verdicts that fill a cell (review is a person's job, not another seed's)
+FILLED = ("accepted", "needs_review")
 
 
 @dataclass
@@ -192,14 +196,13 @@ class TemplateOutcome:
 
     @property
     def complete(self) -> bool:
-        return all(c.verdict in ("accepted", "needs_review") for c in self.cells)
+        return all(c.verdict in FILLED for c in self.cells)
 
 
-def _planned(spec: Spec, prepared: PreparedSource, cell: Cell, editor: Editor, attempt_no: int,
+def _planned(spec: Spec, prepared: PreparedSource, cell: Cell, lineage: dict[str, Any], attempt_no: int,
              region_sha: str) -> tuple[str, EditRequest, RenderedPrompt]:
     prompt = render_prompt(spec.prompts, kind=spec.design.kind, condition=cell.condition, source_meta=prepared.meta)
     seed = spec.editor.seed + attempt_no - 1
-    lineage = editor.lineage()
     aid = attempt_id(
         source_sha256=prepared.source.sha256, cell=cell, kind=spec.design.kind, lineage=lineage,
         prompt=prompt, negative_prompt=spec.prompts.negative, seed=seed, region_sha256=region_sha,
@@ -228,21 +231,22 @@ def process_template(
     region_sha = hashlib.sha256(np.ascontiguousarray(prepared.region).tobytes()).hexdigest()
     jkey = judge_key(spec)
     journal = ws.ledger.journal(editor.name)
+    lineage = editor.lineage()
     outcomes = {c.cell_id: CellOutcome(cell=c) for c in cells}
     open_cells = list(cells)
     calls = 0
     for attempt_no in range(1, spec.editor.max_attempts + 1):
         if not open_cells:
             break
-        plans = [(c, *_planned(spec, prepared, c, editor, attempt_no, region_sha)) for c in open_cells]
+        plans = [(c, *_planned(spec, prepared, c, lineage, attempt_no, region_sha)) for c in open_cells]
         to_run = []
         for cell, aid, request, prompt in plans:
             outcomes[cell.cell_id].attempt_ids.append(aid)
             done = ws.ledger.attempt(aid)
-            if done is None or done.status not in ("ok", "refused"):
+            if done is None or done.status not in FINISHED_ATTEMPT:
                 ws.ledger.start_attempt(
                     aid, cell_id=cell.cell_id, attempt_no=attempt_no, seed=request.seed,
-                    backend=editor.name, lineage=editor.lineage(), prompt=prompt.text,
+                    backend=editor.name, lineage=lineage, prompt=prompt.text,
                 )
                 to_run.append(request)
         if to_run:
@@ -255,7 +259,7 @@ def process_template(
             verdict, reasons = _judge_attempt(spec, ws, prepared, cell, aid, stack, jkey)
             out = outcomes[cell.cell_id]
             out.final_attempt, out.verdict, out.reasons = aid, verdict, reasons
-            if verdict not in ("accepted", "needs_review"):
+            if verdict not in FILLED:
                 still_open.append(cell)
         open_cells = still_open
     return TemplateOutcome(template_id=prepared.id, cells=list(outcomes.values()), editor_calls=calls)
@@ -297,7 +301,7 @@ def _judge_attempt(
     spec: Spec, ws: Workspace, prepared: PreparedSource, cell: Cell, aid: str, stack: GateStack, jkey: str
 ) -> tuple[str, list[str]]:
     attempt = ws.ledger.attempt(aid)
-    if attempt is None or attempt.status not in ("ok", "refused"):
+    if attempt is None or attempt.status not in FINISHED_ATTEMPT:
         reason = attempt.reason if attempt is not None else "editor_not_run"
         return "failed", [reason or "editor_failed"]
     existing = ws.ledger.candidate(aid)
