@@ -16,6 +16,7 @@ RUN apt-get update \
 
 WORKDIR /opt/counterfactory
 COPY pyproject.toml README.md ./
+COPY counterfactory ./counterfactory
 COPY flows ./flows
 COPY generation ./generation
 COPY validation ./validation

@@ -39,25 +39,18 @@ def synthetic_image(index: int, side: int) -> np.ndarray:
     return np.stack(channels, axis=-1).astype(np.uint8)
 
 
-def run_batch(
-    n: int, latency_s: float, side: int, poll_s: float, control: httpx.Client
-) -> dict[str, float]:
+def run_batch(n: int, latency_s: float, side: int, poll_s: float, control: httpx.Client) -> dict[str, float]:
     """One batch of ``n`` distinct requests at concurrency ``n`` against latency ``latency_s``.
 
     Returns wall seconds, throughput (requests/s), the ideal ``n / latency_s``, their ratio,
     the editor process's CPU seconds per request and the server's max requests in flight.
     """
-    from generation.editors.base import EditRequest, MemoryJournal
-    from generation.editors.fal import FalEditor, FalOptions
+    from counterfactory.generation.editors.base import EditRequest, MemoryJournal
+    from counterfactory.generation.editors.fal import FalEditor, FalOptions
 
     control.post("/_fake/reset", json={"latency_s": latency_s}).raise_for_status()
-    requests = [
-        EditRequest(f"bench-{n}-{i}", synthetic_image(i, side), f"benchmark edit {n}/{i}", i)
-        for i in range(n)
-    ]
-    editor = FalEditor(
-        FalOptions(concurrency=n, poll_interval_s=poll_s, timeout_s=max(60.0, 10 * latency_s))
-    )
+    requests = [EditRequest(f"bench-{n}-{i}", synthetic_image(i, side), f"benchmark edit {n}/{i}", i) for i in range(n)]
+    editor = FalEditor(FalOptions(concurrency=n, poll_interval_s=poll_s, timeout_s=max(60.0, 10 * latency_s)))
     editor.prepare()  # the key probe is set-up, not throughput
     cpu0, started = os.times(), time.perf_counter()
     results = editor.edit_many(requests, journal=MemoryJournal())
@@ -89,15 +82,11 @@ def main() -> None:
         default=[5.0, 2.0],
         help="server seconds per request (L), one table per value",
     )
-    parser.add_argument(
-        "--sizes", type=int, nargs="+", default=[1, 8, 32, 64], help="batch sizes N"
-    )
+    parser.add_argument("--sizes", type=int, nargs="+", default=[1, 8, 32, 64], help="batch sizes N")
     parser.add_argument("--image", type=int, default=256, help="side of the square inputs, px")
-    parser.add_argument(
-        "--poll", type=float, default=None, help="poll_interval_s (default: FalOptions')"
-    )
+    parser.add_argument("--poll", type=float, default=None, help="poll_interval_s (default: FalOptions')")
     args = parser.parse_args()
-    from generation.editors.fal import FalOptions
+    from counterfactory.generation.editors.fal import FalOptions
 
     poll = args.poll if args.poll is not None else FalOptions().poll_interval_s
 

@@ -60,10 +60,10 @@ def build_demo_pairs(folder: Path) -> Path:
     """Face-edit demo pairs from the bundled single-face photos (see the module docstring)."""
     import cv2
 
-    from generation.masks import feather
-    from validation.backends.base import similarity_transform
-    from validation.calibrate import bundled_photo_paths, load_rgb
-    from validation.faces import face_mask, get_face_landmarker
+    from counterfactory.generation.masks import feather
+    from counterfactory.validation.backends.base import similarity_transform
+    from counterfactory.validation.calibrate import bundled_photo_paths, load_rgb
+    from counterfactory.validation.faces import face_mask, get_face_landmarker
 
     folder.mkdir(parents=True, exist_ok=True)
     landmarker = get_face_landmarker()
@@ -111,11 +111,11 @@ _pairs: list = []
 def _init_worker(pair_files, kind: str, face_mask_mode: str) -> None:
     """Load the models and the images once, one intra-op thread per library."""
     global _stack, _pairs
-    from validation.backends import set_worker_threads
+    from counterfactory.validation.backends import set_worker_threads
 
     set_worker_threads(1)
-    from validation.calibrate import load_rgb
-    from validation.judge import GatesConfig, GateStack
+    from counterfactory.validation.calibrate import load_rgb
+    from counterfactory.validation.judge import GatesConfig, GateStack
 
     _stack = GateStack.from_config(GatesConfig(face_mask=face_mask_mode), kind)
     _pairs = []
@@ -132,10 +132,10 @@ def _init_worker(pair_files, kind: str, face_mask_mode: str) -> None:
 
 def _models_alone(source: np.ndarray, candidate: np.ndarray) -> None:
     """Exactly the model calls ``GateStack.evaluate`` makes on one pair, and nothing else."""
-    from validation.faces import nearest_face
-    from validation.gates.expression import ExpressionGate
-    from validation.gates.face import FaceGate
-    from validation.gates.identity import IdentityGate
+    from counterfactory.validation.faces import nearest_face
+    from counterfactory.validation.gates.expression import ExpressionGate
+    from counterfactory.validation.gates.face import FaceGate
+    from counterfactory.validation.gates.identity import IdentityGate
 
     src_faces = _stack.landmarker.detect(source)
     cand_faces = _stack.landmarker.detect(candidate)
@@ -160,7 +160,7 @@ def _overhead(repeat: int) -> dict:
     for r in range(repeat):
         for i, (source, candidate, edit) in enumerate(_pairs):
             order = (r + i) % 2  # alternate which goes first, so neither gets a warmer cache
-            for step in ((0, 1) if order == 0 else (1, 0)):
+            for step in (0, 1) if order == 0 else (1, 0):
                 t = time.perf_counter()
                 if step == 0:
                     _models_alone(source, candidate)
@@ -238,8 +238,10 @@ def main(argv: list[str] | None = None) -> int:
         if not pair_files:
             parser.error(f"no <id>_source / <id>_candidate pairs in {folder}")
         total = len(pair_files) * args.repeat
-        print(f"{len(pair_files)} pairs from {'bundled-photo demo' if args.pairs is None else folder}, "
-              f"kind={args.kind}, {args.repeat} passes")
+        print(
+            f"{len(pair_files)} pairs from {'bundled-photo demo' if args.pairs is None else folder}, "
+            f"kind={args.kind}, {args.repeat} passes"
+        )
         over = _run_overhead(pair_files, args.kind, args.face_mask, args.repeat)
         one = _run_pool(1, pair_files, args.kind, args.face_mask, total)
         many = _run_pool(args.workers, pair_files, args.kind, args.face_mask, total) if args.workers > 1 else one
@@ -262,22 +264,32 @@ def main(argv: list[str] | None = None) -> int:
         "targets": {"stack_over_models_max": 1.3, "speedup_2_workers_min": 1.7},
     }
     print(f"verdicts (first pass): {over['verdicts']}")
-    print(f"models alone: {report['models_alone_ms_per_pair']:.1f} ms/pair; "
-          f"whole stack: {report['stack_ms_per_pair']:.1f} ms/pair; "
-          f"stack / models = {ratio:.3f} (target <= 1.3: {'ok' if ratio <= 1.3 else 'MISSED'})")
-    print(f"1 worker: {one['pairs_per_s']:.2f} pairs/s = {one['images_per_s']:.2f} images/s "
-          f"(cores used {one['cores_used']:.2f}, load average {one['load_average_1min']:.1f})")
+    print(
+        f"models alone: {report['models_alone_ms_per_pair']:.1f} ms/pair; "
+        f"whole stack: {report['stack_ms_per_pair']:.1f} ms/pair; "
+        f"stack / models = {ratio:.3f} (target <= 1.3: {'ok' if ratio <= 1.3 else 'MISSED'})"
+    )
+    print(
+        f"1 worker: {one['pairs_per_s']:.2f} pairs/s = {one['images_per_s']:.2f} images/s "
+        f"(cores used {one['cores_used']:.2f}, load average {one['load_average_1min']:.1f})"
+    )
     if args.workers > 1:
-        print(f"{args.workers} workers: {many['pairs_per_s']:.2f} pairs/s = {many['images_per_s']:.2f} images/s "
-              f"(cores used {many['cores_used']:.2f} of {os.cpu_count()}, load average {many['load_average_1min']:.1f}); "
-              f"speedup {speedup:.2f} x (target with 2 >= 1.7: "
-              f"{'ok' if speedup >= 1.7 or args.workers != 2 else 'MISSED'})")
+        print(
+            f"{args.workers} workers: {many['pairs_per_s']:.2f} pairs/s = {many['images_per_s']:.2f} images/s "
+            f"(cores used {many['cores_used']:.2f} of {os.cpu_count()}, load average {many['load_average_1min']:.1f}); "
+            f"speedup {speedup:.2f} x (target with 2 >= 1.7: "
+            f"{'ok' if speedup >= 1.7 or args.workers != 2 else 'MISSED'})"
+        )
         efficiency = many["pairs_per_cpu_s"] / one["pairs_per_cpu_s"]
-        print(f"  work per CPU-second, {args.workers} workers vs 1: {efficiency:.2f} "
-              f"(1.00: the workers do not slow each other; speedup with free cores ~ {args.workers} x this)")
+        print(
+            f"  work per CPU-second, {args.workers} workers vs 1: {efficiency:.2f} "
+            f"(1.00: the workers do not slow each other; speedup with free cores ~ {args.workers} x this)"
+        )
         if many["cores_used"] < 0.9 * min(args.workers, os.cpu_count() or 1):
-            print(f"  note: the {args.workers} workers got {many['cores_used']:.2f} cores between them; "
-                  "other processes were using the CPU, so this speedup understates the stack's scaling")
+            print(
+                f"  note: the {args.workers} workers got {many['cores_used']:.2f} cores between them; "
+                "other processes were using the CPU, so this speedup understates the stack's scaling"
+            )
     if args.json:
         args.json.write_text(json.dumps(report, indent=1) + "\n")
     return 0

@@ -32,8 +32,8 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # run as a script from a checkout without `pip install -e .`
     sys.path.insert(0, str(REPO))
 
-from generation.editors.base import EditRequest  # noqa: E402
-from generation.editors.qwen import QwenEditor, QwenOptions  # noqa: E402
+from counterfactory.generation.editors.base import EditRequest  # noqa: E402
+from counterfactory.generation.editors.qwen import QwenEditor, QwenOptions  # noqa: E402
 
 PROMPT = "Change the person's apparent race to East Asian; keep everything else identical."
 
@@ -42,7 +42,7 @@ def source_image(size: int) -> np.ndarray:
     """A real portrait, centre-cropped to a square and resized to ``size`` x ``size`` uint8 RGB."""
     from PIL import Image
 
-    from assets import PHOTOS_DIR
+    from counterfactory.assets import PHOTOS_DIR
 
     with Image.open(PHOTOS_DIR / "grace_hopper.jpg") as im:
         im = im.convert("RGB")
@@ -83,9 +83,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model-id", default="Qwen/Qwen-Image-Edit-2509")
     parser.add_argument("--revision", default=None)
-    parser.add_argument(
-        "--kind", choices=["face", "limb"], default="face", help="face: edit pipeline; limb: inpaint"
-    )
+    parser.add_argument("--kind", choices=["face", "limb"], default="face", help="face: edit pipeline; limb: inpaint")
     parser.add_argument("--size", type=int, default=1024, help="source side in pixels (square)")
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--true-cfg-scale", type=float, default=4.0)
@@ -128,9 +126,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     mask = centre_mask(args.size) if args.kind == "limb" else None
 
     def request(seed: int) -> EditRequest:
-        return EditRequest(
-            attempt_id=f"bench-{seed}", image=image, prompt=PROMPT, seed=seed, kind=args.kind, mask=mask
-        )
+        return EditRequest(attempt_id=f"bench-{seed}", image=image, prompt=PROMPT, seed=seed, kind=args.kind, mask=mask)
 
     name = editor.pipeline_for(request(0))
 

@@ -7,11 +7,11 @@ from typing import Any
 
 import numpy as np
 
-from generation.align import AlignConfig, align_candidate
-from generation.masks import load_mask_file
-from generation.sources import SourceError, load_image
-from validation.faces import face_mask, get_face_landmarker
-from validation.judge import GatesConfig, GateStack
+from counterfactory.generation.align import AlignConfig, align_candidate
+from counterfactory.generation.masks import load_mask_file
+from counterfactory.generation.sources import SourceError, load_image
+from counterfactory.validation.faces import face_mask, get_face_landmarker
+from counterfactory.validation.judge import GatesConfig, GateStack
 
 
 def measure_pair(
@@ -29,7 +29,7 @@ def measure_pair(
     """
     align_config, gates_config = AlignConfig(), GatesConfig()
     if spec_path is not None:
-        from manifests.spec import load_spec
+        from counterfactory.manifests.spec import load_spec
 
         spec = load_spec(spec_path)
         align_config, gates_config = spec.align, spec.gates
@@ -51,9 +51,7 @@ def measure_pair(
         region = face_mask(faces[0].landmarks, source.shape[:2], mode=gates_config.face_mask) if faces else None
         face_size = faces[0].size_px if faces else None
 
-    alignment = align_candidate(
-        source, candidate, mask=region, kind=kind, face_size_px=face_size, config=align_config
-    )
+    alignment = align_candidate(source, candidate, mask=region, kind=kind, face_size_px=face_size, config=align_config)
     report: dict[str, Any] = {
         "source": str(source_path),
         "candidate": str(candidate_path),

@@ -28,15 +28,17 @@ def main() -> None:
 
 @main.command()
 @click.argument("spec_path", type=click.Path(path_type=Path))
-@click.option("--out", "out", required=True, type=click.Path(path_type=Path), help="Output folder (ledger, store, releases).")
+@click.option(
+    "--out", "out", required=True, type=click.Path(path_type=Path), help="Output folder (ledger, store, releases)."
+)
 @click.option("--workers", default=2, show_default=True, help="Templates processed at a time.")
 @click.option("--no-progress", is_flag=True, help="Hide the progress bar.")
 def run(spec_path: Path, out: Path, workers: int, no_progress: bool) -> None:
     """Run SPEC_PATH end to end and publish its release under OUT/releases/."""
-    from generation.editors import EditorSetupError
-    from generation.sources import MetadataError, load_metadata
-    from manifests.release import ReleaseExistsError
-    from manifests.spec import SpecError, load_spec
+    from counterfactory.generation.editors import EditorSetupError
+    from counterfactory.generation.sources import MetadataError, load_metadata
+    from counterfactory.manifests.release import ReleaseExistsError
+    from counterfactory.manifests.spec import SpecError, load_spec
 
     try:
         spec = load_spec(spec_path)
@@ -45,13 +47,13 @@ def run(spec_path: Path, out: Path, workers: int, no_progress: bool) -> None:
         _fail(str(exc))
     try:
         # Fail on a missing model, key or GPU before the flow starts or anything is paid for.
-        from flows.steps import build_editor
+        from counterfactory.flows.steps import build_editor
 
         build_editor(spec)
     except EditorSetupError as exc:
         _fail(f"editor backend {spec.editor.backend!r} cannot run: {exc}")
 
-    from flows.run import run_spec
+    from counterfactory.flows.run import run_spec
 
     started = time.perf_counter()
     try:
@@ -59,11 +61,16 @@ def run(spec_path: Path, out: Path, workers: int, no_progress: bool) -> None:
     except (ReleaseExistsError, EditorSetupError, SpecError) as exc:
         _fail(str(exc))
     if summary.templates == 0:
-        click.echo("warning: no source could serve the design, so the release has no items; "
-                   "see its stats.json for each source's reason", err=True)
+        click.echo(
+            "warning: no source could serve the design, so the release has no items; "
+            "see its stats.json for each source's reason",
+            err=True,
+        )
     counts = ", ".join(f"{k} {v}" for k, v in sorted(summary.counts.items())) or "no cells"
     click.echo(f"cells: {counts}")
-    click.echo(f"templates complete: {summary.complete_templates}/{summary.templates}; failed sources: {summary.failed_sources}")
+    click.echo(
+        f"templates complete: {summary.complete_templates}/{summary.templates}; failed sources: {summary.failed_sources}"
+    )
     click.echo(f"editor calls: {summary.editor_calls}")
     state = "written" if summary.release_created else "unchanged (identical release already existed)"
     click.echo(f"release {state}: {summary.release_path}")
@@ -76,11 +83,15 @@ def run(spec_path: Path, out: Path, workers: int, no_progress: bool) -> None:
 @click.argument("candidate", type=click.Path(path_type=Path))
 @click.option("--mask", type=click.Path(path_type=Path), help="Edit mask (limb region) image; makes this a limb pair.")
 @click.option("--kind", type=click.Choice(["face", "limb"]), help="Edit kind (default: limb with --mask, else face).")
-@click.option("--spec", "spec_path", type=click.Path(path_type=Path), help="Take gate and alignment settings from this spec.")
+@click.option(
+    "--spec", "spec_path", type=click.Path(path_type=Path), help="Take gate and alignment settings from this spec."
+)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-def measure(source: Path, candidate: Path, mask: Path | None, kind: str | None, spec_path: Path | None, as_json: bool) -> None:
+def measure(
+    source: Path, candidate: Path, mask: Path | None, kind: str | None, spec_path: Path | None, as_json: bool
+) -> None:
     """Align CANDIDATE to SOURCE and print every gate's metrics (audit any counterfactual pair)."""
-    from flows.audit import measure_pair
+    from counterfactory.flows.audit import measure_pair
 
     try:
         report = measure_pair(source, candidate, mask_path=mask, kind=kind, spec_path=spec_path)
@@ -103,16 +114,18 @@ def measure(source: Path, candidate: Path, mask: Path | None, kind: str | None, 
 
 
 @main.command()
-@click.option("--out", "out", required=True, type=click.Path(path_type=Path), help="Folder for calibration.json and plots.")
+@click.option(
+    "--out", "out", required=True, type=click.Path(path_type=Path), help="Folder for calibration.json and plots."
+)
 @click.option("--spec", "spec_path", type=click.Path(path_type=Path), help="Also measure this spec's sources.")
 def calibrate(out: Path, spec_path: Path | None) -> None:
     """Measure the no-op ceiling and different-person floor; suggest thresholds."""
-    from validation.calibrate import bundled_photo_paths, run_calibration
+    from counterfactory.validation.calibrate import bundled_photo_paths, run_calibration
 
     paths = bundled_photo_paths()
     if spec_path is not None:
-        from generation.sources import load_metadata
-        from manifests.spec import SpecError, load_spec
+        from counterfactory.generation.sources import load_metadata
+        from counterfactory.manifests.spec import SpecError, load_spec
 
         try:
             spec = load_spec(spec_path)
@@ -128,7 +141,7 @@ def calibrate(out: Path, spec_path: Path | None) -> None:
 @click.argument("release", type=click.Path(path_type=Path, exists=True, file_okay=False))
 def verify(release: Path) -> None:
     """Re-hash every file of a release folder against its checksums."""
-    from manifests.release import verify_release
+    from counterfactory.manifests.release import verify_release
 
     problems = verify_release(release)
     if problems:

@@ -3,22 +3,26 @@
 from __future__ import annotations
 
 from collections import Counter
-from datetime import datetime, timezone
-from typing import Any, Sequence
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Any
 
-from flows.steps import PreparedSource, TemplateOutcome, Workspace
-from generation.sampling import Grid, grid_summary
-from generation.sources import FailedSource
-from manifests.release import ITEMS, MANIFEST, ReleaseStage, SealedRelease, write_json, write_jsonl
-from manifests.spec import Spec
-from validation.attrition import attrition_table, plot_attrition
-from validation.report import write_report
+from counterfactory.flows.steps import PreparedSource, TemplateOutcome, Workspace
+from counterfactory.generation.sampling import Grid, grid_summary
+from counterfactory.generation.sources import FailedSource
+from counterfactory.manifests.release import ITEMS, MANIFEST, ReleaseStage, SealedRelease, write_json, write_jsonl
+from counterfactory.manifests.spec import Spec
+from counterfactory.validation.attrition import attrition_table, plot_attrition
+from counterfactory.validation.report import write_report
 
 STATUSES = ("accepted", "needs_review", "rejected", "failed")
 
 
 def build_items(
-    spec: Spec, ws: Workspace, prepared: Sequence[PreparedSource], outcomes: Sequence[TemplateOutcome],
+    spec: Spec,
+    ws: Workspace,
+    prepared: Sequence[PreparedSource],
+    outcomes: Sequence[TemplateOutcome],
     stage: ReleaseStage,
 ) -> list[dict[str, Any]]:
     """One row per cell with its final attempt, candidate and verdict; files staged by sha256."""
@@ -76,8 +80,14 @@ def build_items(
 
 
 def build_stats(
-    spec: Spec, items: Sequence[dict[str, Any]], failed: Sequence[FailedSource],
-    outcomes: Sequence[TemplateOutcome], grid: Grid, *, editor_calls: int, total_cost_usd: float,
+    spec: Spec,
+    items: Sequence[dict[str, Any]],
+    failed: Sequence[FailedSource],
+    outcomes: Sequence[TemplateOutcome],
+    grid: Grid,
+    *,
+    editor_calls: int,
+    total_cost_usd: float,
 ) -> dict[str, Any]:
     counts = Counter(row["status"] for row in items)
     reasons = Counter(code.split(":")[0] for row in items if row["status"] != "accepted" for code in row["reasons"])
@@ -93,9 +103,7 @@ def build_stats(
         "release": {"name": spec.release.name, "version": spec.release.version},
         "spec_hash": spec.spec_hash(),
         "items": {status: counts.get(status, 0) for status in STATUSES} | {"total": len(items)},
-        "failed_sources": [
-            {"source_id": f.id, "path": str(f.path), "reason": f.reason} for f in failed
-        ],
+        "failed_sources": [{"source_id": f.id, "path": str(f.path), "reason": f.reason} for f in failed],
         "grid": grid_summary(grid),
         "templates": {
             "total": len(outcomes),
@@ -110,8 +118,14 @@ def build_stats(
 
 
 def publish_release(
-    spec: Spec, ws: Workspace, prepared: Sequence[PreparedSource], failed: Sequence[FailedSource],
-    outcomes: Sequence[TemplateOutcome], grid: Grid, *, editor_calls: int,
+    spec: Spec,
+    ws: Workspace,
+    prepared: Sequence[PreparedSource],
+    failed: Sequence[FailedSource],
+    outcomes: Sequence[TemplateOutcome],
+    grid: Grid,
+    *,
+    editor_calls: int,
 ) -> SealedRelease:
     """Stage manifest, items, spec, stats, report and images; seal the version."""
     stage = ReleaseStage(ws.releases, spec.release.name, spec.release.version)
@@ -130,7 +144,7 @@ def publish_release(
                 "name": spec.release.name,
                 "version": spec.release.version,
                 "description": spec.release.description,
-                "created_at": datetime.now(timezone.utc).isoformat(),
+                "created_at": datetime.now(UTC).isoformat(),
                 "spec_hash": spec.spec_hash(),
             },
         )

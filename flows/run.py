@@ -1,5 +1,5 @@
 """The Prefect flow: spec, sources, grid, then one task per template (edit, align, measure,
-judge), then the release. Each task wraps a plain function from :mod:`flows.steps`.
+judge), then the release. Each task wraps a plain function from :mod:`counterfactory.flows.steps`.
 
 One task handles a template with all its cells, not one image: Prefect's database struggles
 with tens of thousands of task runs, and the ledger already holds the per-image state.
@@ -19,9 +19,9 @@ from prefect.futures import as_completed  # noqa: E402
 from prefect.task_runners import ThreadPoolTaskRunner  # noqa: E402
 from tqdm.auto import tqdm  # noqa: E402
 
-from flows import steps  # noqa: E402
-from flows.publish import publish_release  # noqa: E402
-from manifests.spec import load_spec  # noqa: E402
+from counterfactory.flows import steps  # noqa: E402
+from counterfactory.flows.publish import publish_release  # noqa: E402
+from counterfactory.manifests.spec import load_spec  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -80,8 +80,7 @@ def run_flow(spec_path: str, out: str, progress: bool = True) -> RunSummary:
     by_id = {p.id: p for p in prepared}
 
     futures = [
-        template_task.submit(spec, ws, by_id[tid], cells, editor, stack)
-        for tid, cells in cells_by_template.items()
+        template_task.submit(spec, ws, by_id[tid], cells, editor, stack) for tid, cells in cells_by_template.items()
     ]
     outcomes = []
     with tqdm(total=len(grid.cells), desc="cells", unit="cell", disable=not progress) as bar:

@@ -1,6 +1,6 @@
 """The factory's steps as plain functions: spec, sources, grid, edit, align, measure, judge.
 
-Prefect wraps these in :mod:`flows.run` (one task per template); every function here runs and
+Prefect wraps these in :mod:`counterfactory.flows.run` (one task per template); every function here runs and
 is tested without Prefect. Per-item problems end as values in the ledger (``failed`` sources,
 ``refused``/``failed`` attempts, ``rejected`` candidates with reason codes); only problems that
 make the whole run impossible raise.
@@ -10,23 +10,24 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
-from generation.align import align_candidate
-from generation.editors import Editor, EditRequest, EditResult, make_editor
-from generation.masks import dilate, mask_from_record
-from generation.prompts import RenderedPrompt, render_prompt
-from generation.sampling import Cell, Grid, expand_grid
-from generation.sources import FailedSource, Source, load_sources
-from manifests.ledger import Ledger
-from manifests.spec import Spec
-from manifests.store import ImageStore
-from validation.faces import face_mask, get_face_landmarker
-from validation.judge import GateStack
+from counterfactory.generation.align import align_candidate
+from counterfactory.generation.editors import Editor, EditRequest, EditResult, make_editor
+from counterfactory.generation.masks import dilate, mask_from_record
+from counterfactory.generation.prompts import RenderedPrompt, render_prompt
+from counterfactory.generation.sampling import Cell, Grid, expand_grid
+from counterfactory.generation.sources import FailedSource, Source, load_sources
+from counterfactory.manifests.ledger import Ledger
+from counterfactory.manifests.spec import Spec
+from counterfactory.manifests.store import ImageStore
+from counterfactory.validation.faces import face_mask, get_face_landmarker
+from counterfactory.validation.judge import GateStack
 
 #: bump when the meaning of a judgement changes, so stored verdicts are recomputed
 JUDGE_VERSION = 1
@@ -99,12 +100,19 @@ def prepare_sources(spec: Spec, ledger: Ledger) -> tuple[list[PreparedSource], l
             usable.append(prepared)
     for ok in usable:
         ledger.record_source(
-            ok.id, str(ok.source.path), sha256=ok.source.sha256, status="ok",
+            ok.id,
+            str(ok.source.path),
+            sha256=ok.source.sha256,
+            status="ok",
             meta={**ok.meta, "normalisation": list(ok.source.notes)},
         )
     for bad in failed:
         ledger.record_source(
-            bad.id, str(bad.path), sha256=None, status="failed", reason=bad.reason,
+            bad.id,
+            str(bad.path),
+            sha256=None,
+            status="failed",
+            reason=bad.reason,
             meta=_record_meta(bad),
         )
     return usable, failed
@@ -147,8 +155,15 @@ def plan_grid(spec: Spec, sources: Sequence[PreparedSource]) -> Grid:
 
 
 def attempt_id(
-    *, source_sha256: str, cell: Cell, kind: str, lineage: dict[str, Any], prompt: RenderedPrompt,
-    negative_prompt: str | None, seed: int, region_sha256: str,
+    *,
+    source_sha256: str,
+    cell: Cell,
+    kind: str,
+    lineage: dict[str, Any],
+    prompt: RenderedPrompt,
+    negative_prompt: str | None,
+    seed: int,
+    region_sha256: str,
 ) -> str:
     """sha256 of everything that decides an attempt's output (DESIGN.md, "Attempt")."""
     payload = {
@@ -199,17 +214,29 @@ class TemplateOutcome:
         return all(c.verdict in FILLED for c in self.cells)
 
 
-def _planned(spec: Spec, prepared: PreparedSource, cell: Cell, lineage: dict[str, Any], attempt_no: int,
-             region_sha: str) -> tuple[str, EditRequest, RenderedPrompt]:
+def _planned(
+    spec: Spec, prepared: PreparedSource, cell: Cell, lineage: dict[str, Any], attempt_no: int, region_sha: str
+) -> tuple[str, EditRequest, RenderedPrompt]:
     prompt = render_prompt(spec.prompts, kind=spec.design.kind, condition=cell.condition, source_meta=prepared.meta)
     seed = spec.editor.seed + attempt_no - 1
     aid = attempt_id(
-        source_sha256=prepared.source.sha256, cell=cell, kind=spec.design.kind, lineage=lineage,
-        prompt=prompt, negative_prompt=spec.prompts.negative, seed=seed, region_sha256=region_sha,
+        source_sha256=prepared.source.sha256,
+        cell=cell,
+        kind=spec.design.kind,
+        lineage=lineage,
+        prompt=prompt,
+        negative_prompt=spec.prompts.negative,
+        seed=seed,
+        region_sha256=region_sha,
     )
     request = EditRequest(
-        attempt_id=aid, image=prepared.source.pixels, prompt=prompt.text, seed=seed,
-        kind=spec.design.kind, mask=prepared.region, condition=dict(cell.condition),
+        attempt_id=aid,
+        image=prepared.source.pixels,
+        prompt=prompt.text,
+        seed=seed,
+        kind=spec.design.kind,
+        mask=prepared.region,
+        condition=dict(cell.condition),
         negative_prompt=spec.prompts.negative,
     )
     return aid, request, prompt
@@ -245,8 +272,13 @@ def process_template(
             done = ws.ledger.attempt(aid)
             if done is None or done.status not in FINISHED_ATTEMPT:
                 ws.ledger.start_attempt(
-                    aid, cell_id=cell.cell_id, attempt_no=attempt_no, seed=request.seed,
-                    backend=editor.name, lineage=lineage, prompt=prompt.text,
+                    aid,
+                    cell_id=cell.cell_id,
+                    attempt_no=attempt_no,
+                    seed=request.seed,
+                    backend=editor.name,
+                    lineage=lineage,
+                    prompt=prompt.text,
                 )
                 to_run.append(request)
         if to_run:
@@ -255,7 +287,7 @@ def process_template(
             for result in results:
                 _store_result(ws, result)
         still_open = []
-        for cell, aid, request, prompt in plans:
+        for cell, aid, _request, _prompt in plans:
             verdict, reasons = _judge_attempt(spec, ws, prepared, cell, aid, stack, jkey)
             out = outcomes[cell.cell_id]
             out.final_attempt, out.verdict, out.reasons = aid, verdict, reasons
@@ -270,7 +302,9 @@ def _edit_safely(editor: Editor, requests: list[EditRequest], journal) -> list[E
     try:
         results = editor.edit_many(requests, journal)
     except Exception as exc:  # noqa: BLE001 - a broken batch is recorded per item, the run goes on
-        return [EditResult(r.attempt_id, "failed", reason=f"editor_error: {type(exc).__name__}: {exc}") for r in requests]
+        return [
+            EditResult(r.attempt_id, "failed", reason=f"editor_error: {type(exc).__name__}: {exc}") for r in requests
+        ]
     by_id = {r.attempt_id: r for r in results}
     return [
         by_id.get(r.attempt_id) or EditResult(r.attempt_id, "failed", reason="editor_error: no result returned")
@@ -285,7 +319,10 @@ def _store_result(ws: Workspace, result: EditResult) -> None:
         if image is None or image.ndim != 3 or image.shape[2] != 3 or image.dtype != np.uint8:
             shape = None if image is None else (image.shape, str(image.dtype))
             ws.ledger.finish_attempt(
-                result.attempt_id, status="failed", cost_usd=result.cost_usd, meta=meta,
+                result.attempt_id,
+                status="failed",
+                cost_usd=result.cost_usd,
+                meta=meta,
                 reason=f"editor_bad_output: expected (h, w, 3) uint8 RGB, got {shape}",
             )
             return
@@ -314,8 +351,14 @@ def _judge_attempt(
             spec, ws, prepared, ws.store.get(attempt.output_sha256), stack
         )
     ws.ledger.record_candidate(
-        aid, cell_id=cell.cell_id, judge_key=jkey, image_sha256=sha, alignment=alignment,
-        verdict=verdict, reasons=reasons, gates=gates,
+        aid,
+        cell_id=cell.cell_id,
+        judge_key=jkey,
+        image_sha256=sha,
+        alignment=alignment,
+        verdict=verdict,
+        reasons=reasons,
+        gates=gates,
     )
     return verdict, reasons
 
@@ -329,8 +372,12 @@ def judge_output(
     """
     source = prepared.source.pixels
     alignment = align_candidate(
-        source, output, mask=prepared.region, kind=spec.design.kind,
-        face_size_px=prepared.face_size_px, config=spec.align,
+        source,
+        output,
+        mask=prepared.region,
+        kind=spec.design.kind,
+        face_size_px=prepared.face_size_px,
+        config=spec.align,
     )
     record = alignment.record()
     if not alignment.ok:

@@ -29,7 +29,7 @@ import cv2
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from generation.masks import dilate, feather
+from counterfactory.generation.masks import dilate, feather
 
 Kind = Literal["face", "limb"]
 
@@ -98,9 +98,7 @@ class Alignment:
             "shift_px": [round(float(self.transform[0, 2]), 3), round(float(self.transform[1, 2]), 3)],
             "resize_from": list(self.resize_from),
             "residual_px": None if self.residual_px is None else round(self.residual_px, 4),
-            "photometric_residual": None
-            if self.photometric_residual is None
-            else round(self.photometric_residual, 6),
+            "photometric_residual": None if self.photometric_residual is None else round(self.photometric_residual, 6),
             "matches": self.matches,
             "composited": self.composited,
             "reason": self.reason,
@@ -174,9 +172,7 @@ def _feature_estimate(
     return t.astype(np.float64), p1[keep], p2[keep]
 
 
-def _ecc_refine(
-    src_grey: np.ndarray, cand_grey: np.ndarray, region: np.ndarray, init: np.ndarray
-) -> np.ndarray | None:
+def _ecc_refine(src_grey: np.ndarray, cand_grey: np.ndarray, region: np.ndarray, init: np.ndarray) -> np.ndarray | None:
     """Sub-pixel refinement by ECC (affine motion), coarse to fine; None if it diverges."""
     warp = init.astype(np.float32)
     h, w = src_grey.shape
@@ -245,9 +241,7 @@ def exclusion_region(
     return region
 
 
-def composite_alpha(
-    mask: np.ndarray, *, feather_px: float, grow_px: int = 0
-) -> np.ndarray:
+def composite_alpha(mask: np.ndarray, *, feather_px: float, grow_px: int = 0) -> np.ndarray:
     """Blend weights for a pixel-space composite: ``(H, W)`` float32 in [0, 1].
 
     The mask is grown by ``grow_px`` and then feathered *inward only*: weights are exactly 0
@@ -348,20 +342,26 @@ def align_candidate(
             if out_of_bounds:
                 failure = f"align_transform_out_of_bounds: {out_of_bounds}"
         if failure is None and residual is not None and residual > config.max_residual_px:
-            failure = (
-                f"align_residual_above_max: {residual:.2f} px > {config.max_residual_px} px"
-            )
+            failure = f"align_residual_above_max: {residual:.2f} px > {config.max_residual_px} px"
     if failure is not None or t is None:
         return Alignment(
-            ok=False, image=resized, transform=np.eye(2, 3) if t is None else t,
-            resize_from=resize_from, residual_px=residual, matches=matches, reason=failure,
+            ok=False,
+            image=resized,
+            transform=np.eye(2, 3) if t is None else t,
+            resize_from=resize_from,
+            residual_px=residual,
+            matches=matches,
+            reason=failure,
         )
 
     if np.allclose(t, np.eye(2, 3), atol=1e-9):
         warped = resized.copy()
     else:
         warped = cv2.warpAffine(
-            resized, t, (w, h), flags=cv2.INTER_LINEAR | cv2.WARP_INVERSE_MAP,
+            resized,
+            t,
+            (w, h),
+            flags=cv2.INTER_LINEAR | cv2.WARP_INVERSE_MAP,
             borderMode=cv2.BORDER_REPLICATE,
         )
     keep = region > 0
@@ -374,8 +374,13 @@ def align_candidate(
     do_composite = config.composite == "mask" or (config.composite == "auto" and kind == "limb")
     if do_composite and mask is None:
         return Alignment(
-            ok=False, image=warped, transform=t, resize_from=resize_from, residual_px=residual,
-            photometric_residual=photometric, matches=matches,
+            ok=False,
+            image=warped,
+            transform=t,
+            resize_from=resize_from,
+            residual_px=residual,
+            photometric_residual=photometric,
+            matches=matches,
             reason="align_no_mask: compositing needs the cell's edit mask",
         )
     if do_composite:
@@ -383,6 +388,12 @@ def align_candidate(
         alpha = composite_alpha(mask, feather_px=config.feather_px, grow_px=grow)
         warped = composite(source, warped, alpha)
     return Alignment(
-        ok=True, image=warped, transform=t, resize_from=resize_from, residual_px=residual,
-        photometric_residual=photometric, matches=matches, composited=do_composite,
+        ok=True,
+        image=warped,
+        transform=t,
+        resize_from=resize_from,
+        residual_px=residual,
+        photometric_residual=photometric,
+        matches=matches,
+        composited=do_composite,
     )

@@ -2,8 +2,8 @@
 
 A limb edit inpaints only inside its mask and keeps every pixel outside it (DESIGN.md,
 "Alignment comes before any measurement"). Masks come from the metadata record as polygons,
-an image file or an uncompressed COCO RLE (:class:`generation.sources.SourceRecord`); model-made
-masks (SAM) live in ``generation.masks_sam``.
+an image file or an uncompressed COCO RLE (:class:`counterfactory.generation.sources.SourceRecord`); model-made
+masks (SAM) live in ``counterfactory.generation.masks_sam``.
 
 Conventions shared by every function here:
     - a binary mask is ``(H, W)`` ``uint8`` with 255 inside and 0 outside;
@@ -20,15 +20,16 @@ starting with the background).
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import cv2
 import numpy as np
 from PIL import Image, ImageOps
 from pydantic import BaseModel, ConfigDict, Field
 
-from generation.sources import RLE, FileMask, PolygonMask, RLEMask, scale_16bit_to_8bit
+from counterfactory.generation.sources import RLE, FileMask, PolygonMask, RLEMask, scale_16bit_to_8bit
 
 
 class MaskError(ValueError):
@@ -86,9 +87,7 @@ def polygon_mask(polygons: Sequence[Sequence[Sequence[float]]], shape: Sequence[
     for i, poly in enumerate(polygons):
         pts = np.asarray(poly, dtype=np.float64)
         if pts.ndim != 2 or pts.shape[1] != 2 or len(pts) < 3:
-            raise MaskError(
-                f"polygon {i}: expected at least 3 (x, y) points, got array of shape {pts.shape}"
-            )
+            raise MaskError(f"polygon {i}: expected at least 3 (x, y) points, got array of shape {pts.shape}")
         if not np.isfinite(pts).all():
             raise MaskError(f"polygon {i}: coordinates must be finite")
         x0, y0 = pts[:, 0], pts[:, 1]
@@ -203,9 +202,7 @@ def load_mask_file(path: str | Path, shape: Sequence[int]) -> np.ndarray:
                     image = image.convert("RGB")
                 grey = np.asarray(image.convert("L"))
     except Exception as exc:  # noqa: BLE001 - PIL raises OSError, SyntaxError, ValueError...
-        raise MaskError(
-            f"{path}: cannot read the mask image ({type(exc).__name__}: {exc})"
-        ) from None
+        raise MaskError(f"{path}: cannot read the mask image ({type(exc).__name__}: {exc})") from None
     if grey.shape != (h, w):
         raise MaskError(
             f"{path}: mask is {grey.shape[1]}x{grey.shape[0]} (width x height) but the photo is "
@@ -214,13 +211,11 @@ def load_mask_file(path: str | Path, shape: Sequence[int]) -> np.ndarray:
     return np.where(grey > 127, np.uint8(255), np.uint8(0))
 
 
-def mask_from_record(
-    record: Any, photos_dir: str | Path, shape: Sequence[int]
-) -> np.ndarray | None:
-    """The binary limb mask a record (or a :class:`~generation.sources.Source`) annotates.
+def mask_from_record(record: Any, photos_dir: str | Path, shape: Sequence[int]) -> np.ndarray | None:
+    """The binary limb mask a record (or a :class:`~counterfactory.generation.sources.Source`) annotates.
 
     Args:
-        record: a :class:`~generation.sources.SourceRecord`, or anything with ``.record``
+        record: a :class:`~counterfactory.generation.sources.SourceRecord`, or anything with ``.record``
             holding one.
         photos_dir: the folder mask file paths are relative to.
         shape: ``(H, W)`` of the upright photo.

@@ -7,7 +7,7 @@ decodes masks from prompts. The model is loaded once per worker process and per
 (checkpoint, model type, device); the last image's embedding is kept, so several prompts on
 one photo pay for the image encoder once.
 
-Conventions are those of :mod:`generation.masks`: masks are ``(H, W)`` ``uint8`` with 255
+Conventions are those of :mod:`counterfactory.generation.masks`: masks are ``(H, W)`` ``uint8`` with 255
 inside and 0 outside; coordinates are continuous pixels, x right and y down, and pixel
 ``(col, row)`` counts as inside a box when its centre ``(col + 0.5, row + 0.5)`` is.
 
@@ -33,13 +33,14 @@ import importlib.util
 import sys
 import threading
 import types
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 
-from generation.masks import MaskError
+from counterfactory.generation.masks import MaskError
 
 _INSTALL_HINT = "pip install 'counterfactory[sam]'"
 
@@ -146,9 +147,7 @@ def box_region(box: Sequence[float] | np.ndarray, shape: tuple[int, int]) -> np.
     return inside.astype(np.uint8) * 255
 
 
-def load_sam_predictor(
-    checkpoint: str | Path, *, model_type: str = "vit_b", device: str | None = None
-) -> _Predictor:
+def load_sam_predictor(checkpoint: str | Path, *, model_type: str = "vit_b", device: str | None = None) -> _Predictor:
     """The cached ``SamPredictor`` for a checkpoint (loaded on first use in this process).
 
     Raises:
@@ -179,9 +178,7 @@ def load_sam_predictor(
                     f"check model_type (valid: {', '.join(sorted(registry))})"
                 ) from exc
             except Exception as exc:  # noqa: BLE001 - torch.load's errors vary by version
-                raise MaskSetupError(
-                    f"could not read the SAM checkpoint {path}: {type(exc).__name__}: {exc}"
-                ) from exc
+                raise MaskSetupError(f"could not read the SAM checkpoint {path}: {type(exc).__name__}: {exc}") from exc
             model.to(device).eval()
             entry = _Predictor(predictor=sam.SamPredictor(model))
             _PREDICTORS[key] = entry
@@ -266,9 +263,7 @@ def _check_points(points: Any, labels: Any) -> tuple[np.ndarray | None, np.ndarr
         return coords, np.ones(len(coords), dtype=np.int64)
     lab = np.asarray(labels).reshape(-1)
     if lab.shape != (len(coords),) or not np.isin(lab, (0, 1)).all():
-        raise MaskError(
-            f"point_labels must be {len(coords)} values of 0 or 1, got {np.asarray(labels).tolist()}"
-        )
+        raise MaskError(f"point_labels must be {len(coords)} values of 0 or 1, got {np.asarray(labels).tolist()}")
     return coords, lab.astype(np.int64)
 
 

@@ -10,13 +10,13 @@ from __future__ import annotations
 import hashlib
 import re
 import string
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from assets import PROMPTS_DIR
+from counterfactory.assets import PROMPTS_DIR
 
 _NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
 
@@ -29,9 +29,7 @@ class PromptConfig(BaseModel):
     #: face cells: one template for every condition.
     face: str = "face_only_v1"
     #: limb cells: a template per value of the ``cue`` axis.
-    limb: dict[str, str] = Field(
-        default_factory=lambda: {"removed": "limb_removed_v1", "kept": "limb_kept_v1"}
-    )
+    limb: dict[str, str] = Field(default_factory=lambda: {"removed": "limb_removed_v1", "kept": "limb_kept_v1"})
     #: how a face condition becomes ``{TARGET_GROUP}``; fields are the design's axes plus
     #: ``gender_noun`` (man / woman) and ``article`` (a / an).
     target_group: str = "{article} {race} {gender_noun}"
@@ -102,9 +100,7 @@ def render_prompt(
     else:
         cue = condition.get("cue")
         if cue not in config.limb:
-            raise ValueError(
-                f"no limb prompt for cue {cue!r}; prompts.limb has {sorted(config.limb)}"
-            )
+            raise ValueError(f"no limb prompt for cue {cue!r}; prompts.limb has {sorted(config.limb)}")
         name = config.limb[cue]
         extra = meta.get("extra") if isinstance(meta.get("extra"), dict) else {}
         region = meta.get("limb_region") or extra.get("limb_region") or "arm and hand"

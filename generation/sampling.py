@@ -20,14 +20,15 @@ from __future__ import annotations
 import math
 import re
 from collections import Counter
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import product
-from typing import Any, Literal, Mapping, Sequence
+from typing import Any, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from generation.sources import FailedSource
+from counterfactory.generation.sources import FailedSource
 
 #: The axis whose values are compared with a template's ``presented_gender``.
 GENDER_AXIS = "gender"
@@ -96,23 +97,17 @@ class DesignConfig(BaseModel):
             raise ValueError("at least one axis, e.g. {'cue': ['removed', 'kept']}")
         for name, values in axes.items():
             if not _AXIS_NAME.match(name):
-                raise ValueError(
-                    f"axis names that are identifiers (letters, digits, '_'), got {name!r}"
-                )
+                raise ValueError(f"axis names that are identifiers (letters, digits, '_'), got {name!r}")
             if not values:
                 raise ValueError(f"axis {name!r} to have at least one value")
             seen: dict[str, str] = {}
             for value in values:
                 if not value.strip() or value != value.strip() or "|" in value or "=" in value:
                     raise ValueError(
-                        f"axis {name!r} values to be non-empty, without surrounding spaces, "
-                        f"'|' or '=', got {value!r}"
+                        f"axis {name!r} values to be non-empty, without surrounding spaces, '|' or '=', got {value!r}"
                     )
                 if value.casefold() in seen:
-                    raise ValueError(
-                        f"axis {name!r} values to be unique, "
-                        f"got {seen[value.casefold()]!r} and {value!r}"
-                    )
+                    raise ValueError(f"axis {name!r} values to be unique, got {seen[value.casefold()]!r} and {value!r}")
                 seen[value.casefold()] = value
         return axes
 
@@ -120,12 +115,8 @@ class DesignConfig(BaseModel):
     @classmethod
     def _strata(cls, strata: list[str]) -> list[str]:
         for name in strata:
-            if name not in STRATUM_FIELDS and not (
-                name.startswith("extra.") and len(name) > len("extra.")
-            ):
-                raise ValueError(
-                    f"strata among {', '.join(STRATUM_FIELDS)} or 'extra.<key>', got {name!r}"
-                )
+            if name not in STRATUM_FIELDS and not (name.startswith("extra.") and len(name) > len("extra.")):
+                raise ValueError(f"strata among {', '.join(STRATUM_FIELDS)} or 'extra.<key>', got {name!r}")
         if len(set(strata)) != len(strata):
             raise ValueError(f"each stratum field once, got {strata}")
         return strata
@@ -135,15 +126,12 @@ class DesignConfig(BaseModel):
         n_conditions = math.prod(len(v) for v in self.axes.values())
         cpt = self.conditions_per_template
         if cpt is not None and cpt > n_conditions:
-            raise ValueError(
-                f"conditions_per_template <= the {n_conditions} conditions of the axes, got {cpt}"
-            )
+            raise ValueError(f"conditions_per_template <= the {n_conditions} conditions of the axes, got {cpt}")
         if self.gender_balance == "any":
             return self
         if GENDER_AXIS not in self.axes:
             raise ValueError(
-                f"a {GENDER_AXIS!r} axis when gender_balance is {self.gender_balance!r} "
-                f"(axes are {list(self.axes)})"
+                f"a {GENDER_AXIS!r} axis when gender_balance is {self.gender_balance!r} (axes are {list(self.axes)})"
             )
         per_gender = n_conditions // len(self.axes[GENDER_AXIS])
         other_gender = n_conditions - per_gender
@@ -154,13 +142,9 @@ class DesignConfig(BaseModel):
         else:
             limit = 2 * min(per_gender, other_gender)
             if cpt is not None and cpt % 2:
-                raise ValueError(
-                    f"an even conditions_per_template with gender_balance 'balanced', got {cpt}"
-                )
+                raise ValueError(f"an even conditions_per_template with gender_balance 'balanced', got {cpt}")
         if limit == 0:
-            raise ValueError(
-                f"a gender axis with more than one value for gender_balance {self.gender_balance!r}"
-            )
+            raise ValueError(f"a gender axis with more than one value for gender_balance {self.gender_balance!r}")
         if cpt is not None and cpt > limit:
             raise ValueError(
                 f"conditions_per_template <= {limit} (what gender_balance {self.gender_balance!r} "
@@ -318,9 +302,9 @@ def expand_grid(sources: Sequence[Any], design: DesignConfig) -> Grid:
     """Choose templates by stratum and give each its conditions.
 
     Args:
-        sources: :class:`~generation.sources.SourceRecord` s, :class:`~generation.sources.Source` s
+        sources: :class:`~counterfactory.generation.sources.SourceRecord` s, :class:`~counterfactory.generation.sources.Source` s
             (their ``.record`` is used) or anything with ``id`` and the stratum fields.
-            :class:`~generation.sources.FailedSource` items are listed in ``excluded``.
+            :class:`~counterfactory.generation.sources.FailedSource` items are listed in ``excluded``.
         design: the study design.
 
     Returns:
@@ -390,9 +374,7 @@ def expand_grid(sources: Sequence[Any], design: DesignConfig) -> Grid:
         else:
             chosen = members
         stratum = dict(zip(design.strata, key))
-        summaries.append(
-            StratumSummary(stratum, len(members), requested, tuple(r.id for r in chosen))
-        )
+        summaries.append(StratumSummary(stratum, len(members), requested, tuple(r.id for r in chosen)))
         templates += [Template(r.id, dict(stratum), i) for i, r in enumerate(chosen)]
 
     all_conditions = conditions(design)
@@ -409,9 +391,7 @@ def expand_grid(sources: Sequence[Any], design: DesignConfig) -> Grid:
             n = cpt // 2 if cpt is not None else min(len(matched), len(mismatched))
             picked = _pick(matched, n, usage, rng) + _pick(mismatched, n, usage, rng)
         else:
-            pool = {"any": everything, "match": matched, "mismatch": mismatched}[
-                design.gender_balance
-            ]
+            pool = {"any": everything, "match": matched, "mismatch": mismatched}[design.gender_balance]
             picked = _pick(pool, cpt if cpt is not None else len(pool), usage, rng)
         usage.update(picked)
         for i in sorted(picked):
@@ -419,9 +399,7 @@ def expand_grid(sources: Sequence[Any], design: DesignConfig) -> Grid:
             match = None
             if cond_gender[i] is not None and gender is not None:
                 match = cond_gender[i] == gender
-            cells.append(
-                Cell(template.source_id, condition, cell_id(template.source_id, condition), match)
-            )
+            cells.append(Cell(template.source_id, condition, cell_id(template.source_id, condition), match))
 
     return Grid(design, tuple(templates), tuple(cells), tuple(summaries), tuple(excluded))
 
@@ -436,9 +414,7 @@ def grid_summary(grid: Grid) -> dict[str, Any]:
         "gender_match": {"matched": n, "mismatched": n, "unknown": n}}``.
     """
     design = grid.design
-    per_condition = Counter(
-        "|".join(f"{k}={v}" for k, v in c.condition.items()) for c in grid.cells
-    )
+    per_condition = Counter("|".join(f"{k}={v}" for k, v in c.condition.items()) for c in grid.cells)
     condition_keys = ["|".join(f"{k}={v}" for k, v in c.items()) for c in conditions(design)]
     return {
         "kind": design.kind,

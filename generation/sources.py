@@ -23,9 +23,10 @@ import json
 import math
 import re
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath, PureWindowsPath
-from typing import Annotated, Any, Iterator, Union
+from typing import Annotated, Any
 
 import numpy as np
 import yaml
@@ -117,9 +118,7 @@ class MetadataError(ValueError):
     what was expected and what was received. ``problems`` holds the same facts as values.
     """
 
-    def __init__(
-        self, path: str | Path, problems: list[MetadataProblem] | tuple[MetadataProblem, ...]
-    ):
+    def __init__(self, path: str | Path, problems: list[MetadataProblem] | tuple[MetadataProblem, ...]):
         super().__init__(str(path), tuple(problems))
         self.path = Path(path)
         self.problems = tuple(problems)
@@ -156,9 +155,7 @@ class PolygonMask(_Strict):
             raise ValueError("at least one polygon")
         for i, poly in enumerate(polygons):
             if len(poly) < 3:
-                raise ValueError(
-                    f"polygons of at least 3 [x, y] points (polygon {i} has {len(poly)})"
-                )
+                raise ValueError(f"polygons of at least 3 [x, y] points (polygon {i} has {len(poly)})")
             if not all(math.isfinite(v) for point in poly for v in point):
                 raise ValueError(f"finite coordinates (polygon {i} has NaN or infinity)")
         return polygons
@@ -209,9 +206,7 @@ class RLE(_Strict):
             raise ValueError("non-negative run lengths")
         h, w = self.size
         if sum(self.counts) != h * w:
-            raise ValueError(
-                f"run lengths summing to height x width = {h * w} (they sum to {sum(self.counts)})"
-            )
+            raise ValueError(f"run lengths summing to height x width = {h * w} (they sum to {sum(self.counts)})")
         return self
 
 
@@ -232,17 +227,12 @@ def _limb_mask_kind(value: Any) -> str | None:
 
 
 LimbMask = Annotated[
-    Union[
-        Annotated[PolygonMask, Tag("polygons")],
-        Annotated[FileMask, Tag("file")],
-        Annotated[RLEMask, Tag("rle")],
-    ],
+    Annotated[PolygonMask, Tag("polygons")] | Annotated[FileMask, Tag("file")] | Annotated[RLEMask, Tag("rle")],
     Discriminator(
         _limb_mask_kind,
         custom_error_type="limb_mask_kind",
         custom_error_message=(
-            "a mapping with exactly one of 'polygons', 'file' or 'rle' "
-            "(or, as a shorthand, the mask file's path)"
+            "a mapping with exactly one of 'polygons', 'file' or 'rle' (or, as a shorthand, the mask file's path)"
         ),
     ),
 ]
@@ -252,11 +242,7 @@ def _check_relative_path(value: str) -> str:
     text = value.strip()
     if not text:
         raise ValueError("a non-empty relative path")
-    if (
-        PurePosixPath(text).is_absolute()
-        or PureWindowsPath(text).is_absolute()
-        or PureWindowsPath(text).drive
-    ):
+    if PurePosixPath(text).is_absolute() or PureWindowsPath(text).is_absolute() or PureWindowsPath(text).drive:
         raise ValueError("a path relative to the photos folder, not an absolute path")
     if ".." in PurePosixPath(text.replace("\\", "/")).parts:
         raise ValueError("a path inside the photos folder (no '..')")
@@ -333,9 +319,7 @@ class SourceRecord(BaseModel):
             try:
                 return json.loads(text)
             except json.JSONDecodeError as exc:
-                raise ValueError(
-                    f"valid JSON text for the mask mapping ({exc.msg} at char {exc.pos})"
-                ) from None
+                raise ValueError(f"valid JSON text for the mask mapping ({exc.msg} at char {exc.pos})") from None
         return {"file": text}
 
 
@@ -422,9 +406,7 @@ def load_metadata(path: str | Path) -> list[SourceRecord]:
         try:
             record = SourceRecord.model_validate(entry.raw)
         except ValidationError as exc:
-            problems += [
-                _pydantic_problem(err, entry.index, shown_id, entry.line) for err in exc.errors()
-            ]
+            problems += [_pydantic_problem(err, entry.index, shown_id, entry.line) for err in exc.errors()]
             continue
         if not duplicate:
             records.append(record)
@@ -443,15 +425,11 @@ def _abbrev(value: Any, limit: int = 80) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def _pydantic_problem(
-    err: dict[str, Any], index: int, id_: str | None, line: int | None
-) -> MetadataProblem:
+def _pydantic_problem(err: dict[str, Any], index: int, id_: str | None, line: int | None) -> MetadataProblem:
     # Tagged-union locations repeat the tag ("limb_mask.rle.rle.size"); drop the repeat.
     loc = [str(p) for p in err["loc"]]
     cleaned = [
-        p
-        for i, p in enumerate(loc)
-        if not (i > 0 and loc[i - 1] == "limb_mask" and p in ("polygons", "file", "rle"))
+        p for i, p in enumerate(loc) if not (i > 0 and loc[i - 1] == "limb_mask" and p in ("polygons", "file", "rle"))
     ]
     field = ".".join(cleaned) or None
     kind, msg = err["type"], err["msg"]
@@ -491,11 +469,7 @@ def _yaml_entries(path: Path, text: str) -> list[_Entry]:
             received = _abbrev(data)
         expected = "a list of sources or a mapping with one key 'sources' holding that list"
         raise _file_error(path, expected, received)
-    lines = (
-        [n.start_mark.line + 1 for n in items_node.value]
-        if isinstance(items_node, yaml.SequenceNode)
-        else []
-    )
+    lines = [n.start_mark.line + 1 for n in items_node.value] if isinstance(items_node, yaml.SequenceNode) else []
     return [_Entry(i, lines[i] if i < len(lines) else None, raw) for i, raw in enumerate(data)]
 
 
@@ -656,9 +630,7 @@ def load_image(
     except OSError as exc:
         raise SourceError(path, f"cannot read the file ({exc.strerror or exc})") from None
     if not data:
-        raise SourceError(
-            path, "empty file (0 bytes); the copy or download did not finish: fetch the photo again"
-        )
+        raise SourceError(path, "empty file (0 bytes); the copy or download did not finish: fetch the photo again")
     sha256 = hashlib.sha256(data).hexdigest()
     damaged = "the file is incomplete or damaged: download or export it again"
 
@@ -670,8 +642,7 @@ def load_image(
         except Image.DecompressionBombError as exc:
             raise SourceError(
                 path,
-                f"image too large to decode safely ({exc}); "
-                f"downscale the photo to at most {max_pixels:,} pixels",
+                f"image too large to decode safely ({exc}); downscale the photo to at most {max_pixels:,} pixels",
             ) from None
         except UnidentifiedImageError:
             raise SourceError(
@@ -680,9 +651,7 @@ def load_image(
                 "text or HTML page saved under an image name: download the image itself",
             ) from None
         except Exception as exc:  # noqa: BLE001 - any header failure is this file's problem
-            raise SourceError(
-                path, f"unreadable image header ({type(exc).__name__}: {exc}); {damaged}"
-            ) from None
+            raise SourceError(path, f"unreadable image header ({type(exc).__name__}: {exc}); {damaged}") from None
 
         with image:
             width, height = image.size
@@ -695,8 +664,7 @@ def load_image(
             if min(width, height) < min_side_px:
                 raise SourceError(
                     path,
-                    f"image is {width}x{height}; both sides must be at least {min_side_px} px: "
-                    "use a larger photo",
+                    f"image is {width}x{height}; both sides must be at least {min_side_px} px: use a larger photo",
                 )
             mode, fmt = image.mode, image.format
             try:
@@ -784,8 +752,7 @@ def _to_rgb(image: Image.Image, notes: list[str]) -> np.ndarray:
         return np.repeat(grey[..., None], 3, axis=2)
     if mode == "F":
         raise _UnsupportedPixels(
-            "floating-point pixels have no fixed range to map to 8 bits; "
-            "export the photo as 8- or 16-bit"
+            "floating-point pixels have no fixed range to map to 8 bits; export the photo as 8- or 16-bit"
         )
     if has_alpha:
         rgba = np.asarray(image.convert("RGBA"))
@@ -794,10 +761,7 @@ def _to_rgb(image: Image.Image, notes: list[str]) -> np.ndarray:
         if opaque == 1.0:
             notes.append(f"alpha channel ({mode}) dropped: every pixel fully opaque")
             return rgba[..., :3]
-        notes.append(
-            f"alpha channel ({mode}) composited onto white "
-            f"({1 - opaque:.1%} of pixels not fully opaque)"
-        )
+        notes.append(f"alpha channel ({mode}) composited onto white ({1 - opaque:.1%} of pixels not fully opaque)")
         out = rgba[..., :3].astype(np.float64) * alpha + 255.0 * (1.0 - alpha)
         return np.rint(out).astype(np.uint8)
     if mode in ("L", "1"):
@@ -874,7 +838,7 @@ def load_sources(
     ``Source`` holds nothing that cannot be rebuilt from its record and path.
 
     A record with a ``limb_mask`` also has its mask read and checked against the photo's size
-    (:func:`generation.masks.mask_from_record`); a mask that cannot be read, does not fit or is
+    (:func:`counterfactory.generation.masks.mask_from_record`); a mask that cannot be read, does not fit or is
     empty fails the source. A record whose photo bytes equal an earlier record's gets a note
     naming that record (several masks on one photo are legitimate; a copied photo is not).
 
@@ -890,14 +854,13 @@ def load_sources(
         MetadataError: the metadata file is broken (nothing is loaded then).
         NotADirectoryError: ``photos_dir`` is not a folder.
     """
-    from generation.masks import MaskError, mask_from_record
+    from counterfactory.generation.masks import MaskError, mask_from_record
 
     photos_dir = Path(photos_dir).resolve()
     records = load_metadata(metadata_path)
     if not photos_dir.is_dir():
         raise NotADirectoryError(
-            f"{photos_dir}: photos folder not found; "
-            "pass the folder the metadata paths are relative to"
+            f"{photos_dir}: photos folder not found; pass the folder the metadata paths are relative to"
         )
     out: list[Source | FailedSource] = []
     first_by_hash: dict[str, str] = {}
@@ -929,11 +892,7 @@ def load_sources(
             notes += (f"same file bytes as source {first_by_hash[loaded.sha256]!r}",)
         else:
             first_by_hash[loaded.sha256] = record.id
-        out.append(
-            Source(
-                record=record, path=path, sha256=loaded.sha256, pixels=loaded.pixels, notes=notes
-            )
-        )
+        out.append(Source(record=record, path=path, sha256=loaded.sha256, pixels=loaded.pixels, notes=notes))
     return out
 
 

@@ -17,9 +17,10 @@ Every write is its own short transaction, so a SIGKILL loses at most the call in
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from datetime import datetime, timezone
-from typing import Any, Iterable, Mapping
+from datetime import UTC, datetime
+from typing import Any
 
 from sqlalchemy import (
     JSON,
@@ -38,7 +39,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sess
 
 
 def _now() -> datetime:
-    return datetime.now(timezone.utc)
+    return datetime.now(UTC)
 
 
 class Base(DeclarativeBase):
@@ -81,9 +82,7 @@ class AttemptRow(Base):
 class CandidateRow(Base):
     __tablename__ = "candidates"
 
-    attempt_id: Mapped[str] = mapped_column(
-        String(64), ForeignKey("attempts.attempt_id"), primary_key=True
-    )
+    attempt_id: Mapped[str] = mapped_column(String(64), ForeignKey("attempts.attempt_id"), primary_key=True)
     cell_id: Mapped[str] = mapped_column(String(400), index=True)
     judge_key: Mapped[str] = mapped_column(String(64))
     image_sha256: Mapped[str | None] = mapped_column(String(64), nullable=True)
@@ -151,16 +150,32 @@ class Candidate:
 
 def _attempt(row: AttemptRow) -> Attempt:
     return Attempt(
-        row.attempt_id, row.cell_id, row.attempt_no, row.seed, row.backend, row.status,
-        row.reason, row.output_sha256, row.cost_usd, row.calls, row.lineage or {},
-        row.prompt, row.meta or {},
+        row.attempt_id,
+        row.cell_id,
+        row.attempt_no,
+        row.seed,
+        row.backend,
+        row.status,
+        row.reason,
+        row.output_sha256,
+        row.cost_usd,
+        row.calls,
+        row.lineage or {},
+        row.prompt,
+        row.meta or {},
     )
 
 
 def _candidate(row: CandidateRow) -> Candidate:
     return Candidate(
-        row.attempt_id, row.cell_id, row.judge_key, row.image_sha256, row.alignment or {},
-        row.verdict, list(row.reasons or []), row.gates or {},
+        row.attempt_id,
+        row.cell_id,
+        row.judge_key,
+        row.image_sha256,
+        row.alignment or {},
+        row.verdict,
+        list(row.reasons or []),
+        row.gates or {},
     )
 
 
@@ -204,8 +219,14 @@ class Ledger:
 
     # sources ---------------------------------------------------------------------------
     def record_source(
-        self, source_id: str, path: str, *, sha256: str | None, status: str,
-        reason: str | None = None, meta: Mapping[str, Any] | None = None,
+        self,
+        source_id: str,
+        path: str,
+        *,
+        sha256: str | None,
+        status: str,
+        reason: str | None = None,
+        meta: Mapping[str, Any] | None = None,
     ) -> None:
         with self.session() as s, s.begin():
             row = s.get(SourceRow, source_id) or SourceRow(source_id=source_id)
@@ -231,16 +252,29 @@ class Ledger:
             return [_attempt(r) for r in s.scalars(q)]
 
     def start_attempt(
-        self, attempt_id: str, *, cell_id: str, attempt_no: int, seed: int, backend: str,
-        lineage: Mapping[str, Any], prompt: str,
+        self,
+        attempt_id: str,
+        *,
+        cell_id: str,
+        attempt_no: int,
+        seed: int,
+        backend: str,
+        lineage: Mapping[str, Any],
+        prompt: str,
     ) -> None:
         """Mark an attempt as running (counting the call) just before the editor is called."""
         with self.session() as s, s.begin():
             row = s.get(AttemptRow, attempt_id)
             if row is None:
                 row = AttemptRow(
-                    attempt_id=attempt_id, cell_id=cell_id, attempt_no=attempt_no, seed=seed,
-                    backend=backend, lineage=_jsonable(lineage), prompt=prompt, calls=0,
+                    attempt_id=attempt_id,
+                    cell_id=cell_id,
+                    attempt_no=attempt_no,
+                    seed=seed,
+                    backend=backend,
+                    lineage=_jsonable(lineage),
+                    prompt=prompt,
+                    calls=0,
                 )
             if row.status == "ok":
                 raise RuntimeError(f"attempt {attempt_id} already finished; it must not run again")
@@ -248,8 +282,14 @@ class Ledger:
             s.add(row)
 
     def finish_attempt(
-        self, attempt_id: str, *, status: str, output_sha256: str | None = None,
-        reason: str | None = None, cost_usd: float = 0.0, meta: Mapping[str, Any] | None = None,
+        self,
+        attempt_id: str,
+        *,
+        status: str,
+        output_sha256: str | None = None,
+        reason: str | None = None,
+        cost_usd: float = 0.0,
+        meta: Mapping[str, Any] | None = None,
     ) -> None:
         with self.session() as s, s.begin():
             row = s.get(AttemptRow, attempt_id)
@@ -274,8 +314,15 @@ class Ledger:
             return [_candidate(r) for r in s.scalars(select(CandidateRow))]
 
     def record_candidate(
-        self, attempt_id: str, *, cell_id: str, judge_key: str, image_sha256: str | None,
-        alignment: Mapping[str, Any], verdict: str, reasons: Iterable[str],
+        self,
+        attempt_id: str,
+        *,
+        cell_id: str,
+        judge_key: str,
+        image_sha256: str | None,
+        alignment: Mapping[str, Any],
+        verdict: str,
+        reasons: Iterable[str],
         gates: Mapping[str, Any],
     ) -> None:
         with self.session() as s, s.begin():
@@ -297,8 +344,8 @@ class Ledger:
                 row.finished_at, row.editor_calls, row.status = _now(), editor_calls, status
 
     # the editor journal ----------------------------------------------------------------
-    def journal(self, backend: str) -> "LedgerJournal":
-        """An :class:`~generation.editors.base.EditJournal` for one backend on this database."""
+    def journal(self, backend: str) -> LedgerJournal:
+        """An :class:`~counterfactory.generation.editors.base.EditJournal` for one backend on this database."""
         return LedgerJournal(self, backend)
 
 
@@ -316,18 +363,14 @@ class LedgerJournal:
 
     def save(self, attempt_id: str, data: Mapping[str, Any], *, cost_usd: float = 0.0) -> None:
         with self.ledger.session() as s, s.begin():
-            row = s.get(JournalRow, attempt_id) or JournalRow(
-                attempt_id=attempt_id, backend=self.backend
-            )
+            row = s.get(JournalRow, attempt_id) or JournalRow(attempt_id=attempt_id, backend=self.backend)
             row.data, row.cost_usd, row.updated_at = _jsonable(data), float(cost_usd), _now()
             s.add(row)
 
     def spent_usd(self) -> float:
         with self.ledger.session() as s:
             total = s.scalar(
-                select(func.coalesce(func.sum(JournalRow.cost_usd), 0.0)).where(
-                    JournalRow.backend == self.backend
-                )
+                select(func.coalesce(func.sum(JournalRow.cost_usd), 0.0)).where(JournalRow.backend == self.backend)
             )
             return float(total or 0.0)
 

@@ -17,11 +17,12 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
-from manifests.store import atomic_write, sha256_file
+from counterfactory.manifests.store import atomic_write, sha256_file
 
 MANIFEST = "manifest.jsonl"
 ITEMS = "items.jsonl"

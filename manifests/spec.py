@@ -1,8 +1,8 @@
 """The study spec: one typed model, loaded from YAML, saved with its hash into every release.
 
 Sub-configs live next to the code that uses them (``DesignConfig`` in
-:mod:`generation.sampling`, ``AlignConfig`` in :mod:`generation.align`, each editor's options
-in its backend module, ``GatesConfig`` in :mod:`validation.judge`). Validation errors name the
+:mod:`counterfactory.generation.sampling`, ``AlignConfig`` in :mod:`counterfactory.generation.align`, each editor's options
+in its backend module, ``GatesConfig`` in :mod:`counterfactory.validation.judge`). Validation errors name the
 field, the expected and the received value, and the file.
 """
 
@@ -17,15 +17,15 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from generation.align import AlignConfig
-from generation.editors import BACKENDS
-from generation.editors.classical import ClassicalOptions
-from generation.editors.fal import FalOptions
-from generation.editors.qwen import QwenOptions
-from generation.masks import MaskOptions
-from generation.prompts import PromptConfig
-from generation.sampling import DesignConfig
-from validation.judge import GatesConfig
+from counterfactory.generation.align import AlignConfig
+from counterfactory.generation.editors import BACKENDS
+from counterfactory.generation.editors.classical import ClassicalOptions
+from counterfactory.generation.editors.fal import FalOptions
+from counterfactory.generation.editors.qwen import QwenOptions
+from counterfactory.generation.masks import MaskOptions
+from counterfactory.generation.prompts import PromptConfig
+from counterfactory.generation.sampling import DesignConfig
+from counterfactory.validation.judge import GatesConfig
 
 _SEMVER = re.compile(r"^\d+\.\d+\.\d+(?:[-+][0-9A-Za-z.-]+)?$")
 _SLUG = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
@@ -116,7 +116,7 @@ class Spec(BaseModel):
     ledger_url: str | None = None
 
     @model_validator(mode="after")
-    def _consistent(self) -> "Spec":
+    def _consistent(self) -> Spec:
         if self.design.kind == "limb" and "cue" not in self.design.axes:
             raise ValueError("limb designs need a 'cue' axis (e.g. cue: [removed, kept])")
         if self.design.kind == "limb":
@@ -149,7 +149,9 @@ def format_validation_error(path: Path | str, error: ValidationError) -> str:
         if item["type"] == "missing":
             lines.append(f"  - field `{loc}`: required, but missing")
         elif item["type"] == "extra_forbidden":
-            lines.append(f"  - field `{loc}`: not a known field (received {_describe(item['input'])}); check its spelling")
+            lines.append(
+                f"  - field `{loc}`: not a known field (received {_describe(item['input'])}); check its spelling"
+            )
         else:
             lines.append(f"  - field `{loc}`: expected {msg[0].lower() + msg[1:]}; received {_describe(item['input'])}")
     return "\n".join(lines)
@@ -188,5 +190,7 @@ def load_spec(path: str | Path, *, check_paths: bool = True) -> Spec:
         return spec
     for field_name, p in (("sources.photos", spec.sources.photos), ("sources.metadata", spec.sources.metadata)):
         if not p.exists():
-            raise SpecError(f"{path}: field `{field_name}`: expected an existing path; received {str(p)!r} which does not exist")
+            raise SpecError(
+                f"{path}: field `{field_name}`: expected an existing path; received {str(p)!r} which does not exist"
+            )
     return spec

@@ -15,7 +15,7 @@ os.environ.setdefault("PREFECT_HOME", tempfile.mkdtemp(prefix="cf-prefect-"))
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 
-from assets import PHOTOS_DIR, SPECS_DIR  # noqa: E402
+from counterfactory.assets import PHOTOS_DIR, SPECS_DIR  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -14,8 +14,9 @@ single proportion: comparison of seven methods", Statistics in Medicine 17 (1998
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 #: Two-sided 95 % normal quantile.
 Z95 = 1.959963984540054
@@ -193,9 +194,13 @@ def plot_attrition(table: Mapping[str, Any], path_png: str | Path) -> Path:
             if r is None or r["rate"] is None:
                 continue
             ax.errorbar(
-                r["rate"], yi,
+                r["rate"],
+                yi,
                 xerr=[[max(r["rate"] - r["ci_low"], 0.0)], [max(r["ci_high"] - r["rate"], 0.0)]],
-                fmt="o", color=colours[grp["axis"]], capsize=3, markersize=4,
+                fmt="o",
+                color=colours[grp["axis"]],
+                capsize=3,
+                markersize=4,
             )
         overall = table.get("all", {}).get(gate)
         if overall and overall["rate"] is not None:
@@ -205,11 +210,11 @@ def plot_attrition(table: Mapping[str, Any], path_png: str | Path) -> Path:
         ax.set_yticks(y)
         ax.set_yticklabels(labels, fontsize=7)
         ax.grid(axis="x", alpha=0.3)
-    for ax in axes.ravel()[len(gates):]:
+    for ax in axes.ravel()[len(gates) :]:
         ax.set_visible(False)
     fig.suptitle(
-        f"Differential attrition: {table.get('rows', 0)} candidates, Wilson 95 % intervals "
-        "(dashed: all candidates)", fontsize=10
+        f"Differential attrition: {table.get('rows', 0)} candidates, Wilson 95 % intervals (dashed: all candidates)",
+        fontsize=10,
     )
     fig.tight_layout()
     fig.savefig(path, dpi=110)

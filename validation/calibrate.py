@@ -13,7 +13,7 @@ Re-run (writes ``calibration.json`` and ``calibration.png``)::
 
     counterfactory calibrate --out assets/calibration [--spec SPEC]
 
-The shipped defaults (:mod:`validation.thresholds`) are this command's output on the
+The shipped defaults (:mod:`counterfactory.validation.thresholds`) are this command's output on the
 bundled photos.
 """
 
@@ -24,23 +24,24 @@ import itertools
 import json
 import math
 import os
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any
 
 import cv2
 import numpy as np
 
-from assets import PHOTOS_DIR
-from generation.sources import load_image
-from manifests.store import sha256_file
-from validation.backends import load_au_model, load_detector, load_embedder
-from validation.backends.sface import OPENCV_SAME_PERSON_COSINE
-from validation.faces import FaceObservation, MaskMode, face_mask, get_face_landmarker, nearest_face
-from validation.gates.expression import au_changes
-from validation.gates.face import pose_change_deg
-from validation.gates.identity import cosine_similarity
-from validation.gates.locality import locality_metrics
+from counterfactory.assets import PHOTOS_DIR
+from counterfactory.generation.sources import load_image
+from counterfactory.manifests.store import sha256_file
+from counterfactory.validation.backends import load_au_model, load_detector, load_embedder
+from counterfactory.validation.backends.sface import OPENCV_SAME_PERSON_COSINE
+from counterfactory.validation.faces import FaceObservation, MaskMode, face_mask, get_face_landmarker, nearest_face
+from counterfactory.validation.gates.expression import au_changes
+from counterfactory.validation.gates.face import pose_change_deg
+from counterfactory.validation.gates.identity import cosine_similarity
+from counterfactory.validation.gates.locality import locality_metrics
 
 SCHEMA = "counterfactory.calibration/1"
 RECALIBRATE = "counterfactory calibrate --out assets/calibration [--spec SPEC]"
@@ -163,8 +164,13 @@ class _Samples:
             return {"n": 0}
         q = lambda p: float(np.quantile(v, p))  # noqa: E731
         return {
-            "n": int(v.size), "min": float(v.min()), "p05": q(0.05), "median": q(0.5),
-            "mean": float(v.mean()), "p95": q(0.95), "max": float(v.max()),
+            "n": int(v.size),
+            "min": float(v.min()),
+            "p05": q(0.05),
+            "median": q(0.5),
+            "mean": float(v.mean()),
+            "p95": q(0.95),
+            "max": float(v.max()),
         }
 
     def to_dict(self) -> dict[str, Any]:
@@ -234,7 +240,10 @@ def measure(
         image = load_rgb(path)
         observed = landmarker.detect(image)
         record: dict[str, Any] = {
-            "file": path.name, "sha256": sha256_file(path), "shape": list(image.shape), "faces": len(observed)
+            "file": path.name,
+            "sha256": sha256_file(path),
+            "shape": list(image.shape),
+            "faces": len(observed),
         }
         images.append(record)
         if not observed:
@@ -248,8 +257,13 @@ def measure(
         for i, obs in enumerate(ordered):
             faces.append(
                 _Face(
-                    image=path.name, index=i, person=people[i][0], shot=people[i][1], observation=obs,
-                    embedding=emb.embed(image, obs.keypoints5()), aus=dict(aum.estimate(image, obs)),
+                    image=path.name,
+                    index=i,
+                    person=people[i][0],
+                    shot=people[i][1],
+                    observation=obs,
+                    embedding=emb.embed(image, obs.keypoints5()),
+                    aus=dict(aum.estimate(image, obs)),
                     pose=obs.pose_deg(),
                     detection_score=_matched_score(obs, detections),
                 )
@@ -282,9 +296,7 @@ def measure(
             change = pose_change_deg(ref_pose, cand_pose)
             sample("noop", "face.pose_change_deg").add(max(abs(c) for c in change), label)
             sample("noop", "face.detection_score").add(_matched_score(cand, det.detect(copy)), label)
-            sample("noop", "identity.cosine").add(
-                cosine_similarity(src_emb, emb.embed(copy, cand.keypoints5())), label
-            )
+            sample("noop", "identity.cosine").add(cosine_similarity(src_emb, emb.embed(copy, cand.keypoints5())), label)
             deltas = au_changes(dict(src_aus), dict(aum.estimate(copy, cand)))
             if deltas:
                 sample("noop", "expression.au_change_max").add(max(abs(d) for d in deltas.values()), label)
@@ -302,7 +314,9 @@ def measure(
         if a.person == b.person:
             sample("same_person", "identity.cosine").add(cos, label)
         elif assumed and cos >= OPENCV_SAME_PERSON_COSINE and embedder == "sface":
-            excluded.append({"pair": label, "cosine": round(cos, 4), "why": "unlabelled sources that SFace calls the same person"})
+            excluded.append(
+                {"pair": label, "cosine": round(cos, 4), "why": "unlabelled sources that SFace calls the same person"}
+            )
             continue
         else:
             sample("different_person", "identity.cosine").add(cos, label)
@@ -463,23 +477,71 @@ def plot_calibration(result: dict[str, Any], path_png: str | Path) -> Path:
     d = result["distributions"]
     face_kind, limb_kind = result["suggested"]["face"], result["suggested"]["limb"]
     panels = [
-        ("identity.cosine", [("noop", "no-op copies"), ("same_person", "same person, other photo"), ("different_person", "different people")],
-         [(face_kind["identity"]["min_cosine"], "face min (floor)", "C3"), (face_kind["identity"]["max_cosine"], "face max / limb min (ceiling)", "C2"),
-          (PUBLISHED["opencv_sface_same_person_cosine"], "OpenCV same-person 0.363", "0.5")], False),
-        ("face.pose_change_deg", [("noop", "no-op copies"), ("different_photo", "different photos")],
-         [(face_kind["face"]["max_pose_change_deg"], "max", "C3")], False),
-        ("face.detection_score", [("source", "source faces"), ("noop", "no-op copies")],
-         [(face_kind["face"]["min_detection_score"], "min", "C3")], False),
-        ("expression.au_change_max", [("noop", "no-op copies"), ("different_photo", "different photos")],
-         [(face_kind["expression"]["max_au_change"], "max", "C3")], False),
-        ("expression.au_change_mean", [("noop", "no-op copies"), ("different_photo", "different photos")],
-         [(face_kind["expression"]["max_mean_au_change"], "max", "C3")], False),
-        ("locality.diff_nonface", [("noop", "no-op copies"), ("different_photo", "different photos")],
-         [(face_kind["locality"]["max_diff_nonface"], "face-edit max", "C3"), (PUBLISHED["focus_diff_nonface_mean"], "FOCUS mean 0.022", "0.5")], True),
-        ("locality.diff_face", [("noop", "no-op copies"), ("different_photo", "different photos")],
-         [(face_kind["locality"]["min_diff_face"], "face-edit min / limb drift max", "C3"), (PUBLISHED["focus_diff_face_mean"], "FOCUS mean 0.141", "0.5")], True),
-        ("locality.ratio", [("noop", "no-op copies")],
-         [(face_kind["locality"]["min_ratio"], "min", "C3"), (PUBLISHED["focus_ratio_median"], "FOCUS median 8.16", "0.5")], False),
+        (
+            "identity.cosine",
+            [
+                ("noop", "no-op copies"),
+                ("same_person", "same person, other photo"),
+                ("different_person", "different people"),
+            ],
+            [
+                (face_kind["identity"]["min_cosine"], "face min (floor)", "C3"),
+                (face_kind["identity"]["max_cosine"], "face max / limb min (ceiling)", "C2"),
+                (PUBLISHED["opencv_sface_same_person_cosine"], "OpenCV same-person 0.363", "0.5"),
+            ],
+            False,
+        ),
+        (
+            "face.pose_change_deg",
+            [("noop", "no-op copies"), ("different_photo", "different photos")],
+            [(face_kind["face"]["max_pose_change_deg"], "max", "C3")],
+            False,
+        ),
+        (
+            "face.detection_score",
+            [("source", "source faces"), ("noop", "no-op copies")],
+            [(face_kind["face"]["min_detection_score"], "min", "C3")],
+            False,
+        ),
+        (
+            "expression.au_change_max",
+            [("noop", "no-op copies"), ("different_photo", "different photos")],
+            [(face_kind["expression"]["max_au_change"], "max", "C3")],
+            False,
+        ),
+        (
+            "expression.au_change_mean",
+            [("noop", "no-op copies"), ("different_photo", "different photos")],
+            [(face_kind["expression"]["max_mean_au_change"], "max", "C3")],
+            False,
+        ),
+        (
+            "locality.diff_nonface",
+            [("noop", "no-op copies"), ("different_photo", "different photos")],
+            [
+                (face_kind["locality"]["max_diff_nonface"], "face-edit max", "C3"),
+                (PUBLISHED["focus_diff_nonface_mean"], "FOCUS mean 0.022", "0.5"),
+            ],
+            True,
+        ),
+        (
+            "locality.diff_face",
+            [("noop", "no-op copies"), ("different_photo", "different photos")],
+            [
+                (face_kind["locality"]["min_diff_face"], "face-edit min / limb drift max", "C3"),
+                (PUBLISHED["focus_diff_face_mean"], "FOCUS mean 0.141", "0.5"),
+            ],
+            True,
+        ),
+        (
+            "locality.ratio",
+            [("noop", "no-op copies")],
+            [
+                (face_kind["locality"]["min_ratio"], "min", "C3"),
+                (PUBLISHED["focus_ratio_median"], "FOCUS median 8.16", "0.5"),
+            ],
+            False,
+        ),
     ]
     fig, axes = plt.subplots(2, 4, figsize=(18, 8))
     for ax, (metric, groups, lines, log) in zip(axes.ravel(), panels):
@@ -552,11 +614,14 @@ def run_calibration(
     suggested = suggest_thresholds(measured["distributions"], backends=chosen)
     result: dict[str, Any] = {
         "schema": SCHEMA,
-        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         "rerun": RECALIBRATE,
         "backends": chosen,
         "face_mask": face_mask_mode,
-        "noops": {name: ("pixel-aligned" if aligned else "not aligned: identity, pose, AUs only") for name, (_, aligned) in NOOPS.items()},
+        "noops": {
+            name: ("pixel-aligned" if aligned else "not aligned: identity, pose, AUs only")
+            for name, (_, aligned) in NOOPS.items()
+        },
         "suggested": suggested,
         "rules": RULES,
         "published": PUBLISHED,

@@ -14,20 +14,55 @@ from __future__ import annotations
 import atexit
 import math
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal, Sequence
+from typing import Literal
 
 import cv2
 import numpy as np
 
-from assets import FACE_LANDMARKER
-from generation.masks import dilate
+from counterfactory.assets import FACE_LANDMARKER
+from counterfactory.generation.masks import dilate
 
 #: MediaPipe FACEMESH_FACE_OVAL, in drawing order (36 points around the face).
 FACE_OVAL = (
-    10, 338, 297, 332, 284, 251, 389, 356, 454, 323, 361, 288, 397, 365, 379, 378, 400, 377,
-    152, 148, 176, 149, 150, 136, 172, 58, 132, 93, 234, 127, 162, 21, 54, 103, 67, 109,
+    10,
+    338,
+    297,
+    332,
+    284,
+    251,
+    389,
+    356,
+    454,
+    323,
+    361,
+    288,
+    397,
+    365,
+    379,
+    378,
+    400,
+    377,
+    152,
+    148,
+    176,
+    149,
+    150,
+    136,
+    172,
+    58,
+    132,
+    93,
+    234,
+    127,
+    162,
+    21,
+    54,
+    103,
+    67,
+    109,
 )
 #: Closed contours of the features that are not skin (MediaPipe FACEMESH_* loops).
 LEFT_EYE = (263, 249, 390, 373, 374, 380, 381, 382, 362, 398, 384, 385, 386, 387, 388, 466)
@@ -190,9 +225,7 @@ class FaceLandmarker:
         for i, points in enumerate(result.face_landmarks):
             lm = np.array([(p.x * w, p.y * h, p.z * w) for p in points], dtype=np.float32)
             shapes = (
-                {c.category_name: float(c.score) for c in result.face_blendshapes[i]}
-                if result.face_blendshapes
-                else {}
+                {c.category_name: float(c.score) for c in result.face_blendshapes[i]} if result.face_blendshapes else {}
             )
             matrix = (
                 np.asarray(result.facial_transformation_matrixes[i], dtype=np.float32)
@@ -221,9 +254,7 @@ _shared: dict[tuple, FaceLandmarker] = {}
 _shared_lock = threading.Lock()
 
 
-def get_face_landmarker(
-    model_path: str | Path = FACE_LANDMARKER, *, max_faces: int = 4
-) -> FaceLandmarker:
+def get_face_landmarker(model_path: str | Path = FACE_LANDMARKER, *, max_faces: int = 4) -> FaceLandmarker:
     """The process-wide landmarker for these settings (loaded on first use)."""
     key = (str(Path(model_path).resolve()), max_faces)
     with _shared_lock:

@@ -1,12 +1,12 @@
 """Build the gate stack from the spec and judge one aligned pair.
 
 ``GateStack.evaluate`` checks the inputs, runs the face analysis once per image, hands every
-gate the same :class:`~validation.gates.base.PairContext`, and combines the results into a
+gate the same :class:`~counterfactory.validation.gates.base.PairContext`, and combines the results into a
 verdict. Bad input (another size, no face, a blank image, NaNs) comes back as a rejection
 with reason codes; only a backend that cannot load raises, when the stack is built.
 
 Thresholds a spec leaves out come from the shipped calibration
-(:mod:`validation.thresholds`), per edit kind and for the backend they were measured with.
+(:mod:`counterfactory.validation.thresholds`), per edit kind and for the backend they were measured with.
 """
 
 from __future__ import annotations
@@ -16,18 +16,18 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from validation.backends import BackendUnavailable
-from validation.faces import FaceLandmarker, MaskMode, face_mask, get_face_landmarker
-from validation.gates import expression as _expression
-from validation.gates import face as _face
-from validation.gates import identity as _identity
-from validation.gates.base import Gate, GateResult, Judgement, PairContext, combine, not_finite_metrics
-from validation.gates.expression import ExpressionGate, ExpressionGateConfig
-from validation.gates.face import FaceGate, FaceGateConfig
-from validation.gates.identity import IdentityGate, IdentityGateConfig
-from validation.gates.inputs import input_gate
-from validation.gates.locality import LocalityGate, LocalityGateConfig
-from validation.thresholds import RECALIBRATE, calibrated_gates
+from counterfactory.validation.backends import BackendUnavailable
+from counterfactory.validation.faces import FaceLandmarker, MaskMode, face_mask, get_face_landmarker
+from counterfactory.validation.gates import expression as _expression
+from counterfactory.validation.gates import face as _face
+from counterfactory.validation.gates import identity as _identity
+from counterfactory.validation.gates.base import Gate, GateResult, Judgement, PairContext, combine, not_finite_metrics
+from counterfactory.validation.gates.expression import ExpressionGate, ExpressionGateConfig
+from counterfactory.validation.gates.face import FaceGate, FaceGateConfig
+from counterfactory.validation.gates.identity import IdentityGate, IdentityGateConfig
+from counterfactory.validation.gates.inputs import input_gate
+from counterfactory.validation.gates.locality import LocalityGate, LocalityGateConfig
+from counterfactory.validation.thresholds import RECALIBRATE, calibrated_gates
 
 Kind = Literal["face", "limb"]
 #: Gate name -> (config class, thresholds whose calibration belongs to one backend).
@@ -63,9 +63,7 @@ def _with_calibrated_defaults(kind: str, data: dict[str, Any]) -> dict[str, Any]
                 defaults.pop(key, None)
         merged = {**defaults, **given}
         missing = [
-            name
-            for name, field in config_cls.model_fields.items()
-            if field.is_required() and name not in merged
+            name for name, field in config_cls.model_fields.items() if field.is_required() and name not in merged
         ]
         if missing:
             raise ValueError(
@@ -152,10 +150,10 @@ class GateStack:
         self.landmarker = landmarker or get_face_landmarker()
 
     @classmethod
-    def from_config(cls, config: GatesConfig, kind: Kind) -> "GateStack":
+    def from_config(cls, config: GatesConfig, kind: Kind) -> GateStack:
         """Build the gates for ``kind``, loading each backend (once per process).
 
-        Raises :class:`~validation.backends.BackendUnavailable` when a chosen backend cannot
+        Raises :class:`~counterfactory.validation.backends.BackendUnavailable` when a chosen backend cannot
         run here (missing optional dependency or weights), before any pair is judged.
         """
         chosen = config.for_kind(kind)
@@ -183,16 +181,10 @@ class GateStack:
         ``ValueError`` otherwise; :meth:`evaluate` turns that into a rejection first).
         """
         if source.shape != candidate.shape:
-            raise ValueError(
-                f"candidate {candidate.shape} is not aligned to source {source.shape}"
-            )
+            raise ValueError(f"candidate {candidate.shape} is not aligned to source {source.shape}")
         src_faces = self.landmarker.detect(source)
         cand_faces = self.landmarker.detect(candidate)
-        fmask = (
-            face_mask(src_faces[0].landmarks, source.shape[:2], mode=self.face_mask_mode)
-            if src_faces
-            else None
-        )
+        fmask = face_mask(src_faces[0].landmarks, source.shape[:2], mode=self.face_mask_mode) if src_faces else None
         return PairContext(
             source=source,
             candidate=candidate,
@@ -225,9 +217,7 @@ class GateStack:
         try:
             pair = self.context(src, cand, edit_mask=edit_mask)
         except Exception as exc:  # a per-item analysis error is a value, not a crash
-            failed = GateResult(
-                "input", False, dict(checked.metrics), ("input_analysis_error",), error=_describe(exc)
-            )
+            failed = GateResult("input", False, dict(checked.metrics), ("input_analysis_error",), error=_describe(exc))
             return combine([failed])
         results: list[GateResult] = [checked]
         for gate in self.gates:

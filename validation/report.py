@@ -8,8 +8,9 @@ green accepted, amber needs review, red rejected, grey failed (no image).
 from __future__ import annotations
 
 import html
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from PIL import Image, ImageDraw, ImageFont
 
@@ -104,26 +105,37 @@ def write_report(release_dir: Path, *, spec: Any, items: Sequence[dict[str, Any]
         f'<td style="color:rgb{VERDICT_COLOURS.get(k, (0, 0, 0))}">{counts.get(k, 0)}</td>'
         for k in ("accepted", "needs_review", "rejected", "failed")
     )
-    failed_rows = "".join(
-        f"<tr><td>{html.escape(f['source_id'])}</td><td>{html.escape(Path(f['path']).name)}</td>"
-        f"<td>{html.escape(f['reason'])}</td></tr>"
-        for f in stats["failed_sources"]
-    ) or '<tr><td colspan="3">none</td></tr>'
-    reason_rows = "".join(
-        f"<tr><td><code>{html.escape(code)}</code></td><td>{n}</td></tr>" for code, n in stats["reasons"].items()
-    ) or '<tr><td colspan="2">none</td></tr>'
+    failed_rows = (
+        "".join(
+            f"<tr><td>{html.escape(f['source_id'])}</td><td>{html.escape(Path(f['path']).name)}</td>"
+            f"<td>{html.escape(f['reason'])}</td></tr>"
+            for f in stats["failed_sources"]
+        )
+        or '<tr><td colspan="3">none</td></tr>'
+    )
+    reason_rows = (
+        "".join(
+            f"<tr><td><code>{html.escape(code)}</code></td><td>{n}</td></tr>" for code, n in stats["reasons"].items()
+        )
+        or '<tr><td colspan="2">none</td></tr>'
+    )
     grid = stats.get("grid", {})
     strata_rows = "".join(
         "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>".format(
             html.escape(", ".join(f"{k}={v}" for k, v in s["stratum"].items())),
-            s["available"], s["requested"], s["selected"],
+            s["available"],
+            s["requested"],
+            s["selected"],
         )
         for s in grid.get("strata", [])
     )
-    excluded_rows = "".join(
-        f"<tr><td>{html.escape(e['source_id'])}</td><td>{html.escape(e['reason'])}</td></tr>"
-        for e in grid.get("excluded", [])
-    ) or '<tr><td colspan="2">none</td></tr>'
+    excluded_rows = (
+        "".join(
+            f"<tr><td>{html.escape(e['source_id'])}</td><td>{html.escape(e['reason'])}</td></tr>"
+            for e in grid.get("excluded", [])
+        )
+        or '<tr><td colspan="2">none</td></tr>'
+    )
     page = f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8">
 <title>{html.escape(spec.release.name)} {html.escape(spec.release.version)}</title>
@@ -137,15 +149,15 @@ small {{ color: #666; font-weight: normal; }}
 <h1>{html.escape(spec.release.name)} <small>{html.escape(spec.release.version)}</small></h1>
 <p>{html.escape(spec.description or spec.release.description)}</p>
 <p>Design: {html.escape(spec.design.kind)} edits, editor <code>{html.escape(spec.editor.backend)}</code>,
-spec sha256 <code>{html.escape(stats['spec_hash'][:16])}</code>.</p>
+spec sha256 <code>{html.escape(stats["spec_hash"][:16])}</code>.</p>
 <h2>Items by status</h2>
 <table id="status-counts"><tr><th>accepted</th><th>needs review</th><th>rejected</th><th>failed</th><th>total</th></tr>
-<tr>{count_cells}<td>{counts.get('total', 0)}</td></tr></table>
-<p>Templates: {stats['templates']['complete']} of {stats['templates']['total']} complete.
-Editor calls in the run that wrote this release: {stats['editor_calls_this_run']}.</p>
+<tr>{count_cells}<td>{counts.get("total", 0)}</td></tr></table>
+<p>Templates: {stats["templates"]["complete"]} of {stats["templates"]["total"]} complete.
+Editor calls in the run that wrote this release: {stats["editor_calls_this_run"]}.</p>
 <h2>Grid</h2>
-<p>{grid.get('n_templates', 0)} templates x {grid.get('n_conditions', 0)} conditions = {grid.get('n_cells', 0)} cells
-(seed {grid.get('seed')}).</p>
+<p>{grid.get("n_templates", 0)} templates x {grid.get("n_conditions", 0)} conditions = {grid.get("n_cells", 0)} cells
+(seed {grid.get("seed")}).</p>
 <table id="strata"><tr><th>stratum</th><th>available</th><th>requested</th><th>selected</th></tr>{strata_rows}</table>
 <table id="excluded"><tr><th>source left out of the grid</th><th>why</th></tr>{excluded_rows}</table>
 <h2>Failed sources</h2>
@@ -155,7 +167,7 @@ Editor calls in the run that wrote this release: {stats['editor_calls_this_run']
 <h2>Pass rates by group (Wilson 95 % intervals)</h2>
 <img src="attrition.png" alt="pass rates by condition group" style="max-width: 100%">
 <h2>Contact sheets</h2>
-{''.join(sheet_html)}
+{"".join(sheet_html)}
 </body></html>
 """
     path = release_dir / "report.html"

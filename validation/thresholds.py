@@ -1,11 +1,11 @@
 """The shipped, calibrated default thresholds (``assets/calibration/calibration.json``).
 
-The file is written by :func:`validation.calibrate.run_calibration`; re-create it with::
+The file is written by :func:`counterfactory.validation.calibrate.run_calibration`; re-create it with::
 
     counterfactory calibrate --out assets/calibration [--spec SPEC]
 
 Its ``suggested`` section holds, per edit kind and gate, the backend it was measured with
-and the thresholds; :class:`validation.judge.KindGatesConfig` fills any threshold a spec
+and the thresholds; :class:`counterfactory.validation.judge.KindGatesConfig` fills any threshold a spec
 leaves out from there.
 """
 
@@ -17,7 +17,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from assets import ASSETS_DIR
+from counterfactory.assets import ASSETS_DIR
 
 CALIBRATION_DIR = ASSETS_DIR / "calibration"
 CALIBRATION_FILE = CALIBRATION_DIR / "calibration.json"

@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from generation.editors.base import (
+from counterfactory.generation.editors.base import (
     EditJournal,
     Editor,
     EditorSetupError,
@@ -20,9 +20,9 @@ from generation.editors.base import (
 
 #: backend name -> "module:Class"
 BACKENDS: dict[str, str] = {
-    "classical": "generation.editors.classical:ClassicalEditor",
-    "qwen": "generation.editors.qwen:QwenEditor",
-    "fal": "generation.editors.fal:FalEditor",
+    "classical": "counterfactory.generation.editors.classical:ClassicalEditor",
+    "qwen": "counterfactory.generation.editors.qwen:QwenEditor",
+    "fal": "counterfactory.generation.editors.fal:FalEditor",
 }
 
 

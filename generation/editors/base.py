@@ -13,8 +13,9 @@ make the whole batch impossible (a missing model, no GPU, a bad API key) raise
 from __future__ import annotations
 
 import threading
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Mapping, Protocol, Sequence, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -136,9 +137,7 @@ class Editor(Protocol):
 
     def edit(self, request: EditRequest) -> EditResult: ...
 
-    def edit_many(
-        self, requests: Sequence[EditRequest], journal: EditJournal | None = None
-    ) -> list[EditResult]: ...
+    def edit_many(self, requests: Sequence[EditRequest], journal: EditJournal | None = None) -> list[EditResult]: ...
 
 
 class SequentialEditor:
@@ -147,7 +146,5 @@ class SequentialEditor:
     def prepare(self) -> None:
         return None
 
-    def edit_many(
-        self, requests: Sequence[EditRequest], journal: EditJournal | None = None
-    ) -> list[EditResult]:
+    def edit_many(self, requests: Sequence[EditRequest], journal: EditJournal | None = None) -> list[EditResult]:
         return [self.edit(r) for r in requests]  # type: ignore[attr-defined]

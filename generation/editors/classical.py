@@ -22,8 +22,8 @@ import cv2
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from generation.editors.base import EditRequest, EditResult, SequentialEditor
-from generation.masks import feather
+from counterfactory.generation.editors.base import EditRequest, EditResult, SequentialEditor
+from counterfactory.generation.masks import feather
 
 
 class ClassicalOptions(BaseModel):
@@ -80,13 +80,16 @@ class ClassicalEditor(SequentialEditor):
         image = request.image
         if request.mask is None or not np.any(request.mask):
             return EditResult(
-                request.attempt_id, "failed",
+                request.attempt_id,
+                "failed",
                 reason="classical_no_mask: the classical editor edits only inside the cell's mask",
             )
         if request.kind == "limb":
             out = cv2.inpaint(
-                image, (request.mask > 0).astype(np.uint8) * 255,
-                self.options.inpaint_radius_px, cv2.INPAINT_TELEA,
+                image,
+                (request.mask > 0).astype(np.uint8) * 255,
+                self.options.inpaint_radius_px,
+                cv2.INPAINT_TELEA,
             )
         else:
             tint, gain = condition_tint(dict(request.condition), request.seed)
@@ -97,6 +100,8 @@ class ClassicalEditor(SequentialEditor):
             out = np.rint(255.0 * ((1 - alpha) * pixels + alpha * toned)).astype(np.uint8)
         out = _resize_multiple(out, self.options.output_multiple)
         return EditResult(
-            request.attempt_id, "ok", image=out,
+            request.attempt_id,
+            "ok",
+            image=out,
             metadata={"output_size": [int(out.shape[1]), int(out.shape[0])]},
         )

@@ -44,13 +44,14 @@ import re
 import threading
 import time
 import uuid
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from generation.editors.base import (
+from counterfactory.generation.editors.base import (
     EditJournal,
     EditorSetupError,
     EditRequest,
@@ -73,9 +74,7 @@ _ENDPOINT_SHAPE = re.compile(r"^[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*(/[\w.-]+)*
 
 # Inputs the backend sets itself; letting ``arguments`` override them would break lossless
 # transport (output_format, sync_mode), seeding or the one-image-per-attempt accounting.
-_RESERVED_ARGUMENTS = frozenset(
-    {"prompt", "image_urls", "seed", "num_images", "output_format", "sync_mode"}
-)
+_RESERVED_ARGUMENTS = frozenset({"prompt", "image_urls", "seed", "num_images", "output_format", "sync_mode"})
 
 # Journal states whose request id may still be fetched. "failed" (the server said the job
 # failed) and "lost" (the server does not know the id) allow a new submission instead.
@@ -131,8 +130,7 @@ class FalOptions(BaseModel):
         clash = sorted(_RESERVED_ARGUMENTS & set(value))
         if clash:
             raise ValueError(
-                f"arguments may not set {clash}; the fal backend sets "
-                f"{sorted(_RESERVED_ARGUMENTS)} itself"
+                f"arguments may not set {clash}; the fal backend sets {sorted(_RESERVED_ARGUMENTS)} itself"
             )
         return value
 
@@ -152,9 +150,7 @@ class _Outcome(Exception):
     re-run can still fetch a request that may yet finish.
     """
 
-    def __init__(
-        self, status: str, reason: str, *, state: str | None = None, cost_usd: float = 0.0
-    ):
+    def __init__(self, status: str, reason: str, *, state: str | None = None, cost_usd: float = 0.0):
         super().__init__(reason)
         self.status = status
         self.reason = reason
@@ -238,15 +234,11 @@ class FalEditor:
     def edit(self, request: EditRequest) -> EditResult:
         return self.edit_many([request])[0]
 
-    def edit_many(
-        self, requests: Sequence[EditRequest], journal: EditJournal | None = None
-    ) -> list[EditResult]:
+    def edit_many(self, requests: Sequence[EditRequest], journal: EditJournal | None = None) -> list[EditResult]:
         """Runs ``requests`` with at most ``concurrency`` in flight; see :meth:`aedit_many`."""
         return _run_sync(self.aedit_many(requests, journal))
 
-    async def aedit_many(
-        self, requests: Sequence[EditRequest], journal: EditJournal | None = None
-    ) -> list[EditResult]:
+    async def aedit_many(self, requests: Sequence[EditRequest], journal: EditJournal | None = None) -> list[EditResult]:
         """Async form of :meth:`edit_many` for callers already inside an event loop.
 
         Requests sharing an ``attempt_id`` are one attempt and get the same result.
@@ -284,8 +276,7 @@ class FalEditor:
             import httpx
         except ImportError as exc:
             raise EditorSetupError(
-                "the fal backend needs the fal-client package: "
-                f"pip install 'counterfactory[remote]' ({exc})"
+                f"the fal backend needs the fal-client package: pip install 'counterfactory[remote]' ({exc})"
             ) from None
         key = os.environ.get("FAL_KEY")
         if not key and os.environ.get("FAL_KEY_ID") and os.environ.get("FAL_KEY_SECRET"):
@@ -369,13 +360,9 @@ class FalEditor:
             raise
         except Exception as exc:  # a bug or a surprise must not sink the other items
             logger.exception("fal request for attempt %s failed", request.attempt_id)
-            return self._result(
-                request, progress, "failed", reason=f"fal_error: {type(exc).__name__}: {exc}"
-            )
+            return self._result(request, progress, "failed", reason=f"fal_error: {type(exc).__name__}: {exc}")
 
-    async def _attempt(
-        self, request: EditRequest, batch: _Batch, progress: _Progress
-    ) -> EditResult:
+    async def _attempt(self, request: EditRequest, batch: _Batch, progress: _Progress) -> EditResult:
         deadline = progress.started + self.options.timeout_s
         saved = batch.journal.load(request.attempt_id) or {}
         if saved.get("request_id") and saved.get("state") in _FETCHABLE_STATES:
@@ -389,9 +376,7 @@ class FalEditor:
                 progress.lost_request_ids.append(progress.request_id)
                 progress.request_id, progress.resumed = None, False
             else:
-                return await self._until(
-                    deadline, progress, self._finish(request, progress, payload, batch)
-                )
+                return await self._until(deadline, progress, self._finish(request, progress, payload, batch))
 
         arguments = await asyncio.to_thread(self._arguments, request)
         if asyncio.get_running_loop().time() >= deadline:  # a slow resume must not pay anew
@@ -402,28 +387,19 @@ class FalEditor:
         except _Lost:
             raise _Outcome(
                 "failed",
-                f"fal_lost: fal does not know request {progress.request_id}, "
-                "which it accepted moments ago",
+                f"fal_lost: fal does not know request {progress.request_id}, which it accepted moments ago",
                 state="lost",
             ) from None
-        return await self._until(
-            deadline, progress, self._finish(request, progress, payload, batch)
-        )
+        return await self._until(deadline, progress, self._finish(request, progress, payload, batch))
 
     def _arguments(self, request: EditRequest) -> dict[str, Any]:
         image = request.image
-        if not (
-            isinstance(image, np.ndarray)
-            and image.dtype == np.uint8
-            and image.ndim == 3
-            and image.shape[2] == 3
-        ):
+        if not (isinstance(image, np.ndarray) and image.dtype == np.uint8 and image.ndim == 3 and image.shape[2] == 3):
             shape = getattr(image, "shape", None)
             dtype = getattr(image, "dtype", None)
             raise _Outcome(
                 "failed",
-                f"fal_bad_input: image must be (H, W, 3) uint8 RGB, "
-                f"received shape {shape} dtype {dtype}",
+                f"fal_bad_input: image must be (H, W, 3) uint8 RGB, received shape {shape} dtype {dtype}",
             )
         return {
             **self.options.arguments,
@@ -606,9 +582,7 @@ class FalEditor:
         if url.startswith("data:"):
             return base64.b64decode(url.partition(",")[2])
         if not url:
-            raise _Outcome(
-                "failed", "fal_bad_output: the result's image has no url", state="completed"
-            )
+            raise _Outcome("failed", "fal_bad_output: the result's image has no url", state="completed")
 
         async def get() -> bytes:
             response = await batch.http.get(url)
@@ -653,19 +627,13 @@ class FalEditor:
         if code == 404:
             return "not_found"
         response = getattr(exc, "response", None)
-        if (
-            code == 504
-            and response is not None
-            and "x-fal-request-timeout-type" in response.headers
-        ):
+        if code == 504 and response is not None and "x-fal-request-timeout-type" in response.headers:
             return "permanent"  # our own start_timeout ran out at fal: the job was dropped
         return "transient" if code in (408, 409, 429) or code >= 500 else "permanent"
 
     def _http_outcome(self, exc: Exception, what: str, *, tries: int) -> _Outcome:
         kind = self._classify(exc)
-        code = getattr(exc, "status_code", None) or getattr(
-            getattr(exc, "response", None), "status_code", None
-        )
+        code = getattr(exc, "status_code", None) or getattr(getattr(exc, "response", None), "status_code", None)
         message = _detail(exc)
         if code == 504 and kind == "permanent":
             return _Outcome(
@@ -688,9 +656,7 @@ class FalEditor:
             return _Outcome("refused", f"fal_content_policy: {message}", state="refused")
         if what == "download":
             # "completed": the result stays fetchable, a re-run tries the download again.
-            return _Outcome(
-                "failed", f"fal_download_failed: HTTP {code}: {message}", state="completed"
-            )
+            return _Outcome("failed", f"fal_download_failed: HTTP {code}: {message}", state="completed")
         return _Outcome("failed", f"fal_rejected: {what} HTTP {code}: {message}", state="failed")
 
     async def _backoff(self, failures: int, exc: Exception) -> None:
@@ -792,9 +758,7 @@ def _detail(exc: Exception) -> str:
 
 
 def _key_message(exc: Exception) -> str:
-    code = getattr(exc, "status_code", None) or getattr(
-        getattr(exc, "response", None), "status_code", "?"
-    )
+    code = getattr(exc, "status_code", None) or getattr(getattr(exc, "response", None), "status_code", "?")
     return (
         f"fal rejected the key in FAL_KEY (HTTP {code}: {_detail(exc)}); check it at "
         "https://fal.ai/dashboard/keys and `export FAL_KEY=<key_id>:<key_secret>`"

@@ -9,7 +9,7 @@ Three diffusers pipelines share one set of weights (text encoder, MMDiT transfor
   outside the mask change slightly; the factory's alignment step copies them back exactly.
 
 All of them resize the source to about one megapixel in multiples of 16 or 32 and return
-that size; this backend hands the image back as returned (``generation.align`` resizes it).
+that size; this backend hands the image back as returned (``counterfactory.generation.align`` resizes it).
 
 The pipeline is loaded once per worker process (a module-level cache keyed by everything
 that identifies the loaded object) in :meth:`QwenEditor.prepare`, which also raises
@@ -31,14 +31,15 @@ import importlib.util
 import json
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Sequence
+from typing import Any, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from generation.editors.base import EditJournal, EditorSetupError, EditRequest, EditResult
+from counterfactory.generation.editors.base import EditJournal, EditorSetupError, EditRequest, EditResult
 
 PipelineName = Literal["edit", "edit_plus", "inpaint"]
 
@@ -240,9 +241,7 @@ class QwenEditor:
         """Edit one request; see :meth:`edit_many`."""
         return self.edit_many([request])[0]
 
-    def edit_many(
-        self, requests: Sequence[EditRequest], journal: EditJournal | None = None
-    ) -> list[EditResult]:
+    def edit_many(self, requests: Sequence[EditRequest], journal: EditJournal | None = None) -> list[EditResult]:
         """Edit requests in batches of ``batch_size`` (same pipeline and source size).
 
         ``journal`` is not used: local generation costs nothing to repeat, so there is no
@@ -360,9 +359,7 @@ class QwenEditor:
                 "versions": _versions(),
             }
             if not np.isfinite(array).all():
-                results.append(
-                    _failed(request, "qwen_nan_output: the pipeline returned NaN or inf pixels", meta)
-                )
+                results.append(_failed(request, "qwen_nan_output: the pipeline returned NaN or inf pixels", meta))
                 continue
             # the same rounding diffusers uses for its PIL output
             image = (np.clip(array, 0.0, 1.0) * 255).round().astype(np.uint8)
@@ -411,15 +408,11 @@ def _import_backend() -> tuple[Any, Any]:
     try:
         import torch
     except ImportError as exc:
-        raise EditorSetupError(
-            f"the qwen editor needs torch, which is not installed: {_INSTALL_HINT}"
-        ) from exc
+        raise EditorSetupError(f"the qwen editor needs torch, which is not installed: {_INSTALL_HINT}") from exc
     try:
         import diffusers
     except ImportError as exc:
-        raise EditorSetupError(
-            f"the qwen editor needs diffusers, which is not installed: {_INSTALL_HINT}"
-        ) from exc
+        raise EditorSetupError(f"the qwen editor needs diffusers, which is not installed: {_INSTALL_HINT}") from exc
     if importlib.util.find_spec("transformers") is None:
         raise EditorSetupError(
             f"the qwen editor needs transformers (its text encoder), which is not installed: {_INSTALL_HINT}"
@@ -446,13 +439,10 @@ def _check_device(torch: Any, options: QwenOptions) -> None:
         index = int(device.split(":")[1]) if ":" in device else 0
         if index >= torch.cuda.device_count():
             raise EditorSetupError(
-                f"editor.qwen.device is {device!r} but this machine has "
-                f"{torch.cuda.device_count()} CUDA device(s)"
+                f"editor.qwen.device is {device!r} but this machine has {torch.cuda.device_count()} CUDA device(s)"
             )
     if options.cpu_offload and kind == "cpu":
-        raise EditorSetupError(
-            "editor.qwen.cpu_offload needs a CUDA device; it means nothing with device: cpu"
-        )
+        raise EditorSetupError("editor.qwen.cpu_offload needs a CUDA device; it means nothing with device: cpu")
 
 
 def _looks_like_path(name: str) -> bool:
@@ -482,11 +472,7 @@ def _resolve_model(options: QwenOptions) -> tuple[Path, str | None]:
         folder = Path(snapshot_download(model_id, revision=revision, local_files_only=not options.download))
     except Exception as exc:  # noqa: BLE001 - hub errors have many types; all mean "not here"
         rev = f" --revision {revision}" if revision else ""
-        how = (
-            "is not in the Hugging Face cache on this machine"
-            if not options.download
-            else "could not be downloaded"
-        )
+        how = "is not in the Hugging Face cache on this machine" if not options.download else "could not be downloaded"
         raise EditorSetupError(
             f"{model_id}{'@' + revision if revision else ''} {how} ({type(exc).__name__}); "
             f"run `hf download {model_id}{rev}` first, or set editor.qwen.download: true"
@@ -504,9 +490,7 @@ def _resolve_lora(options: QwenOptions) -> Path | None:
     if not name:
         return None
     if importlib.util.find_spec("peft") is None:
-        raise EditorSetupError(
-            f"editor.qwen.lightning_lora needs peft, which is not installed: {_INSTALL_HINT}"
-        )
+        raise EditorSetupError(f"editor.qwen.lightning_lora needs peft, which is not installed: {_INSTALL_HINT}")
     path = Path(name).expanduser()
     if path.is_file():
         return path
@@ -599,16 +583,12 @@ def _load(
                 f"editor.qwen.scheduler_overrides has keys {unknown} that "
                 f"{type(pipe.scheduler).__name__} does not have; valid: {valid}"
             )
-        pipe.scheduler = type(pipe.scheduler).from_config(
-            pipe.scheduler.config, **options.scheduler_overrides
-        )
+        pipe.scheduler = type(pipe.scheduler).from_config(pipe.scheduler.config, **options.scheduler_overrides)
     if lora_file is not None:
         try:
             pipe.load_lora_weights(str(lora_file), adapter_name="lightning")
         except (OSError, ValueError, KeyError, RuntimeError) as exc:
-            raise EditorSetupError(
-                f"could not load the LoRA {lora_file}: {type(exc).__name__}: {exc}"
-            ) from exc
+            raise EditorSetupError(f"could not load the LoRA {lora_file}: {type(exc).__name__}: {exc}") from exc
         # fused and unloaded: the LoRA costs nothing per step afterwards
         pipe.fuse_lora(lora_scale=options.lora_scale, adapter_names=["lightning"])
         pipe.unload_lora_weights()

@@ -18,7 +18,7 @@ from PIL import Image
 from tests.conftest import REPO, read_rgb
 from tests.generation.fal_server import FalServer
 
-CLI = [sys.executable, "-m", "flows.cli"]
+CLI = [sys.executable, "-m", "counterfactory.flows.cli"]
 
 
 def _run(args, env=None) -> subprocess.CompletedProcess:
@@ -70,8 +70,14 @@ def test_same_spec_runs_on_fal_through_the_real_client(tmp_path):
 
 def test_missing_fal_key_stops_before_any_work(tmp_path):
     out = tmp_path / "out"
-    result = subprocess.run(CLI + ["run", str(_demo_with(tmp_path, "fal")), "--out", str(out)],
-                            cwd=REPO, capture_output=True, text=True, env=_no_fal_env(), timeout=300)
+    result = subprocess.run(
+        CLI + ["run", str(_demo_with(tmp_path, "fal")), "--out", str(out)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        env=_no_fal_env(),
+        timeout=300,
+    )
     assert result.returncode == 2
     assert "FAL_KEY" in result.stderr and "Traceback" not in result.stderr
     assert not out.exists()
@@ -80,8 +86,14 @@ def test_missing_fal_key_stops_before_any_work(tmp_path):
 def test_unknown_fal_endpoint_is_one_clear_message(tmp_path):
     out = tmp_path / "out"
     spec = _demo_with(tmp_path, "fal", endpoint="not an endpoint")
-    result = subprocess.run(CLI + ["run", str(spec), "--out", str(out)], cwd=REPO, capture_output=True,
-                            text=True, env={**_no_fal_env(), "FAL_KEY": "k:s"}, timeout=300)
+    result = subprocess.run(
+        CLI + ["run", str(spec), "--out", str(out)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        env={**_no_fal_env(), "FAL_KEY": "k:s"},
+        timeout=300,
+    )
     assert result.returncode == 2
     assert "fal-ai/nano-banana/edit" in result.stderr and "Traceback" not in result.stderr
     assert not out.exists()
@@ -148,7 +160,9 @@ def test_measure_limb_pair_with_mask(tmp_path):
     candidate[mask > 0] = 255 - candidate[mask > 0]
     for name, pixels in (("s.png", source), ("c.png", candidate), ("m.png", mask)):
         Image.fromarray(pixels).save(tmp_path / name)
-    result = _run(["measure", str(tmp_path / "s.png"), str(tmp_path / "c.png"), "--mask", str(tmp_path / "m.png"), "--json"])
+    result = _run(
+        ["measure", str(tmp_path / "s.png"), str(tmp_path / "c.png"), "--mask", str(tmp_path / "m.png"), "--json"]
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     report = json.loads(result.stdout)
     assert report["kind"] == "limb"
@@ -165,7 +179,7 @@ def test_calibrate_reproduces_the_shipped_thresholds(tmp_path):
 
 
 def test_verify_reports_a_tampered_release(tmp_path):
-    from manifests.release import ReleaseStage, write_jsonl
+    from counterfactory.manifests.release import ReleaseStage, write_jsonl
 
     stage = ReleaseStage(tmp_path, "r", "1.0.0")
     write_jsonl(stage.dir / "manifest.jsonl", [{"item_id": "1"}])

@@ -17,15 +17,15 @@ import pytest
 import yaml
 from PIL import Image
 
-from generation.masks import dilate, mask_from_record
-from generation.sources import load_image, load_metadata
-from manifests.release import verify_release
+from counterfactory.generation.masks import dilate, mask_from_record
+from counterfactory.generation.sources import load_image, load_metadata
+from counterfactory.manifests.release import verify_release
 from tests.conftest import REPO, read_rgb
 from tests.generation import badinputs
 
 pytestmark = pytest.mark.slow
 
-CLI = [sys.executable, "-m", "flows.cli"]
+CLI = [sys.executable, "-m", "counterfactory.flows.cli"]
 
 
 def _run(args, **kwargs) -> subprocess.CompletedProcess:
@@ -103,7 +103,11 @@ def test_sigkill_half_way_then_resume_loses_nothing(demo_run, tmp_path):
     env = dict(os.environ)
     proc = subprocess.Popen(
         CLI + ["run", "assets/specs/demo-face.yaml", "--out", str(out), "--no-progress", "--workers", "1"],
-        cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
     )
     deadline = time.time() + 600
     finished_before_kill: dict[str, int] = {}
@@ -123,7 +127,9 @@ def test_sigkill_half_way_then_resume_loses_nothing(demo_run, tmp_path):
         os.killpg(proc.pid, signal.SIGKILL)  # the CLI and Prefect's temporary server with it
         proc.wait(timeout=30)
         with _ledger(out) as db:
-            finished_before_kill = dict(db.execute("select attempt_id, calls from attempts where status='ok'").fetchall())
+            finished_before_kill = dict(
+                db.execute("select attempt_id, calls from attempts where status='ok'").fetchall()
+            )
             in_flight_at_kill = {r[0] for r in db.execute("select attempt_id from attempts where status='running'")}
     finally:
         if proc.poll() is None:
@@ -171,8 +177,12 @@ def test_bad_inputs_fail_with_reasons_and_the_run_completes(tmp_path):
     spec = {
         "name": "bad-inputs",
         "sources": {"photos": "photos", "metadata": "metadata.yaml"},
-        "design": {"kind": "face", "axes": {"race": ["Black"], "gender": ["female", "male"]},
-                   "strata": ["occupation"], "templates_per_stratum": 5},
+        "design": {
+            "kind": "face",
+            "axes": {"race": ["Black"], "gender": ["female", "male"]},
+            "strata": ["occupation"],
+            "templates_per_stratum": 5,
+        },
         "editor": {"backend": "classical", "max_attempts": 1},
         "release": {"name": "bad-inputs", "version": "0.1.0"},
     }
@@ -188,7 +198,9 @@ def test_bad_inputs_fail_with_reasons_and_the_run_completes(tmp_path):
     assert "not an image" in failed["text"] or "cannot identify" in failed["text"]
     assert "pixels" in failed["huge"]
     for key, path in written.items():
-        assert path.name in stats["failed_sources"][[f["source_id"] for f in stats["failed_sources"]].index(key)]["path"]
+        assert (
+            path.name in stats["failed_sources"][[f["source_id"] for f in stats["failed_sources"]].index(key)]["path"]
+        )
     assert stats["items"]["total"] == 2  # grace's two cells ran
 
 

@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import struct
 import zlib
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 from PIL import Image
 
-from assets import PHOTOS_DIR
+from counterfactory.assets import PHOTOS_DIR
 
 #: The real photo the truncated and corrupt files are cut from.
 REAL_JPEG = PHOTOS_DIR / "grace_hopper.jpg"
@@ -26,12 +26,7 @@ REAL_PNG = PHOTOS_DIR / "astronaut.png"
 
 
 def _png_chunk(kind: bytes, data: bytes) -> bytes:
-    return (
-        struct.pack(">I", len(data))
-        + kind
-        + data
-        + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
-    )
+    return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
 
 
 def write_truncated_jpeg(
@@ -48,9 +43,7 @@ def write_truncated_jpeg(
     return path
 
 
-def write_corrupt_png(
-    folder: str | Path, name: str = "corrupt.png", *, photo: Path = REAL_PNG
-) -> Path:
+def write_corrupt_png(folder: str | Path, name: str = "corrupt.png", *, photo: Path = REAL_PNG) -> Path:
     """A real PNG of full length with its compressed pixel data overwritten in the middle."""
     data = bytearray(Path(photo).read_bytes())
     start = data.index(b"IDAT") + 4

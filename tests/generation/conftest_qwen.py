@@ -142,9 +142,7 @@ def image_only_processor(tokenizer: Any, image_processor: Any) -> Any:
     from transformers import Qwen2VLProcessor
 
     class ImageOnlyQwen2VLProcessor(Qwen2VLProcessor):
-        def __init__(
-            self, image_processor: Any = None, tokenizer: Any = None, chat_template: Any = None, **kw: Any
-        ):
+        def __init__(self, image_processor: Any = None, tokenizer: Any = None, chat_template: Any = None, **kw: Any):
             super().__init__(image_processor, tokenizer, None, chat_template=chat_template, **kw)
 
     return ImageOnlyQwen2VLProcessor(image_processor=image_processor, tokenizer=tokenizer)

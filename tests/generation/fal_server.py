@@ -43,8 +43,9 @@ import threading
 import time
 import uuid
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Literal
+from typing import Any, Literal
 
 import numpy as np
 from fastapi import FastAPI, Request
@@ -346,18 +347,14 @@ class FalServer:
                 self.submit_attempts[digest] += 1
                 behaviour = self._behaviours.get(prompt, Behaviour())
                 used = self._submit_errors_used[digest]
-                injected = (
-                    behaviour.submit_errors[used] if used < len(behaviour.submit_errors) else None
-                )
+                injected = behaviour.submit_errors[used] if used < len(behaviour.submit_errors) else None
                 if injected is not None:
                     self._submit_errors_used[digest] += 1
             if injected == 0:
                 await hang()
                 return error(503, "shutting down")
             if injected is not None:
-                return error(
-                    injected, "Rate limit exceeded" if injected == 429 else "Service unavailable"
-                )
+                return error(injected, "Rate limit exceeded" if injected == 429 else "Service unavailable")
             try:
                 image = await asyncio.to_thread(_decode_data_uri, body["image_urls"][0])
             except Exception as exc:

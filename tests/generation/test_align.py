@@ -10,7 +10,7 @@ import cv2
 import numpy as np
 import pytest
 
-from generation.align import AlignConfig, align_candidate, composite, composite_alpha, similarity_params
+from counterfactory.generation.align import AlignConfig, align_candidate, composite, composite_alpha, similarity_params
 from tests.conftest import read_rgb
 
 TOLERANCE_PX = 0.5
@@ -150,5 +150,7 @@ def test_a_different_photo_fails_registration(grace, astronaut):
     result = align_candidate(grace, astronaut)
     assert not result.ok
     assert result.reason.split(":")[0] in {
-        "align_registration_failed", "align_transform_out_of_bounds", "align_residual_above_max",
+        "align_registration_failed",
+        "align_transform_out_of_bounds",
+        "align_residual_above_max",
     }

@@ -6,9 +6,9 @@ import cv2
 import numpy as np
 import pytest
 
-from generation.editors import EditorSetupError, EditRequest, make_editor
-from generation.editors.classical import ClassicalEditor, ClassicalOptions
-from validation.faces import face_mask, get_face_landmarker
+from counterfactory.generation.editors import EditorSetupError, EditRequest, make_editor
+from counterfactory.generation.editors.classical import ClassicalEditor, ClassicalOptions
+from counterfactory.validation.faces import face_mask, get_face_landmarker
 
 
 @pytest.fixture(scope="module")
@@ -40,14 +40,20 @@ def test_conditions_differ_and_repeat_exactly(grace, grace_mask):
 
 
 def test_output_is_resized_to_multiple_like_diffusers(grace, grace_mask):
-    out = ClassicalEditor(ClassicalOptions(output_multiple=32)).edit(_request(grace, grace_mask, {"race": "Black"})).image
+    out = (
+        ClassicalEditor(ClassicalOptions(output_multiple=32)).edit(_request(grace, grace_mask, {"race": "Black"})).image
+    )
     assert out.shape[0] % 32 == 0 and out.shape[1] % 32 == 0 and out.shape[:2] != grace.shape[:2]
 
 
 def test_limb_inpainting_touches_only_the_mask(grace):
     mask = np.zeros(grace.shape[:2], np.uint8)
     mask[450:520, 100:200] = 255
-    out = ClassicalEditor(ClassicalOptions(output_multiple=0)).edit(_request(grace, mask, {"cue": "removed"}, kind="limb")).image
+    out = (
+        ClassicalEditor(ClassicalOptions(output_multiple=0))
+        .edit(_request(grace, mask, {"cue": "removed"}, kind="limb"))
+        .image
+    )
     assert np.array_equal(out[mask == 0], grace[mask == 0])
     assert not np.array_equal(out[mask > 0], grace[mask > 0])
 

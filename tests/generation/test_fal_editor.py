@@ -21,9 +21,9 @@ import numpy as np
 import pydantic
 import pytest
 
-from generation.editors import make_editor
-from generation.editors.base import EditorSetupError, EditRequest, MemoryJournal
-from generation.editors.fal import DEFAULT_PRICES_USD, FalEditor, FalOptions
+from counterfactory.generation.editors import make_editor
+from counterfactory.generation.editors.base import EditorSetupError, EditRequest, MemoryJournal
+from counterfactory.generation.editors.fal import DEFAULT_PRICES_USD, FalEditor, FalOptions
 from tests.generation.fal_server import Behaviour, FalServer
 
 PRICE = DEFAULT_PRICES_USD["fal-ai/nano-banana/edit"]
@@ -61,9 +61,7 @@ def test_round_trip_is_lossless_and_accounted(server, grace):
         EditRequest("b", _image(2, (33, 17)), "make the person East Asian and male", 12),
     ]
     journal = MemoryJournal()
-    editor = make_editor(
-        "fal", FalOptions(backoff_s=0.02, poll_interval_s=0.02, arguments={"aspect_ratio": "auto"})
-    )
+    editor = make_editor("fal", FalOptions(backoff_s=0.02, poll_interval_s=0.02, arguments={"aspect_ratio": "auto"}))
     editor.prepare()
     results = editor.edit_many(requests, journal=journal)
 
@@ -112,9 +110,7 @@ def test_bounds_hold_across_batches_running_in_parallel_threads(server):
     server.latency_s = 0.3
     editor = _editor(concurrency=3, spend_cap_usd=7.5 * PRICE)
     journal = MemoryJournal()
-    batches = [
-        [EditRequest(f"t{t}-{i}", _image(10 * t + i), f"p{t}-{i}", i) for i in range(5)] for t in range(2)
-    ]
+    batches = [[EditRequest(f"t{t}-{i}", _image(10 * t + i), f"p{t}-{i}", i) for i in range(5)] for t in range(2)]
     with ThreadPoolExecutor(max_workers=2) as pool:
         results = [r for batch in pool.map(lambda b: editor.edit_many(b, journal), batches) for r in batch]
 
@@ -131,9 +127,7 @@ def test_transient_errors_are_retried_without_paying_twice(server):
     assert result.status == "ok", result.reason
     assert np.array_equal(result.image, 255 - _image(3))
     [digest] = server.submit_attempts
-    assert (
-        server.submit_attempts[digest] == 4
-    )  # 429 (fal-client's own retry), 503, 500, then accepted
+    assert server.submit_attempts[digest] == 4  # 429 (fal-client's own retry), 503, 500, then accepted
     assert server.paid_submits[digest] == 1
     assert result.metadata["submit_tries"] == 3  # fal-client absorbs the 429 before we see it
 
@@ -261,9 +255,7 @@ def test_duplicates_bad_inputs_and_running_event_loops(server):
     assert first.status == same.status == again.status == "ok"
     assert failed.status == "failed" and failed.reason.startswith("fal_bad_input:")
     assert "float32" in failed.reason
-    assert (
-        sum(server.paid_submits.values()) == 2
-    )  # once per edit_many call without a shared journal
+    assert sum(server.paid_submits.values()) == 2  # once per edit_many call without a shared journal
 
 
 def test_setup_error_without_key(server, monkeypatch):
@@ -293,9 +285,7 @@ def test_setup_error_when_fal_cannot_be_reached(server):
         probe.bind(("127.0.0.1", 0))
         closed = f"127.0.0.1:{probe.getsockname()[1]}"
     with server.patch_environment(host=closed):
-        with pytest.raises(
-            EditorSetupError, match=f"cannot reach fal's queue at https://{closed}/"
-        ):
+        with pytest.raises(EditorSetupError, match=f"cannot reach fal's queue at https://{closed}/"):
             _editor(timeout_s=1.5).prepare()
 
 
@@ -308,12 +298,8 @@ def test_setup_error_for_an_unknown_endpoint(server):
     with pytest.raises(EditorSetupError, match="no price known"):
         _editor(endpoint="fal-ai/flux-pro/kontext").prepare()
 
-    ghost = _editor(
-        endpoint="fal-ai/no-such-app/edit", prices_usd={"fal-ai/no-such-app/edit": 0.01}
-    )
-    with pytest.raises(
-        EditorSetupError, match=r"no app at endpoint 'fal-ai/no-such-app/edit' \(HTTP 404"
-    ):
+    ghost = _editor(endpoint="fal-ai/no-such-app/edit", prices_usd={"fal-ai/no-such-app/edit": 0.01})
+    with pytest.raises(EditorSetupError, match=r"no app at endpoint 'fal-ai/no-such-app/edit' \(HTTP 404"):
         ghost.edit_many(_requests(3))
     assert not server.paid_submits
 
@@ -332,9 +318,9 @@ def test_options_refuse_arguments_the_backend_owns():
 _CHILD = """
 import json, sys
 import numpy as np
-from generation.editors.base import EditRequest
-from generation.editors.fal import FalEditor, FalOptions
-from manifests.ledger import Ledger
+from counterfactory.generation.editors.base import EditRequest
+from counterfactory.generation.editors.fal import FalEditor, FalOptions
+from counterfactory.manifests.ledger import Ledger
 
 url, out, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
 requests = [
@@ -354,7 +340,7 @@ with open(out, "w") as f:
 
 @pytest.mark.slow
 def test_killed_batch_resumes_without_submitting_anything_twice(server, tmp_path):
-    from manifests.ledger import Ledger
+    from counterfactory.manifests.ledger import Ledger
 
     url, out, n = f"sqlite:///{tmp_path / 'ledger.sqlite'}", str(tmp_path / "results.json"), 8
     journal = Ledger(url).journal("fal")  # creates the tables before the child opens them

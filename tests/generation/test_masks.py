@@ -12,8 +12,8 @@ from matplotlib.path import Path as MplPath
 from PIL import Image
 from pydantic import ValidationError
 
-from assets import PHOTOS_DIR
-from generation.masks import (
+from counterfactory.assets import PHOTOS_DIR
+from counterfactory.generation.masks import (
     MaskError,
     MaskOptions,
     apply_mask_options,
@@ -25,7 +25,7 @@ from generation.masks import (
     rle_decode,
     rle_encode,
 )
-from generation.sources import SourceRecord, load_image
+from counterfactory.generation.sources import SourceRecord, load_image
 
 
 def _shoelace(points) -> float:
@@ -80,9 +80,7 @@ def test_polygons_are_unioned_and_clipped_to_the_image():
     a = [(0, 0), (40, 0), (40, 40), (0, 40)]
     b = [(20, 20), (80, 20), (80, 80), (20, 80)]  # overlaps a, runs past a 64 x 64 image
     both = polygon_mask([a, b], (64, 64))
-    np.testing.assert_array_equal(
-        both, np.maximum(polygon_mask([a], (64, 64)), polygon_mask([b], (64, 64)))
-    )
+    np.testing.assert_array_equal(both, np.maximum(polygon_mask([a], (64, 64)), polygon_mask([b], (64, 64))))
     assert int((both > 0).sum()) == 40 * 40 + 44 * 44 - 20 * 20
 
 
@@ -111,9 +109,7 @@ def test_hand_computed_rle():
     )
     # column-major: col0 0,0,0 | col1 1,1,0 | col2 0,1,1 | col3 0,0,0 -> runs 3,2,2,2,3
     assert rle_encode(mask) == {"size": [3, 4], "counts": [3, 2, 2, 2, 3]}
-    np.testing.assert_array_equal(
-        rle_decode({"size": [3, 4], "counts": [3, 2, 2, 2, 3]}), mask * 255
-    )
+    np.testing.assert_array_equal(rle_decode({"size": [3, 4], "counts": [3, 2, 2, 2, 3]}), mask * 255)
 
 
 def test_rle_starting_inside_begins_with_a_zero_run():

@@ -15,8 +15,8 @@ from functools import partial
 import numpy as np
 import pytest
 
-from generation.masks import MaskError
-from generation.masks_sam import (
+from counterfactory.generation.masks import MaskError
+from counterfactory.generation.masks_sam import (
     MaskSetupError,
     box_region,
     clear_sam_cache,
@@ -108,9 +108,7 @@ BOX = [40.0, 60.0, 220.0, 330.0]
 
 
 def test_box_mask_matches_sam_predictor(tiny_checkpoint, photo):
-    got = sam_mask(
-        photo, box=BOX, checkpoint=tiny_checkpoint, model_type=TINY, clip_to_box=False, device="cpu"
-    )
+    got = sam_mask(photo, box=BOX, checkpoint=tiny_checkpoint, model_type=TINY, clip_to_box=False, device="cpu")
     assert got.shape == photo.shape[:2] and got.dtype == np.uint8
     assert set(np.unique(got)) <= {0, 255}
     masks, _ = direct_masks(tiny_checkpoint, photo, box=np.array(BOX), multimask_output=False)
@@ -119,9 +117,7 @@ def test_box_mask_matches_sam_predictor(tiny_checkpoint, photo):
 
 def test_points_are_x_then_y(tiny_checkpoint, photo):
     points, labels = [[120.0, 80.0], [30.0, 350.0]], [1, 0]
-    got = sam_mask(
-        photo, points=points, point_labels=labels, checkpoint=tiny_checkpoint, model_type=TINY, device="cpu"
-    )
+    got = sam_mask(photo, points=points, point_labels=labels, checkpoint=tiny_checkpoint, model_type=TINY, device="cpu")
     masks, _ = direct_masks(
         tiny_checkpoint,
         photo,
@@ -210,9 +206,7 @@ def test_bad_image_raises_mask_error(tiny_checkpoint, photo):
 
 def test_missing_checkpoint_is_a_setup_error(tmp_path, tiny_checkpoint):
     with pytest.raises(MaskSetupError, match="does not exist.*sam_vit_b_01ec64.pth"):
-        sam_mask(
-            np.zeros((8, 8, 3), np.uint8), box=[0, 0, 4, 4], checkpoint=tmp_path / "sam.pth", device="cpu"
-        )
+        sam_mask(np.zeros((8, 8, 3), np.uint8), box=[0, 0, 4, 4], checkpoint=tmp_path / "sam.pth", device="cpu")
 
 
 def test_unknown_model_type_lists_the_valid_ones(tiny_checkpoint):

@@ -6,8 +6,8 @@ import hashlib
 
 import pytest
 
-from assets import PROMPTS_DIR
-from generation.prompts import PromptConfig, load_template, render_prompt
+from counterfactory.assets import PROMPTS_DIR
+from counterfactory.generation.prompts import PromptConfig, load_template, render_prompt
 
 
 def test_face_prompt_has_target_group_as_its_only_variable():
@@ -33,7 +33,9 @@ def test_face_prompts_differ_only_in_the_group(condition, group):
 
 
 def test_limb_prompts_pick_the_cue_template_and_region():
-    removed = render_prompt(PromptConfig(), kind="limb", condition={"cue": "removed"}, source_meta={"limb_region": "left forearm"})
+    removed = render_prompt(
+        PromptConfig(), kind="limb", condition={"cue": "removed"}, source_meta={"limb_region": "left forearm"}
+    )
     kept = render_prompt(PromptConfig(), kind="limb", condition={"cue": "kept"})
     assert removed.template == "limb_removed_v1" and "left forearm" in removed.text
     assert kept.template == "limb_kept_v1" and "arm and hand" in kept.text

@@ -20,10 +20,10 @@ import numpy as np
 import pydantic
 import pytest
 
-from generation.align import AlignConfig, align_candidate
-from generation.editors import make_editor
-from generation.editors.base import EditorSetupError, EditRequest
-from generation.editors.qwen import QwenEditor, QwenOptions
+from counterfactory.generation.align import AlignConfig, align_candidate
+from counterfactory.generation.editors import make_editor
+from counterfactory.generation.editors.base import EditorSetupError, EditRequest
+from counterfactory.generation.editors.qwen import QwenEditor, QwenOptions
 from tests.conftest import read_rgb
 from tests.generation.conftest_qwen import build_tiny_qwen_pipeline, write_tiny_lora
 
@@ -67,9 +67,7 @@ def tiny_options(folder: Path, **changes) -> QwenOptions:
 
 
 def face_request(source, face_mask, *, seed=0, prompt=PROMPT_A, attempt="face") -> EditRequest:
-    return EditRequest(
-        attempt_id=attempt, image=source, prompt=prompt, seed=seed, kind="face", mask=face_mask
-    )
+    return EditRequest(attempt_id=attempt, image=source, prompt=prompt, seed=seed, kind="face", mask=face_mask)
 
 
 def limb_request(source, limb_mask, *, seed=0, attempt="limb") -> EditRequest:
@@ -128,10 +126,7 @@ def test_lineage_changes_with_every_option_that_decides_the_output(tmp_path):
         changed = QwenEditor(QwenOptions(**{name: value})).lineage()
         assert changed != base, f"{name} does not change the lineage"
     with_lora = QwenOptions(lightning_lora="x/y")
-    assert (
-        QwenEditor(with_lora.model_copy(update={"lora_scale": 0.5})).lineage()
-        != QwenEditor(with_lora).lineage()
-    )
+    assert QwenEditor(with_lora.model_copy(update={"lora_scale": 0.5})).lineage() != QwenEditor(with_lora).lineage()
     execution_only = {
         "batch_size": 4,
         "cpu_offload": True,
@@ -148,10 +143,7 @@ def test_lineage_changes_with_every_option_that_decides_the_output(tmp_path):
         == QwenEditor(unguided).lineage()
     )
     edit_only = QwenOptions(pipeline="edit")
-    assert (
-        QwenEditor(edit_only.model_copy(update={"strength": 0.5})).lineage()
-        == QwenEditor(edit_only).lineage()
-    )
+    assert QwenEditor(edit_only.model_copy(update={"strength": 0.5})).lineage() == QwenEditor(edit_only).lineage()
 
 
 def test_registry_builds_the_qwen_backend():
@@ -290,9 +282,7 @@ def test_limb_cells_inpaint_and_align_bit_exact_outside_the_mask(limb_run, face_
     # The tiny model's weights are random, so its output is noise with nothing to register
     # against; registration itself is tested in test_align.py. Here: the editor's output goes
     # through alignment as it comes (size, dtype) and the composite restores the source.
-    alignment = align_candidate(
-        source, limb_run.image, mask=limb_mask, kind="limb", config=AlignConfig(method="none")
-    )
+    alignment = align_candidate(source, limb_run.image, mask=limb_mask, kind="limb", config=AlignConfig(method="none"))
     assert alignment.ok, alignment.reason
     assert alignment.image.shape == source.shape and alignment.image.dtype == np.uint8
     outside = limb_mask == 0
@@ -319,9 +309,7 @@ def test_per_item_problems_are_values_and_spare_the_batch(tiny, source, limb_mas
             limb_request(source, limb_mask, attempt="good"),
             bad_seed,
             EditRequest(attempt_id="no-mask", image=source, prompt="x", seed=0, kind="limb"),
-            EditRequest(
-                attempt_id="grey", image=source[..., 0], prompt="x", seed=0, kind="limb", mask=limb_mask
-            ),
+            EditRequest(attempt_id="grey", image=source[..., 0], prompt="x", seed=0, kind="limb", mask=limb_mask),
         ]
     )
     by_id = {r.attempt_id: r for r in results}

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from generation.sampling import DesignConfig, cell_id, conditions, expand_grid, grid_summary
-from generation.sources import FailedSource, Source, SourceRecord
+from counterfactory.generation.sampling import DesignConfig, cell_id, conditions, expand_grid, grid_summary
+from counterfactory.generation.sources import FailedSource, Source, SourceRecord
 
 RACES = ["White", "Black", "East Asian", "South Asian", "Latino"]
 FACE_AXES = {"race": RACES, "gender": ["male", "female"]}
@@ -37,9 +37,7 @@ def _records(per_occupation: int = 10, occupations=OCCUPATIONS) -> list[SourceRe
 
 
 def _face(**overrides) -> DesignConfig:
-    return DesignConfig(
-        **{"kind": "face", "axes": FACE_AXES, "templates_per_stratum": 2, **overrides}
-    )
+    return DesignConfig(**{"kind": "face", "axes": FACE_AXES, "templates_per_stratum": 2, **overrides})
 
 
 def _fingerprint(grid) -> tuple:
@@ -47,9 +45,7 @@ def _fingerprint(grid) -> tuple:
 
 
 def test_conditions_are_the_cross_product_in_axis_order():
-    design = DesignConfig(
-        kind="face", axes={"race": ["A", "B"], "gender": ["m", "f"]}, templates_per_stratum=1
-    )
+    design = DesignConfig(kind="face", axes={"race": ["A", "B"], "gender": ["m", "f"]}, templates_per_stratum=1)
     assert conditions(design) == [
         {"race": "A", "gender": "m"},
         {"race": "A", "gender": "f"},
@@ -102,9 +98,7 @@ def test_default_strata_are_balanced():
     # default strata: occupation x presented_gender -> 12 strata of 5 sources each
     grid = expand_grid(_records(10), _face(templates_per_stratum=3))
     assert len(grid.strata) == 12
-    per_stratum = Counter(
-        (t.stratum["occupation"], t.stratum["presented_gender"]) for t in grid.templates
-    )
+    per_stratum = Counter((t.stratum["occupation"], t.stratum["presented_gender"]) for t in grid.templates)
     assert set(per_stratum.values()) == {3}
     assert all(s.available == 5 and len(s.source_ids) == 3 for s in grid.strata)
     for template in grid.templates:  # a template really belongs to its stratum
@@ -180,20 +174,12 @@ def test_gender_balanced_gives_equal_matched_and_mismatched_per_template():
 def test_gender_modes_exclude_unknown_gender_visibly():
     records = _records(2, ["nurse"]) + [
         SourceRecord(id="unknown", path="u.jpg", licence="CC0", occupation="nurse"),
-        SourceRecord(
-            id="nb", path="n.jpg", licence="CC0", occupation="nurse", presented_gender="nonbinary"
-        ),
+        SourceRecord(id="nb", path="n.jpg", licence="CC0", occupation="nurse", presented_gender="nonbinary"),
     ]
-    grid = expand_grid(
-        records, _face(strata=["occupation"], templates_per_stratum=9, gender_balance="match")
-    )
+    grid = expand_grid(records, _face(strata=["occupation"], templates_per_stratum=9, gender_balance="match"))
     assert {e.source_id for e in grid.excluded} == {"unknown", "nb"}
-    assert "presented_gender unknown" in next(
-        e.reason for e in grid.excluded if e.source_id == "unknown"
-    )
-    mismatch = expand_grid(
-        records, _face(strata=["occupation"], templates_per_stratum=9, gender_balance="mismatch")
-    )
+    assert "presented_gender unknown" in next(e.reason for e in grid.excluded if e.source_id == "unknown")
+    mismatch = expand_grid(records, _face(strata=["occupation"], templates_per_stratum=9, gender_balance="mismatch"))
     assert [e.source_id for e in mismatch.excluded] == ["unknown"]
     assert all(c.gender_match is False for c in mismatch.cells_of("nb"))
     anything = expand_grid(records, _face(strata=["occupation"], templates_per_stratum=9))
@@ -213,14 +199,10 @@ def test_partial_conditions_are_spread_evenly_over_the_grid():
 
 def test_limb_design_with_cue_axis():
     records = [
-        SourceRecord(
-            id=f"arm{i}", path=f"{i}.jpg", licence="CC0", limb_mask={"file": f"masks/{i}.png"}
-        )
+        SourceRecord(id=f"arm{i}", path=f"{i}.jpg", licence="CC0", limb_mask={"file": f"masks/{i}.png"})
         for i in range(3)
     ]
-    design = DesignConfig(
-        kind="limb", axes={"cue": ["removed", "kept"]}, strata=[], templates_per_stratum=5
-    )
+    design = DesignConfig(kind="limb", axes={"cue": ["removed", "kept"]}, strata=[], templates_per_stratum=5)
     grid = expand_grid(records, design)
     assert [c.cell_id for c in grid.cells] == [
         "arm0|cue=removed",
@@ -241,9 +223,7 @@ def test_sources_and_failed_sources_are_accepted():
     items.append(FailedSource("broken", Path("broken.jpg"), "empty file (0 bytes)"))
     grid = expand_grid(items, _face(strata=["occupation"], templates_per_stratum=3))
     assert [t.source_id for t in grid.templates] == [r.id for r in records]
-    assert [(e.source_id, e.reason) for e in grid.excluded] == [
-        ("broken", "failed to load: empty file (0 bytes)")
-    ]
+    assert [(e.source_id, e.reason) for e in grid.excluded] == [("broken", "failed to load: empty file (0 bytes)")]
 
 
 def test_duplicate_source_ids_are_refused():
@@ -255,9 +235,7 @@ def test_duplicate_source_ids_are_refused():
 def test_grid_summary_is_json_ready_and_adds_up():
     grid = expand_grid(_records(10), _face(strata=["occupation"], templates_per_stratum=8))
     summary = json.loads(json.dumps(grid_summary(grid)))
-    assert (
-        summary["n_templates"] == 48 and summary["n_cells"] == 480 and summary["n_conditions"] == 10
-    )
+    assert summary["n_templates"] == 48 and summary["n_cells"] == 480 and summary["n_conditions"] == 10
     assert sum(summary["cells_per_condition"].values()) == 480
     assert set(summary["cells_per_condition"].values()) == {48}
     assert summary["gender_match"]["matched"] + summary["gender_match"]["mismatched"] == 480

@@ -19,8 +19,8 @@ import pytest
 import yaml
 from PIL import Image
 
-from assets import PHOTOS_DIR
-from generation.sources import (
+from counterfactory.assets import PHOTOS_DIR
+from counterfactory.generation.sources import (
     FailedSource,
     FileMask,
     MetadataError,
@@ -244,9 +244,7 @@ def test_exif_orientation_rotates_a_real_photo(tmp_path, orientation, upright):
     loaded = load_image(path)
     np.testing.assert_array_equal(loaded.pixels, upright(original))
     assert loaded.original_size == (512, 600)
-    assert (
-        loaded.sha256 == hashlib.sha256(path.read_bytes()).hexdigest() != load_image(HOPPER).sha256
-    )
+    assert loaded.sha256 == hashlib.sha256(path.read_bytes()).hexdigest() != load_image(HOPPER).sha256
     assert any(f"orientation {orientation}" in note for note in loaded.notes)
 
 
@@ -433,9 +431,7 @@ def test_every_bad_entry_is_listed_in_one_message(tmp_path):
 
 
 def test_duplicate_ids_are_an_error(tmp_path):
-    path = _write_yaml(
-        tmp_path / "meta.yaml", [ENTRIES[0], ENTRIES[1], {**ENTRIES[2], "id": "hopper"}]
-    )
+    path = _write_yaml(tmp_path / "meta.yaml", [ENTRIES[0], ENTRIES[1], {**ENTRIES[2], "id": "hopper"}])
     with pytest.raises(MetadataError) as info:
         load_metadata(path)
     (problem,) = info.value.problems
@@ -458,9 +454,7 @@ def test_duplicate_ids_are_an_error(tmp_path):
 def test_broken_files(tmp_path, name, text, expected):
     path = tmp_path / name
     path.write_text(text, encoding="utf-8")
-    with pytest.raises(
-        MetadataError, match=expected.replace("[", r"\[").replace("(", r"\(")
-    ) as info:
+    with pytest.raises(MetadataError, match=expected.replace("[", r"\[").replace("(", r"\(")) as info:
         load_metadata(path)
     assert str(path) in str(info.value)
 
@@ -576,9 +570,7 @@ def test_load_sources_raises_for_broken_metadata(tmp_path):
 
 
 def test_load_sources_needs_the_photos_folder(tmp_path):
-    meta = _write_yaml(
-        tmp_path / "s.yaml", [{"id": "a", "path": "grace_hopper.jpg", "licence": "PD"}]
-    )
+    meta = _write_yaml(tmp_path / "s.yaml", [{"id": "a", "path": "grace_hopper.jpg", "licence": "PD"}])
     with pytest.raises(NotADirectoryError, match="photos folder"):
         load_sources(tmp_path / "nowhere", meta)
 

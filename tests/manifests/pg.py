@@ -14,9 +14,9 @@ import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 
 def _bin(name: str) -> str | None:
@@ -38,7 +38,9 @@ def postgres_server() -> Iterator[str]:
     """Yield an SQLAlchemy URL of a fresh database on a private server."""
     initdb, pg_ctl = _bin("initdb"), _bin("pg_ctl")
     if not initdb or not pg_ctl:
-        raise RuntimeError("PostgreSQL server binaries not found; install postgresql (Debian: apt-get install postgresql)")
+        raise RuntimeError(
+            "PostgreSQL server binaries not found; install postgresql (Debian: apt-get install postgresql)"
+        )
     root = Path(tempfile.mkdtemp(prefix="cf-pg-"))
     data = root / "data"
     as_user: list[str] = []
@@ -46,12 +48,28 @@ def postgres_server() -> Iterator[str]:
         shutil.chown(root, user="postgres")
         as_user = ["runuser", "-u", "postgres", "--"]
     port = _free_port()
-    subprocess.run(as_user + [initdb, "-D", str(data), "-U", "postgres", "--auth=trust", "-E", "UTF8"],
-                   check=True, capture_output=True)
     subprocess.run(
-        as_user + [pg_ctl, "-D", str(data), "-l", str(root / "log"), "-w", "-t", "60", "-o",
-                   f"-p {port} -c listen_addresses=127.0.0.1 -k {root} -c fsync=off", "start"],
-        check=True, capture_output=True,
+        as_user + [initdb, "-D", str(data), "-U", "postgres", "--auth=trust", "-E", "UTF8"],
+        check=True,
+        capture_output=True,
+    )
+    subprocess.run(
+        as_user
+        + [
+            pg_ctl,
+            "-D",
+            str(data),
+            "-l",
+            str(root / "log"),
+            "-w",
+            "-t",
+            "60",
+            "-o",
+            f"-p {port} -c listen_addresses=127.0.0.1 -k {root} -c fsync=off",
+            "start",
+        ],
+        check=True,
+        capture_output=True,
     )
     try:
         deadline = time.time() + 30

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from manifests.release import ReleaseExistsError, ReleaseStage, verify_release, write_jsonl
+from counterfactory.manifests.release import ReleaseExistsError, ReleaseStage, verify_release, write_jsonl
 
 
 def _stage(tmp_path, rows, version="1.0.0"):
@@ -28,7 +28,7 @@ def test_same_manifest_again_is_a_no_op_and_a_different_one_is_refused(tmp_path)
     assert not again.created
     with pytest.raises(ReleaseExistsError, match="raise release.version"):
         _stage(tmp_path, [{"item_id": "2"}]).seal()
-    assert "item_id\":\"1" in (tmp_path / "releases/study/1.0.0/manifest.jsonl").read_text()
+    assert 'item_id":"1' in (tmp_path / "releases/study/1.0.0/manifest.jsonl").read_text()
 
 
 def test_verify_finds_tampered_missing_and_unlisted_files(tmp_path):

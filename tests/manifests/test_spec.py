@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from manifests.spec import SpecError, load_spec
+from counterfactory.manifests.spec import SpecError, load_spec
 
 
 @pytest.mark.parametrize("name", ["demo-face", "demo-limb"])
@@ -35,7 +35,11 @@ def test_switching_backend_is_one_field(specs_dir, tmp_path):
     text = (specs_dir / "demo-face.yaml").read_text()
     for backend in ("qwen", "fal"):
         path = tmp_path / f"{backend}.yaml"
-        path.write_text(text.replace("backend: classical", f"backend: {backend}").replace("../photos", str(specs_dir.parent / "photos")))
+        path.write_text(
+            text.replace("backend: classical", f"backend: {backend}").replace(
+                "../photos", str(specs_dir.parent / "photos")
+            )
+        )
         assert load_spec(path).editor.backend == backend
 
 
@@ -50,8 +54,18 @@ def _write(tmp_path: Path, specs_dir: Path, old: str, new: str) -> Path:
 @pytest.mark.parametrize(
     "old, new, field, fragments",
     [
-        ("templates_per_stratum: 1", "templates_per_stratum: many", "design.templates_per_stratum", ["integer", "'many'"]),
-        ("templates_per_stratum: 1", "templates_per_stratum: 0", "design.templates_per_stratum", ["greater than or equal to 1", "0"]),
+        (
+            "templates_per_stratum: 1",
+            "templates_per_stratum: many",
+            "design.templates_per_stratum",
+            ["integer", "'many'"],
+        ),
+        (
+            "templates_per_stratum: 1",
+            "templates_per_stratum: 0",
+            "design.templates_per_stratum",
+            ["greater than or equal to 1", "0"],
+        ),
         ("backend: classical", "backend: dalle", "editor.backend", ["'dalle'", "classical", "fal", "qwen"]),
         ("max_attempts: 2", "max_atempts: 2", "editor.max_atempts", ["not a known field"]),
         ("version: 0.1.0", "version: one", "release.version", ["semantic version", "'one'"]),

@@ -7,9 +7,9 @@ import hashlib
 import numpy as np
 import pytest
 
-from generation.editors.base import EditJournal
-from manifests.ledger import Ledger
-from manifests.store import ImageStore
+from counterfactory.generation.editors.base import EditJournal
+from counterfactory.manifests.ledger import Ledger
+from counterfactory.manifests.store import ImageStore
 from tests.manifests.pg import postgres_server
 
 
@@ -26,7 +26,7 @@ def ledger_url(request, tmp_path):
         return f"sqlite:///{tmp_path / 'l.sqlite'}"
     url = request.getfixturevalue("pg_url")
     engine = Ledger(url).engine
-    from manifests.ledger import Base
+    from counterfactory.manifests.ledger import Base
 
     Base.metadata.drop_all(engine)  # each test starts from an empty schema
     engine.dispose()
@@ -48,8 +48,15 @@ def test_store_missing_image_names_it(tmp_path):
 
 
 def _start(ledger: Ledger, aid: str = "a" * 64) -> None:
-    ledger.start_attempt(aid, cell_id="src|race=Black", attempt_no=1, seed=0, backend="classical",
-                         lineage={"backend": "classical"}, prompt="p")
+    ledger.start_attempt(
+        aid,
+        cell_id="src|race=Black",
+        attempt_no=1,
+        seed=0,
+        backend="classical",
+        lineage={"backend": "classical"},
+        prompt="p",
+    )
 
 
 def test_attempt_lifecycle_and_call_count(ledger_url):
@@ -71,9 +78,16 @@ def test_state_survives_reopening(ledger_url):
     first = Ledger(url)
     _start(first)
     first.finish_attempt("a" * 64, status="ok", output_sha256="b" * 64)
-    first.record_candidate("a" * 64, cell_id="c", judge_key="k", image_sha256="c" * 64,
-                           alignment={"ok": True, "transform": np.eye(2, 3)}, verdict="accepted",
-                           reasons=[], gates={"face": {"passed": True, "metrics": {"faces": np.int64(1)}}})
+    first.record_candidate(
+        "a" * 64,
+        cell_id="c",
+        judge_key="k",
+        image_sha256="c" * 64,
+        alignment={"ok": True, "transform": np.eye(2, 3)},
+        verdict="accepted",
+        reasons=[],
+        gates={"face": {"passed": True, "metrics": {"faces": np.int64(1)}}},
+    )
     first.close()
     again = Ledger(url)
     assert again.attempt("a" * 64).output_sha256 == "b" * 64

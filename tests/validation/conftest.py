@@ -8,12 +8,12 @@ import functools
 import numpy as np
 import pytest
 
-from assets import PHOTOS_DIR
-from validation.calibrate import load_rgb
-from validation.judge import GatesConfig, GateStack
+from counterfactory.assets import PHOTOS_DIR
+from counterfactory.validation.calibrate import load_rgb
+from counterfactory.validation.judge import GatesConfig, GateStack
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _photo(name: str) -> np.ndarray:
     image = load_rgb(PHOTOS_DIR / name)
     image.setflags(write=False)

@@ -130,7 +130,7 @@ def build_libreface_standin(path: Path, *, seed: int = 0) -> Path:
     as LibreFace saves its checkpoints: ``{"model": state_dict}``."""
     import torch
 
-    from validation.backends.libreface import build_libreface_resnet
+    from counterfactory.validation.backends.libreface import build_libreface_resnet
 
     torch.manual_seed(seed)
     model = build_libreface_resnet()

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from validation.attrition import attrition_table, plot_attrition, wilson_interval
+from counterfactory.validation.attrition import attrition_table, plot_attrition, wilson_interval
 
 
 @pytest.mark.parametrize(
@@ -48,8 +48,13 @@ def _rows():
             verdict = "accepted" if identity_ok and face_ok else "rejected"
             if race == "White" and gender == "male" and i == 9:
                 verdict = "needs_review"
-            rows.append({"condition": {"race": race, "gender": gender}, "verdict": verdict,
-                         "gates": {"face": face_ok, "identity": identity_ok}})
+            rows.append(
+                {
+                    "condition": {"race": race, "gender": gender},
+                    "verdict": verdict,
+                    "gates": {"face": face_ok, "identity": identity_ok},
+                }
+            )
     rows.append({"condition": {"cue": "removed"}, "verdict": "failed", "gates": {"input": False}})
     return rows
 

@@ -7,8 +7,8 @@ import shutil
 
 import pytest
 
-from assets import PHOTOS_DIR
-from validation.calibrate import (
+from counterfactory.assets import PHOTOS_DIR
+from counterfactory.validation.calibrate import (
     RULES,
     _sig_up,
     _step_down,
@@ -17,7 +17,7 @@ from validation.calibrate import (
     run_calibration,
     suggest_thresholds,
 )
-from validation.thresholds import CALIBRATION_FILE, load_calibration
+from counterfactory.validation.thresholds import CALIBRATION_FILE, load_calibration
 
 BACKENDS = {"face": "mediapipe", "identity": "sface", "expression": "mediapipe"}
 
@@ -38,16 +38,22 @@ def _dist(**groups):
 def test_suggestions_follow_the_rules():
     d = _dist(
         noop={
-            "identity.cosine": [0.99, 0.913], "face.pose_change_deg": [0.5, 1.0],
-            "face.detection_score": [0.9], "expression.au_change_max": [0.04, 0.16],
-            "expression.au_change_mean": [0.01], "locality.diff_nonface": [0.01],
-            "locality.diff_face": [0.012], "locality.ratio": [1.2, 2.01],
+            "identity.cosine": [0.99, 0.913],
+            "face.pose_change_deg": [0.5, 1.0],
+            "face.detection_score": [0.9],
+            "expression.au_change_max": [0.04, 0.16],
+            "expression.au_change_mean": [0.01],
+            "locality.diff_nonface": [0.01],
+            "locality.diff_face": [0.012],
+            "locality.ratio": [1.2, 2.01],
         },
         source={"face.detection_score": [0.81, 0.95]},
         different_person={"identity.cosine": [0.1, 0.301]},
         different_photo={
-            "face.pose_change_deg": [4.0, 16.0, 9.0], "expression.au_change_max": [0.64],
-            "expression.au_change_mean": [0.16], "locality.diff_nonface": [0.25],
+            "face.pose_change_deg": [4.0, 16.0, 9.0],
+            "expression.au_change_max": [0.64],
+            "expression.au_change_mean": [0.16],
+            "locality.diff_nonface": [0.25],
         },
     )
     s = suggest_thresholds(d, backends=BACKENDS)
@@ -77,8 +83,13 @@ def test_shipped_calibration_is_this_commands_output(tmp_path):
     d = result["distributions"]
     # the distributions behind them are stored, sample by sample
     assert d["noop"]["identity.cosine"]["summary"]["n"] == len(d["noop"]["identity.cosine"]["labels"]) >= 50
-    assert d["different_person"]["identity.cosine"]["summary"]["max"] < result["published"]["opencv_sface_same_person_cosine"]
-    assert d["same_person"]["identity.cosine"]["summary"]["min"] > result["published"]["opencv_sface_same_person_cosine"]
+    assert (
+        d["different_person"]["identity.cosine"]["summary"]["max"]
+        < result["published"]["opencv_sface_same_person_cosine"]
+    )
+    assert (
+        d["same_person"]["identity.cosine"]["summary"]["min"] > result["published"]["opencv_sface_same_person_cosine"]
+    )
     assert not result["excluded_pairs"]
 
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from validation.backends import BackendUnavailable, load_au_model
-from validation.backends.libreface import DISFA_AUS, LibreFaceAUs, build_libreface_resnet, ffhq_align
-from validation.backends.mediapipe import BLENDSHAPE_AUS, blendshapes_to_aus
-from validation.gates.expression import au_changes, expression_gate
-from validation.judge import GatesConfig, GateStack
+from counterfactory.validation.backends import BackendUnavailable, load_au_model
+from counterfactory.validation.backends.libreface import DISFA_AUS, LibreFaceAUs, build_libreface_resnet, ffhq_align
+from counterfactory.validation.backends.mediapipe import BLENDSHAPE_AUS, blendshapes_to_aus
+from counterfactory.validation.gates.expression import au_changes, expression_gate
+from counterfactory.validation.judge import GatesConfig, GateStack
 
 from .standins import build_libreface_standin
 

@@ -6,9 +6,9 @@ import cv2
 import numpy as np
 import pytest
 
-from validation.backends import DetectedFace
-from validation.faces import FaceObservation
-from validation.gates.face import angle_change_deg, face_gate, pose_change_deg
+from counterfactory.validation.backends import DetectedFace
+from counterfactory.validation.faces import FaceObservation
+from counterfactory.validation.gates.face import angle_change_deg, face_gate, pose_change_deg
 
 
 class FixedDetector:

@@ -12,11 +12,11 @@ import cv2
 import numpy as np
 import pytest
 
-from validation.backends import load_embedder
-from validation.backends.base import ARCFACE_TEMPLATE_112, similarity_transform
-from validation.backends.sface import OPENCV_SAME_PERSON_COSINE
-from validation.gates.identity import cosine_similarity, identity_gate
-from validation.thresholds import calibrated_gates
+from counterfactory.validation.backends import load_embedder
+from counterfactory.validation.backends.base import ARCFACE_TEMPLATE_112, similarity_transform
+from counterfactory.validation.backends.sface import OPENCV_SAME_PERSON_COSINE
+from counterfactory.validation.gates.identity import cosine_similarity, identity_gate
+from counterfactory.validation.thresholds import calibrated_gates
 
 pytestmark = pytest.mark.slow
 
@@ -101,7 +101,9 @@ def test_mirror_and_aligned_shift_stay_above_the_ceiling(landmarker, sface, phot
     h, w = image.shape[:2]
     shift = np.float64([[1, 0, -3.3], [0, 1, 2.2]])
     moved = cv2.warpAffine(image, shift, (w, h), flags=cv2.INTER_LINEAR, borderMode=cv2.BORDER_REPLICATE)
-    back = cv2.warpAffine(moved, cv2.invertAffineTransform(shift), (w, h), flags=cv2.INTER_LINEAR, borderMode=cv2.BORDER_REPLICATE)
+    back = cv2.warpAffine(
+        moved, cv2.invertAffineTransform(shift), (w, h), flags=cv2.INTER_LINEAR, borderMode=cv2.BORDER_REPLICATE
+    )
     for copy in (mirrored, back):
         cos = cosine_similarity(reference, _embed(landmarker, sface, copy))
         assert cos >= LIMB_BAND["min_cosine"]

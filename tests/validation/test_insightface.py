@@ -11,10 +11,10 @@ import math
 import numpy as np
 import pytest
 
-from validation.backends import BackendUnavailable, load_detector, load_embedder
-from validation.backends.base import align_face_112, l2_normalise
-from validation.backends.insightface import ArcFaceEmbedder, SCRFDDetector, nms
-from validation.judge import GatesConfig, GateStack
+from counterfactory.validation.backends import BackendUnavailable, load_detector, load_embedder
+from counterfactory.validation.backends.base import align_face_112, l2_normalise
+from counterfactory.validation.backends.insightface import ArcFaceEmbedder, SCRFDDetector, nms
+from counterfactory.validation.judge import GatesConfig, GateStack
 
 from .standins import arcface_standin_weights, build_arcface_standin, build_buffalo_standin, build_scrfd_standin
 
@@ -30,7 +30,7 @@ def pack(tmp_path_factory):
 
 def _block_image(side: int, row: int, col: int, cell: int) -> np.ndarray:
     image = np.zeros((side, side, 3), np.uint8)
-    image[row * cell:(row + 1) * cell, col * cell:(col + 1) * cell] = 255
+    image[row * cell : (row + 1) * cell, col * cell : (col + 1) * cell] = 255
     return image
 
 
@@ -121,7 +121,15 @@ def test_standin_models_have_buffalo_shapes(tmp_path):
     det = ort.InferenceSession(str(build_scrfd_standin(tmp_path / "d.onnx")), providers=["CPUExecutionProvider"])
     outs = det.run(None, {"input.1": np.zeros((1, 3, 640, 640), np.float32)})
     assert [o.shape for o in outs] == [
-        (12800, 1), (3200, 1), (800, 1), (12800, 4), (3200, 4), (800, 4), (12800, 10), (3200, 10), (800, 10)
+        (12800, 1),
+        (3200, 1),
+        (800, 1),
+        (12800, 4),
+        (3200, 4),
+        (800, 4),
+        (12800, 10),
+        (3200, 10),
+        (800, 10),
     ]
     rec = ort.InferenceSession(str(build_arcface_standin(tmp_path / "r.onnx")), providers=["CPUExecutionProvider"])
     assert rec.run(None, {"input.1": np.zeros((2, 3, 112, 112), np.float32)})[0].shape == (2, 512)

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from validation.gates.base import GateResult, combine
-from validation.judge import GatesConfig, GateStack, KindGatesConfig
-from validation.thresholds import calibrated_gates, load_calibration
+from counterfactory.validation.gates.base import GateResult, combine
+from counterfactory.validation.judge import GatesConfig, GateStack, KindGatesConfig
+from counterfactory.validation.thresholds import calibrated_gates, load_calibration
 
 GATES = ["input", "face", "identity", "expression", "locality"]
 
@@ -40,7 +40,9 @@ def test_defaults_are_the_shipped_calibration():
 
 
 def test_spec_overrides_keep_the_other_calibrated_values():
-    config = GatesConfig.model_validate({"face_mask": "skin", "limb": {"identity": {"min_cosine": 0.9}, "expression": None}})
+    config = GatesConfig.model_validate(
+        {"face_mask": "skin", "limb": {"identity": {"min_cosine": 0.9}, "expression": None}}
+    )
     assert config.face_mask == "skin"
     assert config.limb.identity.min_cosine == 0.9
     assert config.limb.expression is None
@@ -98,9 +100,9 @@ def test_a_face_only_edit_is_accepted(face_stack, photo, landmarker):
     """A stand-in for a race x gender edit: another person's facial features (Biden, also
     smiling) warped onto the source's face on the five-point template and blended inside the
     source's feathered skin mask; hair, head, pose and background stay the source's."""
-    from generation.masks import feather
-    from validation.backends.base import similarity_transform
-    from validation.faces import face_mask
+    from counterfactory.generation.masks import feather
+    from counterfactory.validation.backends.base import similarity_transform
+    from counterfactory.validation.faces import face_mask
 
     source, donor = photo("obama_portrait.jpg"), photo("biden_portrait.jpg")
     face, donor_face = landmarker.detect(source)[0], landmarker.detect(donor)[0]
@@ -204,9 +206,13 @@ def test_non_finite_metric_becomes_a_reason(face_stack, photo):
     image = photo("grace_hopper.jpg")
     judgement = stack.evaluate(image, image)
     assert judgement.verdict == "rejected" and judgement.reasons == ("nan_metric_not_finite",)
-    assert judgement.metrics == {"input.source_shape": "600x512x3", "input.candidate_shape": "600x512x3",
-                                 "input.candidate_std": judgement.metrics["input.candidate_std"],
-                                 "nan.value": None, "nan.ok": 1.0}
+    assert judgement.metrics == {
+        "input.source_shape": "600x512x3",
+        "input.candidate_shape": "600x512x3",
+        "input.candidate_std": judgement.metrics["input.candidate_std"],
+        "nan.value": None,
+        "nan.ok": 1.0,
+    }
 
 
 def test_combine_orders_failed_rejected_review_accepted():

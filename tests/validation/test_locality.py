@@ -9,15 +9,21 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from validation.faces import face_mask
-from validation.gates.base import PairContext
-from validation.gates.locality import RATIO_FLOOR, locality_gate, locality_metrics
+from counterfactory.validation.faces import face_mask
+from counterfactory.validation.gates.base import PairContext
+from counterfactory.validation.gates.locality import RATIO_FLOOR, locality_gate, locality_metrics
 
 
 def _pair(source, candidate, *, fmask, edit_mask=None, kind="face", mode="oval"):
     return PairContext(
-        source=source, candidate=candidate, kind=kind, face_mask=fmask, edit_mask=edit_mask,
-        source_faces=(), candidate_faces=(), face_mask_mode=mode,
+        source=source,
+        candidate=candidate,
+        kind=kind,
+        face_mask=fmask,
+        edit_mask=edit_mask,
+        source_faces=(),
+        candidate_faces=(),
+        face_mask_mode=mode,
     )
 
 
@@ -51,7 +57,9 @@ def test_change_painted_inside_face_mask_gives_analytic_values(grace_and_mask):
     assert m["diff_nonface"] == 0.0
     assert m["ratio"] == pytest.approx((20 / 255) / RATIO_FLOOR, rel=1e-12)
     assert m["face_area_frac"] == pytest.approx(inside.mean(), abs=1e-12)
-    result = locality_gate(_pair(source, candidate, fmask=fmask), max_diff_nonface=0.063, min_diff_face=0.02, min_ratio=4.1)
+    result = locality_gate(
+        _pair(source, candidate, fmask=fmask), max_diff_nonface=0.063, min_diff_face=0.02, min_ratio=4.1
+    )
     assert result.passed and not result.review
 
 
@@ -85,7 +93,9 @@ def test_channel_average_follows_focus_definition():
 def test_global_change_is_rejected_as_not_local(grace_and_mask):
     source, fmask = grace_and_mask
     candidate = (source.astype(np.int16) + 20).astype(np.uint8)  # the whole image, uniformly
-    result = locality_gate(_pair(source, candidate, fmask=fmask), max_diff_nonface=0.063, min_diff_face=0.02, min_ratio=4.1)
+    result = locality_gate(
+        _pair(source, candidate, fmask=fmask), max_diff_nonface=0.063, min_diff_face=0.02, min_ratio=4.1
+    )
     assert not result.passed
     assert "locality_ratio_below_min" in result.reasons
     assert result.metrics["ratio"] == pytest.approx(1.0)
@@ -115,12 +125,13 @@ def test_limb_composite_keeps_outside_exactly(grace_and_mask):
     source, fmask = grace_and_mask
     h, w = source.shape[:2]
     limb = np.zeros((h, w), np.uint8)
-    limb[int(0.75 * h):, : w // 3] = 255  # a hand-drawn region over the lower left
+    limb[int(0.75 * h) :, : w // 3] = 255  # a hand-drawn region over the lower left
     candidate = source.copy()
     candidate[limb > 0] = 255 - candidate[limb > 0]
     result = locality_gate(
         _pair(source, candidate, fmask=fmask, edit_mask=limb, kind="limb"),
-        max_diff_outside_edit=0.0, max_diff_face_drift=0.02,
+        max_diff_outside_edit=0.0,
+        max_diff_face_drift=0.02,
     )
     assert result.passed
     assert result.metrics["diff_outside_edit"] == 0.0
@@ -154,7 +165,9 @@ def test_limb_face_drift_is_measured_outside_the_limb_mask(grace_and_mask):
 )
 def test_limb_without_a_usable_mask_is_rejected(grace_and_mask, edit_mask, reason):
     source, fmask = grace_and_mask
-    result = locality_gate(_pair(source, source, fmask=fmask, edit_mask=edit_mask, kind="limb"), max_diff_outside_edit=0.0)
+    result = locality_gate(
+        _pair(source, source, fmask=fmask, edit_mask=edit_mask, kind="limb"), max_diff_outside_edit=0.0
+    )
     assert result.reasons == (reason,)
 
 

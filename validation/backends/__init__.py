@@ -11,10 +11,11 @@ cores rather than N x all of them.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-from validation.backends.base import (
+from counterfactory.validation.backends.base import (
     ARCFACE_TEMPLATE_112,
     AUEstimator,
     BackendUnavailable,
@@ -68,11 +69,11 @@ def _path_key(path: str | Path | None) -> str | None:
 def load_detector(name: str, *, insightface_pack: str | Path | None = None) -> FaceDetector:
     """The face detector ``name`` (``mediapipe``: BlazeFace; ``insightface``: SCRFD det_10g)."""
     if name == "mediapipe":
-        from validation.backends.mediapipe import BlazeFaceDetector
+        from counterfactory.validation.backends.mediapipe import BlazeFaceDetector
 
         return _cached(("detector", name), BlazeFaceDetector)
     if name == "insightface":
-        from validation.backends.insightface import SCRFDDetector, resolve_pack
+        from counterfactory.validation.backends.insightface import SCRFDDetector, resolve_pack
 
         pack = resolve_pack(insightface_pack)
         return _cached(("detector", name, _path_key(pack)), lambda: SCRFDDetector(pack, threads=_threads or 0))
@@ -82,11 +83,11 @@ def load_detector(name: str, *, insightface_pack: str | Path | None = None) -> F
 def load_embedder(name: str, *, insightface_pack: str | Path | None = None) -> FaceEmbedder:
     """The identity embedder ``name`` (``sface``: OpenCV SFace; ``insightface``: ArcFace w600k_r50)."""
     if name == "sface":
-        from validation.backends.sface import SFaceEmbedder
+        from counterfactory.validation.backends.sface import SFaceEmbedder
 
         return _cached(("embedder", name), SFaceEmbedder)
     if name == "insightface":
-        from validation.backends.insightface import ArcFaceEmbedder, resolve_pack
+        from counterfactory.validation.backends.insightface import ArcFaceEmbedder, resolve_pack
 
         pack = resolve_pack(insightface_pack)
         return _cached(("embedder", name, _path_key(pack)), lambda: ArcFaceEmbedder(pack, threads=_threads or 0))
@@ -96,11 +97,11 @@ def load_embedder(name: str, *, insightface_pack: str | Path | None = None) -> F
 def load_au_model(name: str, *, libreface_weights: str | Path | None = None) -> AUEstimator:
     """The AU estimator ``name`` (``mediapipe``: blendshape mapping; ``libreface``: ResNet-18)."""
     if name == "mediapipe":
-        from validation.backends.mediapipe import BlendshapeAUs
+        from counterfactory.validation.backends.mediapipe import BlendshapeAUs
 
         return _cached(("au", name), BlendshapeAUs)
     if name == "libreface":
-        from validation.backends.libreface import LibreFaceAUs
+        from counterfactory.validation.backends.libreface import LibreFaceAUs
 
         return _cached(
             ("au", name, _path_key(libreface_weights)),

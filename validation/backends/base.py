@@ -5,19 +5,20 @@
 - :class:`AUEstimator`: facial action-unit intensities of one face (expression gate).
 
 Each backend is one module under ``validation/backends/`` that imports its heavy dependency
-inside and loads its model once per worker process (:mod:`validation.backends` keeps the
+inside and loads its model once per worker process (:mod:`counterfactory.validation.backends` keeps the
 cache). A backend that cannot run here raises :class:`BackendUnavailable` with the fix.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 import cv2
 import numpy as np
 
-from validation.faces import FaceObservation
+from counterfactory.validation.faces import FaceObservation
 
 #: ArcFace's 112 x 112 five-point template (insightface ``face_align.arcface_dst``; OpenCV's
 #: ``FaceRecognizerSF::alignCrop`` uses the same numbers). Order: image-left eye, image-right

@@ -21,7 +21,7 @@ from pathlib import Path
 import cv2
 import numpy as np
 
-from validation.backends.base import BackendUnavailable, DetectedFace, align_face_112, l2_normalise
+from counterfactory.validation.backends.base import BackendUnavailable, DetectedFace, align_face_112, l2_normalise
 
 PACK_ENV = "COUNTERFACTORY_INSIGHTFACE_PACK"
 DEFAULT_PACK = Path("~/.insightface/models/buffalo_l")
@@ -123,8 +123,12 @@ class SCRFDDetector:
         )
         self.output_names = [o.name for o in self.session.get_outputs()]
         n = len(self.output_names)
-        layouts = {6: ((8, 16, 32), 2, False), 9: ((8, 16, 32), 2, True),
-                   10: ((8, 16, 32, 64, 128), 1, False), 15: ((8, 16, 32, 64, 128), 1, True)}
+        layouts = {
+            6: ((8, 16, 32), 2, False),
+            9: ((8, 16, 32), 2, True),
+            10: ((8, 16, 32, 64, 128), 1, False),
+            15: ((8, 16, 32, 64, 128), 1, True),
+        }
         if n not in layouts:
             raise BackendUnavailable(f"{path} has {n} outputs; an SCRFD model has 6, 9, 10 or 15")
         self.strides, self.num_anchors, self.use_kps = layouts[n]
@@ -165,14 +169,16 @@ class SCRFDDetector:
             scores.append(score[keep])
             if self.use_kps:
                 kd = outputs[i + 2 * k].reshape(-1, 10)[keep] * stride
-                kpss.append((kd.reshape(-1, 5, 2) + c[:, None, :]))
+                kpss.append(kd.reshape(-1, 5, 2) + c[:, None, :])
         all_boxes = np.concatenate(boxes) / scale
         all_scores = np.concatenate(scores)
         all_kps = np.concatenate(kpss) / scale if self.use_kps else None
         faces = []
         for j in nms(all_boxes, all_scores, self.nms_iou):
             kp = all_kps[j].astype(np.float32) if all_kps is not None else None
-            faces.append(DetectedFace(box=tuple(float(v) for v in all_boxes[j]), score=float(all_scores[j]), keypoints=kp))
+            faces.append(
+                DetectedFace(box=tuple(float(v) for v in all_boxes[j]), score=float(all_scores[j]), keypoints=kp)
+            )
         return faces
 
 

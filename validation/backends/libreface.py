@@ -18,8 +18,8 @@ from pathlib import Path
 import cv2
 import numpy as np
 
-from validation.backends.base import BackendUnavailable
-from validation.faces import LEFT_EYE, LIPS, RIGHT_EYE, FaceObservation
+from counterfactory.validation.backends.base import BackendUnavailable
+from counterfactory.validation.faces import LEFT_EYE, LIPS, RIGHT_EYE, FaceObservation
 
 INSTALL_HINT = "pip install 'counterfactory[libreface]'"
 #: The 12 DISFA AUs, in the order of the model's outputs.

@@ -13,14 +13,14 @@ the facial movement it describes).
 from __future__ import annotations
 
 import threading
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Mapping
 
 import numpy as np
 
-from assets import FACE_DETECTOR
-from validation.backends.base import BackendUnavailable, DetectedFace
-from validation.faces import FaceObservation, register_close_at_exit
+from counterfactory.assets import FACE_DETECTOR
+from counterfactory.validation.backends.base import BackendUnavailable, DetectedFace
+from counterfactory.validation.faces import FaceObservation, register_close_at_exit
 
 
 class BlazeFaceDetector:

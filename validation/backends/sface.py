@@ -13,8 +13,8 @@ from pathlib import Path
 import cv2
 import numpy as np
 
-from assets import SFACE
-from validation.backends.base import BackendUnavailable, align_face_112, l2_normalise
+from counterfactory.assets import SFACE
+from counterfactory.validation.backends.base import BackendUnavailable, align_face_112, l2_normalise
 
 #: Same-identity cosine threshold documented for SFace by OpenCV (``face_recognition_sface``
 #: in OpenCV Zoo and the ``FaceRecognizerSF`` tutorial).

@@ -10,12 +10,13 @@ values, never exceptions.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol, Sequence
+from typing import Any, Literal, Protocol
 
 import numpy as np
 
-from validation.faces import FaceObservation, nearest_face
+from counterfactory.validation.faces import FaceObservation, nearest_face
 
 Verdict = Literal["accepted", "rejected", "needs_review", "failed"]
 Metric = float | int | str | bool | None
@@ -82,7 +83,7 @@ class PairContext:
 
     @property
     def candidate_face(self) -> FaceObservation | None:
-        """The candidate's face at the subject's place (:func:`~validation.faces.nearest_face`)."""
+        """The candidate's face at the subject's place (:func:`~counterfactory.validation.faces.nearest_face`)."""
         src = self.source_face
         if src is None:
             return self.candidate_faces[0] if self.candidate_faces else None

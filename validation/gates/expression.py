@@ -4,7 +4,7 @@ FOCUS fixes the expression in its edit prompt and audits expression drift; a smi
 appears only for some target groups would confound the study. AUs (Ekman & Friesen's Facial
 Action Coding System) are estimated on both images and compared AU by AU, on a common [0, 1]
 intensity scale: MediaPipe blendshapes mapped to AUs by default
-(:data:`validation.backends.mediapipe.BLENDSHAPE_AUS` documents the mapping), or LibreFace's
+(:data:`counterfactory.validation.backends.mediapipe.BLENDSHAPE_AUS` documents the mapping), or LibreFace's
 DISFA intensities divided by their 0-5 range.
 """
 
@@ -15,8 +15,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from validation.backends import AUEstimator, load_au_model
-from validation.gates.base import GateResult, PairContext
+from counterfactory.validation.backends import AUEstimator, load_au_model
+from counterfactory.validation.gates.base import GateResult, PairContext
 
 BACKEND_THRESHOLDS = ("max_au_change", "max_mean_au_change")
 

@@ -2,20 +2,21 @@
 
 Counting and scoring use the configured detector (MediaPipe BlazeFace by default, InsightFace
 SCRFD as the full backend); the pose is read from the MediaPipe mesh of source and candidate
-(:meth:`~validation.faces.FaceObservation.pose_deg`: yaw, pitch, roll from the facial
+(:meth:`~counterfactory.validation.faces.FaceObservation.pose_deg`: yaw, pitch, roll from the facial
 transformation matrix the landmarker fits to the 478 landmarks). FOCUS fixes pose in its edit
 prompt; an editor that turns the head has changed more than the face's demographic cues.
 """
 
 from __future__ import annotations
 
-from typing import Literal, Sequence
+from collections.abc import Sequence
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from validation.backends import FaceDetector, load_detector
-from validation.backends.base import DetectedFace
-from validation.gates.base import GateResult, PairContext
+from counterfactory.validation.backends import FaceDetector, load_detector
+from counterfactory.validation.backends.base import DetectedFace
+from counterfactory.validation.gates.base import GateResult, PairContext
 
 #: Thresholds whose calibrated value depends on the detector (a score scale is per model).
 BACKEND_THRESHOLDS = ("min_detection_score",)
@@ -112,7 +113,15 @@ def face_gate(
         # cut here would reject some target groups more often than others.
         review = ("face_low_confidence",)
 
-    for key in ("yaw_change_deg", "pitch_change_deg", "roll_change_deg", "pose_change_deg", "yaw_deg", "pitch_deg", "roll_deg"):
+    for key in (
+        "yaw_change_deg",
+        "pitch_change_deg",
+        "roll_change_deg",
+        "pose_change_deg",
+        "yaw_deg",
+        "pitch_deg",
+        "roll_deg",
+    ):
         metrics[key] = None
     src_face, cand_face = pair.source_face, pair.candidate_face
     if src_face is not None and cand_face is not None:

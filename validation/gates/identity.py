@@ -20,8 +20,8 @@ from typing import Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from validation.backends import FaceEmbedder, load_embedder
-from validation.gates.base import GateResult, PairContext, finite_or_none
+from counterfactory.validation.backends import FaceEmbedder, load_embedder
+from counterfactory.validation.gates.base import GateResult, PairContext, finite_or_none
 
 BACKEND_THRESHOLDS = ("min_cosine", "max_cosine")
 
@@ -39,11 +39,9 @@ class IdentityGateConfig(BaseModel):
     insightface_pack: str | None = Field(None, description="buffalo_l folder for backend insightface")
 
     @model_validator(mode="after")
-    def _band(self) -> "IdentityGateConfig":
+    def _band(self) -> IdentityGateConfig:
         if self.max_cosine is not None and self.max_cosine <= self.min_cosine:
-            raise ValueError(
-                f"max_cosine ({self.max_cosine}) must be above min_cosine ({self.min_cosine})"
-            )
+            raise ValueError(f"max_cosine ({self.max_cosine}) must be above min_cosine ({self.min_cosine})")
         return self
 
     def load(self) -> FaceEmbedder:
@@ -71,7 +69,7 @@ def identity_gate(
 
     Args:
         pair: the aligned pair with both images' MediaPipe observations.
-        embedder: an identity model (:class:`~validation.backends.FaceEmbedder`).
+        embedder: an identity model (:class:`~counterfactory.validation.backends.FaceEmbedder`).
         min_cosine: reject below this (``identity_below_band``).
         max_cosine: send to review at or above this (``identity_above_band``); None: no bound.
 

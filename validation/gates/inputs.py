@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from validation.gates.base import GateResult
+from counterfactory.validation.gates.base import GateResult
 
 #: A candidate whose per-channel standard deviation is below this (grey levels) is flat.
 FLAT_STD = 1.0
@@ -76,7 +76,5 @@ def input_gate(
         metrics["candidate_std"] = std
         if std < FLAT_STD:
             reasons.append("input_candidate_flat")
-    result = GateResult(
-        "input", not reasons, metrics, tuple(reasons), thresholds={"flat_std": FLAT_STD}
-    )
+    result = GateResult("input", not reasons, metrics, tuple(reasons), thresholds={"flat_std": FLAT_STD})
     return result, (src if measurable else None), (cand if measurable else None)

@@ -19,7 +19,7 @@ import cv2
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from validation.gates.base import GateResult, PairContext, finite_or_none
+from counterfactory.validation.gates.base import GateResult, PairContext, finite_or_none
 
 #: Denominator floor of ``ratio``: 1e-4 is a fortieth of one grey level (1/255) on average,
 #: so a composite that leaves every non-face pixel untouched still has a finite ratio.
@@ -95,9 +95,7 @@ def locality_metrics(
         out["diff_face"] = finite_or_none(d_face)
         out["diff_nonface"] = finite_or_none(d_non)
         out["ratio"] = (
-            finite_or_none(d_face / max(d_non, RATIO_FLOOR))
-            if math.isfinite(d_face) and math.isfinite(d_non)
-            else None
+            finite_or_none(d_face / max(d_non, RATIO_FLOOR)) if math.isfinite(d_face) and math.isfinite(d_non) else None
         )
         out["face_area_frac"] = cv2.countNonZero(face_mask) / n
     else:
