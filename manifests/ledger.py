@@ -9,7 +9,12 @@ What lives here:
   never run again;
 - ``candidates``: an attempt's aligned image, its metrics, thresholds and verdict;
 - ``editor_journal``: what a remote backend must not lose between submit and result;
-- ``runs``: one row per ``counterfactory run``, with how many editor calls it made.
+- ``runs``: one row per ``counterfactory run``, with how many editor calls it made;
+- ``reviewers``, ``review_decisions``, ``spot_trials``: people's decisions
+  (:mod:`counterfactory.manifests.review`).
+
+The schema is kept by Alembic (:mod:`counterfactory.manifests.schema`); opening a ledger
+upgrades it in place.
 
 Every write is its own short transaction, so a SIGKILL loses at most the call in flight.
 """
@@ -24,6 +29,7 @@ from typing import Any
 
 from sqlalchemy import (
     JSON,
+    Boolean,
     DateTime,
     Float,
     ForeignKey,
@@ -36,6 +42,8 @@ from sqlalchemy import (
     select,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
+
+from counterfactory.manifests.schema import upgrade_ledger
 
 
 def _now() -> datetime:
@@ -113,6 +121,53 @@ class RunRow(Base):
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
     editor_calls: Mapped[int] = mapped_column(Integer, default=0)
     status: Mapped[str] = mapped_column(String(16), default="running")
+
+
+class ReviewerRow(Base):
+    """A person who reviews; only the sha256 of their token is stored."""
+
+    __tablename__ = "reviewers"
+
+    reviewer_id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    name: Mapped[str] = mapped_column(String(200), unique=True)
+    token_sha256: Mapped[str] = mapped_column(String(64), unique=True)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=_now)
+
+
+class DecisionRow(Base):
+    """One review decision (append-only: the database refuses UPDATE and DELETE)."""
+
+    __tablename__ = "review_decisions"
+
+    decision_id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    attempt_id: Mapped[str] = mapped_column(String(64), ForeignKey("candidates.attempt_id"), index=True)
+    reviewer_id: Mapped[int] = mapped_column(Integer, ForeignKey("reviewers.reviewer_id"))
+    #: how the item came to the reviewer: queue (needs_review), audit, double, tiebreak
+    mode: Mapped[str] = mapped_column(String(16))
+    decision: Mapped[str] = mapped_column(String(8))  # accept | reject | skip
+    reason: Mapped[str | None] = mapped_column(String(40), nullable=True)
+    note: Mapped[str | None] = mapped_column(Text, nullable=True)
+    #: accept/reject decisions on the item the reviewer had seen when deciding
+    seen: Mapped[int] = mapped_column(Integer)
+    decided_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=_now)
+
+
+class SpotTrialRow(Base):
+    """One blinded spot-the-edit answer (append-only)."""
+
+    __tablename__ = "spot_trials"
+
+    trial_id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    attempt_id: Mapped[str] = mapped_column(String(64), ForeignKey("candidates.attempt_id"), index=True)
+    reviewer_id: Mapped[int] = mapped_column(Integer, ForeignKey("reviewers.reviewer_id"))
+    shown: Mapped[str] = mapped_column(String(16))  # source | candidate
+    said_edited: Mapped[bool] = mapped_column(Boolean)
+    #: the click in the image's own pixels (x right, y down); None when the reviewer said "not edited"
+    click_x: Mapped[float | None] = mapped_column(Float, nullable=True)
+    click_y: Mapped[float | None] = mapped_column(Float, nullable=True)
+    #: the click fell inside the dilated edit mask (None: source shown or no click)
+    localised: Mapped[bool | None] = mapped_column(Boolean, nullable=True)
+    decided_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=_now)
 
 
 @dataclass(frozen=True)
@@ -208,7 +263,8 @@ class Ledger:
         self.engine = create_engine(url, **kwargs)
         if url.startswith("sqlite"):
             event.listen(self.engine, "connect", _sqlite_pragmas)
-        Base.metadata.create_all(self.engine)
+        # Alembic, not create_all: a ledger written by an older version gains the new tables
+        upgrade_ledger(self.engine)
         self._session = sessionmaker(self.engine, expire_on_commit=False)
 
     def close(self) -> None:

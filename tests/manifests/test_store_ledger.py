@@ -29,6 +29,8 @@ def ledger_url(request, tmp_path):
     from counterfactory.manifests.ledger import Base
 
     Base.metadata.drop_all(engine)  # each test starts from an empty schema
+    with engine.begin() as connection:
+        connection.exec_driver_sql("DROP TABLE IF EXISTS alembic_version")
     engine.dispose()
     return url
 
