@@ -72,6 +72,13 @@ def run(spec_path: Path, out: Path, workers: int, no_progress: bool) -> None:
         f"templates complete: {summary.complete_templates}/{summary.templates}; failed sources: {summary.failed_sources}"
     )
     click.echo(f"editor calls: {summary.editor_calls}")
+    waiting = json.loads((summary.release_path / "stats.json").read_text()).get("review", {}).get("waiting")
+    if waiting and waiting["total"]:
+        groups = ", ".join(f"{k} {v}" for k, v in waiting["by_group"].items())
+        click.echo(
+            f"waiting for review: {waiting['total']} item(s) ({groups}); they are in items.jsonl, not the "
+            f"manifest: counterfactory review serve {out}"
+        )
     state = "written" if summary.release_created else "unchanged (identical release already existed)"
     click.echo(f"release {state}: {summary.release_path}")
     click.echo(f"report: {summary.release_path / 'report.html'}")
@@ -149,6 +156,64 @@ def verify(release: Path) -> None:
             click.echo(p, err=True)
         _fail(f"{release}: {len(problems)} problem(s)", code=1)
     click.echo(f"{release}: every file matches its checksum")
+
+
+@main.group()
+def review() -> None:
+    """Human review: the web queue and its reviewers."""
+
+
+def _review_setup(out: Path, spec_path: Path | None):
+    from counterfactory.flows.review_app import ledger_url_for, run_spec_for
+    from counterfactory.manifests.spec import SpecError
+
+    try:
+        spec = run_spec_for(out, spec_path)
+    except (FileNotFoundError, SpecError) as exc:
+        _fail(str(exc))
+    return spec, ledger_url_for(out, spec)
+
+
+@review.command("serve")
+@click.argument("out", type=click.Path(path_type=Path, exists=True, file_okay=False))
+@click.option(
+    "--spec", "spec_path", type=click.Path(path_type=Path), help="The run's spec (default: its newest release's)."
+)
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option("--port", default=8765, show_default=True, help="Port to listen on.")
+def review_serve(out: Path, spec_path: Path | None, host: str, port: int) -> None:
+    """Serve the review queue over OUT's ledger and image store."""
+    try:
+        from counterfactory.flows.review_app import serve
+    except ImportError as exc:
+        _fail(f"the review site needs the review extra ({exc}); pip install 'counterfactory[review]'")
+    spec, _ = _review_setup(out, spec_path)
+    click.echo(f"review site: http://{host}:{port}/login (Ctrl-C stops it)")
+    serve(out, spec, host=host, port=port)
+
+
+@review.command("add-reviewer")
+@click.argument("name")
+@click.option(
+    "--out", "out", required=True, type=click.Path(path_type=Path, exists=True, file_okay=False), help="The run folder."
+)
+@click.option(
+    "--spec", "spec_path", type=click.Path(path_type=Path), help="The run's spec (default: its newest release's)."
+)
+def review_add_reviewer(name: str, out: Path, spec_path: Path | None) -> None:
+    """Register NAME as a reviewer and print their token (shown once; the ledger keeps only its hash)."""
+    from counterfactory.manifests.ledger import Ledger
+    from counterfactory.manifests.review import ReviewError, add_reviewer
+
+    _, url = _review_setup(out, spec_path)
+    ledger = Ledger(url)
+    try:
+        token = add_reviewer(ledger, name)
+    except ReviewError as exc:
+        _fail(str(exc))
+    finally:
+        ledger.close()
+    click.echo(token)
 
 
 if __name__ == "__main__":

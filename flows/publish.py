@@ -11,9 +11,11 @@ from counterfactory.flows.steps import PreparedSource, TemplateOutcome, Workspac
 from counterfactory.generation.sampling import Grid, grid_summary
 from counterfactory.generation.sources import FailedSource
 from counterfactory.manifests.release import ITEMS, MANIFEST, ReleaseStage, SealedRelease, write_json, write_jsonl
+from counterfactory.manifests.review import apply_reviews
 from counterfactory.manifests.spec import Spec
 from counterfactory.validation.attrition import attrition_table, plot_attrition
 from counterfactory.validation.report import write_report
+from counterfactory.validation.review_stats import release_review_stats
 
 STATUSES = ("accepted", "needs_review", "rejected", "failed")
 
@@ -76,6 +78,8 @@ def build_items(
                     "review": None,
                 }
             )
+    # a person's resolved decision is the item's status; the history goes into its row
+    apply_reviews(ws.ledger, spec.review, rows)
     return rows
 
 
@@ -133,6 +137,7 @@ def publish_release(
         items = build_items(spec, ws, prepared, outcomes, stage)
         cost = sum(a.cost_usd for a in ws.ledger.attempts())
         stats = build_stats(spec, items, failed, outcomes, grid, editor_calls=editor_calls, total_cost_usd=cost)
+        stats["review"] = release_review_stats(ws.ledger, spec.review, items)
         write_jsonl(stage.dir / MANIFEST, [r for r in items if r["status"] == "accepted"])
         write_jsonl(stage.dir / ITEMS, items)
         (stage.dir / "spec.yaml").write_text(spec.to_yaml(), encoding="utf-8")

@@ -397,3 +397,17 @@ def build_editor(spec: Spec) -> Editor:
 
 def build_gate_stack(spec: Spec) -> GateStack:
     return GateStack.from_config(spec.gates, spec.design.kind)
+
+
+def prepare_source(spec: Spec, source: Source) -> PreparedSource:
+    """One source's edit region and face size, exactly as the run computed them.
+
+    The review site calls this to show the mask a candidate was edited inside.
+
+    Raises:
+        ValueError: the source cannot serve the design (the reason the run gave it).
+    """
+    reason, prepared = _check_source(spec, source, get_face_landmarker())
+    if prepared is None:
+        raise ValueError(reason)
+    return prepared

@@ -2,7 +2,8 @@
 
 Sub-configs live next to the code that uses them (``DesignConfig`` in
 :mod:`counterfactory.generation.sampling`, ``AlignConfig`` in :mod:`counterfactory.generation.align`, each editor's options
-in its backend module, ``GatesConfig`` in :mod:`counterfactory.validation.judge`). Validation errors name the
+in its backend module, ``GatesConfig`` in :mod:`counterfactory.validation.judge`,
+``ReviewOptions`` in :mod:`counterfactory.manifests.review`). Validation errors name the
 field, the expected and the received value, and the file.
 """
 
@@ -25,6 +26,7 @@ from counterfactory.generation.editors.qwen import QwenOptions
 from counterfactory.generation.masks import MaskOptions
 from counterfactory.generation.prompts import PromptConfig
 from counterfactory.generation.sampling import DesignConfig
+from counterfactory.manifests.review import ReviewOptions
 from counterfactory.validation.judge import GatesConfig
 
 _SEMVER = re.compile(r"^\d+\.\d+\.\d+(?:[-+][0-9A-Za-z.-]+)?$")
@@ -112,6 +114,7 @@ class Spec(BaseModel):
     align: AlignConfig = Field(default_factory=AlignConfig)
     gates: GatesConfig = Field(default_factory=GatesConfig)
     release: ReleaseConfig
+    review: ReviewOptions = Field(default_factory=ReviewOptions)
     #: SQLAlchemy URL of the ledger; default ``sqlite:///<out>/ledger.sqlite``.
     ledger_url: str | None = None
 

@@ -1,0 +1,482 @@
+"""Human review: reviewers, their append-only decisions, and what the decisions mean.
+
+The queue is every ``needs_review`` candidate plus a random audit sample of ``accepted`` and
+``rejected`` ones (rates in the spec's ``review:`` section, :class:`ReviewOptions`), so that the
+gates' error rates can be measured. A candidate is in the audit sample when a hash of
+``(purpose, seed, attempt id)`` falls below the rate: the sample is the same in every process
+and every re-run, and it never depends on the order candidates were judged in.
+
+The rule (``resolve``). Only ``accept`` and ``reject`` decisions count (``skip`` is recorded
+and ignored). An item needs ``required`` matching decisions: 1, or 2 for the double-review
+sample. It is *resolved* when one outcome has at least ``required`` votes and more votes than
+the other; while the votes are tied (two reviewers disagree) it is *disputed* and goes back
+into the queue, flagged, for a third reviewer, whose vote breaks the tie. A resolved item is
+closed: a later decision is refused, unless the reviewer was looking at the item while it was
+still open (``seen`` = the votes on it when their page was served): then two people deciding
+at the same moment are both kept, and if they disagree the item becomes disputed.
+
+A resolved review is the candidate's effective verdict; publishing puts the whole history
+into the item's manifest row (:func:`review_records`). A review never triggers an editor call:
+a person rejecting a ``needs_review`` candidate ends the cell ``rejected``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+from sqlalchemy import select
+
+from counterfactory.manifests.ledger import (
+    AttemptRow,
+    CandidateRow,
+    DecisionRow,
+    Ledger,
+    ReviewerRow,
+    SpotTrialRow,
+)
+
+#: reject reason codes, with the label the review page shows
+REASONS: dict[str, str] = {
+    "artifact": "artifact",
+    "face_deformation": "face deformation",
+    "identity_drift": "identity drift",
+    "expression_drift": "expression drift",
+    "skin_tone_shift": "skin-tone shift",
+    "wrong_group": "wrong group",
+    "off_mask_change": "off-mask change",
+    "other": "other (say what)",
+}
+DECISIONS = ("accept", "reject", "skip")
+#: how an item reached the reviewer
+MODES = ("queue", "audit", "tiebreak")
+OUTCOME = {"accept": "accepted", "reject": "rejected"}
+
+
+class ReviewOptions(BaseModel):
+    """``review``: which candidates people see, and how many look at each."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    #: fraction of ``accepted`` candidates drawn into the audit sample
+    audit_accepted_rate: float = Field(0.1, ge=0.0, le=1.0)
+    #: fraction of ``rejected`` candidates drawn into the audit sample
+    audit_rejected_rate: float = Field(0.1, ge=0.0, le=1.0)
+    #: fraction of queued items that need two independent decisions (Cohen's kappa is measured on them)
+    double_review_rate: float = Field(0.0, ge=0.0, le=1.0)
+    seed: int = 0
+    #: blinded spot-the-edit: a click within this many pixels of the edit mask counts as localised
+    spot_dilate_px: int = Field(24, ge=0)
+
+
+class ReviewError(ValueError):
+    """A decision that cannot be recorded; ``status`` is the HTTP status it maps to."""
+
+    def __init__(self, message: str, status: int = 400) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def hash_token(token: str) -> str:
+    return hashlib.sha256(token.encode("utf-8")).hexdigest()
+
+
+def sampled(purpose: str, seed: int, attempt_id: str, rate: float) -> bool:
+    """Whether ``attempt_id`` is in the ``purpose`` sample at ``rate`` (deterministic, uniform)."""
+    if rate <= 0.0:
+        return False
+    digest = hashlib.sha256(f"{purpose}:{seed}:{attempt_id}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") / 2.0**64 < rate
+
+
+def parse_cell_id(cell_id: str) -> tuple[str, dict[str, str]]:
+    """``"biden|race=Black|gender=male"`` -> ``("biden", {"race": "Black", "gender": "male"})``."""
+    source_id, *parts = cell_id.split("|")
+    return source_id, dict(part.split("=", 1) for part in parts if "=" in part)
+
+
+# reviewers ----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Reviewer:
+    reviewer_id: int
+    name: str
+
+
+def add_reviewer(ledger: Ledger, name: str) -> str:
+    """Register ``name`` and return their new token (shown once; the ledger keeps its sha256)."""
+    name = name.strip()
+    if not name or len(name) > 200:
+        raise ReviewError("a reviewer name is 1 to 200 characters")
+    token = secrets.token_urlsafe(32)
+    with ledger.session() as s, s.begin():
+        if s.scalar(select(ReviewerRow).where(ReviewerRow.name == name)) is not None:
+            raise ReviewError(f"reviewer {name!r} already exists; choose another name", status=409)
+        s.add(ReviewerRow(name=name, token_sha256=hash_token(token)))
+    return token
+
+
+def reviewer_for_token(ledger: Ledger, token: str | None) -> Reviewer | None:
+    if not token:
+        return None
+    with ledger.session() as s:
+        row = s.scalar(select(ReviewerRow).where(ReviewerRow.token_sha256 == hash_token(token)))
+        return Reviewer(row.reviewer_id, row.name) if row else None
+
+
+# the rule -----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Decision:
+    decision_id: int
+    reviewer: str
+    reviewer_id: int
+    mode: str
+    decision: str
+    reason: str | None
+    note: str | None
+    seen: int
+    decided_at: datetime
+
+    def record(self) -> dict[str, Any]:
+        return {
+            "reviewer": self.reviewer,
+            "mode": self.mode,
+            "decision": self.decision,
+            "reason": self.reason,
+            "note": self.note,
+            "decided_at": self.decided_at.isoformat(),
+        }
+
+
+@dataclass(frozen=True)
+class Resolution:
+    """``state`` open | disputed | resolved; ``outcome`` accepted | rejected when resolved."""
+
+    state: str
+    outcome: str | None
+    reason: str | None
+    votes: int
+
+
+def resolve(decisions: Sequence[Decision], required: int) -> Resolution:
+    """Apply the review rule (module docstring) to decisions in the order they were made."""
+    votes = [d for d in decisions if d.decision in OUTCOME]
+    accepts = sum(d.decision == "accept" for d in votes)
+    rejects = len(votes) - accepts
+    if max(accepts, rejects) >= required and accepts != rejects:
+        outcome = "accepted" if accepts > rejects else "rejected"
+        reason = None
+        if outcome == "rejected":
+            codes = [d.reason for d in votes if d.decision == "reject" and d.reason]
+            # the most frequent reason; among equals the first one given
+            reason = max(codes, key=lambda c: (codes.count(c), -codes.index(c))) if codes else None
+        return Resolution("resolved", outcome, reason, len(votes))
+    if accepts and rejects:
+        return Resolution("disputed", None, None, len(votes))
+    return Resolution("open", None, None, len(votes))
+
+
+# the queue ----------------------------------------------------------------------------------
+@dataclass
+class QueueItem:
+    """One candidate people review, with its decisions so far."""
+
+    attempt_id: str
+    cell_id: str
+    template_id: str
+    condition: dict[str, str]
+    attempt_no: int
+    final: bool
+    verdict: str
+    reasons: list[str]
+    gates: dict
+    image_sha256: str
+    mode: str
+    required: int
+    decisions: list[Decision] = field(default_factory=list)
+
+    @property
+    def resolution(self) -> Resolution:
+        return resolve(self.decisions, self.required)
+
+    def decided_by(self, reviewer_id: int) -> bool:
+        return any(d.reviewer_id == reviewer_id and d.decision in OUTCOME for d in self.decisions)
+
+    def skipped_by(self, reviewer_id: int) -> bool:
+        return any(d.reviewer_id == reviewer_id and d.decision == "skip" for d in self.decisions)
+
+
+def _in_queue(options: ReviewOptions, attempt_id: str, verdict: str) -> str | None:
+    if verdict == "needs_review":
+        return "queue"
+    rate = {"accepted": options.audit_accepted_rate, "rejected": options.audit_rejected_rate}.get(verdict, 0.0)
+    return "audit" if sampled(f"audit-{verdict}", options.seed, attempt_id, rate) else None
+
+
+def _decisions(session, attempt_ids: Iterable[str] | None = None) -> dict[str, list[Decision]]:
+    q = (
+        select(DecisionRow, ReviewerRow.name)
+        .join(ReviewerRow, ReviewerRow.reviewer_id == DecisionRow.reviewer_id)
+        .order_by(DecisionRow.decision_id)
+    )
+    if attempt_ids is not None:
+        q = q.where(DecisionRow.attempt_id.in_(list(attempt_ids)))
+    out: dict[str, list[Decision]] = {}
+    for row, name in session.execute(q):
+        out.setdefault(row.attempt_id, []).append(
+            Decision(
+                row.decision_id,
+                name,
+                row.reviewer_id,
+                row.mode,
+                row.decision,
+                row.reason,
+                row.note,
+                row.seen,
+                row.decided_at,
+            )
+        )
+    return out
+
+
+def final_attempts(ledger: Ledger) -> set[str]:
+    """Each cell's final candidate: its first that filled the cell (accepted, needs_review), else its last.
+
+    This is the attempt :func:`counterfactory.flows.steps.process_template` ends a cell with.
+    """
+    with ledger.session() as s:
+        rows = s.execute(
+            select(CandidateRow.attempt_id, CandidateRow.cell_id, CandidateRow.verdict)
+            .join(AttemptRow, AttemptRow.attempt_id == CandidateRow.attempt_id)
+            .order_by(CandidateRow.cell_id, AttemptRow.attempt_no)
+        ).all()
+    final: dict[str, str] = {}
+    closed: set[str] = set()
+    for attempt_id, cell_id, verdict in rows:
+        if cell_id in closed:
+            continue
+        final[cell_id] = attempt_id
+        if verdict in ("accepted", "needs_review"):
+            closed.add(cell_id)
+    return set(final.values())
+
+
+def review_queue(ledger: Ledger, options: ReviewOptions) -> list[QueueItem]:
+    """Every candidate people review (needs_review, and the audit sample), with its decisions.
+
+    Candidates without an aligned image (an editor refusal, a failed alignment) are not
+    shown: there is nothing to look at. Ordered by template, then cell, then attempt.
+    """
+    finals = final_attempts(ledger)
+    with ledger.session() as s:
+        rows = s.execute(
+            select(CandidateRow, AttemptRow.attempt_no)
+            .join(AttemptRow, AttemptRow.attempt_id == CandidateRow.attempt_id)
+            .order_by(CandidateRow.cell_id, AttemptRow.attempt_no)
+        ).all()
+        decisions = _decisions(s)
+    items = []
+    for cand, attempt_no in rows:
+        mode = _in_queue(options, cand.attempt_id, cand.verdict)
+        if mode is None or not cand.image_sha256:
+            continue
+        template_id, condition = parse_cell_id(cand.cell_id)
+        double = sampled("double", options.seed, cand.attempt_id, options.double_review_rate)
+        items.append(
+            QueueItem(
+                attempt_id=cand.attempt_id,
+                cell_id=cand.cell_id,
+                template_id=template_id,
+                condition=condition,
+                attempt_no=attempt_no,
+                final=cand.attempt_id in finals,
+                verdict=cand.verdict,
+                reasons=list(cand.reasons or []),
+                gates=cand.gates or {},
+                image_sha256=cand.image_sha256,
+                mode=mode,
+                required=2 if double else 1,
+                decisions=decisions.get(cand.attempt_id, []),
+            )
+        )
+    return items
+
+
+def queue_item(ledger: Ledger, options: ReviewOptions, attempt_id: str) -> QueueItem | None:
+    return next((i for i in review_queue(ledger, options) if i.attempt_id == attempt_id), None)
+
+
+def record_decision(
+    ledger: Ledger,
+    options: ReviewOptions,
+    *,
+    attempt_id: str,
+    reviewer: Reviewer,
+    decision: str,
+    reason: str | None = None,
+    note: str | None = None,
+    seen: int,
+) -> Resolution:
+    """Append one decision after checking it (see the rule above); returns the item's new state.
+
+    Raises:
+        ReviewError: 404 for an item not in the queue, 409 for one already decided (by anyone
+            before the reviewer saw it, or by this reviewer), 400 for a bad decision or reason.
+    """
+    if decision not in DECISIONS:
+        raise ReviewError(f"decision must be one of {', '.join(DECISIONS)}; got {decision!r}")
+    note = (note or "").strip() or None
+    if decision == "reject":
+        if reason not in REASONS:
+            raise ReviewError(f"a rejection needs a reason code, one of {', '.join(REASONS)}; got {reason!r}")
+        if reason == "other" and not note:
+            raise ReviewError("reason 'other' needs a note saying what is wrong")
+    elif reason:
+        raise ReviewError(f"only a rejection takes a reason; got reason {reason!r} with {decision!r}")
+    if note is not None and len(note) > 2000:
+        raise ReviewError("a note is at most 2000 characters")
+    item = queue_item(ledger, options, attempt_id)
+    if item is None:
+        raise ReviewError(f"no candidate {attempt_id!r} is waiting for review", status=404)
+    votes = [d for d in item.decisions if d.decision in OUTCOME]
+    if seen < 0 or seen > len(votes):
+        raise ReviewError(f"seen={seen} but the item has {len(votes)} decision(s); reload the page")
+    if decision in OUTCOME and item.decided_by(reviewer.reviewer_id):
+        raise ReviewError("you have already decided this item; a decision is never changed", status=409)
+    before = resolve(votes[:seen], item.required)
+    if before.state == "resolved":
+        raise ReviewError(f"this item was already decided ({before.outcome}); reload for the next one", status=409)
+    mode = "tiebreak" if before.state == "disputed" else item.mode
+    with ledger.session() as s, s.begin():
+        s.add(
+            DecisionRow(
+                attempt_id=attempt_id,
+                reviewer_id=reviewer.reviewer_id,
+                mode=mode,
+                decision=decision,
+                reason=reason if decision == "reject" else None,
+                note=note,
+                seen=seen,
+            )
+        )
+    after = queue_item(ledger, options, attempt_id)
+    assert after is not None
+    return after.resolution
+
+
+# blinded spot-the-edit ----------------------------------------------------------------------
+def record_spot_trial(
+    ledger: Ledger,
+    *,
+    attempt_id: str,
+    reviewer: Reviewer,
+    shown: str,
+    said_edited: bool,
+    click: tuple[float, float] | None,
+    localised: bool | None,
+) -> None:
+    """Append one blinded answer (``shown``: ``source`` or ``candidate``; click in image pixels)."""
+    if shown not in ("source", "candidate"):
+        raise ReviewError(f"shown must be source or candidate; got {shown!r}")
+    with ledger.session() as s, s.begin():
+        s.add(
+            SpotTrialRow(
+                attempt_id=attempt_id,
+                reviewer_id=reviewer.reviewer_id,
+                shown=shown,
+                said_edited=said_edited,
+                click_x=None if click is None else float(click[0]),
+                click_y=None if click is None else float(click[1]),
+                localised=localised,
+            )
+        )
+
+
+@dataclass(frozen=True)
+class SpotTrial:
+    attempt_id: str
+    cell_id: str
+    reviewer_id: int
+    shown: str
+    said_edited: bool
+    localised: bool | None
+
+
+def spot_trials(ledger: Ledger) -> list[SpotTrial]:
+    with ledger.session() as s:
+        rows = s.execute(
+            select(SpotTrialRow, CandidateRow.cell_id)
+            .join(CandidateRow, CandidateRow.attempt_id == SpotTrialRow.attempt_id)
+            .order_by(SpotTrialRow.trial_id)
+        ).all()
+    return [SpotTrial(r.attempt_id, cell, r.reviewer_id, r.shown, r.said_edited, r.localised) for r, cell in rows]
+
+
+def spot_pool(ledger: Ledger, reviewer_id: int) -> list[tuple[str, str, str]]:
+    """``(attempt_id, cell_id, image sha256)`` of final candidates that could be released
+    (accepted or needs_review) and that this reviewer has not yet seen blinded."""
+    finals = final_attempts(ledger)
+    with ledger.session() as s:
+        done = set(s.scalars(select(SpotTrialRow.attempt_id).where(SpotTrialRow.reviewer_id == reviewer_id)))
+        rows = s.execute(
+            select(CandidateRow.attempt_id, CandidateRow.cell_id, CandidateRow.image_sha256).where(
+                CandidateRow.verdict.in_(["accepted", "needs_review"])
+            )
+        ).all()
+    return sorted((a, c, sha) for a, c, sha in rows if a in finals and a not in done and sha)
+
+
+# what publishing needs ----------------------------------------------------------------------
+def review_records(ledger: Ledger, options: ReviewOptions, attempt_ids: Iterable[str]) -> dict[str, dict[str, Any]]:
+    """For each reviewed-or-queued attempt: ``{"gate_verdict", "mode", "required", "state",
+    "outcome", "reason", "decisions": [{"reviewer", "mode", "decision", "reason", "note",
+    "decided_at"}]}``. Attempts outside the queue are absent (their ``review`` stays ``None``)."""
+    wanted = set(attempt_ids)
+    out = {}
+    for item in review_queue(ledger, options):
+        if item.attempt_id not in wanted:
+            continue
+        res = item.resolution
+        out[item.attempt_id] = {
+            "gate_verdict": item.verdict,
+            "mode": item.mode,
+            "required": item.required,
+            "state": res.state,
+            "outcome": res.outcome,
+            "reason": res.reason,
+            "decisions": [d.record() for d in item.decisions],
+        }
+    return out
+
+
+def apply_reviews(ledger: Ledger, options: ReviewOptions, rows: Sequence[dict[str, Any]]) -> None:
+    """Give each release row (``items.jsonl`` schema) its review history and effective status.
+
+    A resolved review replaces the gate's status (``accepted`` / ``rejected`` with
+    ``review_rejected: <code>``); an unresolved one leaves it as it was, so an undecided
+    ``needs_review`` item stays ``needs_review`` and is counted as waiting.
+    """
+    records = review_records(ledger, options, [r["item_id"] for r in rows if r.get("item_id")])
+    for row in rows:
+        record = records.get(row.get("item_id"))
+        row["review"] = record
+        if record is None or record["state"] != "resolved":
+            continue
+        row["status"] = record["outcome"]
+        if record["outcome"] == "rejected":
+            row["reasons"] = [f"review_rejected: {record['reason'] or 'unspecified'}"] + list(row["reasons"])
+
+
+def pending_by_group(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """How many release rows still wait for a person, in total and per condition group."""
+    waiting = [r for r in rows if r["status"] == "needs_review"]
+    groups: dict[str, int] = {}
+    for r in waiting:
+        for axis, value in r["condition"].items():
+            key = f"{axis}={value}"
+            groups[key] = groups.get(key, 0) + 1
+    return {"total": len(waiting), "by_group": dict(sorted(groups.items()))}
