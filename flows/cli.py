@@ -216,5 +216,52 @@ def review_add_reviewer(name: str, out: Path, spec_path: Path | None) -> None:
     click.echo(token)
 
 
+@main.group()
+def release() -> None:
+    """Publish and fetch releases (Hugging Face Hub)."""
+
+
+def _hub_call(action, *args, **kwargs):
+    """Run a push or pull; bad input and Hub refusals end with a message, not a traceback."""
+    from counterfactory.manifests.hub import HubError, HubTransferError
+
+    try:
+        return action(*args, **kwargs)
+    except HubTransferError as exc:
+        _fail(str(exc), code=1)
+    except HubError as exc:
+        _fail(str(exc))
+
+
+@release.command("push")
+@click.argument("release_dir", type=click.Path(path_type=Path, exists=True, file_okay=False))
+@click.option("--repo", "repo_id", required=True, help="Dataset repository ORG/NAME (created when missing).")
+@click.option("--private", is_flag=True, help="Make the repository private.")
+@click.option(
+    "--gated/--ungated",
+    default=None,
+    help="Require access requests with an intended-use form [default: gated when the design varies "
+    "race, gender or another protected attribute].",
+)
+def release_push(release_dir: Path, repo_id: str, private: bool, gated: bool | None) -> None:
+    """Upload RELEASE_DIR to the Hub as one commit tagged with its version (HF_TOKEN, HF_ENDPOINT)."""
+    from counterfactory.manifests.hub import push_release
+
+    result = _hub_call(push_release, release_dir, repo_id, private=private, gated=gated)
+    state = "pushed" if result.created else "unchanged (this version is already on the Hub)"
+    click.echo(f"{state} {result.repo_id}@{result.version}: commit {result.commit}")
+
+
+@release.command("pull")
+@click.argument("ref")
+@click.argument("out_dir", type=click.Path(path_type=Path))
+def release_pull(ref: str, out_dir: Path) -> None:
+    """Restore the release REF (ORG/NAME@VERSION) from the Hub into OUT_DIR and verify it."""
+    from counterfactory.manifests.hub import pull_release
+
+    path = _hub_call(pull_release, ref, out_dir)
+    click.echo(f"pulled {ref} into {path}: every file matches its checksum")
+
+
 if __name__ == "__main__":
     main()

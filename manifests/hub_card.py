@@ -1,0 +1,309 @@
+"""The dataset card (``README.md``) a release carries on the Hugging Face Hub.
+
+The YAML header is what the Hub parses (``license``, ``pretty_name``, ``task_categories``,
+``size_categories``, ``tags``, ``configs`` with their data files and, for gated sets, the
+``extra_gated_*`` access form). The body says what the set is, how it was made (editor lineage,
+prompts, gates and their thresholds, calibration), the attrition per group with Wilson
+intervals, review statistics, known limitations and how to cite it. Everything comes from the
+release folder itself, so the card describes exactly the bytes it ships with.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import yaml
+
+from counterfactory.manifests.hub_tables import TableExport
+from counterfactory.manifests.licences import LicenceDecision
+
+#: Axes whose values are protected demographic attributes: a set varying them is gated by default.
+SENSITIVE_AXES = frozenset({"race", "ethnicity", "gender", "sex", "age", "skin_tone", "religion", "disability"})
+INTENDED_USE = (
+    "This dataset holds edited photographs of people that vary {axes}. It is released to measure "
+    "and reduce bias in vision and vision-language models. By requesting access you agree to use "
+    "it only for that research, not to train or evaluate systems that infer {axes} from "
+    "images of people, not to identify or make claims about the people shown, and not to "
+    "redistribute the images outside these terms."
+)
+
+
+def size_category(n: int) -> str:
+    """The Hub's ``size_categories`` bucket for ``n`` rows."""
+    bounds = [
+        (1_000, "n<1K"),
+        (10_000, "1K<n<10K"),
+        (100_000, "10K<n<100K"),
+        (1_000_000, "100K<n<1M"),
+        (10_000_000, "1M<n<10M"),
+    ]
+    return next((label for bound, label in bounds if n < bound), "10M<n<100M")
+
+
+def sensitive_axes(spec: Mapping[str, Any]) -> list[str]:
+    """The design's axes that vary a protected attribute (empty for e.g. a limb cue design)."""
+    axes = (spec.get("design") or {}).get("axes") or {}
+    return [axis for axis in axes if axis.lower() in SENSITIVE_AXES]
+
+
+def card_metadata(
+    *,
+    release: Mapping[str, Any],
+    spec: Mapping[str, Any],
+    tables: Sequence[TableExport],
+    licence: LicenceDecision,
+    gated: bool,
+    backends: Sequence[str],
+) -> dict[str, Any]:
+    """The card's YAML header as a dict (Hub keys, in the Hub's spelling)."""
+    kind = (spec.get("design") or {}).get("kind", "face")
+    items = next(t for t in tables if t.name == "items")
+    meta: dict[str, Any] = {
+        "pretty_name": f"{release['name']} {release['version']}",
+        "license": licence.hub_id,
+        "task_categories": ["image-to-image", "zero-shot-image-classification"],
+        "size_categories": [size_category(items.rows)],
+        "tags": ["counterfactual", "synthetic", "bias-evaluation", "fairness", f"{kind}-edits"]
+        + [f"editor-{b}" for b in backends],
+        "configs": [
+            {
+                "config_name": t.name,
+                "data_files": [{"split": "train", "path": f"data/{t.name}/train-*.parquet"}],
+                **({"default": True} if t.name == "items" else {}),
+            }
+            for t in tables
+        ],
+    }
+    if gated:
+        axes = sensitive_axes(spec) or list((spec.get("design") or {}).get("axes") or {})
+        meta |= {
+            "extra_gated_heading": f"Request access to {release['name']} {release['version']}",
+            "extra_gated_prompt": INTENDED_USE.format(axes=" and ".join(axes) or "people's appearance"),
+            "extra_gated_fields": {
+                "Name": "text",
+                "Affiliation": "text",
+                "Intended use": {
+                    "type": "select",
+                    "options": ["Bias measurement in models", "Bias mitigation research", "Teaching", "Other"],
+                },
+                "I will use this dataset only for the intended use stated above": "checkbox",
+            },
+            "extra_gated_button_content": "Agree and request access",
+        }
+    return meta
+
+
+def _pct(rate: Mapping[str, Any]) -> str:
+    if not rate or rate.get("rate") is None:
+        return "n/a"
+    return f"{rate['rate']:.0%} [{rate['ci_low']:.0%}, {rate['ci_high']:.0%}] (n={rate['n']})"
+
+
+def _attrition_section(attrition: Mapping[str, Any]) -> list[str]:
+    if not attrition or not attrition.get("groups"):
+        return ["No candidates were judged, so there is no attrition to report."]
+    gates = [g for g in attrition.get("gates") or [] if g != "overall"]
+    header = ["group", "n", "accepted", *gates]
+    lines = [
+        f"Pass rate per group with {attrition.get('confidence', 0.95):.0%} Wilson score intervals "
+        "(E. B. Wilson, JASA 22, 1927). A gate that passes one group far less often than another "
+        "changes who is in the set; compare groups before using it.",
+        "",
+        "| " + " | ".join(header) + " |",
+        "|" + "---|" * len(header),
+    ]
+    all_row = attrition.get("all") or {}
+    lines.append(
+        "| all | "
+        + str((all_row.get("overall") or {}).get("n", ""))
+        + " | "
+        + " | ".join(_pct(all_row.get(g)) for g in ["overall", *gates])
+        + " |"
+    )
+    for group in attrition["groups"]:
+        rates = group.get("gates") or {}
+        lines.append(
+            f"| {group['label']} | {group['n']} | " + " | ".join(_pct(rates.get(g)) for g in ["overall", *gates]) + " |"
+        )
+    separated = [d for d in attrition.get("disparity") or [] if d.get("separated")]
+    lines.append("")
+    if separated:
+        lines.append("Groups whose intervals do not overlap (a difference the sample supports):")
+        lines += [
+            f"- {d['gate']} by {d['axis']}: {d['lowest']} {d['min_rate']:.0%} vs {d['highest']} {d['max_rate']:.0%}"
+            for d in separated
+        ]
+    else:
+        lines.append("No gate separates two groups of one axis (every lowest/highest pair of intervals overlaps).")
+    return lines
+
+
+def _review_section(items: Sequence[Mapping[str, Any]]) -> list[str]:
+    statuses = Counter(row.get("status") for row in items)
+    reviewed = [row for row in items if row.get("review")]
+    decisions = Counter(
+        str(row["review"].get("decision", "reviewed")) if isinstance(row["review"], Mapping) else "reviewed"
+        for row in reviewed
+    )
+    lines = [
+        f"- candidates flagged for human review: {statuses.get('needs_review', 0)}",
+        f"- rows with a recorded review: {len(reviewed)}"
+        + (f" ({', '.join(f'{k}: {v}' for k, v in sorted(decisions.items()))})" if decisions else ""),
+    ]
+    if statuses.get("needs_review") and not reviewed:
+        lines.append("- the flagged candidates were not reviewed before this release; they are not in `manifest.jsonl`")
+    return lines
+
+
+def _thresholds(items: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+    seen: dict[str, dict[str, Any]] = {}
+    for row in items:
+        for gate, result in (row.get("gates") or {}).items():
+            seen.setdefault(gate, {}).update(result.get("thresholds") or {})
+    return seen
+
+
+def card_body(
+    *,
+    release: Mapping[str, Any],
+    spec: Mapping[str, Any],
+    stats: Mapping[str, Any],
+    items: Sequence[Mapping[str, Any]],
+    tables: Sequence[TableExport],
+    licence: LicenceDecision,
+    repo_id: str,
+    calibration_rules: Mapping[str, str] | None = None,
+) -> str:
+    """The card's Markdown body (everything after the YAML header)."""
+    name, version = release["name"], release["version"]
+    design = spec.get("design") or {}
+    axes = design.get("axes") or {}
+    counts = stats.get("items") or {}
+    lines = [f"# {name} {version}", "", str(release.get("description") or spec.get("description") or "").strip(), ""]
+
+    lines += ["## What this set is", ""]
+    lines.append(
+        f"Counterfactual image stimuli made with counterfactory: every source photo is edited once per "
+        f"condition ({design.get('kind', 'face')} edits over "
+        + ", ".join(f"{axis} = {', '.join(map(str, values))}" for axis, values in axes.items())
+        + "), aligned back onto the source and judged by automatic gates."
+    )
+    lines += [
+        "",
+        f"- cells: {counts.get('total', len(items))} "
+        f"(accepted {counts.get('accepted', 0)}, needs review {counts.get('needs_review', 0)}, "
+        f"rejected {counts.get('rejected', 0)}, failed {counts.get('failed', 0)})",
+        f"- templates (source photos): {(stats.get('templates') or {}).get('total', '?')}, "
+        f"sources left out: {len(stats.get('failed_sources') or [])}",
+        "",
+        "| config | rows | image columns | columns |",
+        "|---|---|---|---|",
+    ]
+    lines += [f"| `{t.name}` | {t.rows} | {', '.join(t.image_columns) or '-'} | {len(t.columns)} |" for t in tables]
+    lines += [
+        "",
+        "`items` has every cell with its final `status` (nothing is dropped): filter on "
+        "`status == 'accepted'` for the released stimuli. `source` and `counterfactual` are images; "
+        "`condition_*`, `gender_match`, `template_id`, `reasons` and the `gate_*` metrics are columns.",
+        "",
+        "```python",
+        "from datasets import load_dataset",
+        "",
+        f'items = load_dataset("{repo_id}", "items", split="train", revision="{version}")',
+        'accepted = items.filter(lambda row: row["status"] == "accepted")',
+        "```",
+        "",
+        f"The release folder itself (manifest, items, spec, stats, report, images, checksums) is under "
+        f"`release/`; `counterfactory release pull {repo_id}@{version} DIR` restores it and "
+        "`counterfactory verify DIR` re-hashes every file.",
+        "",
+    ]
+
+    lines += ["## How it was made", "", "### Editor", ""]
+    lineages = Counter(json.dumps(row["editor"].get("lineage"), sort_keys=True) for row in items if row.get("editor"))
+    if lineages:
+        for lineage, n in lineages.most_common():
+            lines.append(f"- {n} candidates: `{lineage}`")
+    else:
+        lines.append("- no edit was made")
+    prompts = Counter(row["editor"].get("prompt") for row in items if row.get("editor"))
+    lines += [
+        "",
+        f"### Prompts ({len(prompts)} distinct; template `{(spec.get('prompts') or {}).get(design.get('kind', 'face'))}`)",
+        "",
+    ]
+    for prompt, n in prompts.most_common(8):
+        lines.append(f"- ({n}x) {prompt}")
+    if len(prompts) > 8:
+        lines.append(f"- ... and {len(prompts) - 8} more, every one in `items.jsonl` (`editor.prompt`)")
+    lines += ["", "### Gates and thresholds", ""]
+    thresholds = _thresholds(items)
+    if thresholds:
+        lines += ["| gate | thresholds |", "|---|---|"]
+        for gate, values in sorted(thresholds.items()):
+            lines.append(f"| {gate} | " + ", ".join(f"`{k}={v}`" for k, v in sorted(values.items())) + " |")
+    else:
+        lines.append("No gate ran.")
+    lines += [
+        "",
+        "### Calibration",
+        "",
+        "Thresholds the spec leaves out come from counterfactory's shipped calibration "
+        "(`counterfactory calibrate`), measured on no-op copies and on pairs of different people:",
+        "",
+    ]
+    lines += [f"- `{k}`: {v}" for k, v in sorted((calibration_rules or {}).items())] or ["- (not recorded)"]
+    lines += ["", f"Spec hash: `{stats.get('spec_hash', '')}`; the full spec is `release/spec.yaml`.", ""]
+
+    lines += ["## Attrition per group", "", *_attrition_section(stats.get("attrition") or {}), ""]
+    lines += ["## Review", "", *_review_section(items), ""]
+    lines += ["## Licence", "", f"Released as `{licence.hub_id}`, the strictest of its sources' licences:", ""]
+    lines += [f"- `{hub_id}`: {', '.join(ids)}" for hub_id, ids in sorted(licence.sources_by_licence.items())]
+    lines += ["", "## Limitations", ""]
+    limitations = [
+        "Condition labels name the edit that was asked for, not how people perceive the result; "
+        "validate perceived attributes with human raters before drawing conclusions.",
+        "Automatic gates catch failed edits (no face, identity drift, expression change, edits "
+        "outside the region) but not every artefact; the attrition table shows how unevenly they act.",
+        "Editors carry their own biases (for example, lightening skin for some groups); the set inherits them.",
+        "The source photos show real, identifiable people; never use them to make claims about them.",
+    ]
+    backends = {row["editor"].get("backend") for row in items if row.get("editor")}
+    if "classical" in backends:
+        limitations.insert(
+            0,
+            "Made with the `classical` demo editor, which paints a tone inside the face mask and makes "
+            "NO real demographic change: use it to exercise pipelines, not to study bias.",
+        )
+    incomplete = (stats.get("templates") or {}).get("incomplete") or []
+    if incomplete:
+        limitations.append(f"Templates with cells that were not accepted: {', '.join(map(str, incomplete))}.")
+    for failed in stats.get("failed_sources") or []:
+        limitations.append(f"Source `{failed.get('source_id')}` was left out: {failed.get('reason')}.")
+    lines += [f"- {text}" for text in limitations]
+    key = "".join(ch if ch.isalnum() else "_" for ch in f"{name}_{version}")
+    created = str(release.get("created_at", ""))[:4]
+    lines += [
+        "",
+        "## How to cite",
+        "",
+        "```bibtex",
+        f"@misc{{{key},",
+        f"  title = {{{{{name}}}: counterfactual image stimuli, version {version}}},",
+        f"  year = {{{created}}},",
+        "  howpublished = {\\url{https://huggingface.co/datasets/" + repo_id + "}},",
+        f"  note = {{Revision {version}; made with counterfactory}}",
+        "}",
+        "```",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def render_card(metadata: Mapping[str, Any], body: str) -> str:
+    """``README.md`` text: the YAML header between ``---`` lines, then the body."""
+    header = yaml.safe_dump(dict(metadata), sort_keys=False, allow_unicode=True, width=100)
+    return f"---\n{header}---\n\n{body}"

@@ -1,0 +1,165 @@
+"""A small sealed release built from the bundled real photos, shaped as ``flows.publish`` writes one.
+
+Running the demo flow takes a minute; the Hub tests need a release in a second. Rows follow
+``flows.publish.build_items`` (item, condition, status, image, source, editor, gates, review),
+images are the real photos with a condition-specific tint in one box, saved as PNG under
+their sha256, so pixel checks have real photographs to compare.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+from pathlib import Path
+
+import numpy as np
+import yaml
+from PIL import Image
+
+from counterfactory.assets import PHOTOS_DIR
+from counterfactory.manifests.release import ReleaseStage, write_json, write_jsonl
+from counterfactory.manifests.store import sha256_file
+from counterfactory.validation.attrition import attrition_table
+
+PHOTOS = {"astronaut": "astronaut.png", "grace_hopper": "grace_hopper.jpg"}
+DEFAULT_LICENCES = {"astronaut": "public domain (NASA)", "grace_hopper": "public domain (U.S. Navy)"}
+CONDITIONS = [
+    ({"race": "Black", "gender": "female"}, "accepted"),
+    ({"race": "White", "gender": "male"}, "rejected"),
+    ({"race": "East Asian", "gender": "female"}, "failed"),
+]
+
+
+def make_release(
+    root: Path,
+    *,
+    name: str = "study",
+    version: str = "1.0.0",
+    licences: dict[str, str | None] | None = None,
+    trials: bool = True,
+    tint: int = 60,
+) -> Path:
+    """Seal a release under ``root/releases/name/version`` and return its folder.
+
+    ``licences`` maps source id -> metadata licence text; ``tint`` changes the edited pixels
+    (two releases with different tints have different content).
+    """
+    licences = DEFAULT_LICENCES if licences is None else licences
+    stage = ReleaseStage(root / "releases", name, version)
+    scratch = stage.dir.parent / f".{version}.images"
+    scratch.mkdir(exist_ok=True)
+    items, trial_rows = [], []
+    for sid, filename in PHOTOS.items():
+        photo = PHOTOS_DIR / filename
+        sha = sha256_file(photo)
+        src_rel = stage.add_file(f"sources/{sha}{photo.suffix.lower()}", photo)
+        with Image.open(photo) as im:
+            rgb = np.asarray(im.convert("RGB")).copy()
+        h, w = rgb.shape[:2]
+        for k, (condition, status) in enumerate(CONDITIONS):
+            image = None
+            if status != "failed":
+                edited = rgb.copy()
+                box = edited[h // 4 : h // 2, w // 4 : w // 2].astype(np.int16)
+                box[..., k] += tint
+                edited[h // 4 : h // 2, w // 4 : w // 2] = np.clip(box, 0, 255).astype(np.uint8)
+                buf = io.BytesIO()
+                Image.fromarray(edited).save(buf, format="PNG")
+                digest = hashlib.sha256(buf.getvalue()).hexdigest()
+                (scratch / f"{digest}.png").write_bytes(buf.getvalue())
+                image = {"sha256": digest, "path": stage.add_file(f"images/{digest}.png", scratch / f"{digest}.png")}
+            passed = status == "accepted"
+            cell_id = f"{sid}|race={condition['race']}|gender={condition['gender']}"
+            item_id = hashlib.sha256(cell_id.encode()).hexdigest()[:16] if status != "failed" else None
+            items.append(
+                {
+                    "item_id": item_id,
+                    "cell_id": cell_id,
+                    "template_id": sid,
+                    "kind": "face",
+                    "condition": condition,
+                    "gender_match": condition["gender"] == "female",
+                    "status": status,
+                    "reasons": [] if passed else (["identity_low_cosine"] if image else ["editor_error: timeout"]),
+                    "attempts": 1 if passed else 2,
+                    "image": image,
+                    "source": {
+                        "id": sid,
+                        "sha256": sha,
+                        "path": src_rel,
+                        "licence": licences.get(sid),
+                        "occupation": "astronaut" if sid == "astronaut" else "naval officer",
+                        "context": "studio portrait",
+                        "presented_gender": "female",
+                    },
+                    "editor": None
+                    if image is None
+                    else {
+                        "backend": "classical",
+                        "lineage": {"backend": "classical", "strength": 0.55, "version": 1},
+                        "prompt": f"Edit only the person's face so that they appear to be a {condition['race']} person.",
+                        "seed": k,
+                        "attempt_no": 1,
+                        "cost_usd": 0.0,
+                    },
+                    "alignment": None if image is None else {"ok": True, "residual_px": 0.03, "shift_px": [0.0, 0.0]},
+                    "gates": {}
+                    if image is None
+                    else {
+                        "identity": {
+                            "metrics": {"cosine": 0.91 if passed else 0.12, "embedding_dim": 128},
+                            "passed": passed,
+                            "reasons": [] if passed else ["identity_low_cosine"],
+                            "review": [],
+                            "thresholds": {"backend": "sface", "min_cosine": 0.25, "max_cosine": 0.995},
+                        }
+                    },
+                    "review": None,
+                }
+            )
+            if passed and trials:
+                trial_rows.append(
+                    {
+                        "trial_id": f"{sid}-{k}",
+                        "template_id": sid,
+                        "original": {"path": src_rel},
+                        "edited": image,
+                        "condition": condition,
+                    }
+                )
+    for p in scratch.iterdir():
+        p.unlink()
+    scratch.rmdir()
+    write_jsonl(stage.dir / "manifest.jsonl", [r for r in items if r["status"] == "accepted"])
+    write_jsonl(stage.dir / "items.jsonl", items)
+    if trials:
+        write_jsonl(stage.dir / "trials.jsonl", trial_rows)
+    spec = {
+        "name": name,
+        "description": "Test release from the bundled photos.",
+        "design": {"kind": "face", "axes": {"race": ["Black", "White", "East Asian"], "gender": ["female", "male"]}},
+        "prompts": {"face": "face_only_v1"},
+        "release": {"name": name, "version": version, "description": "Test release.", "licence": "see sources"},
+    }
+    (stage.dir / "spec.yaml").write_text(yaml.safe_dump(spec, sort_keys=False), encoding="utf-8")
+    gate_rows = [
+        {"condition": r["condition"], "verdict": r["status"], "gates": {g: v["passed"] for g, v in r["gates"].items()}}
+        for r in items
+    ]
+    counts = {s: sum(r["status"] == s for r in items) for s in ("accepted", "needs_review", "rejected", "failed")}
+    write_json(
+        stage.dir / "stats.json",
+        {
+            "items": counts | {"total": len(items)},
+            "templates": {"total": len(PHOTOS), "complete": 0, "incomplete": sorted(PHOTOS)},
+            "failed_sources": [],
+            "spec_hash": hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest(),
+            "attrition": attrition_table(gate_rows),
+        },
+    )
+    write_json(
+        stage.dir / "release.json",
+        {"name": name, "version": version, "description": "Test release.", "created_at": "2026-12-01T00:00:00+00:00"},
+    )
+    return stage.seal().path

@@ -1,0 +1,271 @@
+"""Hub export: Parquet that ``datasets`` decodes to the release's pixels, a card the Hub parses,
+and push / pull with the real ``huggingface_hub`` client against a local Hub (``hub_server``)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from counterfactory.manifests.hub import HubError, HubTransferError, export_release, pull_release, push_release
+from counterfactory.manifests.release import verify_release
+from tests.manifests.hub_release import make_release
+from tests.manifests.hub_server import HubServer
+
+hf = pytest.importorskip("huggingface_hub")
+datasets = pytest.importorskip("datasets")
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def release(tmp_path_factory) -> Path:
+    return make_release(tmp_path_factory.mktemp("rel"))
+
+
+@pytest.fixture(scope="module")
+def exported(release, tmp_path_factory):
+    out = tmp_path_factory.mktemp("export") / "repo"
+    return export_release(release, out, repo_id="lab/study")
+
+
+@pytest.fixture(scope="module")
+def server():
+    with HubServer() as hub:
+        yield hub
+
+
+@pytest.fixture
+def hub(server, monkeypatch):
+    """The local Hub, empty, with the client's Xet upload path off (the server speaks LFS only)."""
+    server.repos.clear()
+    server.lfs.clear()
+    server.calls.clear()
+    server.failures.clear()
+    monkeypatch.setattr(hf.constants, "HF_HUB_DISABLE_XET", True)
+    monkeypatch.setattr(hf.constants, "HF_HUB_OFFLINE", False)
+    hf.utils.disable_progress_bars()
+    yield server
+    hf.utils.enable_progress_bars()
+
+
+def _pixels(path: Path) -> np.ndarray:
+    with Image.open(path) as im:
+        return np.asarray(im)
+
+
+def test_load_dataset_decodes_images_equal_to_the_release(release, exported, tmp_path, monkeypatch):
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_OFFLINE", True)
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(hf.constants, "HF_HUB_OFFLINE", True)
+    items = datasets.load_dataset(str(exported.folder), "items", split="train", cache_dir=str(tmp_path))
+    rows = [json.loads(line) for line in (release / "items.jsonl").read_text().splitlines()]
+    assert len(items) == len(rows) == 6
+    assert isinstance(items.features["counterfactual"], datasets.Image)
+    assert isinstance(items.features["source"], datasets.Image)
+    for got, want in zip(items, rows, strict=True):
+        assert (got["status"], got["condition_race"], got["template_id"]) == (
+            want["status"],
+            want["condition"]["race"],
+            want["template_id"],
+        )
+        assert got["source_licence"] == want["source"]["licence"]
+        assert np.array_equal(np.asarray(got["source"]), _pixels(release / want["source"]["path"]))
+        if want["image"] is None:
+            assert got["counterfactual"] is None and got["gate_identity_passed"] is None
+        else:
+            assert isinstance(got["counterfactual"], Image.Image)
+            assert np.array_equal(np.asarray(got["counterfactual"]), _pixels(release / want["image"]["path"]))
+            assert got["gate_identity_passed"] == want["gates"]["identity"]["passed"]
+            assert got["gate_identity_cosine"] == pytest.approx(want["gates"]["identity"]["metrics"]["cosine"])
+    accepted = items.filter(lambda row: row["status"] == "accepted")
+    assert len(accepted) == len((release / "manifest.jsonl").read_text().splitlines())
+
+    trials = datasets.load_dataset(str(exported.folder), "trials", split="train", cache_dir=str(tmp_path))
+    trial_rows = [json.loads(line) for line in (release / "trials.jsonl").read_text().splitlines()]
+    assert len(trials) == len(trial_rows) == 2
+    for got, want in zip(trials, trial_rows, strict=True):
+        assert np.array_equal(np.asarray(got["edited"]), _pixels(release / want["edited"]["path"]))
+        assert np.array_equal(np.asarray(got["original"]), _pixels(release / want["original"]["path"]))
+
+
+def test_card_metadata_parses_with_huggingface_hub(exported):
+    card = hf.DatasetCard((exported.folder / "README.md").read_text(encoding="utf-8"))
+    data = card.data.to_dict()
+    assert data["license"] == "cc0-1.0"
+    assert data["size_categories"] == ["n<1K"]
+    assert "image-to-image" in data["task_categories"] and "counterfactual" in data["tags"]
+    assert [c["config_name"] for c in data["configs"]] == ["items", "trials"]
+    assert data["configs"][0]["data_files"] == [{"split": "train", "path": "data/items/train-*.parquet"}]
+    # a race x gender face set is gated by default, with the intended use stated
+    assert "bias" in data["extra_gated_prompt"] and "race and gender" in data["extra_gated_prompt"]
+    assert data["extra_gated_fields"]["Affiliation"] == "text"
+    for heading in ("## How it was made", "## Attrition per group", "## Review", "## Limitations", "## How to cite"):
+        assert heading in card.text
+    # attrition numbers are the release's own (Wilson interval of 2 accepted of 6)
+    assert "| all | 6 | 33% [10%, 70%] (n=6)" in card.text
+    assert "min_cosine=0.25" in card.text
+
+
+def test_push_then_pull_restores_a_release_that_verifies(release, hub, tmp_path):
+    result = push_release(release, "lab/study", token=hub.token, endpoint=hub.endpoint)
+    repo = hub.repos["lab/study"]
+    assert result.created and repo.tags == {"1.0.0": result.commit} and repo.branches["main"] == result.commit
+    assert len(repo.commits) == 1 and repo.gated == "manual"
+    files = repo.files("1.0.0")
+    assert "README.md" in files and "data/items/train-00000-of-00001.parquet" in files
+    assert files["data/items/train-00000-of-00001.parquet"].sha256 is not None  # went through LFS
+    assert hub.file_bytes("lab/study", "1.0.0", "release/items.jsonl") == (release / "items.jsonl").read_bytes()
+
+    out = pull_release("lab/study@1.0.0", tmp_path / "pulled", endpoint=hub.endpoint)
+    assert verify_release(out) == []
+    local = sorted(p.relative_to(release).as_posix() for p in release.rglob("*") if p.is_file())
+    pulled = sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file())
+    assert pulled == local
+    assert all((out / rel).read_bytes() == (release / rel).read_bytes() for rel in local)
+
+    uploads = hub.calls["lfs_upload"]
+    again = push_release(release, "lab/study", token=hub.token, endpoint=hub.endpoint)
+    assert not again.created and again.commit == result.commit
+    assert len(repo.commits) == 1 and hub.calls["lfs_upload"] == uploads and hub.calls["preupload"] == 1
+
+
+def test_a_second_version_is_a_second_tagged_commit(release, hub, tmp_path):
+    push_release(release, "lab/study", token=hub.token, endpoint=hub.endpoint)
+    newer = make_release(tmp_path, version="1.1.0", trials=False, tint=90)
+    push_release(newer, "lab/study", token=hub.token, endpoint=hub.endpoint)
+    repo = hub.repos["lab/study"]
+    assert set(repo.tags) == {"1.0.0", "1.1.0"} and len(repo.commits) == 2
+    # the trials table is gone from the new version, and still in the old one
+    assert not any(p.startswith("data/trials/") for p in repo.files("1.1.0"))
+    assert any(p.startswith("data/trials/") for p in repo.files("1.0.0"))
+    out = pull_release("lab/study@1.0.0", tmp_path / "old", endpoint=hub.endpoint)
+    assert (out / "items.jsonl").read_bytes() == (release / "items.jsonl").read_bytes()
+
+
+def test_failure_half_way_leaves_no_commit_and_no_tag_and_a_retry_succeeds(release, hub, tmp_path):
+    hub.fail("lfs_upload", after=2, times=1, status=507)
+    with pytest.raises(HubTransferError, match="(?s)507.*is not tagged.*run the same command again"):
+        push_release(release, "lab/study", token=hub.token, endpoint=hub.endpoint)
+    repo = hub.repos["lab/study"]
+    assert repo.commits == {} and repo.tags == {} and repo.branches["main"] is None
+    stored = len(hub.lfs)
+    assert stored >= 2  # some objects did arrive before the failure
+
+    result = push_release(release, "lab/study", token=hub.token, endpoint=hub.endpoint)
+    assert result.created and repo.tags == {"1.0.0": result.commit} and len(repo.commits) == 1
+    assert hub.calls["commit_ok"] == 1
+    out = pull_release("lab/study@1.0.0", tmp_path / "pulled", endpoint=hub.endpoint)
+    assert verify_release(out) == []
+
+
+def test_failure_between_commit_and_tag_is_finished_by_the_retry(release, hub):
+    hub.fail("tag", times=1)
+    with pytest.raises(HubTransferError, match="injected failure while tagging"):
+        push_release(release, "lab/study", token=hub.token, endpoint=hub.endpoint)
+    repo = hub.repos["lab/study"]
+    assert repo.tags == {}
+    result = push_release(release, "lab/study", token=hub.token, endpoint=hub.endpoint)
+    assert repo.tags == {"1.0.0": result.commit} and len(repo.commits) == 1
+
+
+def test_same_version_with_other_content_is_refused(release, hub, tmp_path):
+    push_release(release, "lab/study", token=hub.token, endpoint=hub.endpoint)
+    before = (dict(hub.repos["lab/study"].commits), dict(hub.lfs), hub.calls["preupload"])
+    other = make_release(tmp_path, version="1.0.0", tint=120)
+    with pytest.raises(HubError, match="already has version 1.0.0 with different content.*raise release.version"):
+        push_release(other, "lab/study", token=hub.token, endpoint=hub.endpoint)
+    assert (dict(hub.repos["lab/study"].commits), dict(hub.lfs), hub.calls["preupload"]) == before
+
+
+@pytest.mark.parametrize("damage", ["missing", "altered"])
+def test_damaged_release_is_refused_before_any_upload(release, hub, tmp_path, damage):
+    copy = tmp_path / "copy"
+    shutil.copytree(release, copy)
+    image = next((copy / "images").iterdir())
+    if damage == "missing":
+        image.unlink()
+    else:
+        image.write_bytes(image.read_bytes()[:-1] + b"\x00")
+    with pytest.raises(HubError, match=f"images/{image.name}: .*nothing was uploaded"):
+        push_release(copy, "lab/study", token=hub.token, endpoint=hub.endpoint)
+    assert hub.repos == {} and sum(hub.calls.values()) == 0
+
+
+def test_unknown_licence_is_refused_naming_the_source(hub, tmp_path):
+    bad = make_release(tmp_path, licences={"astronaut": "public domain (NASA)", "grace_hopper": "Getty editorial"})
+    with pytest.raises(HubError, match="grace_hopper \\('Getty editorial'\\)") as info:
+        push_release(bad, "lab/study", token=hub.token, endpoint=hub.endpoint)
+    assert "items.jsonl" in str(info.value) and "nothing was uploaded" in str(info.value)
+    assert hub.repos == {} and sum(hub.calls.values()) == 0
+
+
+def test_missing_token_is_refused_before_any_upload(release, hub, tmp_path, monkeypatch):
+    for name in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(hf.constants, "HF_TOKEN_PATH", str(tmp_path / "no-token"))
+    monkeypatch.setattr(hf.constants, "HF_STORED_TOKENS_PATH", str(tmp_path / "no-tokens"))
+    with pytest.raises(HubError, match="no Hugging Face token: set HF_TOKEN"):
+        push_release(release, "lab/study", endpoint=hub.endpoint)
+    assert hub.repos == {} and sum(hub.calls.values()) == 0
+
+
+def test_wrong_token_is_refused_by_the_hub(release, hub):
+    with pytest.raises(HubTransferError, match="(?s)401.*HF_TOKEN"):
+        push_release(release, "lab/study", token="hf_wrong", endpoint=hub.endpoint)
+    assert hub.repos == {}
+
+
+def test_pull_of_a_missing_version_lists_the_ones_there(release, hub, tmp_path):
+    push_release(release, "lab/study", token=hub.token, endpoint=hub.endpoint)
+    with pytest.raises(HubError, match="has no version 9.9.9; versions there: 1.0.0"):
+        pull_release("lab/study@9.9.9", tmp_path / "out", endpoint=hub.endpoint)
+    with pytest.raises(HubError, match="ORG/NAME@VERSION"):
+        pull_release("lab/study", tmp_path / "out", endpoint=hub.endpoint)
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.slow  # three command-line processes, each importing datasets: ~15 s
+def test_cli_push_and_pull_read_hf_endpoint_and_hf_token(release, hub, tmp_path):
+    env = {
+        **os.environ,
+        "HF_ENDPOINT": hub.endpoint,
+        "HF_TOKEN": hub.token,
+        "HF_HUB_DISABLE_XET": "1",
+        "HF_HOME": str(tmp_path / "hf-home"),
+        "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+    }
+    cli = [sys.executable, "-m", "counterfactory"]
+    push = subprocess.run(
+        [*cli, "release", "push", str(release), "--repo", "lab/cli", "--private"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert push.returncode == 0, push.stderr
+    assert "pushed lab/cli@1.0.0" in push.stdout
+    assert hub.repos["lab/cli"].private and "1.0.0" in hub.repos["lab/cli"].tags
+    out = tmp_path / "pulled"
+    pull = subprocess.run(
+        [*cli, "release", "pull", "lab/cli@1.0.0", str(out)], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert pull.returncode == 0, pull.stderr
+    assert verify_release(out) == []
+    no_token = {k: v for k, v in env.items() if k != "HF_TOKEN"}
+    refused = subprocess.run(
+        [*cli, "release", "push", str(release), "--repo", "lab/other"],
+        env=no_token,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert refused.returncode == 2 and "no Hugging Face token" in refused.stderr
+    assert "lab/other" not in hub.repos
