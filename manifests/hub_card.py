@@ -141,20 +141,48 @@ def _attrition_section(attrition: Mapping[str, Any]) -> list[str]:
     return lines
 
 
-def _review_section(items: Sequence[Mapping[str, Any]]) -> list[str]:
+def _review_section(items: Sequence[Mapping[str, Any]], review: Mapping[str, Any] | None) -> list[str]:
+    """Review progress from the items' review records and the release's ``stats["review"]``."""
     statuses = Counter(row.get("status") for row in items)
-    reviewed = [row for row in items if row.get("review")]
-    decisions = Counter(
-        str(row["review"].get("decision", "reviewed")) if isinstance(row["review"], Mapping) else "reviewed"
-        for row in reviewed
+    records = [row["review"] for row in items if isinstance(row.get("review"), Mapping)]
+    outcomes = Counter(
+        f"{r.get('state', 'recorded')}" + (f" ({r['outcome']})" if r.get("outcome") else "") for r in records
     )
     lines = [
-        f"- candidates flagged for human review: {statuses.get('needs_review', 0)}",
-        f"- rows with a recorded review: {len(reviewed)}"
-        + (f" ({', '.join(f'{k}: {v}' for k, v in sorted(decisions.items()))})" if decisions else ""),
+        f"- items still waiting for a person (`needs_review`): {statuses.get('needs_review', 0)}",
+        f"- items with a review record: {len(records)}"
+        + (f": {', '.join(f'{k} {v}' for k, v in sorted(outcomes.items()))}" if outcomes else ""),
     ]
-    if statuses.get("needs_review") and not reviewed:
-        lines.append("- the flagged candidates were not reviewed before this release; they are not in `manifest.jsonl`")
+    if not review:
+        if statuses.get("needs_review"):
+            lines.append(
+                "- no review statistics were recorded for this release; `needs_review` items are not in `manifest.jsonl`"
+            )
+        return lines
+    queue = review.get("queue") or {}
+    modes = review.get("by_mode") or {}
+    lines.append(
+        f"- review queue: {queue.get('total', 0)} candidates ({modes.get('queue', 0)} flagged by gates, "
+        f"{modes.get('audit', 0)} audit sample): {queue.get('resolved', 0)} decided, {queue.get('disputed', 0)} "
+        f"disputed, {queue.get('open', 0)} open; {review.get('decisions', 0)} decisions"
+    )
+    waiting = (review.get("waiting") or {}).get("by_group") or {}
+    if waiting:
+        lines.append("- waiting per group: " + ", ".join(f"{k}: {v}" for k, v in waiting.items()))
+    agree = review.get("agreement") or {}
+    if agree:
+        kappa = "n/a" if agree.get("kappa") is None else f"{agree['kappa']:.2f}"
+        lines.append(f"- reviewer agreement on {agree.get('pairs', 0)} double-reviewed items: Cohen's kappa {kappa}")
+    override = review.get("override") or {}
+    for verdict in ("accepted", "rejected"):
+        if override.get(verdict):
+            lines.append(f"- gate verdict `{verdict}` reversed by people (audit sample): {_pct(override[verdict])}")
+    spot = (review.get("spot_the_edit") or {}).get("overall")
+    if spot:
+        lines.append(
+            f"- blinded spot-the-edit: {spot.get('trials', 0)} trials, detection {_pct(spot.get('detection') or {})}, "
+            f"localisation {_pct(spot.get('localisation') or {})}"
+        )
     return lines
 
 
@@ -259,7 +287,7 @@ def card_body(
     lines += ["", f"Spec hash: `{stats.get('spec_hash', '')}`; the full spec is `release/spec.yaml`.", ""]
 
     lines += ["## Attrition per group", "", *_attrition_section(stats.get("attrition") or {}), ""]
-    lines += ["## Review", "", *_review_section(items), ""]
+    lines += ["## Review", "", *_review_section(items, stats.get("review")), ""]
     lines += ["## Licence", "", f"Released as `{licence.hub_id}`, the strictest of its sources' licences:", ""]
     lines += [f"- `{hub_id}`: {', '.join(ids)}" for hub_id, ids in sorted(licence.sources_by_licence.items())]
     lines += ["", "## Limitations", ""]

@@ -115,7 +115,17 @@ def make_release(
                             "thresholds": {"backend": "sface", "min_cosine": 0.25, "max_cosine": 0.995},
                         }
                     },
-                    "review": None,
+                    "review": {
+                        "gate_verdict": "accepted",
+                        "mode": "audit",
+                        "required": 1,
+                        "state": "resolved",
+                        "outcome": "accepted",
+                        "reason": None,
+                        "decisions": [],
+                    }
+                    if passed and sid == "astronaut"
+                    else None,
                 }
             )
             if passed and trials:
@@ -156,6 +166,19 @@ def make_release(
             "failed_sources": [],
             "spec_hash": hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest(),
             "attrition": attrition_table(gate_rows),
+            # shaped as validation.review_stats.release_review_stats writes it
+            "review": {
+                "waiting": {"total": 0, "by_group": {}},
+                "queue": {"total": 1, "open": 0, "disputed": 0, "resolved": 1},
+                "by_mode": {"queue": 0, "audit": 1},
+                "decisions": 2,
+                "agreement": {"pairs": 1, "agree": 1, "kappa": None, "kappa_per_reason": {}},
+                "override": {
+                    "accepted": {"n": 1, "passed": 0, "rate": 0.0, "ci_low": 0.0, "ci_high": 0.7935},
+                    "rejected": {"n": 0, "passed": 0, "rate": None, "ci_low": 0.0, "ci_high": 1.0},
+                },
+                "spot_the_edit": {"overall": {"trials": 0, "detection": {"n": 0}, "localisation": {"n": 0}}},
+            },
         },
     )
     write_json(

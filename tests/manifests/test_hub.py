@@ -112,6 +112,8 @@ def test_card_metadata_parses_with_huggingface_hub(exported):
     # attrition numbers are the release's own (Wilson interval of 2 accepted of 6)
     assert "| all | 6 | 33% [10%, 70%] (n=6)" in card.text
     assert "min_cosine=0.25" in card.text
+    assert "items with a review record: 1: resolved (accepted) 1" in card.text
+    assert "review queue: 1 candidates (0 flagged by gates, 1 audit sample): 1 decided" in card.text
 
 
 def test_push_then_pull_restores_a_release_that_verifies(release, hub, tmp_path):
