@@ -70,7 +70,7 @@ class Export:
     folder: Path
     name: str
     version: str
-    files: tuple[str, ...]  # repository paths, README.md first
+    files: dict[str, Path]  # repository path -> the local file uploaded there, README.md first
     tables: tuple[TableExport, ...]
     licence: LicenceDecision
     checksums: bytes  # the release's checksums.sha256: what identifies its content
@@ -124,14 +124,24 @@ def release_licence(release_dir: Path, items: list[dict[str, Any]], spec: dict[s
         raise HubError(f"{release_dir / 'items.jsonl'}: {exc}; nothing was uploaded") from exc
 
 
-def export_release(release_dir: str | Path, out_dir: str | Path, *, repo_id: str, gated: bool | None = None) -> Export:
+def export_release(
+    release_dir: str | Path,
+    out_dir: str | Path,
+    *,
+    repo_id: str,
+    gated: bool | None = None,
+    copy_release: bool = True,
+) -> Export:
     """Lay a release out in ``out_dir`` exactly as it is uploaded.
 
     Args:
         release_dir: a sealed release folder (``releases/<name>/<version>``).
-        out_dir: an empty or missing folder; receives ``README.md``, ``data/`` and ``release/``.
+        out_dir: an empty or missing folder; receives ``README.md``, ``data/`` and (with
+            ``copy_release``) a copy of the release under ``release/``.
         repo_id: ``ORG/NAME`` the card points at.
         gated: put the access form in the card; None gates sets that vary a protected attribute.
+        copy_release: copy the release's files into ``out_dir/release/``; without it,
+            :attr:`Export.files` points at the release's own files (what a push uploads).
 
     Raises:
         HubError: the release fails ``verify`` or its licences conflict or are unknown.
@@ -151,17 +161,18 @@ def export_release(release_dir: str | Path, out_dir: str | Path, *, repo_id: str
 
     out_dir.mkdir(parents=True, exist_ok=True)
     exports = tuple(write_table(name, rows, release_dir, out_dir) for name, rows in tables.items())
-    copied = []
-    for path in sorted(release_dir.rglob("*")):
-        if path.is_file():
-            rel = f"{RELEASE_PREFIX}/{path.relative_to(release_dir).as_posix()}"
-            target = out_dir / rel
-            target.parent.mkdir(parents=True, exist_ok=True)
-            try:
-                os.link(path, target)
-            except OSError:
-                shutil.copyfile(path, target)
-            copied.append(rel)
+    # The release's own files go up as they are; a copy (never a link: a release owns its
+    # bytes, and the export folder is the user's to change) only when asked for a full folder.
+    release_files = {
+        f"{RELEASE_PREFIX}/{path.relative_to(release_dir).as_posix()}": path
+        for path in sorted(release_dir.rglob("*"))
+        if path.is_file()
+    }
+    if copy_release:
+        for rel, path in release_files.items():
+            (out_dir / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(path, out_dir / rel)
+            release_files[rel] = out_dir / rel
     backends = sorted({row["editor"]["backend"] for row in items if row.get("editor")})
     meta = card_metadata(release=info, spec=spec, tables=exports, licence=licence, gated=gated, backends=backends)
     body = card_body(
@@ -175,7 +186,7 @@ def export_release(release_dir: str | Path, out_dir: str | Path, *, repo_id: str
         calibration_rules=_calibration_rules(),
     )
     (out_dir / "README.md").write_text(render_card(meta, body), encoding="utf-8")
-    files = ("README.md", *(f for t in exports for f in t.files), *copied)
+    files = {"README.md": out_dir / "README.md"} | {f: out_dir / f for t in exports for f in t.files} | release_files
     return Export(
         out_dir,
         str(info["name"]),
@@ -249,7 +260,7 @@ def push_release(
     token = _token(token)
     with tempfile.TemporaryDirectory(prefix="cf-hub-push-") as scratch:
         scratch = Path(scratch)
-        export = export_release(release_dir, scratch / "repo", repo_id=repo_id, gated=gated)
+        export = export_release(release_dir, scratch / "repo", repo_id=repo_id, gated=gated, copy_release=False)
         api = hub.HfApi(endpoint=endpoint, token=token)
         try:
             return _upload(api, export, release_dir, repo_id, private=private, scratch=scratch)
@@ -290,7 +301,7 @@ def _upload(api: Any, export: Export, release_dir: Path, repo_id: str, *, privat
     head = next((ref.target_commit for ref in refs.branches if ref.name == "main"), None)
     existing = api.list_repo_files(repo_id, repo_type=REPO_TYPE, revision=head) if head else []
     keep = set(export.files) | HUB_OWN_FILES
-    operations = [hub.CommitOperationAdd(path, str(export.folder / path)) for path in export.files]
+    operations = [hub.CommitOperationAdd(path, str(local)) for path, local in export.files.items()]
     operations += [hub.CommitOperationDelete(path) for path in existing if path not in keep]
     commit = api.create_commit(
         repo_id,

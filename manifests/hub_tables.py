@@ -1,13 +1,15 @@
 """A release's tables as Parquet shards that ``datasets`` loads, images embedded.
 
-Each table of a release (``items.jsonl`` always; ``trials.jsonl`` and ``variants.jsonl`` when
-the release has them) becomes one config: ``data/<table>/train-00000-of-0000N.parquet``.
+Each table of a release becomes one config, ``data/<config>/train-00000-of-0000N.parquet``:
+``items`` from ``items.jsonl`` (always), ``trials`` from ``trials.jsonl`` and ``variants`` from
+``derived.jsonl`` (the robustness variants) when the release has them.
 Nested JSON is flattened into columns a user filters on (``condition_race``, ``status``,
 ``gate_identity_passed``, ``gate_identity_cosine``, ...): a dict becomes ``<key>_<field>``
 columns, a list of strings stays a list, anything else nested becomes a JSON string. A value
 that points at an image inside the release (a ``{"path": "images/<sha>.png", ...}`` dict, or a
 string path) becomes a ``datasets`` ``Image`` column holding the file's exact bytes (so decoding
-gives the release's pixels) and its release-relative path.
+gives the release's pixels) and its release-relative path; a list of such paths (a trial's
+``images``) becomes a list of images.
 
 In ``items``, the counterfactual image is the ``counterfactual`` column and the source photo the
 ``source`` column. The schema's ``huggingface`` metadata carries the ``datasets`` features, so
@@ -24,7 +26,8 @@ from pathlib import Path
 from typing import Any
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".tif", ".tiff", ".bmp")
-TABLES = ("items", "trials", "variants")
+#: config name -> the release files it is read from, first found wins
+TABLES = {"items": ("items.jsonl",), "trials": ("trials.jsonl",), "variants": ("derived.jsonl", "variants.jsonl")}
 #: Parquet row groups small enough for the Hub's viewer to page images (its guidance: ~100 rows).
 ROWS_PER_GROUP = 100
 #: A shard is closed once its images pass this many bytes (the Hub advises shards under ~500 MB).
@@ -101,6 +104,8 @@ def _flatten(row: dict[str, Any], release: Path, prefix: str = "") -> dict[str, 
                 flat |= _flatten(value, release, f"{name}_")
             else:
                 flat[name] = None
+        elif isinstance(value, list) and value and all(_image_path(v, release) for v in value):
+            flat[name] = {"__images__": [_image_path(v, release) for v in value]}
         elif isinstance(value, list) and all(isinstance(v, str) for v in value):
             flat[name] = value
         elif isinstance(value, (list, tuple)):
@@ -141,11 +146,15 @@ def _features(flat: Sequence[dict[str, Any]]) -> tuple[Any, list[str], list[str]
         return len(LEADING)
 
     columns.sort(key=rank)  # stable: the rest keep their (sorted JSON) order
-    images = [c for c in columns if any(isinstance(r.get(c), dict) and "__image__" in r[c] for r in flat)]
+
+    def holds(column: str, key: str) -> bool:
+        return any(isinstance(r.get(column), dict) and key in r[column] for r in flat)
+
+    images = [c for c in columns if holds(c, "__image__") or holds(c, "__images__")]
     features = {}
     for column in columns:
         if column in images:
-            features[column] = datasets.Image()
+            features[column] = datasets.List(datasets.Image()) if holds(column, "__images__") else datasets.Image()
             continue
         values = [r.get(column) for r in flat]
         try:
@@ -169,6 +178,10 @@ def _cell(value: Any, feature: Any, release: Path) -> Any:
             return None
         rel = value["__image__"]
         return {"bytes": (release / rel).read_bytes(), "path": rel}
+    if isinstance(feature, datasets.List) and isinstance(feature.feature, datasets.Image):
+        if value is None:
+            return None
+        return [{"bytes": (release / rel).read_bytes(), "path": rel} for rel in value["__images__"]]
     if isinstance(feature, datasets.Value) and feature.dtype == "string" and value is not None:
         return value if isinstance(value, str) else json.dumps(value, sort_keys=True)
     return value
@@ -178,7 +191,8 @@ def _shards(flat: Sequence[dict[str, Any]], images: Sequence[str], release: Path
     """Consecutive row slices whose image bytes stay under :data:`SHARD_BYTES`."""
     start, size = 0, 0
     for i, row in enumerate(flat):
-        row_bytes = sum((release / row[c]["__image__"]).stat().st_size for c in images if row.get(c))
+        paths = [p for c in images if row.get(c) for p in row[c].get("__images__", [row[c].get("__image__")])]
+        row_bytes = sum((release / p).stat().st_size for p in paths)
         if i > start and size + row_bytes > SHARD_BYTES:
             yield flat[start:i]
             start, size = i, 0
@@ -218,12 +232,14 @@ def write_table(table: str, rows: Sequence[dict[str, Any]], release: Path, out_d
 
 
 def release_tables(release: Path) -> dict[str, list[dict[str, Any]]]:
-    """The tables a release holds, in :data:`TABLES` order (``items`` always)."""
+    """The tables a release holds, by config name in :data:`TABLES` order (``items`` always)."""
     tables = {}
-    for name in TABLES:
-        path = release / f"{name}.jsonl"
-        if path.exists():
+    for name, files in TABLES.items():
+        path = next((release / f for f in files if (release / f).exists()), None)
+        if path is not None:
             tables[name] = read_jsonl(path)
         elif name == "items":
-            raise FileNotFoundError(f"{path}: missing; a release always has items.jsonl (is this a release folder?)")
+            raise FileNotFoundError(
+                f"{release / files[0]}: missing; a release always has items.jsonl (is this a release folder?)"
+            )
     return tables

@@ -49,7 +49,8 @@ def make_release(
     stage = ReleaseStage(root / "releases", name, version)
     scratch = stage.dir.parent / f".{version}.images"
     scratch.mkdir(exist_ok=True)
-    items, trial_rows = [], []
+    items, derived_rows = [], []
+    paths_by_template: dict[str, list[str]] = {}
     for sid, filename in PHOTOS.items():
         photo = PHOTOS_DIR / filename
         sha = sha256_file(photo)
@@ -129,22 +130,48 @@ def make_release(
                 }
             )
             if passed and trials:
-                trial_rows.append(
+                # a robustness variant (derived.jsonl): the accepted image mirrored
+                mirrored = io.BytesIO()
+                Image.fromarray(edited[:, ::-1]).save(mirrored, format="PNG")
+                digest = hashlib.sha256(mirrored.getvalue()).hexdigest()
+                (scratch / f"{digest}.png").write_bytes(mirrored.getvalue())
+                derived_rows.append(
                     {
-                        "trial_id": f"{sid}-{k}",
+                        "item_id": f"{item_id}-mirror",
+                        "parent_item_id": item_id,
                         "template_id": sid,
-                        "original": {"path": src_rel},
-                        "edited": image,
-                        "condition": condition,
+                        "transform": {"kind": "mirror"},
+                        "image": {
+                            "sha256": digest,
+                            "path": stage.add_file(f"images/{digest}.png", scratch / f"{digest}.png"),
+                        },
                     }
                 )
+            if trials and image is not None:
+                paths_by_template.setdefault(sid, []).append(image["path"])
     for p in scratch.iterdir():
         p.unlink()
     scratch.rmdir()
     write_jsonl(stage.dir / "manifest.jsonl", [r for r in items if r["status"] == "accepted"])
     write_jsonl(stage.dir / "items.jsonl", items)
     if trials:
+        # shaped as the trial schema (manifests/schemas/trial.schema.json): a 2AFC pair per template
+        trial_rows = [
+            {
+                "trial_id": f"{sid}-2afc-income-AB",
+                "protocol": "2afc",
+                "question": "income",
+                "images": paths,
+                "order": "AB",
+                "prompt": "Which of these two people earns more? Answer A or B.",
+                "options": {"A": "first", "B": "second"},
+                "group": {"template_id": sid},
+                "gender_match": [True, False],
+            }
+            for sid, paths in paths_by_template.items()
+        ]
         write_jsonl(stage.dir / "trials.jsonl", trial_rows)
+        write_jsonl(stage.dir / "derived.jsonl", derived_rows)
     spec = {
         "name": name,
         "description": "Test release from the bundled photos.",

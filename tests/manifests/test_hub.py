@@ -92,8 +92,18 @@ def test_load_dataset_decodes_images_equal_to_the_release(release, exported, tmp
     trial_rows = [json.loads(line) for line in (release / "trials.jsonl").read_text().splitlines()]
     assert len(trials) == len(trial_rows) == 2
     for got, want in zip(trials, trial_rows, strict=True):
-        assert np.array_equal(np.asarray(got["edited"]), _pixels(release / want["edited"]["path"]))
-        assert np.array_equal(np.asarray(got["original"]), _pixels(release / want["original"]["path"]))
+        assert got["protocol"] == "2afc" and got["group_template_id"] == want["group"]["template_id"]
+        assert len(got["images"]) == len(want["images"]) == 2
+        for image, path in zip(got["images"], want["images"], strict=True):
+            assert np.array_equal(np.asarray(image), _pixels(release / path))
+
+    variants = datasets.load_dataset(str(exported.folder), "variants", split="train", cache_dir=str(tmp_path))
+    derived = [json.loads(line) for line in (release / "derived.jsonl").read_text().splitlines()]
+    assert len(variants) == len(derived) == 2
+    for got, want in zip(variants, derived, strict=True):
+        assert got["parent_item_id"] == want["parent_item_id"] and got["transform_kind"] == "mirror"
+        parent = next(r for r in rows if r["item_id"] == want["parent_item_id"])
+        assert np.array_equal(np.asarray(got["image"]), _pixels(release / parent["image"]["path"])[:, ::-1])
 
 
 def test_card_metadata_parses_with_huggingface_hub(exported):
@@ -102,7 +112,7 @@ def test_card_metadata_parses_with_huggingface_hub(exported):
     assert data["license"] == "cc0-1.0"
     assert data["size_categories"] == ["n<1K"]
     assert "image-to-image" in data["task_categories"] and "counterfactual" in data["tags"]
-    assert [c["config_name"] for c in data["configs"]] == ["items", "trials"]
+    assert [c["config_name"] for c in data["configs"]] == ["items", "trials", "variants"]
     assert data["configs"][0]["data_files"] == [{"split": "train", "path": "data/items/train-*.parquet"}]
     # a race x gender face set is gated by default, with the intended use stated
     assert "bias" in data["extra_gated_prompt"] and "race and gender" in data["extra_gated_prompt"]
@@ -145,7 +155,11 @@ def test_a_second_version_is_a_second_tagged_commit(release, hub, tmp_path):
     push_release(newer, "lab/study", token=hub.token, endpoint=hub.endpoint)
     repo = hub.repos["lab/study"]
     assert set(repo.tags) == {"1.0.0", "1.1.0"} and len(repo.commits) == 2
-    # the trials table is gone from the new version, and still in the old one
+    # the trials table is gone from the new version, and still in the old one; nothing else is left over
+    assert set(repo.files("1.1.0")) - {"README.md"} == {
+        *(f"release/{p.relative_to(newer).as_posix()}" for p in newer.rglob("*") if p.is_file()),
+        "data/items/train-00000-of-00001.parquet",
+    }
     assert not any(p.startswith("data/trials/") for p in repo.files("1.1.0"))
     assert any(p.startswith("data/trials/") for p in repo.files("1.0.0"))
     out = pull_release("lab/study@1.0.0", tmp_path / "old", endpoint=hub.endpoint)
