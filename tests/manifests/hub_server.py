@@ -4,7 +4,8 @@ It answers, on 127.0.0.1 only, the calls ``huggingface_hub`` makes to create a d
 commit files to it, tag the commit and download it again (read from the installed
 ``huggingface_hub`` source: ``hf_api.py``, ``_commit_api.py``, ``lfs.py``, ``file_download.py``):
 
-- ``POST /api/repos/create`` -> ``{"url"}``; 409 (with the url) when the repo exists.
+- ``POST /api/repos/create`` -> ``{"url"}`` and an initial commit holding ``.gitattributes``;
+  409 (with the url) when the repo exists.
 - ``POST /api/validate-yaml`` -> ``{"errors", "warnings"}``; 400 when the card's YAML header
   does not parse or is not a mapping.
 - ``PUT /api/datasets/<repo>/settings`` -> gated / visibility.
@@ -27,7 +28,8 @@ commit files to it, tag the commit and download it again (read from the installe
   ``X-Linked-Etag``/``X-Linked-Size`` for LFS files), as the Hub's download path sends them.
 
 Every write needs ``Authorization: Bearer <token>`` with the server's token (401 otherwise);
-reads of a private repo too (404 otherwise, as the Hub hides private repos). ``fail`` injects
+reads of a private repo too (404 otherwise, as the Hub hides private repos). ``before_commit``
+lets a test move a branch between a client's read and its commit. ``fail`` injects
 an HTTP 500 at a named step (``lfs_upload`` after N good uploads, ``commit``, ``tag``), once or
 always, so a test can stop a push half-way. ``calls`` counts requests by step.
 """
@@ -41,6 +43,7 @@ import socket
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -48,6 +51,7 @@ import yaml
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
+GITATTRIBUTES = b"*.parquet filter=lfs diff=lfs merge=lfs -text\n*.png filter=lfs diff=lfs merge=lfs -text\n"
 LFS_SUFFIXES = (".parquet", ".arrow", ".png", ".jpg", ".jpeg", ".webp", ".tif", ".tiff")
 
 
@@ -115,6 +119,9 @@ class HubServer:
         self.lfs: dict[str, bytes] = {}
         self.calls: Counter[str] = Counter()
         self.failures: list[Failure] = []
+        #: called with the repo just before a commit is applied: lets a test commit "from
+        #: elsewhere" between a client's read of the branch head and its commit
+        self.before_commit: Callable[[Repo], None] | None = None
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._server: Any = None
@@ -222,7 +229,15 @@ class HubServer:
                         status_code=409,
                         headers={"X-Error-Message": "You already created this dataset repo"},
                     )
-                server.repos[repo_id] = Repo(repo_id, private=bool(body.get("private")))
+                repo = server.repos[repo_id] = Repo(repo_id, private=bool(body.get("private")))
+                # like the Hub, a new repo starts with one commit holding .gitattributes
+                initial = hashlib.sha1(f"initial {repo_id}".encode()).hexdigest()
+                repo.commits[initial] = (
+                    None,
+                    {".gitattributes": Entry(len(GITATTRIBUTES), content=GITATTRIBUTES)},
+                    "initial commit",
+                )
+                repo.branches["main"] = initial
             return JSONResponse({"url": f"{server.endpoint}/datasets/{repo_id}", "name": repo_id})
 
         @app.post("/api/validate-yaml")
@@ -323,6 +338,9 @@ class HubServer:
                 return error(status, "injected failure during the commit")
             if revision not in repo.branches:
                 return error(400, f"commits go to a branch; {revision!r} is not one")
+            if server.before_commit is not None:
+                hook, server.before_commit = server.before_commit, None
+                hook(repo)
             with server._lock:
                 head = repo.branches[revision]
                 files = dict(repo.commits[head][1]) if head else {}

@@ -130,7 +130,8 @@ def test_push_then_pull_restores_a_release_that_verifies(release, hub, tmp_path)
     result = push_release(release, "lab/study", token=hub.token, endpoint=hub.endpoint)
     repo = hub.repos["lab/study"]
     assert result.created and repo.tags == {"1.0.0": result.commit} and repo.branches["main"] == result.commit
-    assert len(repo.commits) == 1 and repo.gated == "manual"
+    assert len(repo.commits) == 2 and repo.gated == "manual"  # the Hub's initial commit, then the release
+    assert repo.commits[result.commit][0] in repo.commits  # built on the initial commit
     files = repo.files("1.0.0")
     assert "README.md" in files and "data/items/train-00000-of-00001.parquet" in files
     assert files["data/items/train-00000-of-00001.parquet"].sha256 is not None  # went through LFS
@@ -146,7 +147,7 @@ def test_push_then_pull_restores_a_release_that_verifies(release, hub, tmp_path)
     uploads = hub.calls["lfs_upload"]
     again = push_release(release, "lab/study", token=hub.token, endpoint=hub.endpoint)
     assert not again.created and again.commit == result.commit
-    assert len(repo.commits) == 1 and hub.calls["lfs_upload"] == uploads and hub.calls["preupload"] == 1
+    assert len(repo.commits) == 2 and hub.calls["lfs_upload"] == uploads and hub.calls["preupload"] == 1
 
 
 def test_a_second_version_is_a_second_tagged_commit(release, hub, tmp_path):
@@ -154,9 +155,9 @@ def test_a_second_version_is_a_second_tagged_commit(release, hub, tmp_path):
     newer = make_release(tmp_path, version="1.1.0", trials=False, tint=90)
     push_release(newer, "lab/study", token=hub.token, endpoint=hub.endpoint)
     repo = hub.repos["lab/study"]
-    assert set(repo.tags) == {"1.0.0", "1.1.0"} and len(repo.commits) == 2
+    assert set(repo.tags) == {"1.0.0", "1.1.0"} and len(repo.commits) == 3
     # the trials table is gone from the new version, and still in the old one; nothing else is left over
-    assert set(repo.files("1.1.0")) - {"README.md"} == {
+    assert set(repo.files("1.1.0")) - {"README.md", ".gitattributes"} == {
         *(f"release/{p.relative_to(newer).as_posix()}" for p in newer.rglob("*") if p.is_file()),
         "data/items/train-00000-of-00001.parquet",
     }
@@ -171,12 +172,13 @@ def test_failure_half_way_leaves_no_commit_and_no_tag_and_a_retry_succeeds(relea
     with pytest.raises(HubTransferError, match="(?s)507.*is not tagged.*run the same command again"):
         push_release(release, "lab/study", token=hub.token, endpoint=hub.endpoint)
     repo = hub.repos["lab/study"]
-    assert repo.commits == {} and repo.tags == {} and repo.branches["main"] is None
+    initial = repo.branches["main"]
+    assert list(repo.commits) == [initial] and repo.tags == {}  # only the Hub's initial commit
     stored = len(hub.lfs)
     assert stored >= 2  # some objects did arrive before the failure
 
     result = push_release(release, "lab/study", token=hub.token, endpoint=hub.endpoint)
-    assert result.created and repo.tags == {"1.0.0": result.commit} and len(repo.commits) == 1
+    assert result.created and repo.tags == {"1.0.0": result.commit} and len(repo.commits) == 2
     assert hub.calls["commit_ok"] == 1
     out = pull_release("lab/study@1.0.0", tmp_path / "pulled", endpoint=hub.endpoint)
     assert verify_release(out) == []
@@ -189,7 +191,37 @@ def test_failure_between_commit_and_tag_is_finished_by_the_retry(release, hub):
     repo = hub.repos["lab/study"]
     assert repo.tags == {}
     result = push_release(release, "lab/study", token=hub.token, endpoint=hub.endpoint)
-    assert repo.tags == {"1.0.0": result.commit} and len(repo.commits) == 1
+    assert repo.tags == {"1.0.0": result.commit} and len(repo.commits) == 2
+
+
+def test_a_concurrent_commit_makes_the_push_fail_whole_and_the_retry_builds_on_it(release, hub):
+    from tests.manifests.hub_server import Entry
+
+    def someone_else_commits(repo):
+        files = {"NOTES.md": Entry(5, content=b"notes")}
+        repo.commits["f" * 40] = (repo.branches["main"], files, "elsewhere")
+        repo.branches["main"] = "f" * 40
+
+    hub.before_commit = someone_else_commits
+    with pytest.raises(HubTransferError, match="(?s)412.*run the same command again"):
+        push_release(release, "lab/study", token=hub.token, endpoint=hub.endpoint)
+    repo = hub.repos["lab/study"]
+    assert repo.tags == {} and len(repo.commits) == 2 and repo.branches["main"] == "f" * 40
+    result = push_release(release, "lab/study", token=hub.token, endpoint=hub.endpoint)
+    # the retry builds on the other commit, and the tagged tree is exactly the release's export
+    assert repo.commits[result.commit][0] == "f" * 40 and "NOTES.md" not in repo.files("1.0.0")
+
+
+def test_a_private_repo_is_not_readable_without_the_token(release, hub, tmp_path, monkeypatch):
+    push_release(release, "lab/private", private=True, token=hub.token, endpoint=hub.endpoint)
+    assert hub.repos["lab/private"].private
+    for name in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(hf.constants, "HF_TOKEN_PATH", str(tmp_path / "no-token"))
+    with pytest.raises(HubTransferError, match="(?s)cannot read lab/private.*HF_TOKEN"):
+        pull_release("lab/private@1.0.0", tmp_path / "out", endpoint=hub.endpoint)
+    out = pull_release("lab/private@1.0.0", tmp_path / "out", token=hub.token, endpoint=hub.endpoint)
+    assert verify_release(out) == []
 
 
 def test_same_version_with_other_content_is_refused(release, hub, tmp_path):
