@@ -7,7 +7,8 @@ from typing import Any
 
 import numpy as np
 
-from counterfactory.generation.align import AlignConfig, align_candidate
+from counterfactory.flows.steps import judge_output
+from counterfactory.generation.align import AlignConfig
 from counterfactory.generation.masks import load_mask_file
 from counterfactory.generation.sources import SourceError, load_image
 from counterfactory.validation.faces import face_mask, get_face_landmarker
@@ -24,8 +25,11 @@ def measure_pair(
 ) -> dict[str, Any]:
     """Align ``candidate_path`` to ``source_path`` and judge it.
 
+    Judges through :func:`counterfactory.flows.steps.judge_output`, the run's own path.
     Returns a JSON-ready dict: ``verdict``, ``reasons``, ``alignment`` and per-gate
-    ``gates`` (metrics, thresholds, reasons). Unreadable files raise ``ValueError`` naming the file.
+    ``gates`` (metrics, thresholds, reasons). When registration fails, face, identity and
+    expression are still measured on the unregistered candidate and ``locality`` is marked
+    ``measurable: false``. Unreadable files raise ``ValueError`` naming the file.
     """
     align_config, gates_config = AlignConfig(), GatesConfig()
     if spec_path is not None:
@@ -51,18 +55,22 @@ def measure_pair(
         region = face_mask(faces[0].landmarks, source.shape[:2], mode=gates_config.face_mask) if faces else None
         face_size = faces[0].size_px if faces else None
 
-    alignment = align_candidate(source, candidate, mask=region, kind=kind, face_size_px=face_size, config=align_config)
-    report: dict[str, Any] = {
+    stack = GateStack.from_config(gates_config, kind)
+    judged = judge_output(
+        source,
+        candidate,
+        kind=kind,
+        region=region,
+        face_size_px=face_size,
+        align=align_config,
+        stack=stack,
+    )
+    return {
         "source": str(source_path),
         "candidate": str(candidate_path),
         "kind": kind,
-        "alignment": alignment.record(),
+        "alignment": judged.alignment,
+        "verdict": judged.verdict,
+        "reasons": judged.reasons,
+        "gates": judged.gates,
     }
-    if not alignment.ok:
-        report.update(verdict="rejected", reasons=[alignment.reason], gates={})
-        return report
-    stack = GateStack.from_config(gates_config, kind)
-    judgement = stack.evaluate(source, alignment.image, edit_mask=region if kind == "limb" else None)
-    data = judgement.to_dict()
-    report.update(verdict=data["verdict"], reasons=data["reasons"], gates=data["gates"])
-    return report

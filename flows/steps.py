@@ -1,9 +1,22 @@
-"""The factory's steps as plain functions: spec, sources, grid, edit, align, measure, judge.
+"""The factory's steps as plain functions; Prefect wraps them in :mod:`counterfactory.flows.run`.
 
-Prefect wraps these in :mod:`counterfactory.flows.run` (one task per template); every function here runs and
-is tested without Prefect. Per-item problems end as values in the ledger (``failed`` sources,
-``refused``/``failed`` attempts, ``rejected`` candidates with reason codes); only problems that
-make the whole run impossible raise.
+Read top to bottom, this is the run:
+
+1. :func:`open_workspace` - the ledger, the image store and the releases folder of ``--out``;
+2. :func:`prepare_sources` - load the photos, check each can serve the design (one face, a limb
+   mask), record every source in the ledger;
+3. :func:`plan_grid` - the stratified templates x conditions (cells);
+4. :func:`process_template` - per template, until every cell is filled or out of attempts:
+
+   a. :func:`plan_attempts` - rendered prompt, seed, editor request and attempt id per open cell
+      (pure);
+   b. :func:`run_edits` - run the attempts the ledger has not finished and store their outputs;
+   c. :func:`judge_attempts` - align, measure and judge each output (:func:`judge_output`, the
+      same path ``counterfactory measure`` uses) and record the candidate.
+
+Every function runs and is tested without Prefect. Per-item problems end as values in the ledger
+(``failed`` sources, ``refused``/``failed`` attempts, ``rejected`` candidates with reason
+codes); only problems that make the whole run impossible raise.
 """
 
 from __future__ import annotations
@@ -17,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from counterfactory.generation.align import align_candidate
+from counterfactory.generation.align import AlignConfig, align_candidate
 from counterfactory.generation.editors import Editor, EditRequest, EditResult, make_editor
 from counterfactory.generation.masks import dilate, mask_from_record
 from counterfactory.generation.prompts import RenderedPrompt, render_prompt
@@ -154,6 +167,23 @@ def plan_grid(spec: Spec, sources: Sequence[PreparedSource]) -> Grid:
     return expand_grid([s.source.record for s in sources], spec.design)
 
 
+#: what an editor may read from an :class:`EditRequest` besides the source, kind and condition
+#: (always hashed); :meth:`Editor.consumes` names the subset a backend uses for a kind.
+EDITOR_INPUTS = frozenset({"prompt", "negative_prompt", "seed", "mask"})
+
+
+def editor_inputs(editor: Editor, kind: str) -> frozenset[str]:
+    """The request inputs ``editor`` reads for ``kind`` cells; every input when it does not say."""
+    consumes = getattr(editor, "consumes", None)
+    if consumes is None:
+        return EDITOR_INPUTS
+    chosen = frozenset(consumes(kind))
+    unknown = chosen - EDITOR_INPUTS
+    if unknown:
+        raise ValueError(f"{editor.name}.consumes({kind!r}) names unknown inputs {sorted(unknown)}")
+    return chosen
+
+
 def attempt_id(
     *,
     source_sha256: str,
@@ -164,29 +194,42 @@ def attempt_id(
     negative_prompt: str | None,
     seed: int,
     region_sha256: str,
+    inputs: frozenset[str] = EDITOR_INPUTS,
 ) -> str:
-    """sha256 of everything that decides an attempt's output (DESIGN.md, "Attempt")."""
-    payload = {
+    """sha256 of everything that decides an attempt's output (DESIGN.md, "Attempt").
+
+    Only the request inputs the backend reads (``inputs``, from :func:`editor_inputs`) are
+    hashed: a mask the editor never sees must not re-buy its edits when the mask changes.
+    The condition is always in: it names the cell the attempt belongs to.
+    """
+    payload: dict[str, Any] = {
         "source_sha256": source_sha256,
         "condition": dict(sorted(cell.condition.items())),
         "kind": kind,
         "editor": lineage,
+    }
+    optional = {
         "prompt": prompt.lineage(),
         "negative_prompt": negative_prompt,
         "seed": seed,
-        "region_sha256": region_sha256,
+        "mask": region_sha256,
     }
+    payload.update({name: value for name, value in optional.items() if name in inputs})
     blob = json.dumps(payload, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
 def judge_key(spec: Spec) -> str:
-    """Hash of what decides a verdict for a stored output: alignment and gate settings."""
+    """Hash of what decides a verdict for a stored output: alignment, the active kind's gates,
+    the face-mask mode the gates draw, and the limb-mask growth (limb cells only)."""
+    kind = spec.design.kind
     blob = json.dumps(
         {
+            "kind": kind,
             "align": spec.align.model_dump(mode="json"),
-            "gates": spec.gates.model_dump(mode="json"),
-            "masks": spec.masks.model_dump(mode="json"),
+            "gates": spec.gates.for_kind(kind).model_dump(mode="json"),
+            "face_mask": spec.gates.face_mask,
+            "masks": spec.masks.model_dump(mode="json") if kind == "limb" else None,
             "version": JUDGE_VERSION,
         },
         sort_keys=True,
@@ -214,32 +257,37 @@ class TemplateOutcome:
         return all(c.verdict in FILLED for c in self.cells)
 
 
-def _planned(
-    spec: Spec, prepared: PreparedSource, cell: Cell, lineage: dict[str, Any], attempt_no: int, region_sha: str
-) -> tuple[str, EditRequest, RenderedPrompt]:
-    prompt = render_prompt(spec.prompts, kind=spec.design.kind, condition=cell.condition, source_meta=prepared.meta)
-    seed = spec.editor.seed + attempt_no - 1
-    aid = attempt_id(
-        source_sha256=prepared.source.sha256,
-        cell=cell,
-        kind=spec.design.kind,
-        lineage=lineage,
-        prompt=prompt,
-        negative_prompt=spec.prompts.negative,
-        seed=seed,
-        region_sha256=region_sha,
-    )
-    request = EditRequest(
-        attempt_id=aid,
-        image=prepared.source.pixels,
-        prompt=prompt.text,
-        seed=seed,
-        kind=spec.design.kind,
-        mask=prepared.region,
-        condition=dict(cell.condition),
-        negative_prompt=spec.prompts.negative,
-    )
-    return aid, request, prompt
+@dataclass(frozen=True)
+class PlannedAttempt:
+    """One cell's attempt number ``attempt_no``: its id, the editor request and the rendered prompt."""
+
+    cell: Cell
+    attempt_no: int
+    attempt_id: str
+    request: EditRequest
+    prompt: RenderedPrompt
+
+
+@dataclass(frozen=True)
+class Judged:
+    """One stored output after alignment and the gates.
+
+    Attributes:
+        verdict: ``accepted``, ``rejected``, ``needs_review`` or ``failed``.
+        reasons: stable reason codes (``align_...``, ``<gate>_...``).
+        image_sha256: the aligned image in the store, or None (not aligned, or no store).
+        alignment: :meth:`~counterfactory.generation.align.Alignment.record`.
+        gates: per-gate metrics, thresholds and reasons (``Judgement.to_dict()["gates"]``).
+    """
+
+    verdict: str
+    reasons: list[str]
+    image_sha256: str | None
+    alignment: dict[str, Any]
+    gates: dict[str, Any]
+
+
+# --------------------------------------------------------------------------- one template
 
 
 def process_template(
@@ -250,51 +298,120 @@ def process_template(
     editor: Editor,
     stack: GateStack,
 ) -> TemplateOutcome:
-    """Fill every cell of one template: edit, align, measure, judge, retrying with the next seed.
+    """Fill every cell of one template: plan, edit, judge, and retry the open cells with the next seed.
 
     Finished attempts (``ok`` or ``refused`` in the ledger) are never run again; their stored
     output is re-judged only when the alignment or gate settings changed.
     """
-    region_sha = hashlib.sha256(np.ascontiguousarray(prepared.region).tobytes()).hexdigest()
-    jkey = judge_key(spec)
-    journal = ws.ledger.journal(editor.name)
     lineage = editor.lineage()
+    jkey = judge_key(spec)
     outcomes = {c.cell_id: CellOutcome(cell=c) for c in cells}
     open_cells = list(cells)
     calls = 0
     for attempt_no in range(1, spec.editor.max_attempts + 1):
         if not open_cells:
             break
-        plans = [(c, *_planned(spec, prepared, c, lineage, attempt_no, region_sha)) for c in open_cells]
-        to_run = []
-        for cell, aid, request, prompt in plans:
-            outcomes[cell.cell_id].attempt_ids.append(aid)
-            done = ws.ledger.attempt(aid)
-            if done is None or done.status not in FINISHED_ATTEMPT:
-                ws.ledger.start_attempt(
-                    aid,
-                    cell_id=cell.cell_id,
-                    attempt_no=attempt_no,
-                    seed=request.seed,
-                    backend=editor.name,
-                    lineage=lineage,
-                    prompt=prompt.text,
-                )
-                to_run.append(request)
-        if to_run:
-            calls += len(to_run)
-            results = _edit_safely(editor, to_run, journal)
-            for result in results:
-                _store_result(ws, result)
-        still_open = []
-        for cell, aid, _request, _prompt in plans:
-            verdict, reasons = _judge_attempt(spec, ws, prepared, cell, aid, stack, jkey)
-            out = outcomes[cell.cell_id]
-            out.final_attempt, out.verdict, out.reasons = aid, verdict, reasons
+        plans = plan_attempts(spec, prepared, open_cells, editor, lineage, attempt_no)
+        calls += run_edits(ws, editor, plans, lineage)
+        verdicts = judge_attempts(spec, ws, prepared, plans, stack, jkey)
+        open_cells = []
+        for plan, (verdict, reasons) in zip(plans, verdicts, strict=True):
+            out = outcomes[plan.cell.cell_id]
+            if plan.attempt_id not in out.attempt_ids:  # a seedless editor repeats its id
+                out.attempt_ids.append(plan.attempt_id)
+            out.final_attempt, out.verdict, out.reasons = plan.attempt_id, verdict, reasons
             if verdict not in FILLED:
-                still_open.append(cell)
-        open_cells = still_open
+                open_cells.append(plan.cell)
     return TemplateOutcome(template_id=prepared.id, cells=list(outcomes.values()), editor_calls=calls)
+
+
+def plan_attempts(
+    spec: Spec,
+    prepared: PreparedSource,
+    cells: Sequence[Cell],
+    editor: Editor,
+    lineage: dict[str, Any],
+    attempt_no: int,
+) -> list[PlannedAttempt]:
+    """Attempt ``attempt_no`` of each cell: the rendered prompt, the seed, the request and its id.
+
+    Pure: reads nothing but its arguments. The seed is ``editor.seed + attempt_no - 1``.
+    """
+    kind = spec.design.kind
+    inputs = editor_inputs(editor, kind)
+    region_sha = hashlib.sha256(np.ascontiguousarray(prepared.region).tobytes()).hexdigest()
+    seed = spec.editor.seed + attempt_no - 1
+    plans = []
+    for cell in cells:
+        prompt = render_prompt(spec.prompts, kind=kind, condition=cell.condition, source_meta=prepared.meta)
+        aid = attempt_id(
+            source_sha256=prepared.source.sha256,
+            cell=cell,
+            kind=kind,
+            lineage=lineage,
+            prompt=prompt,
+            negative_prompt=spec.prompts.negative,
+            seed=seed,
+            region_sha256=region_sha,
+            inputs=inputs,
+        )
+        request = EditRequest(
+            attempt_id=aid,
+            image=prepared.source.pixels,
+            prompt=prompt.text,
+            seed=seed,
+            kind=kind,
+            mask=prepared.region,
+            condition=dict(cell.condition),
+            negative_prompt=spec.prompts.negative,
+        )
+        plans.append(PlannedAttempt(cell, attempt_no, aid, request, prompt))
+    return plans
+
+
+def run_edits(ws: Workspace, editor: Editor, plans: Sequence[PlannedAttempt], lineage: dict[str, Any]) -> int:
+    """Run the planned attempts the ledger has not finished and store what they returned.
+
+    Returns the number of editor calls made (0 when every attempt was already finished).
+    """
+    to_run = []
+    for plan in plans:
+        done = ws.ledger.attempt(plan.attempt_id)
+        if done is not None and done.status in FINISHED_ATTEMPT:
+            continue
+        ws.ledger.start_attempt(
+            plan.attempt_id,
+            cell_id=plan.cell.cell_id,
+            attempt_no=plan.attempt_no,
+            seed=plan.request.seed,
+            backend=editor.name,
+            lineage=lineage,
+            prompt=plan.prompt.text,
+        )
+        to_run.append(plan.request)
+    if not to_run:
+        return 0
+    for result in _edit_safely(editor, to_run, ws.ledger.journal(editor.name)):
+        _store_result(ws, result)
+    return len(to_run)
+
+
+def judge_attempts(
+    spec: Spec,
+    ws: Workspace,
+    prepared: PreparedSource,
+    plans: Sequence[PlannedAttempt],
+    stack: GateStack,
+    jkey: str,
+) -> list[tuple[str, list[str]]]:
+    """``(verdict, reasons)`` per planned attempt, recording each new candidate in the ledger.
+
+    A candidate already judged under ``jkey`` is not judged again.
+    """
+    return [_judge_attempt(spec, ws, prepared, plan.cell, plan.attempt_id, stack, jkey) for plan in plans]
+
+
+# --------------------------------------------------------------------------- the parts
 
 
 def _edit_safely(editor: Editor, requests: list[EditRequest], journal) -> list[EditResult]:
@@ -345,47 +462,89 @@ def _judge_attempt(
     if existing is not None and existing.judge_key == jkey:
         return existing.verdict, list(existing.reasons)
     if attempt.status == "refused":
-        verdict, reasons, sha, alignment, gates = "rejected", [f"editor_refused: {attempt.reason}"], None, {}, {}
+        judged = Judged("rejected", [f"editor_refused: {attempt.reason}"], None, {}, {})
     else:
-        verdict, reasons, sha, alignment, gates = judge_output(
-            spec, ws, prepared, ws.store.get(attempt.output_sha256), stack
+        judged = judge_output(
+            prepared.source.pixels,
+            ws.store.get(attempt.output_sha256),
+            kind=spec.design.kind,
+            region=prepared.region,
+            face_size_px=prepared.face_size_px,
+            align=spec.align,
+            stack=stack,
+            store=ws.store,
         )
     ws.ledger.record_candidate(
         aid,
         cell_id=cell.cell_id,
         judge_key=jkey,
-        image_sha256=sha,
-        alignment=alignment,
-        verdict=verdict,
-        reasons=reasons,
-        gates=gates,
+        image_sha256=judged.image_sha256,
+        alignment=judged.alignment,
+        verdict=judged.verdict,
+        reasons=judged.reasons,
+        gates=judged.gates,
     )
-    return verdict, reasons
+    return judged.verdict, judged.reasons
+
+
+#: the gate whose metrics need a registered candidate; the others measure faces, which an
+#: unregistered candidate still has
+PIXEL_GATES = ("locality",)
 
 
 def judge_output(
-    spec: Spec, ws: Workspace | None, prepared: PreparedSource, output: np.ndarray, stack: GateStack
-) -> tuple[str, list[str], str | None, dict, dict]:
-    """Align one editor output to its source and run the gates on it.
+    source: np.ndarray,
+    output: np.ndarray,
+    *,
+    kind: str,
+    region: np.ndarray | None,
+    face_size_px: float | None,
+    align: AlignConfig,
+    stack: GateStack,
+    store: ImageStore | None = None,
+) -> Judged:
+    """Align one editor output to its source and run the gates on it: the one judging path of
+    ``run`` and ``measure``.
 
-    Returns ``(verdict, reasons, aligned image sha256 or None, alignment record, gate record)``.
+    Args:
+        source: ``(H, W, 3)`` uint8 RGB.
+        output: ``(h, w, 3)`` uint8 RGB as the editor returned it, any size.
+        kind: ``"face"`` or ``"limb"``.
+        region: ``(H, W)`` uint8 {0, 255}, the region the study varies (face or limb mask), or None.
+        face_size_px: the source face's size in pixels, or None.
+        align: alignment settings.
+        stack: the gates for ``kind``.
+        store: where the aligned image is put (None: not stored).
+
+    When registration fails the verdict is ``rejected`` with the ``align_...`` reason, and the
+    gates that do not need pixel registration (face, identity, expression) still measure the
+    unregistered candidate, so an audit sees them; ``locality`` is recorded as not measurable.
     """
-    source = prepared.source.pixels
-    alignment = align_candidate(
-        source,
-        output,
-        mask=prepared.region,
-        kind=spec.design.kind,
-        face_size_px=prepared.face_size_px,
-        config=spec.align,
-    )
+    alignment = align_candidate(source, output, mask=region, kind=kind, face_size_px=face_size_px, config=align)
     record = alignment.record()
+    edit_mask = region if kind == "limb" else None
     if not alignment.ok:
-        return "rejected", [alignment.reason or "align_failed"], None, record, {}
-    sha = ws.store.put(alignment.image) if ws is not None else None
-    edit_mask = prepared.region if spec.design.kind == "limb" else None
+        reasons = [alignment.reason or "align_failed"]
+        gates: dict[str, Any] = {}
+        if alignment.image is not None and alignment.image.shape == source.shape:
+            gates = (
+                stack.without(*PIXEL_GATES).evaluate(source, alignment.image, edit_mask=edit_mask).to_dict()["gates"]
+            )
+        for name in PIXEL_GATES:
+            if stack.has(name):
+                gates[name] = {
+                    "passed": False,
+                    "measurable": False,
+                    "metrics": {},
+                    "reasons": [],
+                    "review": [],
+                    "thresholds": {},
+                    "note": "not measurable: the candidate could not be registered to the source",
+                }
+        return Judged("rejected", reasons, None, record, gates)
+    sha = store.put(alignment.image) if store is not None else None
     judgement = stack.evaluate(source, alignment.image, edit_mask=edit_mask)
-    return judgement.verdict, list(judgement.reasons), sha, record, judgement.to_dict()["gates"]
+    return Judged(judgement.verdict, list(judgement.reasons), sha, record, judgement.to_dict()["gates"])
 
 
 def build_editor(spec: Spec) -> Editor:

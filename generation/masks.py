@@ -29,7 +29,8 @@ import numpy as np
 from PIL import Image, ImageOps
 from pydantic import BaseModel, ConfigDict, Field
 
-from counterfactory.generation.sources import RLE, FileMask, PolygonMask, RLEMask, scale_16bit_to_8bit
+from counterfactory.generation.images import scale_16bit_to_8bit
+from counterfactory.generation.records import RLE, FileMask, PolygonMask, RLEMask
 
 
 class MaskError(ValueError):

@@ -168,6 +168,15 @@ class GateStack:
             gates.append(LocalityGate(chosen.locality))
         return cls(gates, kind=kind, face_mask_mode=config.face_mask)
 
+    def without(self, *names: str) -> GateStack:
+        """The same stack minus the gates called ``names`` (models stay shared)."""
+        kept = [g for g in self.gates if g.name not in names]
+        return GateStack(kept, kind=self.kind, face_mask_mode=self.face_mask_mode, landmarker=self.landmarker)
+
+    def has(self, name: str) -> bool:
+        """Whether a gate called ``name`` is in the stack."""
+        return any(g.name == name for g in self.gates)
+
     def context(
         self,
         source: np.ndarray,

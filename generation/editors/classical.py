@@ -76,6 +76,10 @@ class ClassicalEditor(SequentialEditor):
     def lineage(self) -> dict[str, Any]:
         return {"backend": self.name, "version": 1, **self.options.model_dump()}
 
+    def consumes(self, kind: str) -> frozenset[str]:
+        """The tint comes from the condition and seed, inside the mask; the prompt is not read."""
+        return frozenset({"seed", "mask"}) if kind == "face" else frozenset({"mask"})
+
     def edit(self, request: EditRequest) -> EditResult:
         image = request.image
         if request.mask is None or not np.any(request.mask):

@@ -222,6 +222,10 @@ class FalEditor:
             "input_encoding": "png_data_uri",
         }
 
+    def consumes(self, kind: str) -> frozenset[str]:
+        """The image, prompt and seed go to fal; no mask and no negative prompt do."""
+        return frozenset({"prompt", "seed"})
+
     def prepare(self) -> None:
         """Checks the dependency, key, endpoint and price, then the key against fal.
 

@@ -26,6 +26,7 @@ its image processor and tokenizer only; with torchvision the stock loader is use
 from __future__ import annotations
 
 import functools
+import hashlib
 import importlib
 import importlib.util
 import json
@@ -164,13 +165,18 @@ class QwenEditor:
         attempts; so are settings the configuration never uses (the negative prompt without
         guidance, the inpaint strength when no cell is inpainted). The device *type* is in: a
         CUDA generator draws different noise than a CPU one from the same seed.
+
+        ``revision`` is the configured one until :meth:`prepare` ran, then the resolved one:
+        the hub commit of the cached snapshot, or ``folder:<sha256>`` of a local folder's
+        config files and file sizes. The factory takes the lineage after ``prepare()``.
         """
         o = self.options
         inpaints = o.pipeline in ("auto", "inpaint")
         return {
             "backend": self.name,
             "model_id": o.model_id,
-            "revision": o.revision,
+            # after prepare(): the commit actually loaded, so a refreshed cache makes new attempts
+            "revision": self._loaded.model_commit if self._loaded is not None else o.revision,
             "pipeline": o.pipeline,
             "steps": o.steps,
             "true_cfg_scale": o.true_cfg_scale,
@@ -183,6 +189,16 @@ class QwenEditor:
             "dtype": o.dtype,
             "device_type": o.device.split(":")[0],
         }
+
+    def consumes(self, kind: str) -> frozenset[str]:
+        """Prompt and seed always; the mask only where the inpaint pipeline runs (limb cells
+        under ``auto``, every cell under ``inpaint``); the negative prompt only with guidance."""
+        used = {"prompt", "seed"}
+        if self.options.pipeline == "inpaint" or (self.options.pipeline == "auto" and kind == "limb"):
+            used.add("mask")
+        if self.options.true_cfg_scale > 1:
+            used.add("negative_prompt")
+        return frozenset(used)
 
     # -- set-up --------------------------------------------------------------------------
 
@@ -450,8 +466,21 @@ def _looks_like_path(name: str) -> bool:
     return name.startswith(("/", ".", "~")) or name.count("/") != 1 or "\\" in name
 
 
+def folder_fingerprint(folder: Path) -> str:
+    """``folder:<sha256>`` over every file's relative path and size and the bytes of its JSON
+    configs: what tells two local pipeline folders apart without reading gigabytes of weights."""
+    digest = hashlib.sha256()
+    for item in sorted(p for p in folder.rglob("*") if p.is_file()):
+        rel = item.relative_to(folder).as_posix()
+        digest.update(f"{rel}\0{item.stat().st_size}\0".encode())
+        if item.suffix == ".json":
+            digest.update(item.read_bytes())
+    return f"folder:{digest.hexdigest()}"
+
+
 def _resolve_model(options: QwenOptions) -> tuple[Path, str | None]:
-    """The local folder holding the pipeline and its commit hash (None for plain folders)."""
+    """The local folder holding the pipeline and its resolved revision: the hub commit hash, or
+    :func:`folder_fingerprint` for a plain folder."""
     model_id, revision = options.model_id, options.revision
     path = Path(model_id).expanduser()
     if path.is_dir():
@@ -460,7 +489,7 @@ def _resolve_model(options: QwenOptions) -> tuple[Path, str | None]:
                 f"{path} has no model_index.json: editor.qwen.model_id must be a diffusers "
                 "pipeline folder (save_pretrained output) or a hub id"
             )
-        return path, None
+        return path, folder_fingerprint(path)
     if _looks_like_path(model_id):
         raise EditorSetupError(
             f"the model directory {model_id!r} does not exist (editor.qwen.model_id must be an "

@@ -1,0 +1,143 @@
+"""The steps' table of contents (plan_attempts, run_edits, judge_attempts) with a fake editor,
+on the bundled photos and the real face and identity models."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from counterfactory.flows import steps
+from counterfactory.generation.editors.classical import ClassicalEditor
+from counterfactory.generation.editors.fal import FalEditor
+from counterfactory.generation.editors.qwen import QwenEditor
+from counterfactory.manifests.spec import load_spec
+from counterfactory.validation.faces import face_mask, get_face_landmarker
+from tests.flows.fake_editor import FakeEditor
+
+
+@pytest.fixture(scope="module")
+def spec(specs_dir):
+    return load_spec(specs_dir / "demo-face.yaml")
+
+
+@pytest.fixture(scope="module")
+def prepared(spec, tmp_path_factory):
+    ws = steps.open_workspace(spec, tmp_path_factory.mktemp("prep"))
+    usable, failed = steps.prepare_sources(spec, ws.ledger)
+    ws.ledger.close()
+    assert usable and any("2 faces" in f.reason for f in failed)
+    return {p.id: p for p in usable}
+
+
+@pytest.fixture(scope="module")
+def stack(spec):
+    return steps.build_gate_stack(spec)
+
+
+def _with_face_mask(prepared: steps.PreparedSource, mode: str) -> steps.PreparedSource:
+    faces = get_face_landmarker().detect(prepared.source.pixels)
+    region = face_mask(faces[0].landmarks, prepared.source.pixels.shape[:2], mode=mode)
+    return steps.PreparedSource(prepared.source, region, prepared.face_size_px, prepared.meta)
+
+
+def _ids(spec, prepared, editor, attempt_no: int = 1) -> list[str]:
+    cells = steps.plan_grid(spec, [prepared]).cells_of(prepared.id)
+    return [p.attempt_id for p in steps.plan_attempts(spec, prepared, cells, editor, editor.lineage(), attempt_no)]
+
+
+def test_face_mask_mode_changes_only_ids_of_editors_that_read_the_mask(spec, prepared):
+    oval = _with_face_mask(prepared["astronaut"], "oval")
+    skin = _with_face_mask(prepared["astronaut"], "skin")
+    assert not np.array_equal(oval.region, skin.region)
+    for editor in (QwenEditor(), FalEditor()):
+        assert _ids(spec, oval, editor) == _ids(spec, skin, editor), editor.name
+    # the classical editor paints inside the mask: its ids must follow it
+    assert set(_ids(spec, oval, ClassicalEditor())).isdisjoint(_ids(spec, skin, ClassicalEditor()))
+    # qwen's inpaint pipeline reads the mask, so forcing it on face cells puts the mask back in
+    inpaint = QwenEditor(QwenEditor().options.model_copy(update={"pipeline": "inpaint"}))
+    assert set(_ids(spec, oval, inpaint)).isdisjoint(_ids(spec, skin, inpaint))
+
+
+def test_resolved_revision_and_seed_change_ids(spec, prepared):
+    source = prepared["astronaut"]
+
+    class Resolved(FakeEditor):
+        def __init__(self, commit: str) -> None:
+            super().__init__()
+            self.commit = commit
+
+        def lineage(self):
+            return {**super().lineage(), "revision": self.commit}
+
+    a, b = _ids(spec, source, Resolved("a" * 40)), _ids(spec, source, Resolved("b" * 40))
+    assert len(set(a)) == len(a) and set(a).isdisjoint(b)
+    assert set(_ids(spec, source, FakeEditor(), 1)).isdisjoint(_ids(spec, source, FakeEditor(), 2))
+
+
+def test_judge_key_hashes_only_the_active_kind(spec):
+    other = spec.gates.model_copy(update={"limb": spec.gates.limb.model_copy(update={"expression": None})})
+    assert steps.judge_key(spec.model_copy(update={"gates": other})) == steps.judge_key(spec)
+    own = spec.gates.model_copy(update={"face": spec.gates.face.model_copy(update={"expression": None})})
+    assert steps.judge_key(spec.model_copy(update={"gates": own})) != steps.judge_key(spec)
+    # limb-mask growth does not decide a face verdict
+    masks = spec.masks.model_copy(update={"dilate_px": 9})
+    assert steps.judge_key(spec.model_copy(update={"masks": masks})) == steps.judge_key(spec)
+
+
+def test_process_template_runs_each_cell_once_and_never_again(spec, prepared, stack, tmp_path):
+    ws = steps.open_workspace(spec, tmp_path)
+    source = prepared["grace_hopper"]
+    cells = steps.plan_grid(spec, [source]).cells_of(source.id)
+    editor = FakeEditor()
+    first = steps.process_template(spec, ws, source, cells, editor, stack)
+    assert len(first.cells) == len(cells) == 6
+    assert first.editor_calls == len(editor.calls) >= len(cells)
+    for outcome in first.cells:
+        candidate = ws.ledger.candidate(outcome.final_attempt)
+        assert candidate is not None and candidate.verdict == outcome.verdict
+        assert candidate.alignment["ok"] is True
+        assert "identity" in candidate.gates and "locality" in candidate.gates
+    again = FakeEditor()
+    second = steps.process_template(spec, ws, source, cells, again, stack)
+    assert second.editor_calls == 0 and again.calls == []
+    assert [c.verdict for c in second.cells] == [c.verdict for c in first.cells]
+    ws.ledger.close()
+
+
+def test_refused_and_failed_attempts_are_retried_with_the_next_seed(spec, prepared, stack, tmp_path):
+    ws = steps.open_workspace(spec, tmp_path)
+    source = prepared["grace_hopper"]
+    cells = steps.plan_grid(spec, [source]).cells_of(source.id)[:2]
+    editor = FakeEditor()
+    plans = steps.plan_attempts(spec, source, cells, editor, editor.lineage(), 1)
+    editor.script = {plans[0].attempt_id: "refused", plans[1].attempt_id: "failed"}
+    assert steps.run_edits(ws, editor, plans, editor.lineage()) == 2
+    verdicts = steps.judge_attempts(spec, ws, source, plans, stack, steps.judge_key(spec))
+    assert verdicts[0] == ("rejected", ["editor_refused: fake_refused"])
+    assert verdicts[1] == ("failed", ["fake_failed"])
+    # a refusal is final (never paid again), a failure is run again
+    assert steps.run_edits(ws, editor, plans, editor.lineage()) == 1
+    # the refused cell moves on to seed 2; the failed attempt 1 is run again and now succeeds
+    outcome = steps.process_template(spec, ws, source, cells, FakeEditor(), stack)
+    assert [len(c.attempt_ids) for c in outcome.cells] == [2, 1]
+    assert outcome.cells[0].final_attempt != plans[0].attempt_id
+    assert outcome.cells[1].final_attempt == plans[1].attempt_id and outcome.cells[1].verdict != "failed"
+    ws.ledger.close()
+
+
+def test_unregistrable_output_still_gets_face_metrics(spec, prepared, stack):
+    source = prepared["grace_hopper"]
+    pixels = source.source.pixels
+    flipped = np.ascontiguousarray(pixels[::-1])  # upside down: no transform within bounds maps it back
+    judged = steps.judge_output(
+        pixels,
+        flipped,
+        kind="face",
+        region=source.region,
+        face_size_px=source.face_size_px,
+        align=spec.align,
+        stack=stack,
+    )
+    assert judged.verdict == "rejected" and judged.reasons[0].startswith("align_")
+    assert judged.gates["locality"]["measurable"] is False
+    assert "face" in judged.gates and "identity" in judged.gates
