@@ -401,3 +401,21 @@ def test_pipeline_output_with_qwen_like_drift_is_registered_and_composited(limb_
     assert np.abs(error).max() < 0.5
     outside = limb_mask == 0
     np.testing.assert_array_equal(alignment.image[outside], source[outside])
+
+
+def test_lineage_carries_the_resolved_revision_of_what_was_loaded(tiny, tmp_path):
+    editor = QwenEditor(tiny_options(tiny[0]))
+    editor.prepare()  # the module's pipeline is already loaded: this resolves, it does not reload
+    resolved = editor.lineage()["revision"]
+    assert resolved is not None and resolved.startswith("folder:")
+    # the same folder name holding another model (a refreshed cache) must not reuse attempts
+    refreshed = tmp_path / "tiny-qwen-image-edit"
+    shutil.copytree(tiny[0], refreshed)
+    config = refreshed / "scheduler" / "scheduler_config.json"
+    data = json.loads(config.read_text())
+    data["shift"] = float(data.get("shift", 1.0)) + 0.5
+    config.write_text(json.dumps(data))
+    from counterfactory.generation.editors.qwen import _resolve_model
+
+    assert _resolve_model(tiny_options(refreshed))[1] not in (None, resolved)
+    assert _resolve_model(tiny_options(tiny[0]))[1] == resolved
