@@ -7,9 +7,13 @@ how many templates each stratum contributes, and which conditions each template 
 :class:`Template` s and one :class:`Cell` per template x condition.
 
 The grid is a pure function of (the set of sources, the design): inputs are sorted by id
-before anything is drawn, and every random choice comes from one
-``numpy.random.Generator(PCG64(design.seed))`` consumed in a fixed order, so input order never
-matters and the same seed always gives the same grid.
+before anything is drawn, so input order never matters and the same seed always gives the same
+grid. Each stratum draws its templates from its own generator, seeded by
+``SeedSequence([design.seed, stable_key(stratum)])``, and each template draws its conditions from
+``SeedSequence([design.seed, stable_key(stratum), stable_key(template id)])``; conditions are
+balanced within a stratum. A source that appears or disappears (a photo newly failing its face
+check) therefore changes only its own stratum's templates and cells, never another stratum's
+(which would re-buy their edits).
 
 Sizes: FOCUS (Dehdashtian et al., 2025) uses 6 occupations x 8 photos x 10 race-gender groups
 = 480 cells; InclusiveCFImageBias uses one template per photo with cue ``removed``/``kept``.
@@ -17,6 +21,8 @@ Sizes: FOCUS (Dehdashtian et al., 2025) uses 6 occupations x 8 photos x 10 race-
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 import re
 from collections import Counter
@@ -52,7 +58,7 @@ class DesignConfig(BaseModel):
             ``presented_gender``, ``licence``, or ``extra.<key>``); ``[]`` is one stratum.
             A missing value is its own stratum (``None``).
         templates_per_stratum: templates drawn from each stratum (>= 1).
-        seed: seeds the sampler's ``PCG64`` generator (>= 0).
+        seed: seeds every stratum's and template's generator (>= 0), see the module docstring.
         conditions_per_template: how many conditions each template gets; ``None`` gives each
             template every condition the ``gender_balance`` rule allows.
         gender_balance: which conditions a template may get, comparing the template's
@@ -74,9 +80,9 @@ class DesignConfig(BaseModel):
             ``templates_per_stratum``: ``"take_all"`` takes them all and records a shortfall;
             ``"error"`` raises.
 
-    When ``conditions_per_template`` picks a subset, conditions are spread evenly over the
-    grid: each template (in grid order) takes the allowed conditions used least often so far,
-    ties broken by the seeded generator.
+    When ``conditions_per_template`` picks a subset, conditions are spread evenly over each
+    stratum: each template (in grid order) takes the allowed conditions its stratum used least
+    often so far, ties broken by the template's own seeded generator.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -289,6 +295,17 @@ def _stratum_order(key: tuple[str | None, ...]) -> tuple:
     return tuple((v is not None, v or "") for v in key)
 
 
+def stable_key(value: Any) -> int:
+    """A 128-bit integer from the JSON of ``value``: the same on every machine and Python run
+    (unlike ``hash``), for seeding ``numpy.random.SeedSequence``."""
+    blob = json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
+    return int.from_bytes(hashlib.sha256(blob.encode()).digest()[:16], "big")
+
+
+def _generator(seed: int, *keys: Any) -> np.random.Generator:
+    return np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed, *(stable_key(k) for k in keys)])))
+
+
 def _pick(pool: list[int], k: int, usage: Counter, rng: np.random.Generator) -> list[int]:
     """``k`` condition indices from ``pool``: least used first, ties in seeded random order."""
     if k >= len(pool):
@@ -363,13 +380,12 @@ def expand_grid(sources: Sequence[Any], design: DesignConfig) -> Grid:
             "add sources or set on_short_stratum: take_all"
         )
 
-    rng = np.random.Generator(np.random.PCG64(design.seed))
     templates: list[Template] = []
     summaries: list[StratumSummary] = []
     for key in keys:
         members = groups[key]
         if len(members) > requested:
-            chosen_idx = rng.permutation(len(members))[:requested]
+            chosen_idx = _generator(design.seed, list(key)).permutation(len(members))[:requested]
             chosen = sorted((members[i] for i in chosen_idx), key=lambda r: r.id)
         else:
             chosen = members
@@ -379,10 +395,14 @@ def expand_grid(sources: Sequence[Any], design: DesignConfig) -> Grid:
 
     all_conditions = conditions(design)
     cond_gender = [c.get(GENDER_AXIS, "").casefold() or None for c in all_conditions]
-    usage: Counter = Counter()
+    # conditions are balanced within a stratum only, so one stratum's sources never move another's
+    usage_by_stratum: dict[tuple, Counter] = {}
     cpt = design.conditions_per_template
     cells: list[Cell] = []
     for template in templates:
+        stratum_key = tuple(template.stratum.get(name) for name in design.strata)
+        usage = usage_by_stratum.setdefault(stratum_key, Counter())
+        rng = _generator(design.seed, list(stratum_key), template.source_id)
         gender = _gender(records[template.source_id])
         everything = list(range(len(all_conditions)))
         matched = [i for i in everything if cond_gender[i] == gender]

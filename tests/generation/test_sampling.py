@@ -265,3 +265,27 @@ def test_grid_summary_is_json_ready_and_adds_up():
 def test_design_validation(overrides, message):
     with pytest.raises(ValidationError, match=message):
         _face(**overrides)
+
+
+@pytest.mark.parametrize("occupation", ["chef", "nurse"])
+def test_removing_one_source_changes_only_its_own_stratum(occupation):
+    # a photo newly failing its face check must not re-buy edits in unrelated strata
+    design = _face(strata=["occupation"], templates_per_stratum=3, conditions_per_template=4, seed=11)
+    records = _records(per_occupation=6)
+    before = expand_grid(records, design)
+    dropped = next(t.source_id for t in before.templates if t.stratum["occupation"] == occupation)
+    after = expand_grid([r for r in records if r.id != dropped], design)
+
+    def by_stratum(grid):
+        out: dict[str, tuple] = {}
+        for t in grid.templates:
+            cells = tuple(c.cell_id for c in grid.cells_of(t.source_id))
+            out[t.stratum["occupation"]] = out.get(t.stratum["occupation"], ()) + ((t.source_id, cells),)
+        return out
+
+    old, new = by_stratum(before), by_stratum(after)
+    assert old[occupation] != new[occupation] and dropped not in {sid for sid, _ in new[occupation]}
+    for other in set(OCCUPATIONS) - {occupation}:
+        assert old[other] == new[other], other
+    # partial condition sets (4 of 10) are the hard case: their balancing must stay per stratum
+    assert all(len(cells) == 4 for stratum in new.values() for _, cells in stratum)
