@@ -3,6 +3,7 @@ and push / pull with the real ``huggingface_hub`` client against a local Hub (``
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import shutil
@@ -21,6 +22,8 @@ from tests.manifests.hub_server import HubServer
 
 hf = pytest.importorskip("huggingface_hub")
 datasets = pytest.importorskip("datasets")
+hf_constants = importlib.import_module("huggingface_hub.constants")
+hf_utils = importlib.import_module("huggingface_hub.utils")
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -49,11 +52,11 @@ def hub(server, monkeypatch):
     server.lfs.clear()
     server.calls.clear()
     server.failures.clear()
-    monkeypatch.setattr(hf.constants, "HF_HUB_DISABLE_XET", True)
-    monkeypatch.setattr(hf.constants, "HF_HUB_OFFLINE", False)
-    hf.utils.disable_progress_bars()
+    monkeypatch.setattr(hf_constants, "HF_HUB_DISABLE_XET", True)
+    monkeypatch.setattr(hf_constants, "HF_HUB_OFFLINE", False)
+    hf_utils.disable_progress_bars()
     yield server
-    hf.utils.enable_progress_bars()
+    hf_utils.enable_progress_bars()
 
 
 def _pixels(path: Path) -> np.ndarray:
@@ -64,7 +67,7 @@ def _pixels(path: Path) -> np.ndarray:
 def test_load_dataset_decodes_images_equal_to_the_release(release, exported, tmp_path, monkeypatch):
     monkeypatch.setattr(datasets.config, "HF_DATASETS_OFFLINE", True)
     monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
-    monkeypatch.setattr(hf.constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(hf_constants, "HF_HUB_OFFLINE", True)
     items = datasets.load_dataset(str(exported.folder), "items", split="train", cache_dir=str(tmp_path))
     rows = [json.loads(line) for line in (release / "items.jsonl").read_text().splitlines()]
     assert len(items) == len(rows) == 6
@@ -150,6 +153,24 @@ def test_push_then_pull_restores_a_release_that_verifies(release, hub, tmp_path)
     assert len(repo.commits) == 2 and hub.calls["lfs_upload"] == uploads and hub.calls["preupload"] == 1
 
 
+def test_load_dataset_in_one_line_from_the_hub(release, hub, tmp_path, monkeypatch):
+    """What a user runs: ``load_dataset(ORG/NAME, config, revision=VERSION)``, through datasets' Hub path."""
+    push_release(release, "lab/study", token=hub.token, endpoint=hub.endpoint)
+    monkeypatch.setattr(datasets.config, "HF_ENDPOINT", hub.endpoint)
+    monkeypatch.setattr(hf_constants, "ENDPOINT", hub.endpoint)
+    monkeypatch.setattr(
+        hf_constants, "HUGGINGFACE_CO_URL_TEMPLATE", hub.endpoint + "/{repo_id}/resolve/{revision}/{filename}"
+    )
+    items = datasets.load_dataset(
+        "lab/study", "items", split="train", revision="1.0.0", token=hub.token, cache_dir=str(tmp_path)
+    )
+    rows = [json.loads(line) for line in (release / "items.jsonl").read_text().splitlines()]
+    assert [r["status"] for r in items] == [r["status"] for r in rows]
+    accepted = next(i for i, r in enumerate(rows) if r["status"] == "accepted")
+    want = _pixels(release / rows[accepted]["image"]["path"])
+    assert np.array_equal(np.asarray(items[accepted]["counterfactual"]), want)
+
+
 def test_a_second_version_is_a_second_tagged_commit(release, hub, tmp_path):
     push_release(release, "lab/study", token=hub.token, endpoint=hub.endpoint)
     newer = make_release(tmp_path, version="1.1.0", trials=False, tint=90)
@@ -217,7 +238,7 @@ def test_a_private_repo_is_not_readable_without_the_token(release, hub, tmp_path
     assert hub.repos["lab/private"].private
     for name in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN"):
         monkeypatch.delenv(name, raising=False)
-    monkeypatch.setattr(hf.constants, "HF_TOKEN_PATH", str(tmp_path / "no-token"))
+    monkeypatch.setattr(hf_constants, "HF_TOKEN_PATH", str(tmp_path / "no-token"))
     with pytest.raises(HubTransferError, match="(?s)cannot read lab/private.*HF_TOKEN"):
         pull_release("lab/private@1.0.0", tmp_path / "out", endpoint=hub.endpoint)
     out = pull_release("lab/private@1.0.0", tmp_path / "out", token=hub.token, endpoint=hub.endpoint)
@@ -258,8 +279,8 @@ def test_unknown_licence_is_refused_naming_the_source(hub, tmp_path):
 def test_missing_token_is_refused_before_any_upload(release, hub, tmp_path, monkeypatch):
     for name in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN"):
         monkeypatch.delenv(name, raising=False)
-    monkeypatch.setattr(hf.constants, "HF_TOKEN_PATH", str(tmp_path / "no-token"))
-    monkeypatch.setattr(hf.constants, "HF_STORED_TOKENS_PATH", str(tmp_path / "no-tokens"))
+    monkeypatch.setattr(hf_constants, "HF_TOKEN_PATH", str(tmp_path / "no-token"))
+    monkeypatch.setattr(hf_constants, "HF_STORED_TOKENS_PATH", str(tmp_path / "no-tokens"))
     with pytest.raises(HubError, match="no Hugging Face token: set HF_TOKEN"):
         push_release(release, "lab/study", endpoint=hub.endpoint)
     assert hub.repos == {} and sum(hub.calls.values()) == 0
