@@ -18,7 +18,7 @@ from typing import Any
 import yaml
 
 from counterfactory.manifests.hub_tables import TableExport
-from counterfactory.manifests.licences import LicenceDecision
+from counterfactory.manifests.licences import LicenceDecision, hub_licence_fields
 
 #: Axes whose values are protected demographic attributes: a set varying them is gated by default.
 SENSITIVE_AXES = frozenset({"race", "ethnicity", "gender", "sex", "age", "skin_tone", "religion", "disability"})
@@ -63,7 +63,7 @@ def card_metadata(
     items = next(t for t in tables if t.name == "items")
     meta: dict[str, Any] = {
         "pretty_name": f"{release['name']} {release['version']}",
-        "license": licence.hub_id,
+        **hub_licence_fields(licence.hub_id),
         "task_categories": ["image-to-image", "zero-shot-image-classification"],
         "size_categories": [size_category(items.rows)],
         "tags": ["counterfactual", "synthetic", "bias-evaluation", "fairness", f"{kind}-edits"]

@@ -31,6 +31,31 @@ _PD = re.compile(r"^(public[-_ ]domain|pd|pdm|pdm[-_ ]?1\.0|cc[-_ ]?0(?:[-_ ]?1\
 _PERMISSIVE = {"mit": frozenset({"BY"}), "apache-2.0": frozenset({"BY"}), "bsd-3-clause": frozenset({"BY"})}
 
 
+#: The Creative Commons and permissive ids the Hub's ``license:`` field accepts
+#: (https://huggingface.co/docs/hub/repositories-licenses); any other version goes in as
+#: ``license: other`` with its name and deed.
+HUB_LICENCE_IDS = frozenset(
+    {
+        "cc0-1.0",
+        "cc-by-2.0",
+        "cc-by-2.5",
+        "cc-by-3.0",
+        "cc-by-4.0",
+        "cc-by-sa-3.0",
+        "cc-by-sa-4.0",
+        "cc-by-nc-2.0",
+        "cc-by-nc-3.0",
+        "cc-by-nc-4.0",
+        "cc-by-nc-sa-2.0",
+        "cc-by-nc-sa-3.0",
+        "cc-by-nc-sa-4.0",
+        "mit",
+        "apache-2.0",
+        "bsd-3-clause",
+    }
+)
+
+
 class LicenceError(ValueError):
     """A source's licence is missing or unknown, or the sources' licences conflict."""
 
@@ -77,6 +102,16 @@ class LicenceDecision:
 
     hub_id: str
     sources_by_licence: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+
+
+def hub_licence_fields(hub_id: str) -> dict[str, str]:
+    """The card's licence keys: ``{"license": id}``, or ``other`` with name and link for an id
+    the Hub does not list (e.g. ``cc-by-sa-2.0``)."""
+    if hub_id in HUB_LICENCE_IDS:
+        return {"license": hub_id}
+    match = re.match(r"^cc-(by(?:-[a-z]{2})*)-(\d\.\d)$", hub_id)
+    link = f"https://creativecommons.org/licenses/{match.group(1)}/{match.group(2)}/" if match else ""
+    return {"license": "other", "license_name": hub_id, "license_link": link}
 
 
 def combine_licences(sources: Iterable[tuple[str, str | None]], *, declared: str | None = None) -> LicenceDecision:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from counterfactory.manifests.licences import LicenceError, combine_licences, parse_licence
+from counterfactory.manifests.licences import LicenceError, combine_licences, hub_licence_fields, parse_licence
 
 
 @pytest.mark.parametrize(
@@ -79,3 +79,12 @@ def test_declared_licence_must_honour_the_sources():
     assert combine_licences([("a", "CC BY 4.0")], declared="see sources").hub_id == "cc-by-4.0"
     with pytest.raises(LicenceError, match="looser than the sources allow"):
         combine_licences([("a", "CC BY-NC 4.0")], declared="CC BY 4.0")
+
+
+def test_a_version_the_hub_does_not_list_goes_in_as_other_with_its_deed():
+    assert hub_licence_fields("cc-by-sa-4.0") == {"license": "cc-by-sa-4.0"}
+    assert hub_licence_fields("cc-by-sa-2.0") == {
+        "license": "other",
+        "license_name": "cc-by-sa-2.0",
+        "license_link": "https://creativecommons.org/licenses/by-sa/2.0/",
+    }
