@@ -109,6 +109,20 @@ def test_load_dataset_decodes_images_equal_to_the_release(release, exported, tmp
         assert np.array_equal(np.asarray(got["image"]), _pixels(release / parent["image"]["path"])[:, ::-1])
 
 
+def test_large_tables_are_split_into_shards_that_load_in_order(release, tmp_path, monkeypatch):
+    from counterfactory.manifests import hub_tables
+
+    monkeypatch.setattr(hub_tables, "SHARD_BYTES", 1)  # every row with an image starts a new shard
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_OFFLINE", True)
+    monkeypatch.setattr(hf_constants, "HF_HUB_OFFLINE", True)
+    export = export_release(release, tmp_path / "repo", repo_id="lab/study")
+    items = next(t for t in export.tables if t.name == "items")
+    assert len(items.files) > 1 and items.files[-1].endswith(f"-of-{len(items.files):05d}.parquet")
+    loaded = datasets.load_dataset(str(export.folder), "items", split="train", cache_dir=str(tmp_path / "c"))
+    rows = [json.loads(line) for line in (release / "items.jsonl").read_text().splitlines()]
+    assert [r["cell_id"] for r in loaded] == [r["cell_id"] for r in rows]
+
+
 def test_card_metadata_parses_with_huggingface_hub(exported):
     card = hf.DatasetCard((exported.folder / "README.md").read_text(encoding="utf-8"))
     data = card.data.to_dict()
@@ -299,6 +313,11 @@ def test_pull_of_a_missing_version_lists_the_ones_there(release, hub, tmp_path):
     with pytest.raises(HubError, match="ORG/NAME@VERSION"):
         pull_release("lab/study", tmp_path / "out", endpoint=hub.endpoint)
     assert not (tmp_path / "out").exists()
+    (tmp_path / "busy").mkdir()
+    (tmp_path / "busy" / "mine.txt").write_text("keep")
+    with pytest.raises(HubError, match="busy: not empty"):
+        pull_release("lab/study@1.0.0", tmp_path / "busy", endpoint=hub.endpoint)
+    assert [p.name for p in (tmp_path / "busy").iterdir()] == ["mine.txt"]
 
 
 @pytest.mark.slow  # three command-line processes, each importing datasets: ~15 s
