@@ -131,6 +131,7 @@ def export_release(
     repo_id: str,
     gated: bool | None = None,
     copy_release: bool = True,
+    check: bool = True,
 ) -> Export:
     """Lay a release out in ``out_dir`` exactly as it is uploaded.
 
@@ -142,12 +143,14 @@ def export_release(
         gated: put the access form in the card; None gates sets that vary a protected attribute.
         copy_release: copy the release's files into ``out_dir/release/``; without it,
             :attr:`Export.files` points at the release's own files (what a push uploads).
+        check: verify the release first (a caller that just did may skip the second pass).
 
     Raises:
         HubError: the release fails ``verify`` or its licences conflict or are unknown.
     """
     release_dir, out_dir = Path(release_dir), Path(out_dir)
-    check_release(release_dir)
+    if check:
+        check_release(release_dir)
     spec = yaml.safe_load((release_dir / "spec.yaml").read_text(encoding="utf-8")) or {}
     info_path = release_dir / "release.json"
     info = json.loads(info_path.read_text()) if info_path.exists() else dict(spec.get("release") or {})
@@ -255,12 +258,17 @@ def push_release(
     release_dir = Path(release_dir)
     if "/" not in repo_id:
         raise HubError(f"--repo {repo_id!r}: give the repository as ORG/NAME (e.g. my-lab/{repo_id})")
+    # cheap refusals first, in the order a user fixes them: damaged files, licences, token
     check_release(release_dir)
+    spec = yaml.safe_load((release_dir / "spec.yaml").read_text(encoding="utf-8")) or {}
+    release_licence(release_dir, release_tables(release_dir)["items"], spec)
     hub = _hub()
     token = _token(token)
     with tempfile.TemporaryDirectory(prefix="cf-hub-push-") as scratch:
         scratch = Path(scratch)
-        export = export_release(release_dir, scratch / "repo", repo_id=repo_id, gated=gated, copy_release=False)
+        export = export_release(
+            release_dir, scratch / "repo", repo_id=repo_id, gated=gated, copy_release=False, check=False
+        )
         api = hub.HfApi(endpoint=endpoint, token=token)
         try:
             return _upload(api, export, release_dir, repo_id, private=private, scratch=scratch)

@@ -286,6 +286,8 @@ def test_unknown_licence_is_refused_naming_the_source(hub, tmp_path):
     bad = make_release(tmp_path, licences={"astronaut": "public domain (NASA)", "grace_hopper": "Getty editorial"})
     with pytest.raises(HubError, match="grace_hopper \\('Getty editorial'\\)") as info:
         push_release(bad, "lab/study", token=hub.token, endpoint=hub.endpoint)
+    with pytest.raises(HubError, match="Getty editorial"):  # before the token is even looked at
+        push_release(bad, "lab/study", token="", endpoint=hub.endpoint)
     assert "items.jsonl" in str(info.value) and "nothing was uploaded" in str(info.value)
     assert hub.repos == {} and sum(hub.calls.values()) == 0
 
