@@ -233,6 +233,23 @@ def _hub_call(action, *args, **kwargs):
         _fail(str(exc))
 
 
+@release.command("export")
+@click.argument("release_dir", type=click.Path(path_type=Path, exists=True, file_okay=False))
+@click.argument("out_dir", type=click.Path(path_type=Path))
+@click.option("--repo", "repo_id", default="ORG/NAME", show_default=True, help="Repository the card points at.")
+@click.option("--gated/--ungated", default=None, help="Put the access form in the card [default: as push].")
+def release_export(release_dir: Path, out_dir: Path, repo_id: str, gated: bool | None) -> None:
+    """Write the Hub dataset of RELEASE_DIR into OUT_DIR without uploading (load_dataset(OUT_DIR, "items"))."""
+    from counterfactory.manifests.hub import export_release
+
+    if out_dir.exists() and any(out_dir.iterdir()):
+        _fail(f"{out_dir}: not empty; export into a new folder")
+    export = _hub_call(export_release, release_dir, out_dir, repo_id=repo_id, gated=gated)
+    click.echo(f"exported {export.name} {export.version} ({export.licence.hub_id}) into {out_dir}:")
+    for table in export.tables:
+        click.echo(f"  {table.name}: {table.rows} rows in {len(table.files)} shard(s)")
+
+
 @release.command("push")
 @click.argument("release_dir", type=click.Path(path_type=Path, exists=True, file_okay=False))
 @click.option("--repo", "repo_id", required=True, help="Dataset repository ORG/NAME (created when missing).")

@@ -123,6 +123,22 @@ def test_large_tables_are_split_into_shards_that_load_in_order(release, tmp_path
     assert [r["cell_id"] for r in loaded] == [r["cell_id"] for r in rows]
 
 
+def test_cli_export_writes_what_push_uploads(release, tmp_path):
+    from click.testing import CliRunner
+
+    from counterfactory.flows.cli import main
+
+    result = CliRunner().invoke(main, ["release", "export", str(release), str(tmp_path / "out"), "--repo", "lab/x"])
+    assert result.exit_code == 0, result.output
+    assert "items: 6 rows in 1 shard(s)" in result.output and "trials: 2 rows" in result.output
+    assert (tmp_path / "out" / "release" / "checksums.sha256").read_bytes() == (
+        release / "checksums.sha256"
+    ).read_bytes()
+    assert verify_release(tmp_path / "out" / "release") == []
+    again = CliRunner().invoke(main, ["release", "export", str(release), str(tmp_path / "out")])
+    assert again.exit_code == 2 and "not empty" in again.output
+
+
 def test_card_metadata_parses_with_huggingface_hub(exported):
     card = hf.DatasetCard((exported.folder / "README.md").read_text(encoding="utf-8"))
     data = card.data.to_dict()
@@ -331,6 +347,7 @@ def test_cli_push_and_pull_read_hf_endpoint_and_hf_token(release, hub, tmp_path)
         "HF_HUB_DISABLE_XET": "1",
         "HF_HOME": str(tmp_path / "hf-home"),
         "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+        "HF_HUB_OFFLINE": "0",
     }
     cli = [sys.executable, "-m", "counterfactory"]
     push = subprocess.run(
