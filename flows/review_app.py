@@ -117,7 +117,7 @@ class ReviewSite:
         prepared = prepare_source(self.spec, source)
         region = prepared.region
         overlay = np.zeros((*region.shape, 4), np.uint8)
-        overlay[region > 0] = (255, 0, 200, 110)
+        overlay[region > 0] = (255, 0, 200, 80)
         ys, xs = np.nonzero(region)
         h, w = region.shape
         if len(xs):

@@ -24,3 +24,11 @@ def test_demo_spec_named_in_readme_exists():
     demo, _ = _commands()
     spec = re.search(r"run (\S+\.yaml)", demo).group(1)
     assert (REPO / spec).is_file()
+
+
+def test_images_the_readme_shows_are_committed():
+    text = (REPO / "README.md").read_text()
+    images = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", text)
+    assert "docs/review-page.png" in images
+    for image in images:
+        assert (REPO / image).is_file(), image

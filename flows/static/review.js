@@ -71,6 +71,7 @@ function queuePage() {
     // one pane, alternating source and candidate in the same place every 400 ms
     body.classList.add("flicker");
     let showSource = true;
+    candidate.style.display = "none";
     flicker = setInterval(() => {
       showSource = !showSource;
       source.style.display = showSource ? "" : "none";
@@ -123,6 +124,8 @@ function queuePage() {
     if (key === "b") return (window.location.href = "/blind");
     if (!item) return;
     if (rejecting && /^[1-9]$/.test(key)) {
+      // the digit must not land in the note field that "other" focuses
+      ev.preventDefault();
       const button = reasons[Number(key) - 1];
       if (button) chooseReason(button.dataset.reason);
       return;

@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import http.client
 import re
-import shutil
 import threading
-from pathlib import Path
 
 import httpx
 import pytest
@@ -19,27 +17,10 @@ from sqlalchemy import text
 
 from counterfactory.manifests.ledger import Base, Ledger
 from counterfactory.manifests.review import add_reviewer
-from tests.flows.review_setup import run_and_publish, serving, write_spec
+from tests.flows.review_setup import serving
 from tests.manifests.pg import postgres_server
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def made_run(tmp_path_factory):
-    root = tmp_path_factory.mktemp("review-run")
-    spec = write_spec(root)
-    sealed, calls = run_and_publish(spec, root / "out")
-    assert calls > 0
-    return root
-
-
-@pytest.fixture
-def run_copy(made_run, tmp_path) -> tuple[Path, Path]:
-    """A private copy of the run (spec, out) for one test."""
-    root = tmp_path / "run"
-    shutil.copytree(made_run, root)
-    return root / "spec-0.1.0.yaml", root / "out"
 
 
 def _counts(url: str) -> tuple[int, int]:

@@ -207,3 +207,30 @@ def test_cohens_kappa_matches_published_examples(a_yes_b_yes, a_yes_b_no, a_no_b
     )
     assert cohens_kappa(pairs) == pytest.approx(kappa, abs=5e-5)
     assert cohens_kappa([]) is None
+
+
+def test_double_review_needs_two_matching_decisions_and_feeds_kappa(ledger):
+    ids = fill(ledger)
+    ann, bob = _reviewers(ledger, "ann", "bob")
+    double = ReviewOptions(audit_accepted_rate=1.0, audit_rejected_rate=1.0, double_review_rate=1.0)
+    plan = {  # attempt -> (ann, bob)
+        ids[BLACK_MALE][0]: (("accept", None), ("accept", None)),
+        ids[BLACK_FEMALE][0]: (("reject", "skin_tone_shift"), ("reject", "skin_tone_shift")),
+        ids["biden|race=White|gender=male"][0]: (("accept", None), ("reject", "artifact")),
+        ids["grace|race=White|gender=female"][1]: (("reject", "artifact"), ("reject", "skin_tone_shift")),
+    }
+    for aid, ((a, ra), (b, rb)) in plan.items():
+        first = record_decision(ledger, double, attempt_id=aid, reviewer=ann, decision=a, reason=ra, seen=0)
+        assert first.state == "open"  # one decision is not enough in the double-review sample
+        record_decision(ledger, double, attempt_id=aid, reviewer=bob, decision=b, reason=rb, seen=1)
+    states = {i.attempt_id: i.resolution for i in review_queue(ledger, double) if i.attempt_id in plan}
+    assert states[ids[BLACK_MALE][0]].outcome == "accepted"
+    assert states[ids[BLACK_FEMALE][0]].outcome == "rejected"
+    assert states[ids["biden|race=White|gender=male"][0]].state == "disputed"
+    assert states[ids["grace|race=White|gender=female"][1]].outcome == "rejected"
+    agreement = review_summary(ledger, double)["agreement"]
+    assert agreement["pairs"] == 4 and agreement["agree"] == 3
+    # accept/reject: (a,a) (r,r) (a,r) (r,r): p_o = 3/4, p_e = 2/4*1/4 + 2/4*3/4 = 1/2 -> kappa 1/2
+    assert agreement["kappa"] == pytest.approx(0.5)
+    # skin-tone shift: (n,n) (y,y) (n,n) (n,y): p_o = 3/4, p_e = 3/4*2/4 + 1/4*2/4 = 1/2 -> 1/2
+    assert agreement["kappa_per_reason"]["skin_tone_shift"] == pytest.approx(0.5)
