@@ -120,7 +120,15 @@ def test_keyboard_review_blinded_mode_and_the_next_release(browser, run_copy, tm
         seen = set()
         for _ in range(8):
             page.wait_for_timeout(230)
-            seen.add((page.is_visible("#img-source"), page.is_visible("#img-candidate")))
+            # both read in one script, so a swap cannot fall between them
+            seen.add(
+                tuple(
+                    page.evaluate(
+                        "() => ['img-source', 'img-candidate'].map(id => "
+                        "document.getElementById(id).getBoundingClientRect().width > 0)"
+                    )
+                )
+            )
         assert seen == {(True, False), (False, True)}  # one at a time, in the same place, both shown
         page.keyboard.press("f")
 
