@@ -18,6 +18,10 @@ different means it is refused. The commit names the branch head it builds on
 half-way leaves no commit (the Hub applies a commit whole or not at all) and no tag (the tag is
 made after the commit); pushing again uploads only what the Hub lacks, commits, and tags. If
 it stopped between commit and tag, the retry finds nothing to commit and only tags.
+
+The tree a version tags is exactly its export: files a previous version had and this one does
+not (a table it dropped, files added by hand on the Hub) are deleted in the same commit; only
+the Hub's own ``.gitattributes`` stays. Older versions keep their files under their tags.
 """
 
 from __future__ import annotations
@@ -93,6 +97,13 @@ def _hub() -> Any:
     return huggingface_hub
 
 
+def _require_datasets() -> None:
+    try:
+        import datasets  # noqa: F401  (the Parquet schema carries datasets' feature types)
+    except ImportError as exc:  # pragma: no cover - exercised only without the extra
+        raise HubError(f"datasets is not installed; {INSTALL_HINT}") from exc
+
+
 def _calibration_rules() -> dict[str, str]:
     from counterfactory.assets import ASSETS_DIR
 
@@ -149,6 +160,7 @@ def export_release(
         HubError: the release fails ``verify`` or its licences conflict or are unknown.
     """
     release_dir, out_dir = Path(release_dir), Path(out_dir)
+    _require_datasets()
     if check:
         check_release(release_dir)
     spec = yaml.safe_load((release_dir / "spec.yaml").read_text(encoding="utf-8")) or {}
