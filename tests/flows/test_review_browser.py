@@ -19,6 +19,8 @@ from PIL import Image
 from sqlalchemy import text
 
 from counterfactory.manifests.ledger import Ledger
+from counterfactory.manifests.review import review_queue
+from counterfactory.manifests.spec import load_spec
 from tests.conftest import REPO
 from tests.flows.review_setup import run_and_publish, serving, write_spec
 
@@ -210,3 +212,8 @@ def test_keyboard_review_blinded_mode_and_the_next_release(browser, run_copy, tm
     assert stats["review"]["waiting"]["total"] == 0
     assert stats["review"]["override"]["accepted"]["hits"] == 1
     assert 'id="review-progress"' in (sealed.path / "report.html").read_text()
+    # the re-run asks nobody again: every queued candidate is still decided
+    ledger = Ledger(f"sqlite:///{out / 'ledger.sqlite'}")
+    queue = review_queue(ledger, load_spec(spec).review)
+    ledger.close()
+    assert len(queue) == 5 and all(i.resolution.state == "resolved" for i in queue)

@@ -7,17 +7,27 @@ The browser tests are in test_review_browser.py.
 from __future__ import annotations
 
 import http.client
+import io
 import re
+import subprocess
+import sys
 import threading
+import time
 
 import httpx
+import numpy as np
 import pytest
 import yaml
+from PIL import Image
 from sqlalchemy import text
 
+from counterfactory.flows.review_app import ReviewSite
 from counterfactory.manifests.ledger import Base, Ledger
 from counterfactory.manifests.review import add_reviewer
-from tests.flows.review_setup import serving
+from counterfactory.manifests.spec import load_spec
+from counterfactory.validation.review_stats import review_summary
+from tests.conftest import REPO
+from tests.flows.review_setup import free_port, serving
 from tests.manifests.pg import postgres_server
 
 pytestmark = pytest.mark.slow
@@ -208,3 +218,91 @@ def test_postgres_two_reviewers_at_the_same_moment_are_both_kept(run_copy):
         assert rows[2] == ("cat", "reject", "tiebreak")
         Base.metadata.drop_all(engine)
         engine.dispose()
+
+
+def test_spot_the_edit_scores_clicks_against_the_dilated_edit_mask(run_copy):
+    spec_path, out = run_copy
+    spec = load_spec(spec_path)
+    ledger = Ledger(f"sqlite:///{out / 'ledger.sqlite'}")
+    tokens = [add_reviewer(ledger, name) for name in ("ann", "bob")]
+    # the masks as the site computes them, keyed by image size (the two templates differ)
+    site = ReviewSite(out, spec, ledger)
+    regions = {}
+    for template in ("grace_hopper", "biden_blue_room"):
+        region = site.template_view(template).spot_region
+        regions[(region.shape[1], region.shape[0])] = region
+    by_click = {}
+    with serving(out, spec_path) as base:
+        for token, inside in zip(tokens, (True, False)):
+            client = httpx.Client(base_url=base, timeout=120)
+            assert client.post("/login", data={"token": token}).status_code == 303
+            answers = []
+            while True:
+                page = client.get("/blind").text
+                found = re.search(r'data-trial="([\w-]+)" data-csrf="(\w+)"', page)
+                if not found:
+                    break
+                trial, csrf = found.groups()
+                assert "candidate" not in page  # no label says what is shown
+                with Image.open(io.BytesIO(client.get(f"/blind/image/{trial}").content)) as im:
+                    region = regions[im.size]
+                ys, xs = np.nonzero(region)
+                x, y = (float(np.median(xs)), float(np.median(ys))) if inside else (2.0, 2.0)
+                assert bool(region[int(y), int(x)]) is inside
+                r = client.post("/api/spot", data={"trial": trial, "csrf": csrf, "answer": "edited", "x": x, "y": y})
+                answers.append(r.json())
+                # a trial is answered once
+                again = client.post("/api/spot", data={"trial": trial, "csrf": csrf, "answer": "edited"})
+                assert again.status_code == 404
+            assert len(answers) == 3
+            by_click[inside] = answers
+            for a in answers:
+                assert a["localised"] == (inside if a["shown"] == "candidate" else None)
+    stats = review_summary(ledger, spec.review)["spot_the_edit"]["overall"]
+    ledger.close()
+    assert stats["trials"] == 6
+    # ann clicked inside the mask every time, bob outside: only ann's candidate trials are localised
+    shown = {k: sum(a["shown"] == "candidate" for a in v) for k, v in by_click.items()}
+    assert stats["localisation"]["n"] == shown[True] + shown[False]
+    assert stats["localisation"]["hits"] == shown[True]
+    # everyone said "edited": right exactly on the candidate trials
+    assert stats["detection"]["hits"] == shown[True] + shown[False]
+
+
+def test_review_serve_command_uses_the_newest_release_spec(run_copy):
+    spec_path, out = run_copy
+    port = free_port()
+    ledger = Ledger(f"sqlite:///{out / 'ledger.sqlite'}")
+    token = add_reviewer(ledger, "ann")
+    ledger.close()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "counterfactory.flows.cli", "review", "serve", str(out), "--port", str(port)],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        deadline = time.time() + 120
+        while True:
+            try:
+                r = httpx.get(f"http://127.0.0.1:{port}/stats", headers={"Authorization": f"Bearer {token}"})
+                break
+            except httpx.TransportError:
+                assert server.poll() is None and time.time() < deadline, server.stdout.read()[-2000:]
+                time.sleep(0.3)
+        assert r.status_code == 200 and r.json()["queue"]["total"] == 5
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+    # a folder with no release and no --spec: told what to pass
+    empty = out.parent / "empty"
+    empty.mkdir()
+    done = subprocess.run(
+        [sys.executable, "-m", "counterfactory.flows.cli", "review", "serve", str(empty)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2 and "--spec" in done.stderr
