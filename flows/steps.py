@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -473,6 +473,7 @@ def _judge_attempt(
             align=spec.align,
             stack=stack,
             store=ws.store,
+            extras={"condition": dict(cell.condition), "source": prepared.meta},
         )
     ws.ledger.record_candidate(
         aid,
@@ -487,9 +488,9 @@ def _judge_attempt(
     return judged.verdict, judged.reasons
 
 
-#: the gate whose metrics need a registered candidate; the others measure faces, which an
-#: unregistered candidate still has
-PIXEL_GATES = ("locality",)
+#: the gates whose metrics need a registered candidate (skin measures both images on the
+#: source's body mask); the others measure faces, which an unregistered candidate still has
+PIXEL_GATES = ("locality", "skin")
 
 
 def judge_output(
@@ -502,6 +503,7 @@ def judge_output(
     align: AlignConfig,
     stack: GateStack,
     store: ImageStore | None = None,
+    extras: Mapping[str, Any] | None = None,
 ) -> Judged:
     """Align one editor output to its source and run the gates on it: the one judging path of
     ``run`` and ``measure``.
@@ -515,6 +517,8 @@ def judge_output(
         align: alignment settings.
         stack: the gates for ``kind``.
         store: where the aligned image is put (None: not stored).
+        extras: the cell's ``condition`` (axis -> value) and the ``source`` metadata record,
+            for the gates that judge the requested change (skin tone).
 
     When registration fails the verdict is ``rejected`` with the ``align_...`` reason, and the
     gates that do not need pixel registration (face, identity, expression) still measure the
@@ -528,7 +532,9 @@ def judge_output(
         gates: dict[str, Any] = {}
         if alignment.image is not None and alignment.image.shape == source.shape:
             gates = (
-                stack.without(*PIXEL_GATES).evaluate(source, alignment.image, edit_mask=edit_mask).to_dict()["gates"]
+                stack.without(*PIXEL_GATES)
+                .evaluate(source, alignment.image, edit_mask=edit_mask, extras=extras)
+                .to_dict()["gates"]
             )
         for name in PIXEL_GATES:
             if stack.has(name):
@@ -543,7 +549,7 @@ def judge_output(
                 }
         return Judged("rejected", reasons, None, record, gates)
     sha = store.put(alignment.image) if store is not None else None
-    judgement = stack.evaluate(source, alignment.image, edit_mask=edit_mask)
+    judgement = stack.evaluate(source, alignment.image, edit_mask=edit_mask, extras=extras)
     return Judged(judgement.verdict, list(judgement.reasons), sha, record, judgement.to_dict()["gates"])
 
 

@@ -37,6 +37,8 @@ from counterfactory.generation.sources import load_image
 from counterfactory.manifests.store import sha256_file
 from counterfactory.validation.backends import load_au_model, load_detector, load_embedder
 from counterfactory.validation.backends.sface import OPENCV_SAME_PERSON_COSINE
+from counterfactory.validation.calibrate_skin import RULES as SKIN_RULES
+from counterfactory.validation.calibrate_skin import calibrate_skin_paths
 from counterfactory.validation.faces import FaceObservation, MaskMode, face_mask, get_face_landmarker, nearest_face
 from counterfactory.validation.gates.expression import au_changes
 from counterfactory.validation.gates.face import pose_change_deg
@@ -612,6 +614,13 @@ def run_calibration(
         progress=progress,
     )
     suggested = suggest_thresholds(measured["distributions"], backends=chosen)
+    skin_dist, skin_suggested = calibrate_skin_paths(paths, NOOPS, load_rgb)
+    for kind_thresholds in suggested.values():
+        kind_thresholds["skin"] = dict(skin_suggested)
+    for group, metrics in skin_dist.items():
+        for metric, sampled in metrics.items():
+            samples = _Samples(list(sampled["values"]), list(sampled["labels"]))
+            measured["distributions"].setdefault(group, {})[metric] = samples.to_dict()
     result: dict[str, Any] = {
         "schema": SCHEMA,
         "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
@@ -623,7 +632,7 @@ def run_calibration(
             for name, (_, aligned) in NOOPS.items()
         },
         "suggested": suggested,
-        "rules": RULES,
+        "rules": {**RULES, **SKIN_RULES},
         "published": PUBLISHED,
         **measured,
     }

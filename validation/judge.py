@@ -11,6 +11,7 @@ Thresholds a spec leaves out come from the shipped calibration
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, Literal
 
 import numpy as np
@@ -27,6 +28,7 @@ from counterfactory.validation.gates.face import FaceGate, FaceGateConfig
 from counterfactory.validation.gates.identity import IdentityGate, IdentityGateConfig
 from counterfactory.validation.gates.inputs import input_gate
 from counterfactory.validation.gates.locality import LocalityGate, LocalityGateConfig
+from counterfactory.validation.gates.skin import SkinGate, SkinGateConfig
 from counterfactory.validation.thresholds import RECALIBRATE, calibrated_gates
 
 Kind = Literal["face", "limb"]
@@ -36,6 +38,7 @@ GATE_CONFIGS: dict[str, tuple[type[BaseModel], tuple[str, ...]]] = {
     "identity": (IdentityGateConfig, _identity.BACKEND_THRESHOLDS),
     "expression": (ExpressionGateConfig, _expression.BACKEND_THRESHOLDS),
     "locality": (LocalityGateConfig, ()),
+    "skin": (SkinGateConfig, ()),
 }
 
 
@@ -89,6 +92,7 @@ class KindGatesConfig(BaseModel):
     identity: IdentityGateConfig | None = None
     expression: ExpressionGateConfig | None = None
     locality: LocalityGateConfig | None = None
+    skin: SkinGateConfig | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -166,6 +170,8 @@ class GateStack:
             gates.append(ExpressionGate(chosen.expression))
         if chosen.locality is not None:
             gates.append(LocalityGate(chosen.locality))
+        if chosen.skin is not None:
+            gates.append(SkinGate(chosen.skin))
         return cls(gates, kind=kind, face_mask_mode=config.face_mask)
 
     def without(self, *names: str) -> GateStack:
@@ -183,6 +189,7 @@ class GateStack:
         candidate: np.ndarray,
         *,
         edit_mask: np.ndarray | None = None,
+        extras: Mapping[str, Any] | None = None,
     ) -> PairContext:
         """Analyse both images once and draw the source's face mask.
 
@@ -203,6 +210,7 @@ class GateStack:
             source_faces=src_faces,
             candidate_faces=cand_faces,
             face_mask_mode=self.face_mask_mode,
+            extras=dict(extras or {}),
         )
 
     def evaluate(
@@ -211,6 +219,7 @@ class GateStack:
         candidate: np.ndarray,
         *,
         edit_mask: np.ndarray | None = None,
+        extras: Mapping[str, Any] | None = None,
     ) -> Judgement:
         """Judge one aligned pair: ``accepted``, ``rejected`` (with reasons),
         ``needs_review`` or ``failed`` (a gate could not measure; the error is recorded).
@@ -219,12 +228,15 @@ class GateStack:
             source: ``(H, W, 3)`` uint8 RGB (float in [0, 1] is accepted and converted).
             candidate: the aligned candidate, same shape as ``source``.
             edit_mask: ``(H, W)`` limb mask (nonzero inside) for limb cells.
+            extras: what the cell knows beyond the pixels, for gates that judge against it:
+                ``condition`` (axis -> requested value) and ``source`` (the source's metadata
+                record); the skin gate uses them to tell same-group controls from edits.
         """
         checked, src, cand = input_gate(source, candidate, edit_mask=edit_mask)
         if src is None or cand is None:
             return combine([checked])
         try:
-            pair = self.context(src, cand, edit_mask=edit_mask)
+            pair = self.context(src, cand, edit_mask=edit_mask, extras=extras)
         except Exception as exc:  # a per-item analysis error is a value, not a crash
             failed = GateResult("input", False, dict(checked.metrics), ("input_analysis_error",), error=_describe(exc))
             return combine([failed])

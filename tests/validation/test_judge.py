@@ -13,7 +13,7 @@ from counterfactory.validation.gates.base import GateResult, combine
 from counterfactory.validation.judge import GatesConfig, GateStack, KindGatesConfig
 from counterfactory.validation.thresholds import calibrated_gates, load_calibration
 
-GATES = ["input", "face", "identity", "expression", "locality"]
+GATES = ["input", "face", "identity", "expression", "locality", "skin"]
 
 
 def _no_crash_json(judgement) -> dict:

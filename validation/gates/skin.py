@@ -1,0 +1,189 @@
+"""Skin-tone gate: did the edit move skin tone where it must not, or leave an incongruent image?
+
+Measures ITA° (:mod:`counterfactory.validation.skin`, median over skin pixels) of the face skin
+and of the exposed body skin outside the face, in the source and the aligned candidate, both
+on the same body pixels. Then, by the kind of pair:
+
+- face edit (a change of group): reports the candidate's face ITA, its change from the
+  source, and the face-to-body gap. When the candidate's |face - body| gap exceeds the
+  source's own (lighting already puts faces and necks apart) by more than
+  ``max_face_body_gap_growth_deg``, the edited face no longer matches the unedited neck and
+  hands: review, ``skin_face_body_mismatch``. Never a rejection: face-only designs such as
+  FOCUS change only the face on purpose, and people decide whether the seam shows.
+- same-group control (the condition equals the source's own group) and limb edit: skin tone
+  must not move. A face or body ITA change beyond ``max_ita_shift_deg`` (the no-op ceiling)
+  rejects with ``skin_tone_shift``.
+- limb edit: the skin the editor painted inside the mask must match the person's skin
+  outside it (face skin, else body skin): when its |ITA gap| to that skin exceeds the
+  source's gap there (zero when the source showed no skin inside) by more than
+  ``max_inpaint_gap_deg``, ``skin_inpaint_mismatch``.
+
+``lightened`` (candidate face ITA above the source's by more than ``max_ita_shift_deg``) is
+recorded for every face pair: the release stats count it per source group (Seo et al. 2026
+found editors lighten skin in 62-71 % of outputs, 72-75 % for Black and Indian sources).
+
+Whether a pair is a control comes from ``PairContext.extras``: ``condition`` (axis -> value)
+and ``source`` (the source's metadata record), compared through ``source_fields``; or
+``condition`` equal to one of ``control_conditions`` (limb designs: ``{cue: kept}``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from counterfactory.validation.gates.base import GateResult, PairContext, finite_or_none
+from counterfactory.validation.skin import SelfieSegmenter, get_selfie_segmenter, measure_pair
+
+#: No thresholds here depend on a model backend (ITA is a colour formula).
+BACKEND_THRESHOLDS: tuple[str, ...] = ()
+
+
+class SkinGateConfig(BaseModel):
+    """``gates.<kind>.skin`` in the spec; thresholds in ITA degrees.
+
+    Attributes:
+        max_ita_shift_deg: no-op ceiling of face/body ITA change; beyond it a control or a
+            limb edit is rejected (``skin_tone_shift``) and a face edit counts as lightened
+            or darkened.
+        max_face_body_gap_growth_deg: how much more the candidate's face may differ from its
+            body than the source's does before review (``skin_face_body_mismatch``).
+        max_inpaint_gap_deg: how much further the skin inside a limb mask may be from the
+            person's skin outside it than it was in the source (``skin_inpaint_mismatch``).
+        source_fields: condition axis -> source metadata field holding the source's own
+            value (looked up in the record, then in its ``extra``); a face pair whose every
+            axis equals the source's value is a same-group control.
+        control_conditions: conditions that are controls whatever the source.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_ita_shift_deg: float = Field(gt=0)
+    max_face_body_gap_growth_deg: float = Field(gt=0)
+    max_inpaint_gap_deg: float = Field(gt=0)
+    source_fields: dict[str, str] = Field(
+        default_factory=lambda: {"race": "race", "gender": "presented_gender", "skin_tone": "skin_tone"}
+    )
+    control_conditions: list[dict[str, str]] = Field(default_factory=lambda: [{"cue": "kept"}])
+
+
+def is_control(
+    condition: Mapping[str, Any] | None,
+    source: Mapping[str, Any] | None,
+    *,
+    source_fields: Mapping[str, str],
+    control_conditions: list[dict[str, str]],
+) -> bool | None:
+    """True when the pair is a same-group control, False when it is a change of group, None
+    when unknown (no condition given, or the source's value of some axis is not recorded)."""
+    if not condition:
+        return None
+    cond = {str(k): str(v) for k, v in condition.items()}
+    if any(cond == {str(k): str(v) for k, v in c.items()} for c in control_conditions):
+        return True
+    if source is None:
+        return None
+    extra = source.get("extra") or {}
+    same = True
+    for axis, value in cond.items():
+        field = source_fields.get(axis)
+        own = None
+        if field is not None:
+            own = source.get(field)
+            if own is None and isinstance(extra, Mapping):
+                own = extra.get(field)
+        if own is None:
+            return None
+        same = same and str(own).casefold() == value.casefold()
+    return same
+
+
+def _diff(a: float | None, b: float | None) -> float | None:
+    return None if a is None or b is None else float(a - b)
+
+
+class SkinGate:
+    """The configured skin-tone gate; the selfie segmenter is loaded once per process."""
+
+    name = "skin"
+
+    def __init__(self, config: SkinGateConfig, segmenter: SelfieSegmenter | None = None) -> None:
+        self.config = config
+        self.segmenter = segmenter if segmenter is not None else get_selfie_segmenter()
+
+    def __call__(self, pair: PairContext) -> GateResult:
+        c = self.config
+        thresholds = {
+            "max_ita_shift_deg": c.max_ita_shift_deg,
+            "max_face_body_gap_growth_deg": c.max_face_body_gap_growth_deg,
+            "max_inpaint_gap_deg": c.max_inpaint_gap_deg,
+        }
+        src_face = pair.source_face
+        cand_face = pair.candidate_face
+        others = [f.landmarks for f in pair.source_faces[1:]]
+        src, cand = measure_pair(
+            pair.source,
+            pair.candidate,
+            self.segmenter,
+            source_landmarks=src_face.landmarks if src_face is not None else None,
+            candidate_landmarks=cand_face.landmarks if cand_face is not None else None,
+            other_faces=others,
+            edit_mask=pair.edit_mask if pair.kind == "limb" else None,
+        )
+        control = is_control(
+            pair.extras.get("condition"),
+            pair.extras.get("source"),
+            source_fields=c.source_fields,
+            control_conditions=c.control_conditions,
+        )
+        face_change = _diff(cand.face_ita_deg, src.face_ita_deg)
+        body_change = _diff(cand.body_ita_deg, src.body_ita_deg)
+        src_gap = _diff(src.face_ita_deg, src.body_ita_deg)
+        cand_gap = _diff(cand.face_ita_deg, cand.body_ita_deg)
+        growth = None if src_gap is None or cand_gap is None else abs(cand_gap) - abs(src_gap)
+        metrics: dict[str, Any] = {
+            "face_ita_deg": finite_or_none(cand.face_ita_deg),
+            "source_face_ita_deg": finite_or_none(src.face_ita_deg),
+            "face_ita_change_deg": finite_or_none(face_change),
+            "body_ita_deg": finite_or_none(cand.body_ita_deg),
+            "source_body_ita_deg": finite_or_none(src.body_ita_deg),
+            "body_ita_change_deg": finite_or_none(body_change),
+            "face_body_gap_deg": finite_or_none(cand_gap),
+            "source_face_body_gap_deg": finite_or_none(src_gap),
+            "face_body_gap_growth_deg": finite_or_none(growth),
+            "face_skin_px": cand.face_pixels,
+            "body_skin_px": src.body_pixels,
+            "control": control,
+            "lightened": None if face_change is None else bool(face_change > c.max_ita_shift_deg),
+            "darkened": None if face_change is None else bool(face_change < -c.max_ita_shift_deg),
+        }
+        reasons: list[str] = []
+        review: list[str] = []
+        if pair.kind == "limb":
+            # the face is the person's best-measured skin (a landmark mask, no colour gate);
+            # the body mask is the fallback for photos without a usable face
+            def reference(t):
+                return t.face_ita_deg if t.face_ita_deg is not None else t.body_ita_deg
+
+            gap = _diff(cand.inpaint_ita_deg, reference(cand))
+            before = _diff(src.inpaint_ita_deg, reference(src))
+            # judged on how much further from the person's skin the region is than it was:
+            # what the mask covered before (a glove, a prosthesis, a sleeve) may differ anyway
+            growth = None if gap is None else abs(gap) - (abs(before) if before is not None else 0.0)
+            metrics["inpaint_ita_deg"] = finite_or_none(cand.inpaint_ita_deg)
+            metrics["source_inpaint_ita_deg"] = finite_or_none(src.inpaint_ita_deg)
+            metrics["inpaint_gap_deg"] = finite_or_none(gap)
+            metrics["source_inpaint_gap_deg"] = finite_or_none(before)
+            metrics["inpaint_gap_growth_deg"] = finite_or_none(growth)
+            metrics["inpaint_skin_px"] = cand.inpaint_pixels
+            if growth is not None and growth > c.max_inpaint_gap_deg:
+                reasons.append("skin_inpaint_mismatch")
+        must_hold = pair.kind == "limb" or control is True
+        shifts = [abs(v) for v in (face_change, body_change) if v is not None]
+        if must_hold and shifts and max(shifts) > c.max_ita_shift_deg:
+            reasons.append("skin_tone_shift")
+        if pair.kind == "face" and growth is not None and growth > c.max_face_body_gap_growth_deg:
+            review.append("skin_face_body_mismatch")
+        return GateResult(self.name, not reasons, metrics, tuple(reasons), tuple(review), thresholds)

@@ -1,0 +1,463 @@
+"""Skin tone as the Individual Typology Angle (ITA°) over skin pixels, with no model download.
+
+ITA° = arctan((L* - 50) / b*) x 180 / pi, from CIE L*a*b* (D65, sRGB input), computed per pixel
+and summarised by the MEDIAN over the pixels of a region (robust to the highlights, shadows,
+stubble and stray hair that a colour mask lets through). Higher ITA is lighter skin; the usual
+bands are very light > 55 > light > 41 > intermediate > 28 > tan > 10 > brown > -30 > dark.
+``atan2`` replaces ``arctan`` so that b* <= 0 (not a skin colour, but possible in a pixel)
+gives a finite angle; for b* > 0 the two are identical.
+
+Regions:
+
+- face skin: the face-mesh oval minus the upper forehead, eyes, brows and lips
+  (:func:`~counterfactory.validation.faces.face_mask` in ``skin`` mode), eroded so that the
+  border with hair and background does not bleed in;
+- body skin: exposed skin outside the face (neck, hands, arms): the person from the bundled
+  MediaPipe selfie segmentation, minus the head (the face oval grown by a margin and the
+  band above the chin), minus clothing and hair by a skin-colour gate in YCrCb whose centre
+  and width are estimated from the face's own skin in the same image;
+- inside a limb mask: the mask (eroded) limited to the generic skin chroma range of
+  Chai & Ngan (1999), which admits every skin tone, so that an inpainted limb of the wrong
+  tone is still measured instead of being filtered out.
+
+References: Chardon, Cretois & Hourseau, "Skin colour typology and suntanning pathways",
+Int. J. Cosmet. Sci. 13 (1991) (ITA° and its bands); Del Bino & Bernerd, "Variations in skin
+colour and the biological consequences of ultraviolet radiation exposure", Br. J. Dermatol.
+169 (2013); Chai & Ngan, "Face segmentation using skin-color map in videophone applications",
+IEEE TCSVT 9 (1999) (Cr in [133, 173], Cb in [77, 127]); Seo et al. (2026) on editors that
+lighten skin.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import cv2
+import numpy as np
+
+from counterfactory.assets import SELFIE_SEGMENTER
+from counterfactory.validation.faces import FACE_OVAL, face_mask, register_close_at_exit
+
+#: Chai & Ngan (1999) skin chroma box in YCrCb (OpenCV's 8-bit Cr, Cb).
+GENERIC_CR = (133, 173)
+GENERIC_CB = (77, 127)
+#: Fewest pixels a region needs for its median to be reported (else None).
+MIN_SKIN_PIXELS = 200
+#: Body skin smaller than this share of the face skin is too little to trust (a collar edge,
+#: a few pixels of a hand) and is reported as not measured.
+MIN_BODY_SHARE = 0.05
+#: Body skin within this share of the image's long side from an edge is left out.
+BORDER_SHARE = 0.04
+#: At most this many pixels of a region are converted to Lab (an even stride over the
+#: region); the median of 20k samples differs from the full median by well under 0.1 degree.
+MAX_SAMPLES = 20000
+#: The segmenter runs on a copy whose long side is at most this (its network input is 256 px).
+SEGMENT_SIDE = 512
+
+
+def ita_deg(lab: np.ndarray) -> np.ndarray:
+    """Per-pixel ITA° in degrees.
+
+    Args:
+        lab: ``(..., 3)`` float CIE L*a*b* (L* in [0, 100]).
+
+    Returns:
+        ``(...)`` float64 degrees, ``atan2(L* - 50, b*)`` in degrees (in (-90, 90) for b* > 0).
+    """
+    lab = np.asarray(lab, dtype=np.float64)
+    return np.degrees(np.arctan2(lab[..., 0] - 50.0, lab[..., 2]))
+
+
+def rgb_to_lab(rgb: np.ndarray) -> np.ndarray:
+    """sRGB uint8 ``(..., 3)`` -> CIE L*a*b* float32 ``(..., 3)`` (D65), via OpenCV.
+
+    OpenCV's float path rounds a* and b* to 1/64 and differs from the exact CIE formula by up
+    to about 0.2 units, about 0.5 degree of ITA at mid lightness: far below the no-op ceiling.
+    """
+    a = np.ascontiguousarray(np.asarray(rgb, dtype=np.float32).reshape(-1, 1, 3) / 255.0)
+    return cv2.cvtColor(a, cv2.COLOR_RGB2Lab).reshape(np.shape(rgb))
+
+
+def region_ita(image: np.ndarray, mask: np.ndarray | None, *, min_pixels: int = MIN_SKIN_PIXELS) -> float | None:
+    """Median ITA° over the pixels of ``image`` where ``mask`` is nonzero.
+
+    Args:
+        image: ``(H, W, 3)`` uint8 RGB.
+        mask: ``(H, W)`` nonzero inside the region, or None.
+        min_pixels: fewer pixels than this give None (too few to call a skin tone).
+
+    Returns:
+        The median per-pixel ITA° in degrees over (at most :data:`MAX_SAMPLES` evenly strided
+        samples of) the region, or None.
+    """
+    if mask is None:
+        return None
+    ys, xs = np.nonzero(mask)
+    if ys.size < min_pixels:
+        return None
+    step = max(ys.size // MAX_SAMPLES, 1)
+    pixels = image[ys[::step], xs[::step]]
+    return float(np.median(ita_deg(rgb_to_lab(pixels))))
+
+
+def _erode(mask: np.ndarray, px: int) -> np.ndarray:
+    """Keep pixels at least ``px`` (Euclidean) inside ``mask``; a distance transform costs the
+    same for any ``px``, where a morphological kernel grows with its area."""
+    if px <= 0:
+        return mask
+    inside = cv2.distanceTransform((mask > 0).astype(np.uint8), cv2.DIST_L2, 3)
+    return ((inside > px) * 255).astype(np.uint8)
+
+
+def _dilate(mask: np.ndarray, px: int) -> np.ndarray:
+    """Grow ``mask`` by ``px`` pixels (Euclidean), via a distance transform of its outside."""
+    if px <= 0:
+        return mask
+    outside = cv2.distanceTransform((mask == 0).astype(np.uint8), cv2.DIST_L2, 3)
+    return ((outside <= px) * 255).astype(np.uint8)
+
+
+def _face_size(landmarks: np.ndarray) -> float:
+    xy = landmarks[:, :2]
+    w, h = np.ptp(xy[:, 0]), np.ptp(xy[:, 1])
+    return float(math.sqrt(max(w, 1.0) * max(h, 1.0)))
+
+
+def face_skin_mask(landmarks: np.ndarray, shape: tuple[int, int]) -> np.ndarray:
+    """``(H, W)`` uint8 {0, 255}: the face's skin (see the module docstring), eroded by 3 %
+    of the face size."""
+    mask = face_mask(landmarks, shape, mode="skin")
+    return _erode(mask, max(int(round(0.03 * _face_size(landmarks))), 1))
+
+
+@dataclass(frozen=True)
+class SkinColourModel:
+    """A YCrCb box around one person's skin, estimated from their face skin.
+
+    Attributes:
+        cr, cb: inclusive ``(low, high)`` 8-bit chroma bounds.
+        y_min: darkest luma kept (deep shadow and hair fall below it).
+    """
+
+    cr: tuple[float, float]
+    cb: tuple[float, float]
+    y_min: float
+
+    def mask(self, ycrcb: np.ndarray) -> np.ndarray:
+        """``(H, W)`` bool of the pixels inside the box, from ``(H, W, 3)`` uint8 YCrCb."""
+        y, cr, cb = ycrcb[..., 0], ycrcb[..., 1], ycrcb[..., 2]
+        return (
+            (cr >= self.cr[0])
+            & (cr <= self.cr[1])
+            & (cb >= self.cb[0])
+            & (cb <= self.cb[1])
+            & (y >= self.y_min)
+            & (y <= 250)
+        )
+
+
+def skin_colour_model(image: np.ndarray, face_skin: np.ndarray, *, k: float = 3.0) -> SkinColourModel | None:
+    """The :class:`SkinColourModel` of the face skin in ``image``: median ± ``k`` robust
+    standard deviations (1.4826 x MAD, at least 4 levels) in Cr and Cb; luma down to 40 % of
+    the face's median. None when the face shows too little skin."""
+    ys, xs = np.nonzero(face_skin)
+    if ys.size < MIN_SKIN_PIXELS:
+        return None
+    step = max(ys.size // MAX_SAMPLES, 1)
+    ycc = cv2.cvtColor(np.ascontiguousarray(image[ys[::step], xs[::step]].reshape(-1, 1, 3)), cv2.COLOR_RGB2YCrCb)
+    ycc = ycc.reshape(-1, 3).astype(np.float64)
+
+    def band(v: np.ndarray) -> tuple[float, float]:
+        med = float(np.median(v))
+        sd = max(1.4826 * float(np.median(np.abs(v - med))), 4.0)
+        return med - k * sd, med + k * sd
+
+    return SkinColourModel(cr=band(ycc[:, 1]), cb=band(ycc[:, 2]), y_min=0.4 * float(np.median(ycc[:, 0])))
+
+
+def head_exclusion(landmarks: np.ndarray, shape: tuple[int, int]) -> np.ndarray:
+    """``(H, W)`` uint8 {0, 255}: the head, left out of body skin. The face oval grown by 25 %
+    of the face size, and above the chin everything within the grown oval's columns (hair,
+    ears, the forehead above the mesh)."""
+    h, w = shape
+    size = _face_size(landmarks)
+    grow = max(int(round(0.25 * size)), 1)
+    mask = np.zeros((h, w), np.uint8)
+    cv2.fillPoly(mask, [np.round(landmarks[list(FACE_OVAL), :2]).astype(np.int32)], 255)
+    mask = _dilate(mask, grow)
+    xy = landmarks[list(FACE_OVAL), :2]
+    x0 = max(int(math.floor(xy[:, 0].min())) - grow, 0)
+    x1 = min(int(math.ceil(xy[:, 0].max())) + grow, w)
+    chin = min(max(int(math.ceil(xy[:, 1].max())), 0), h)
+    mask[:chin, x0:x1] = 255
+    return mask
+
+
+def body_skin_mask(
+    image: np.ndarray,
+    person: np.ndarray,
+    landmarks: np.ndarray,
+    *,
+    exclude: np.ndarray | None = None,
+    other_faces: Sequence[np.ndarray] = (),
+) -> np.ndarray:
+    """``(H, W)`` uint8 {0, 255}: exposed skin outside the face.
+
+    Args:
+        image: ``(H, W, 3)`` uint8 RGB.
+        person: ``(H, W)`` float person probability in [0, 1] (:class:`SelfieSegmenter`).
+        landmarks: ``(478, >=2)`` face landmarks of the person (pixels).
+        exclude: optional ``(H, W)`` region also left out (a limb edit mask), nonzero inside.
+        other_faces: landmarks of the other people's faces, whose heads are left out too.
+
+    Returns:
+        person > 0.5, minus a border of :data:`BORDER_SHARE`, minus :func:`head_exclusion`
+        of every face, minus ``exclude`` grown by 1 % of the
+        image's long side, inside the face's :class:`SkinColourModel`, opened by a 3 x 3
+        ellipse to drop isolated pixels. Empty when the face shows too little skin.
+    """
+    h, w = image.shape[:2]
+    model = skin_colour_model(image, face_skin_mask(landmarks, (h, w)))
+    if model is None:
+        return np.zeros((h, w), np.uint8)
+    keep = (person > 0.5) & (head_exclusion(landmarks, (h, w)) == 0)
+    # Image borders hold warp fill, letterbox edges and furniture cut by the frame, which the
+    # segmenter often calls person; no skin tone is judged there.
+    border = max(int(round(BORDER_SHARE * max(h, w))), 1)
+    keep[:border] = keep[-border:] = False
+    keep[:, :border] = keep[:, -border:] = False
+    for other in other_faces:
+        keep &= head_exclusion(other, (h, w)) == 0
+    if exclude is not None:
+        keep &= _dilate((np.asarray(exclude) > 0).astype(np.uint8) * 255, max(int(0.01 * max(h, w)), 1)) == 0
+    ys, xs = np.nonzero(keep)
+    out = np.zeros((h, w), np.uint8)
+    if ys.size == 0:
+        return out
+    y0, y1, x0, x1 = ys.min(), ys.max() + 1, xs.min(), xs.max() + 1
+    crop = np.ascontiguousarray(image[y0:y1, x0:x1])
+    skin = model.mask(cv2.cvtColor(crop, cv2.COLOR_RGB2YCrCb)) & keep[y0:y1, x0:x1]
+    out[y0:y1, x0:x1] = skin.astype(np.uint8) * 255
+    return cv2.morphologyEx(out, cv2.MORPH_OPEN, cv2.getStructuringElement(cv2.MORPH_ELLIPSE, (3, 3)))
+
+
+def inpaint_skin_mask(image: np.ndarray, edit_mask: np.ndarray) -> np.ndarray:
+    """``(H, W)`` uint8 {0, 255}: the skin inside a limb edit mask, any tone.
+
+    The mask is eroded by 1 % of the image's long side (the composite's feathered border
+    mixes inside and outside) and limited to the generic chroma box
+    (:data:`GENERIC_CR`, :data:`GENERIC_CB`) with luma in [20, 250].
+    """
+    h, w = image.shape[:2]
+    inside = _erode((np.asarray(edit_mask) > 0).astype(np.uint8) * 255, max(int(0.01 * max(h, w)), 1))
+    ys, xs = np.nonzero(inside)
+    out = np.zeros((h, w), np.uint8)
+    if ys.size == 0:
+        return out
+    y0, y1, x0, x1 = ys.min(), ys.max() + 1, xs.min(), xs.max() + 1
+    ycc = cv2.cvtColor(np.ascontiguousarray(image[y0:y1, x0:x1]), cv2.COLOR_RGB2YCrCb)
+    y, cr, cb = ycc[..., 0], ycc[..., 1], ycc[..., 2]
+    skin = (
+        (cr >= GENERIC_CR[0])
+        & (cr <= GENERIC_CR[1])
+        & (cb >= GENERIC_CB[0])
+        & (cb <= GENERIC_CB[1])
+        & (y >= 20)
+        & (y <= 250)
+    )
+    out[y0:y1, x0:x1] = (skin & (inside[y0:y1, x0:x1] > 0)).astype(np.uint8) * 255
+    return out
+
+
+class SelfieSegmenter:
+    """The bundled MediaPipe selfie segmentation model (person vs background), loaded once.
+
+    Args:
+        model_path: a ``selfie_segmentation.tflite`` (the bundled Apache-2.0 copy by default).
+    """
+
+    name = "mediapipe_selfie"
+
+    def __init__(self, model_path: str | Path = SELFIE_SEGMENTER) -> None:
+        from mediapipe.tasks.python import BaseOptions, vision
+
+        from counterfactory.validation.backends.base import BackendUnavailable
+
+        path = Path(model_path)
+        if not path.is_file():
+            raise BackendUnavailable(
+                f"selfie segmentation model not found at {path}; pass the path of "
+                "selfie_segmentation.tflite (the package ships one in assets/models/)"
+            )
+        options = vision.ImageSegmenterOptions(
+            base_options=BaseOptions(model_asset_path=str(path)),
+            running_mode=vision.RunningMode.IMAGE,
+            output_confidence_masks=True,
+            output_category_mask=False,
+        )
+        self._segmenter = vision.ImageSegmenter.create_from_options(options)
+        self._lock = threading.Lock()
+        register_close_at_exit(self.close)
+
+    def close(self) -> None:
+        segmenter, self._segmenter = getattr(self, "_segmenter", None), None
+        if segmenter is not None:
+            segmenter.close()
+
+    def segment(self, image: np.ndarray) -> np.ndarray:
+        """Person probability ``(H, W)`` float32 in [0, 1] for ``(H, W, 3)`` uint8 RGB.
+
+        The model sees a copy whose long side is at most :data:`SEGMENT_SIDE` (its own input is
+        256 x 256); the probability is resized back bilinearly.
+        """
+        import mediapipe as mp
+
+        h, w = image.shape[:2]
+        scale = min(SEGMENT_SIDE / max(h, w), 1.0)
+        small = (
+            image
+            if scale >= 1.0
+            else cv2.resize(image, (max(round(w * scale), 1), max(round(h * scale), 1)), interpolation=cv2.INTER_AREA)
+        )
+        frame = mp.Image(image_format=mp.ImageFormat.SRGB, data=np.ascontiguousarray(small))
+        with self._lock:
+            if self._segmenter is None:
+                raise RuntimeError("SelfieSegmenter is closed")
+            result = self._segmenter.segment(frame)
+        prob = np.asarray(result.confidence_masks[0].numpy_view(), dtype=np.float32).reshape(small.shape[:2])
+        if prob.shape != (h, w):
+            prob = cv2.resize(prob, (w, h), interpolation=cv2.INTER_LINEAR)
+        return prob
+
+
+_shared: dict[str, SelfieSegmenter] = {}
+_shared_lock = threading.Lock()
+
+
+def get_selfie_segmenter(model_path: str | Path = SELFIE_SEGMENTER) -> SelfieSegmenter:
+    """The process-wide segmenter for ``model_path`` (loaded on first use)."""
+    key = str(Path(model_path).resolve())
+    with _shared_lock:
+        if key not in _shared:
+            _shared[key] = SelfieSegmenter(model_path)
+        return _shared[key]
+
+
+@dataclass(frozen=True)
+class SkinTones:
+    """Median ITA° (degrees, None where a region has too few pixels) of one image's regions.
+
+    Attributes:
+        face_ita_deg: face skin.
+        body_ita_deg: exposed skin outside the face (and outside a limb mask); None when it
+            is smaller than :data:`MIN_BODY_SHARE` of the face skin.
+        inpaint_ita_deg: skin inside a limb edit mask (limb pairs only).
+        face_pixels, body_pixels, inpaint_pixels: region sizes in pixels (full region, before sampling).
+    """
+
+    face_ita_deg: float | None
+    body_ita_deg: float | None
+    inpaint_ita_deg: float | None = None
+    face_pixels: int = 0
+    body_pixels: int = 0
+    inpaint_pixels: int = 0
+
+
+def measure_tones(
+    image: np.ndarray,
+    face_landmarks: np.ndarray | None,
+    body_mask: np.ndarray | None,
+    *,
+    edit_mask: np.ndarray | None = None,
+) -> SkinTones:
+    """ITA° of one image's face skin, body skin (``body_mask``) and skin inside ``edit_mask``.
+
+    Args:
+        image: ``(H, W, 3)`` uint8 RGB.
+        face_landmarks: ``(478, >=2)`` pixels of the subject's face, or None.
+        body_mask: ``(H, W)`` body skin (:func:`body_skin_mask`, usually drawn on the source
+            and used for both images of a pair so that both are measured on the same pixels).
+        edit_mask: ``(H, W)`` limb edit mask, or None.
+    """
+    fmask = face_skin_mask(face_landmarks, image.shape[:2]) if face_landmarks is not None else None
+    face_pixels = int(np.count_nonzero(fmask)) if fmask is not None else 0
+    body_pixels = int(np.count_nonzero(body_mask)) if body_mask is not None else 0
+    min_body = max(MIN_SKIN_PIXELS, int(MIN_BODY_SHARE * face_pixels))
+    imask = inpaint_skin_mask(image, edit_mask) if edit_mask is not None else None
+    return SkinTones(
+        face_ita_deg=region_ita(image, fmask),
+        body_ita_deg=region_ita(image, body_mask, min_pixels=min_body),
+        inpaint_ita_deg=region_ita(image, imask),
+        face_pixels=face_pixels,
+        body_pixels=body_pixels,
+        inpaint_pixels=int(np.count_nonzero(imask)) if imask is not None else 0,
+    )
+
+
+#: Skin is measured on every k-th pixel of each row and column, k the smallest integer that
+#: brings the long side to at most this many pixels: a median over skin pixels does not need
+#: full resolution, and a strided view costs nothing where a resize costs more than the model.
+WORK_SIDE = 512
+
+
+def _work_stride(shape: tuple[int, ...]) -> int:
+    return max(int(math.ceil(max(shape[0], shape[1]) / WORK_SIDE)), 1)
+
+
+def _scaled(landmarks: np.ndarray | None, stride: int) -> np.ndarray | None:
+    if landmarks is None:
+        return None
+    out = np.array(landmarks, dtype=np.float32, copy=True)
+    out[:, :2] /= stride
+    return out
+
+
+def measure_pair(
+    source: np.ndarray,
+    candidate: np.ndarray,
+    segmenter: SelfieSegmenter,
+    *,
+    source_landmarks: np.ndarray | None,
+    candidate_landmarks: np.ndarray | None,
+    other_faces: Sequence[np.ndarray] = (),
+    edit_mask: np.ndarray | None = None,
+) -> tuple[SkinTones, SkinTones]:
+    """Skin tones of an aligned pair, both measured on the SAME body pixels.
+
+    The body mask is drawn once, on the source (person, head, colour model of the source's
+    face), and applied to both images: the body is not what a face edit changes, and
+    measuring the candidate on its own (possibly recoloured) face's colour model would move
+    the mask with the edit. Each image's face skin comes from its own landmarks.
+
+    Args:
+        source, candidate: ``(H, W, 3)`` uint8 RGB, aligned.
+        segmenter: the person segmenter (:func:`get_selfie_segmenter`).
+        source_landmarks: ``(478, >=2)`` pixels of the subject in the source, or None (no face:
+            then only the skin inside ``edit_mask`` is measured).
+        candidate_landmarks: the subject in the candidate; the source's are used when None.
+        other_faces: landmarks of other people in the source (their heads are not body skin).
+        edit_mask: ``(H, W)`` limb edit mask, or None; left out of the body skin.
+
+    Returns:
+        ``(source tones, candidate tones)``; pixel counts are at the working resolution
+        (every k-th pixel, see :data:`WORK_SIDE`).
+    """
+    k = _work_stride(source.shape)
+    src = np.ascontiguousarray(source[::k, ::k])
+    cand = np.ascontiguousarray(candidate[::k, ::k])
+    emask = np.ascontiguousarray(np.asarray(edit_mask)[::k, ::k]) if edit_mask is not None else None
+    src_lm = _scaled(source_landmarks, k)
+    cand_lm = _scaled(candidate_landmarks, k) if candidate_landmarks is not None else src_lm
+    body = None
+    if src_lm is not None:
+        person = segmenter.segment(src)
+        others = [_scaled(o, k) for o in other_faces]
+        body = body_skin_mask(src, person, src_lm, exclude=emask, other_faces=others)
+    return (
+        measure_tones(src, src_lm, body, edit_mask=emask),
+        measure_tones(cand, cand_lm, body, edit_mask=emask),
+    )
