@@ -3,7 +3,8 @@
 Runs ``GateStack.evaluate`` over a folder of pairs and reports, in one run:
 
 1. overhead: per pair, the models the stack calls (landmarker on both images, the face
-   detector, the identity embedder and the AU model on both) are timed alone, interleaved
+   detector, the identity embedder and the AU model on both, the selfie segmenter of the
+   skin gate on the source) are timed alone, interleaved
    with the full stack on the same pair; the ratio is total stack time / total model time
    (target: <= 1.3);
 2. throughput of one worker process (pairs/s, images/s), stack only;
@@ -136,6 +137,8 @@ def _models_alone(source: np.ndarray, candidate: np.ndarray) -> None:
     from counterfactory.validation.gates.expression import ExpressionGate
     from counterfactory.validation.gates.face import FaceGate
     from counterfactory.validation.gates.identity import IdentityGate
+    from counterfactory.validation.gates.skin import SkinGate
+    from counterfactory.validation.skin import work_stride
 
     src_faces = _stack.landmarker.detect(source)
     cand_faces = _stack.landmarker.detect(candidate)
@@ -151,6 +154,9 @@ def _models_alone(source: np.ndarray, candidate: np.ndarray) -> None:
         elif isinstance(gate, ExpressionGate) and src_face is not None and cand_face is not None:
             gate.au_model.estimate(source, src_face)
             gate.au_model.estimate(candidate, cand_face)
+        elif isinstance(gate, SkinGate) and src_face is not None:
+            k = work_stride(source.shape)  # the segmenter sees the gate's strided working copy
+            gate.segmenter.segment(np.ascontiguousarray(source[::k, ::k]))
 
 
 def _overhead(repeat: int) -> dict:

@@ -40,6 +40,7 @@ from counterfactory.manifests.ledger import Ledger
 from counterfactory.manifests.spec import Spec
 from counterfactory.manifests.store import ImageStore
 from counterfactory.validation.faces import face_mask, get_face_landmarker
+from counterfactory.validation.gates.attribute import check_label_map
 from counterfactory.validation.judge import GateStack
 
 #: bump when the meaning of a judgement changes, so stored verdicts are recomputed
@@ -561,6 +562,11 @@ def build_editor(spec: Spec) -> Editor:
 
 
 def build_gate_stack(spec: Spec) -> GateStack:
+    """The gates for the design's kind; an attribute gate's label map must cover the design's
+    conditions (``ValueError`` naming the missing labels otherwise), checked before any work."""
+    attribute = spec.gates.for_kind(spec.design.kind).attribute
+    if attribute is not None:
+        check_label_map(attribute, spec.design.axes)
     return GateStack.from_config(spec.gates, spec.design.kind)
 
 

@@ -22,6 +22,7 @@ from counterfactory.validation.faces import FaceLandmarker, MaskMode, face_mask,
 from counterfactory.validation.gates import expression as _expression
 from counterfactory.validation.gates import face as _face
 from counterfactory.validation.gates import identity as _identity
+from counterfactory.validation.gates.attribute import AttributeGate, AttributeGateConfig
 from counterfactory.validation.gates.base import Gate, GateResult, Judgement, PairContext, combine, not_finite_metrics
 from counterfactory.validation.gates.expression import ExpressionGate, ExpressionGateConfig
 from counterfactory.validation.gates.face import FaceGate, FaceGateConfig
@@ -39,7 +40,10 @@ GATE_CONFIGS: dict[str, tuple[type[BaseModel], tuple[str, ...]]] = {
     "expression": (ExpressionGateConfig, _expression.BACKEND_THRESHOLDS),
     "locality": (LocalityGateConfig, ()),
     "skin": (SkinGateConfig, ()),
+    "attribute": (AttributeGateConfig, ()),
 }
+#: Gates that stay off unless the spec configures them (they need files the user supplies).
+OPT_IN_GATES = frozenset({"attribute"})
 
 
 def _with_calibrated_defaults(kind: str, data: dict[str, Any]) -> dict[str, Any]:
@@ -53,6 +57,8 @@ def _with_calibrated_defaults(kind: str, data: dict[str, Any]) -> dict[str, Any]
     out = dict(data)
     for gate, (config_cls, backend_keys) in GATE_CONFIGS.items():
         if gate in data and data[gate] is None:
+            continue
+        if gate in OPT_IN_GATES and gate not in data:
             continue
         given = data.get(gate, {})
         if isinstance(given, BaseModel):
@@ -82,7 +88,9 @@ class KindGatesConfig(BaseModel):
     """Gate choices and thresholds for one edit kind (``gates.face`` / ``gates.limb``).
 
     Every gate is on by default with the calibrated thresholds for ``kind``; set a gate to
-    ``null`` to switch it off, or give any of its fields to override them.
+    ``null`` to switch it off, or give any of its fields to override them. The ``attribute``
+    gate is the exception: it reads a classifier the user supplies, so it is on only when
+    configured.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -93,6 +101,7 @@ class KindGatesConfig(BaseModel):
     expression: ExpressionGateConfig | None = None
     locality: LocalityGateConfig | None = None
     skin: SkinGateConfig | None = None
+    attribute: AttributeGateConfig | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -172,6 +181,8 @@ class GateStack:
             gates.append(LocalityGate(chosen.locality))
         if chosen.skin is not None:
             gates.append(SkinGate(chosen.skin))
+        if chosen.attribute is not None:
+            gates.append(AttributeGate(chosen.attribute))
         return cls(gates, kind=kind, face_mask_mode=config.face_mask)
 
     def without(self, *names: str) -> GateStack:

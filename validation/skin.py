@@ -404,7 +404,8 @@ def measure_tones(
 WORK_SIDE = 512
 
 
-def _work_stride(shape: tuple[int, ...]) -> int:
+def work_stride(shape: tuple[int, ...]) -> int:
+    """The k of :data:`WORK_SIDE` for an image of ``shape`` ``(H, W, ...)``."""
     return max(int(math.ceil(max(shape[0], shape[1]) / WORK_SIDE)), 1)
 
 
@@ -446,7 +447,7 @@ def measure_pair(
         ``(source tones, candidate tones)``; pixel counts are at the working resolution
         (every k-th pixel, see :data:`WORK_SIDE`).
     """
-    k = _work_stride(source.shape)
+    k = work_stride(source.shape)
     src = np.ascontiguousarray(source[::k, ::k])
     cand = np.ascontiguousarray(candidate[::k, ::k])
     emask = np.ascontiguousarray(np.asarray(edit_mask)[::k, ::k]) if edit_mask is not None else None

@@ -1,0 +1,197 @@
+"""Target-attribute gate with stand-in ONNX classifiers of the real input and output shapes
+(FairFace ``(N, 3, 224, 224) -> (N, 18)`` or three heads; InsightFace genderage
+``(1, 3, 96, 96) -> (1, 3)``), built here with ``onnx``; bad label maps and weights."""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from counterfactory.assets import PHOTOS_DIR
+from counterfactory.validation.backends import BackendUnavailable
+from counterfactory.validation.backends.attributes import FAIRFACE_RACES, FairFaceClassifier, GenderAgeClassifier
+from counterfactory.validation.calibrate import load_rgb
+from counterfactory.validation.faces import get_face_landmarker
+from counterfactory.validation.gates.attribute import AttributeGate, AttributeGateConfig, check_label_map
+from counterfactory.validation.gates.base import PairContext
+
+onnx = pytest.importorskip("onnx")
+pytest.importorskip("onnxruntime")
+
+# race logits favour "Black" (index 1), gender logits "Male" (index 7), age "40-49" (index 14)
+FAIRFACE_BIAS = np.zeros(18, np.float32)
+FAIRFACE_BIAS[[1, 7, 14]] = [3.0, 2.0, 1.0]
+
+
+def _bias_model(path: Path, input_shape: list, widths: list[int], biases: list[np.ndarray], input_name: str) -> Path:
+    """Global average pool, then per output ``0 * pooled @ W + bias``: constant logits, so the
+    expected probabilities are a softmax of ``bias`` computed by hand."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    nodes = [
+        helper.make_node("GlobalAveragePool", [input_name], ["pooled"]),
+        helper.make_node("Flatten", ["pooled"], ["flat"], axis=1),
+    ]
+    inits, outputs = [], []
+    for i, (width, bias) in enumerate(zip(widths, biases, strict=True)):
+        nodes.append(helper.make_node("Gemm", ["flat", f"w{i}", f"b{i}"], [f"out{i}"]))
+        inits += [
+            numpy_helper.from_array(np.zeros((3, width), np.float32), f"w{i}"),
+            numpy_helper.from_array(np.asarray(bias, np.float32), f"b{i}"),
+        ]
+        outputs.append(helper.make_tensor_value_info(f"out{i}", TensorProto.FLOAT, ["N", width]))
+    graph = helper.make_graph(
+        nodes, "standin", [helper.make_tensor_value_info(input_name, TensorProto.FLOAT, input_shape)], outputs, inits
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    onnx.checker.check_model(model)
+    onnx.save(model, str(path))
+    return path
+
+
+def _sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.fixture(scope="module")
+def fairface_file(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("fairface") / "fairface.onnx"
+    return _bias_model(path, ["N", 3, 224, 224], [18], [FAIRFACE_BIAS], "input")
+
+
+@pytest.fixture(scope="module")
+def buffalo(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("buffalo_l")
+    # female 0.2, male 1.4, age / 100 = 0.35
+    _bias_model(folder / "genderage.onnx", [1, 3, 96, 96], [3], [np.array([0.2, 1.4, 0.35])], "data")
+    return folder
+
+
+@pytest.fixture(scope="module")
+def portrait():
+    image = load_rgb(PHOTOS_DIR / "obama_portrait.jpg")
+    return image, get_face_landmarker().detect(image)
+
+
+def _pair(image, faces, condition):
+    return PairContext(
+        source=image,
+        candidate=image,
+        kind="face",
+        face_mask=None,
+        edit_mask=None,
+        source_faces=faces,
+        candidate_faces=faces,
+        extras={"condition": condition},
+    )
+
+
+RACE_MAP = {"White": "White", "Black": "Black", "East Asian": "East Asian", "Southeast Asian": "East Asian"}
+GENDER_MAP = {"Male": "male", "Female": "female"}
+
+
+def _fairface_config(path: Path, **over) -> AttributeGateConfig:
+    data = {
+        "backend": "fairface",
+        "weights": path,
+        "sha256": _sha(path),
+        "label_map": {"race": RACE_MAP, "gender": GENDER_MAP},
+    }
+    return AttributeGateConfig(**{**data, **over})
+
+
+def _softmax_top(logits) -> float:
+    z = [math.exp(v) for v in logits]
+    return max(z) / sum(z)
+
+
+def test_fairface_standin_reads_the_expected_classes(fairface_file, portrait):
+    image, faces = portrait
+    clf = FairFaceClassifier(fairface_file, _sha(fairface_file))
+    got = clf.classify(image, faces[0].keypoints5())
+    assert got.labels == {"race": "Black", "gender": "Male", "age": "40-49"}
+    assert got.probabilities["race"] == pytest.approx(_softmax_top([0, 3, 0, 0, 0, 0, 0]), rel=1e-5)
+    assert got.probabilities["gender"] == pytest.approx(1 / (1 + math.exp(-2.0)), rel=1e-5)
+    assert len(FAIRFACE_RACES) == 7
+
+
+def test_fairface_three_head_layout(tmp_path, portrait):
+    image, faces = portrait
+    path = _bias_model(
+        tmp_path / "heads.onnx",
+        ["N", 3, 224, 224],
+        [7, 2, 9],
+        [FAIRFACE_BIAS[:7], FAIRFACE_BIAS[7:9], FAIRFACE_BIAS[9:]],
+        "input",
+    )
+    got = FairFaceClassifier(path, _sha(path)).classify(image, faces[0].keypoints5())
+    assert got.labels == {"race": "Black", "gender": "Male", "age": "40-49"}
+
+
+def test_gate_matches_mismatches_and_unmapped(fairface_file, portrait):
+    image, faces = portrait
+    gate = AttributeGate(_fairface_config(fairface_file))
+    ok = gate(_pair(image, faces, {"race": "Black", "gender": "male"}))
+    assert ok.passed and ok.review == ()
+    assert ok.metrics["match_race"] is True and ok.metrics["perceived_gender"] == "male"
+    wrong = gate(_pair(image, faces, {"race": "White", "gender": "male"}))
+    assert wrong.passed and wrong.review == ("attribute_mismatch",)  # people decide, never a rejection
+    assert wrong.metrics["match_race"] is False and wrong.metrics["match_gender"] is True
+    # a map that covers the design but not the class the model gave: unmapped, sent to review
+    partial = AttributeGate(
+        _fairface_config(fairface_file, label_map={"race": {"White": "White", "Indian": "Black"}}),
+        classifier=gate.classifier,
+    )
+    unmapped = partial(_pair(image, faces, {"race": "Black", "gender": "male"}))
+    assert unmapped.review == ("attribute_label_unmapped",) and unmapped.metrics["perceived_race"] is None
+    assert gate(_pair(image, [], {"race": "Black"})).review == ("attribute_no_face",)
+    assert gate(_pair(image, faces, {})).review == ()  # no condition: nothing to check
+
+
+def test_insightface_genderage_standin_for_gender_only(buffalo, portrait):
+    image, faces = portrait
+    clf = GenderAgeClassifier(buffalo)
+    got = clf.classify(image, faces[0].box)
+    assert got.labels == {"gender": "Male"}
+    assert got.probabilities["gender"] == pytest.approx(1 / (1 + math.exp(-1.2)), rel=1e-5)
+    assert got.age_years == pytest.approx(35.0, abs=1e-4)
+    config = AttributeGateConfig(backend="insightface", insightface_pack=buffalo, label_map={"gender": GENDER_MAP})
+    gate = AttributeGate(config)
+    assert gate(_pair(image, faces, {"race": "Black", "gender": "female"})).review == ("attribute_mismatch",)
+    result = gate(_pair(image, faces, {"race": "White", "gender": "male"}))
+    assert result.review == () and "match_race" not in result.metrics
+
+
+def test_weights_sha256_mismatch_is_a_clear_setup_error(fairface_file):
+    with pytest.raises(BackendUnavailable, match="sha256 .* but the spec expects"):
+        FairFaceClassifier(fairface_file, "0" * 64)
+    with pytest.raises(BackendUnavailable, match="not found"):
+        FairFaceClassifier(fairface_file.parent / "missing.onnx", "0" * 64)
+
+
+def test_label_map_must_cover_the_design(fairface_file):
+    config = _fairface_config(fairface_file)
+    check_label_map(config, {"race": ["White", "Black", "East Asian"], "gender": ["female", "male"]})
+    with pytest.raises(ValueError, match=r"label_map.race maps no fairface class to \['Latino', 'South Asian'\]"):
+        check_label_map(config, {"race": ["White", "Black", "Latino", "South Asian"], "gender": ["female", "male"]})
+    with pytest.raises(ValueError, match="does not output"):
+        _fairface_config(fairface_file, label_map={"race": {"Caucasian": "White"}})
+    with pytest.raises(ValueError, match="reads only"):
+        AttributeGateConfig(backend="insightface", label_map={"race": {"Male": "x"}})
+    with pytest.raises(ValueError, match="needs weights"):
+        AttributeGateConfig(backend="fairface", label_map={"gender": GENDER_MAP})
+
+
+def test_stack_runs_the_configured_gate_and_leaves_it_off_otherwise(fairface_file, portrait):
+    from counterfactory.validation.judge import GatesConfig, GateStack
+
+    assert GatesConfig().face.attribute is None  # opt-in: it needs the user's classifier
+    cfg = GatesConfig(face={"attribute": _fairface_config(fairface_file).model_dump(mode="json")})
+    stack = GateStack.from_config(cfg, "face")
+    image, _ = portrait
+    judgement = stack.evaluate(image, image.copy(), extras={"condition": {"race": "White", "gender": "male"}})
+    assert "attribute_mismatch" in judgement.to_dict()["gates"]["attribute"]["review"]

@@ -1,0 +1,183 @@
+"""Perceived-attribute classifiers behind the target-attribute gate, run with onnxruntime.
+
+- :class:`FairFaceClassifier`: a FairFace-style ONNX export (Kärkkäinen & Joo, "FairFace:
+  Face Attribute Dataset for Balanced Race, Gender, and Age", WACV 2021): input
+  ``(N, 3, 224, 224)`` RGB normalised with the ImageNet mean and standard deviation, a face
+  aligned on five points; output either one ``(N, 18)`` tensor (7 race, 2 gender, 9 age
+  logits, the layout of the authors' ``res34_fair_align_multi_7``) or three tensors
+  ``(N, 7)``, ``(N, 2)``, ``(N, 9)`` in that order. The weights are the user's file, checked
+  against the sha256 the spec gives (FairFace's weights carry their own licence and are on no
+  package registry).
+- :class:`GenderAgeClassifier`: ``genderage.onnx`` of an InsightFace ``buffalo_l`` pack: input
+  ``(1, 3, 96, 96)`` RGB in 0-255 (mean 0, std 1), output ``(1, 3)``: female and male scores,
+  then age / 100; the crop is InsightFace's (``model_zoo/attribute.py``): the face box's
+  centre, scaled so that 1.5 x its long side fills the input.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import cv2
+import numpy as np
+
+from counterfactory.validation.backends.base import ARCFACE_TEMPLATE_112, BackendUnavailable, similarity_transform
+
+FAIRFACE_RACES = ("White", "Black", "Latino_Hispanic", "East Asian", "Southeast Asian", "Indian", "Middle Eastern")
+FAIRFACE_GENDERS = ("Male", "Female")
+FAIRFACE_AGES = ("0-2", "3-9", "10-19", "20-29", "30-39", "40-49", "50-59", "60-69", "70+")
+FAIRFACE_HEADS = {"race": FAIRFACE_RACES, "gender": FAIRFACE_GENDERS, "age": FAIRFACE_AGES}
+GENDERAGE_GENDERS = ("Female", "Male")
+GENDERAGE_FILE = "genderage.onnx"
+IMAGENET_MEAN = np.array([0.485, 0.456, 0.406], np.float32)
+IMAGENET_STD = np.array([0.229, 0.224, 0.225], np.float32)
+INSTALL_HINT = "pip install 'counterfactory[insightface]'"
+
+
+@dataclass(frozen=True)
+class Perceived:
+    """One classifier's reading of one face: per head, the top class and its probability.
+
+    Attributes:
+        labels: head -> class name in the model's vocabulary (``{"race": "Black", ...}``).
+        probabilities: head -> softmax probability of that class in [0, 1].
+        age_years: estimated age in years where the model regresses it, else None.
+    """
+
+    labels: dict[str, str]
+    probabilities: dict[str, float]
+    age_years: float | None = None
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _session(path: Path, threads: int | None):
+    try:
+        import onnxruntime as ort
+    except ImportError as exc:
+        raise BackendUnavailable(f"the attribute classifiers need onnxruntime: {INSTALL_HINT}") from exc
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads or 0
+    options.inter_op_num_threads = 1
+    options.log_severity_level = 3
+    try:
+        return ort.InferenceSession(str(path), sess_options=options, providers=["CPUExecutionProvider"])
+    except Exception as exc:
+        raise BackendUnavailable(f"cannot load ONNX model {path}: {exc}; give an ONNX export of the model") from None
+
+
+def _softmax(x: np.ndarray) -> np.ndarray:
+    z = np.exp(x - x.max())
+    return z / z.sum()
+
+
+class FairFaceClassifier:
+    """FairFace race, gender and age from a user-supplied ONNX file (see the module docstring).
+
+    Args:
+        weights: path of the ONNX file.
+        sha256: its expected hex sha256; a mismatch raises before anything runs.
+        threads: onnxruntime intra-op threads (0 or None: its default).
+
+    Raises:
+        BackendUnavailable: the file is missing, its sha256 differs, or it is not a model of
+            the expected shapes.
+    """
+
+    name = "fairface"
+
+    def __init__(self, weights: str | Path, sha256: str, *, threads: int | None = None) -> None:
+        path = Path(weights).expanduser()
+        if not path.is_file():
+            raise BackendUnavailable(
+                f"FairFace weights not found at {path}: export the FairFace model to ONNX and set "
+                "gates.<kind>.attribute.weights to its path (and .sha256 to its checksum)"
+            )
+        actual = sha256_of(path)
+        if actual != sha256.lower():
+            raise BackendUnavailable(
+                f"FairFace weights {path} have sha256 {actual}, but the spec expects {sha256}: "
+                "the file is not the one the spec was written for; fix the path or the sha256"
+            )
+        self._session = _session(path, threads)
+        inputs = self._session.get_inputs()
+        shape = inputs[0].shape
+        if len(shape) != 4 or shape[1] != 3 or shape[2] != 224 or shape[3] != 224:
+            raise BackendUnavailable(f"FairFace model {path} takes input {shape}, expected (N, 3, 224, 224)")
+        self._input = inputs[0].name
+        widths = [o.shape[-1] for o in self._session.get_outputs()]
+        if widths not in ([18], [7, 2, 9]):
+            raise BackendUnavailable(
+                f"FairFace model {path} has outputs of widths {widths}; expected one (N, 18) "
+                "(7 race, 2 gender, 9 age logits) or three (N, 7), (N, 2), (N, 9)"
+            )
+
+    @staticmethod
+    def crop(image: np.ndarray, keypoints5: np.ndarray) -> np.ndarray:
+        """``(224, 224, 3)`` uint8 RGB: the face aligned on five points to the ArcFace
+        template scaled to 224 px (eyes, nose, mouth at the same relative places)."""
+        m = similarity_transform(np.asarray(keypoints5, np.float32), ARCFACE_TEMPLATE_112 * 2.0)
+        return cv2.warpAffine(image, m, (224, 224), flags=cv2.INTER_LINEAR, borderMode=cv2.BORDER_REPLICATE)
+
+    def classify(self, image: np.ndarray, keypoints5: np.ndarray) -> Perceived:
+        """The face at ``keypoints5`` (``(5, 2)`` pixels, :meth:`FaceObservation.keypoints5`)
+        in ``(H, W, 3)`` uint8 RGB."""
+        face = self.crop(image, keypoints5).astype(np.float32) / 255.0
+        blob = ((face - IMAGENET_MEAN) / IMAGENET_STD).transpose(2, 0, 1)[None].astype(np.float32)
+        outputs = [np.asarray(o, np.float64).reshape(-1) for o in self._session.run(None, {self._input: blob})]
+        if len(outputs) == 1:
+            logits = outputs[0]
+            outputs = [logits[:7], logits[7:9], logits[9:18]]
+        labels, probs = {}, {}
+        for (head, classes), logits in zip(FAIRFACE_HEADS.items(), outputs, strict=True):
+            p = _softmax(logits)
+            i = int(np.argmax(p))
+            labels[head], probs[head] = classes[i], float(p[i])
+        return Perceived(labels, probs)
+
+
+class GenderAgeClassifier:
+    """InsightFace ``genderage.onnx`` from a ``buffalo_l`` pack (see the module docstring)."""
+
+    name = "insightface"
+
+    def __init__(self, pack: str | Path | None = None, *, threads: int | None = None) -> None:
+        from counterfactory.validation.backends.insightface import PACK_ENV, resolve_pack
+
+        folder = resolve_pack(pack)
+        path = folder / GENDERAGE_FILE
+        if not path.is_file():
+            raise BackendUnavailable(
+                f"InsightFace model {GENDERAGE_FILE} not found in {folder}: unzip the buffalo_l pack "
+                f"there, or set gates.<kind>.attribute.insightface_pack / ${PACK_ENV} to its folder"
+            )
+        self._session = _session(path, threads)
+        self._input = self._session.get_inputs()[0].name
+        shape = self._session.get_inputs()[0].shape
+        self.size = int(shape[2]) if isinstance(shape[2], int) else 96
+
+    def crop(self, image: np.ndarray, box: tuple[float, float, float, float]) -> np.ndarray:
+        """``(size, size, 3)`` uint8 RGB centred on ``box`` (x0, y0, x1, y1 pixels), 1.5 x its
+        long side across, as InsightFace's ``Attribute.get``."""
+        x0, y0, x1, y1 = box
+        scale = self.size / (max(x1 - x0, y1 - y0) * 1.5)
+        cx, cy = (x0 + x1) / 2.0, (y0 + y1) / 2.0
+        m = np.array([[scale, 0, self.size / 2 - scale * cx], [0, scale, self.size / 2 - scale * cy]], np.float64)
+        return cv2.warpAffine(image, m, (self.size, self.size), flags=cv2.INTER_LINEAR)
+
+    def classify(self, image: np.ndarray, box: tuple[float, float, float, float]) -> Perceived:
+        """Gender (``Female`` / ``Male``) and age of the face in ``box`` of ``(H, W, 3)`` uint8 RGB."""
+        face = self.crop(image, box).astype(np.float32)
+        blob = face.transpose(2, 0, 1)[None]
+        out = np.asarray(self._session.run(None, {self._input: blob})[0], np.float64).reshape(-1)
+        p = _softmax(out[:2])
+        i = int(np.argmax(p))
+        return Perceived({"gender": GENDERAGE_GENDERS[i]}, {"gender": float(p[i])}, age_years=float(out[2] * 100.0))
