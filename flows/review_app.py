@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import math
 import re
 import secrets
 import threading
@@ -428,6 +429,8 @@ def create_app(site: ReviewSite) -> FastAPI:
         refused = check_post(request, csrf)
         if refused:
             return refused
+        if any(v is not None and not math.isfinite(v) for v in (x, y)):
+            return JSONResponse({"error": "x and y are pixel coordinates: finite numbers"}, status_code=400)
         reviewer: Reviewer = request.state.reviewer
         try:
             pending = site.take_trial(trial, reviewer)

@@ -58,7 +58,13 @@ def upgrade_ledger(target: str | Engine) -> str:
         RuntimeError: the ledger has some of the 0.1.0 tables but not all (a damaged
             database), or a revision newer than this code knows (a newer counterfactory wrote it).
     """
-    engine = create_engine(target) if isinstance(target, str) else target
+    if isinstance(target, str):
+        engine = create_engine(target)
+        try:
+            return upgrade_ledger(engine)
+        finally:
+            engine.dispose()
+    engine = target
     head = head_revision()
     with engine.connect() as connection:
         if connection.dialect.name == "postgresql":

@@ -24,6 +24,8 @@ from counterfactory.manifests.review import (
     QueueItem,
     ReviewOptions,
     SpotTrial,
+    parse_cell_id,
+    pending_by_group,
     review_queue,
     spot_trials,
 )
@@ -123,8 +125,6 @@ def spot_accuracy(trials: Sequence[SpotTrial], conditions: Mapping[str, Mapping[
 
 def review_summary(ledger: Ledger, options: ReviewOptions) -> dict[str, Any]:
     """Progress, agreement, override rates and spot-the-edit accuracy for a release's stats."""
-    from counterfactory.manifests.review import parse_cell_id
-
     items = review_queue(ledger, options)
     states: dict[str, int] = {"open": 0, "disputed": 0, "resolved": 0}
     for item in items:
@@ -143,8 +143,6 @@ def review_summary(ledger: Ledger, options: ReviewOptions) -> dict[str, Any]:
 
 def release_review_stats(ledger: Ledger, options: ReviewOptions, items: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """:func:`review_summary` plus what of this release still waits for a person, per group."""
-    from counterfactory.manifests.review import pending_by_group
-
     return {"waiting": pending_by_group(items), **review_summary(ledger, options)}
 
 

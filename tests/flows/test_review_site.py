@@ -120,6 +120,16 @@ def test_bad_input_gets_a_clear_4xx_and_changes_nothing(run_copy):
         assert r.status_code == 404
         r = ann.post("/api/spot", data={"trial": "nope", "answer": "maybe", "csrf": form["csrf"]})
         assert r.status_code == 422
+        trial = re.search(r'data-trial="([\w-]+)"', ann.get("/blind").text).group(1)
+        for bad in ({"x": "nan", "y": "1"}, {"x": "inf", "y": "1"}):
+            r = ann.post("/api/spot", data={"trial": trial, "answer": "edited", "csrf": form["csrf"], **bad})
+            assert r.status_code == 400, bad
+        r = ann.post(
+            "/api/spot",
+            data={"trial": trial, "answer": "edited", "csrf": form["csrf"]},
+            headers={"Origin": "http://evil.example"},
+        )
+        assert r.status_code == 403
         r = ann.post("/login", data={"token": token}, headers={"Origin": "http://evil.example"})
         assert r.status_code == 403
         assert _counts(url) == (0, 0)
