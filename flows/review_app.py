@@ -347,7 +347,7 @@ def create_app(site: ReviewSite) -> FastAPI:
                 "condition": sorted({_condition_label(i.condition) for i in items}),
                 "reason": sorted({r.split(":")[0] for i in items for r in i.reasons}),
                 "verdict": ["needs_review", "accepted", "rejected"],
-                "state": ["open", "disputed", "resolved"],
+                "state": ["open", "disputed"],
             },
             "reasons": REASONS,
             "csrf": site.csrf_for(request.state.token),

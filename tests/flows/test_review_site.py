@@ -316,3 +316,30 @@ def test_review_serve_command_uses_the_newest_release_spec(run_copy):
         timeout=120,
     )
     assert done.returncode == 2 and "--spec" in done.stderr
+
+
+def test_queue_filters_and_counter(run_copy):
+    spec_path, out = run_copy
+    ledger = Ledger(f"sqlite:///{out / 'ledger.sqlite'}")
+    token = add_reviewer(ledger, "ann")
+    ledger.close()
+    with serving(out, spec_path) as base:
+        client = httpx.Client(base_url=base, timeout=120, headers={"Authorization": f"Bearer {token}"})
+
+        def view(**params):
+            page = client.get("/queue", params=params).text
+            left = int(re.search(r'<b id="left">(\d+)</b>', page).group(1))
+            verdict = re.search(r'id="gate-verdict">(\w+)<', page)
+            return left, verdict.group(1) if verdict else None, page
+
+        assert view()[:2] == (5, "needs_review")
+        assert view(verdict="accepted")[:2] == (2, "accepted")
+        assert view(verdict="rejected")[:2] == (2, "rejected")
+        left, _, page = view(template="grace_hopper")
+        assert left == 2 and "<b>grace_hopper</b>" in page
+        assert view(reason="face_low_confidence")[:2] == (1, "needs_review")
+        assert view(condition="female · White")[0] == 3
+        assert view(state="disputed")[:2] == (0, None) and view(state="open")[0] == 5
+        form = _page(client)
+        client.post("/api/decisions", data=dict(form, decision="accept"))
+        assert view()[0] == 4 and view(verdict="needs_review")[0] == 0
