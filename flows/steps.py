@@ -550,7 +550,7 @@ def judge_output(
                 }
         return Judged("rejected", reasons, None, record, gates)
     sha = store.put(alignment.image) if store is not None else None
-    judgement = stack.evaluate(source, alignment.image, edit_mask=edit_mask, extras=extras)
+    judgement = stack.evaluate(source, alignment.image, edit_mask=edit_mask, extras=extras, covered=alignment.covered)
     return Judged(judgement.verdict, list(judgement.reasons), sha, record, judgement.to_dict()["gates"])
 
 

@@ -3,16 +3,22 @@
 Editors do not return pixel-aligned images: the diffusers Qwen-Image-Edit pipelines resize to
 about 1 MP in multiples of 16 or 32 and can shift or zoom content slightly (QwenLM/Qwen-Image
 issues 160 and 229); Nano Banana returns fixed sizes per aspect ratio. Every candidate goes
-through the same four steps:
+through the same four steps, on the output *as the editor returned it* (it is never stretched
+to the source size first: a Nano Banana output cropped to fill 896x1152 would be distorted):
 
-1. resize back to the source size;
-2. register to the source on the region that should not have changed (everything outside a
-   dilated edit region): SIFT matches with RANSAC give a robust similarity (or affine)
-   estimate, refined to sub-pixel accuracy by ECC image alignment (Evangelidis & Psarakis,
+1. register the raw output to the source on the region that should not have changed
+   (everything outside a dilated edit region): SIFT matches with RANSAC, then a uniform
+   scale + translation fitted to the inliers (an axis-wise scale when the editor stretched
+   the image), refined to sub-pixel accuracy by ECC image alignment (Evangelidis & Psarakis,
    "Parametric Image Alignment Using Enhanced Correlation Coefficient Maximization",
-   IEEE TPAMI 2008) restricted to that region;
-3. warp the candidate into the source frame;
-4. composite in pixel space where the design asks: outside the edit mask the source pixels
+   IEEE TPAMI 2008) restricted to that region. The result is split into the editor's
+   *frame* (how it resized: ``stretch`` to its size, uniform ``fill`` with a crop, or uniform
+   ``fit`` with a border) and the editor's own motion in the source frame, which the
+   ``method`` constrains (similarity or affine) and the bounds judge;
+2. warp the raw output into the source frame in one resampling (after at most one uniform
+   area-filtered shrink); the part of the frame the output does not cover is recorded as
+   ``covered_share`` and filled from the source only where the cell is composited;
+3. composite in pixel space where the design asks: outside the edit mask the source pixels
    are copied exactly (limb cells always; face cells when ``composite`` says so).
 
 A registration that fails is a value (``Alignment.ok`` False with a reason code), never an
@@ -56,6 +62,14 @@ class AlignConfig(BaseModel):
     max_scale_change: float = Field(0.25, gt=0)
     max_rotation_deg: float = Field(15.0, gt=0)
     max_shift_frac: float = Field(0.15, gt=0)
+    #: An output that covers less of the source's frame than this share (a crop to another
+    #: aspect ratio) is rejected as ``align_coverage_below_min``; locality is measured over
+    #: the covered part only.
+    min_covered_share: float = Field(0.85, ge=0, le=1)
+    #: What fills the part of the source frame the output does not cover: ``auto`` the
+    #: source's pixels where the cell is composited and black elsewhere (edge pixels stretched
+    #: outward are not the editor's); ``source`` or ``black`` always.
+    border: Literal["auto", "source", "black"] = "auto"
 
 
 @dataclass(frozen=True)
@@ -66,9 +80,17 @@ class Alignment:
         ok: False when registration failed or fell outside its bounds; ``image`` is then the
             resized, unwarped candidate (or None when even that was impossible).
         image: ``(H, W, 3)`` uint8 RGB in the source frame.
-        transform: ``(2, 3)`` float64 map from source pixel coordinates to coordinates of the
-            candidate after its resize to the source size (identity when ``method`` is none).
+        transform: ``(2, 3)`` float64: the editor's own motion in the source frame, i.e. the
+            map from source pixel coordinates to candidate coordinates once the editor's
+            ``frame`` is undone (identity when the editor only resized; ``method`` none).
         resize_from: ``(w, h)`` of the candidate as the editor returned it.
+        frame: how the editor framed its output: ``same`` size, ``stretch`` (resized to
+            ``resize_from`` axis by axis), ``fill`` (uniform scale, cropped), ``fit`` (uniform
+            scale, bordered).
+        raw_transform: ``(2, 3)`` float64 map from source pixel coordinates to coordinates of the
+            raw output (``frame`` composed with ``transform``).
+        covered: ``(H, W)`` bool, where the raw output covers the source frame; None if unknown.
+        covered_share: the share of the source frame the output covers, in [0, 1].
         residual_px: RMS distance in pixels between matched keypoints after the final
             transform (None with fewer than 8 matches).
         photometric_residual: mean absolute difference in [0, 1] over the registration region
@@ -86,6 +108,10 @@ class Alignment:
     matches: int = 0
     composited: bool = False
     reason: str | None = None
+    frame: str = "same"
+    raw_transform: np.ndarray = field(default_factory=lambda: np.eye(2, 3))
+    covered: np.ndarray | None = None
+    covered_share: float | None = None
 
     def record(self) -> dict:
         """JSON-ready summary for the ledger and the manifest."""
@@ -97,6 +123,9 @@ class Alignment:
             "rotation_deg": round(rot, 4),
             "shift_px": [round(float(self.transform[0, 2]), 3), round(float(self.transform[1, 2]), 3)],
             "resize_from": list(self.resize_from),
+            "frame": self.frame,
+            "raw_transform": np.round(self.raw_transform, 6).tolist(),
+            "covered_share": None if self.covered_share is None else round(self.covered_share, 6),
             "residual_px": None if self.residual_px is None else round(self.residual_px, 4),
             "photometric_residual": None if self.photometric_residual is None else round(self.photometric_residual, 6),
             "matches": self.matches,
@@ -111,15 +140,6 @@ def similarity_params(transform: np.ndarray) -> tuple[float, float]:
     scale = math.sqrt(abs(np.linalg.det(a)))
     rot = math.degrees(math.atan2(a[1, 0] - a[0, 1], a[0, 0] + a[1, 1]))
     return scale, rot
-
-
-def resize_to(image: np.ndarray, shape: tuple[int, int]) -> np.ndarray:
-    """Resize ``image`` to ``shape`` ``(H, W)``: area filter when shrinking, cubic when growing."""
-    h, w = shape
-    if image.shape[:2] == (h, w):
-        return image
-    shrinking = image.shape[0] * image.shape[1] > h * w
-    return cv2.resize(image, (w, h), interpolation=cv2.INTER_AREA if shrinking else cv2.INTER_CUBIC)
 
 
 def _grey(image: np.ndarray) -> np.ndarray:
@@ -137,24 +157,109 @@ def _closest_similarity(affine: np.ndarray) -> np.ndarray:
     return out
 
 
-def _feature_estimate(
-    src_grey: np.ndarray, cand_grey: np.ndarray, region: np.ndarray, method: str
-) -> tuple[np.ndarray | None, np.ndarray, np.ndarray]:
-    """Robust initial transform from SIFT matches inside ``region``.
+def _compose(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """The 2x3 affine ``a`` after ``b`` (``x -> a(b(x))``)."""
+    return (np.vstack([a, [0, 0, 1]]) @ np.vstack([b, [0, 0, 1]]))[:2]
 
-    Returns ``(transform or None, source points, candidate points)`` of the RANSAC inliers.
+
+def _invert(a: np.ndarray) -> np.ndarray:
+    return cv2.invertAffineTransform(np.asarray(a, np.float64)).astype(np.float64)
+
+
+def _axis_scale(sx: float, sy: float, tx: float = 0.0, ty: float = 0.0) -> np.ndarray:
+    """The 2x3 map of an axis-wise resize by ``(sx, sy)`` (pixel centres at integers, as
+    ``cv2.resize`` places them), then a shift by ``(tx, ty)``."""
+    return np.array([[sx, 0.0, 0.5 * sx - 0.5 + tx], [0.0, sy, 0.5 * sy - 0.5 + ty]])
+
+
+def editor_frames(source_shape: tuple[int, int], output_shape: tuple[int, int]) -> dict[str, np.ndarray]:
+    """How an editor may have put the source's frame into its ``(h, w)`` output.
+
+    Returns ``{"stretch" | "fill" | "fit": 2x3 map from source to output pixel coordinates}``:
+    ``stretch`` resizes each axis to the output (diffusers' multiples of 16 or 32), ``fill``
+    scales uniformly to cover the output and crops the overflow evenly (Nano Banana's fixed
+    sizes), ``fit`` scales uniformly to fit inside and leaves an even border. With the same
+    aspect ratio the three coincide.
     """
-    # Keypoints only seed ECC, which refines at full resolution: find them on a copy of at
-    # most FEATURE_MAX_SIDE px, where SIFT is several times faster on large photos.
-    f = min(1.0, FEATURE_MAX_SIDE / max(src_grey.shape))
+    (hs, ws), (ho, wo) = source_shape[:2], output_shape[:2]
+    sx, sy = wo / ws, ho / hs
+    fill, fit = max(sx, sy), min(sx, sy)
+    # uniform frames first: where the aspect ratios agree they win the tie
+    return {
+        "fill": _axis_scale(fill, fill, (wo - fill * ws) / 2.0, (ho - fill * hs) / 2.0),
+        "fit": _axis_scale(fit, fit, (wo - fit * ws) / 2.0, (ho - fit * hs) / 2.0),
+        "stretch": _axis_scale(sx, sy),
+    }
+
+
+def _split_frame(t: np.ndarray, source_shape, output_shape) -> tuple[str, np.ndarray, np.ndarray]:
+    """``(frame name, frame map, editor motion)`` with ``t = frame o motion``; the frame whose
+    motion's linear part is nearest the identity."""
+    if tuple(source_shape[:2]) == tuple(output_shape[:2]):
+        return "same", np.eye(2, 3), t
+    best = None
+    for name, frame in editor_frames(source_shape, output_shape).items():
+        motion = _compose(_invert(frame), t)
+        distance = float(np.abs(motion[:, :2] - np.eye(2)).sum())
+        if best is None or distance < best[0] - 1e-9:
+            best = (distance, name, frame, motion)
+    assert best is not None
+    return best[1], best[2], best[3]
+
+
+def _shrink_uniformly(image: np.ndarray, factor: float) -> tuple[np.ndarray, np.ndarray]:
+    """``image`` shrunk by one uniform ``factor`` < 1 with the area filter, and the 2x3 map from
+    its pixel coordinates to the shrunk image's (the rounding of each side is accounted)."""
+    h, w = image.shape[:2]
+    nw, nh = max(1, round(w * factor)), max(1, round(h * factor))
+    small = cv2.resize(image, (nw, nh), interpolation=cv2.INTER_AREA)
+    return small, _axis_scale(nw / w, nh / h)
+
+
+def _detect(grey: np.ndarray, mask: np.ndarray | None) -> tuple[list, np.ndarray | None, float]:
+    """SIFT keypoints on a copy of at most ``FEATURE_MAX_SIDE`` px; returns (keypoints,
+    descriptors, factor) with keypoint positions in the copy's pixels."""
+    f = min(1.0, FEATURE_MAX_SIDE / max(grey.shape))
     if f < 1.0:
-        size = (round(src_grey.shape[1] * f), round(src_grey.shape[0] * f))
-        src_grey = cv2.resize(src_grey, size, interpolation=cv2.INTER_AREA)
-        cand_grey = cv2.resize(cand_grey, size, interpolation=cv2.INTER_AREA)
-        region = cv2.resize(region, size, interpolation=cv2.INTER_NEAREST)
-    sift = cv2.SIFT_create(nfeatures=2000)
-    kp1, d1 = sift.detectAndCompute(src_grey, region)
-    kp2, d2 = sift.detectAndCompute(cand_grey, region)
+        size = (round(grey.shape[1] * f), round(grey.shape[0] * f))
+        grey = cv2.resize(grey, size, interpolation=cv2.INTER_AREA)
+        if mask is not None:
+            mask = cv2.resize(mask, size, interpolation=cv2.INTER_NEAREST)
+    keypoints, descriptors = cv2.SIFT_create(nfeatures=2000).detectAndCompute(grey, mask)
+    return keypoints, descriptors, f
+
+
+def _fit_scale_translation(p_src: np.ndarray, p_cand: np.ndarray, *, per_axis: bool) -> np.ndarray:
+    """Least-squares ``x' = s x + t`` (one ``s``, or one per axis) from matched points."""
+    if per_axis:
+        rows = []
+        for axis in (0, 1):
+            a = np.stack([p_src[:, axis], np.ones(len(p_src))], axis=1)
+            (s, c), *_ = np.linalg.lstsq(a, p_cand[:, axis], rcond=None)
+            rows.append((s, c))
+        return np.array([[rows[0][0], 0.0, rows[0][1]], [0.0, rows[1][0], rows[1][1]]])
+    n = len(p_src)
+    a = np.zeros((2 * n, 3))
+    a[0::2, 0], a[0::2, 1] = p_src[:, 0], 1.0
+    a[1::2, 0], a[1::2, 2] = p_src[:, 1], 1.0
+    (s, tx, ty), *_ = np.linalg.lstsq(a, p_cand.reshape(-1), rcond=None)
+    return np.array([[s, 0.0, tx], [0.0, s, ty]])
+
+
+def _feature_estimate(
+    src_grey: np.ndarray, cand_grey: np.ndarray, region: np.ndarray
+) -> tuple[np.ndarray | None, np.ndarray, np.ndarray]:
+    """A robust first estimate of the map from source to raw candidate coordinates.
+
+    SIFT matches (on the source only inside ``region``; the candidate may have any size),
+    RANSAC inliers of an affine model, then a uniform scale + translation fitted to them,
+    or an axis-wise scale + translation when that fits the inliers clearly better (an editor
+    that stretched the image). Keypoints only seed ECC, which refines at full resolution.
+
+    Returns ``(transform or None, source points, candidate points)`` of the inliers.
+    """
+    kp1, d1, f1 = _detect(src_grey, region)
+    kp2, d2, f2 = _detect(cand_grey, None)
     empty = np.zeros((0, 2), np.float32)
     if d1 is None or d2 is None or len(kp1) < 8 or len(kp2) < 8:
         return None, empty, empty
@@ -162,42 +267,65 @@ def _feature_estimate(
     good = [m for m, *rest in pairs if rest and m.distance < 0.75 * rest[0].distance]
     if len(good) < 8:
         return None, empty, empty
-    p1 = np.float32([kp1[m.queryIdx].pt for m in good]) / f
-    p2 = np.float32([kp2[m.trainIdx].pt for m in good]) / f
-    estimate = cv2.estimateAffine2D if method == "affine" else cv2.estimateAffinePartial2D
-    t, inliers = estimate(p1, p2, method=cv2.RANSAC, ransacReprojThreshold=3.0, maxIters=4000)
+    # back to full-resolution pixel centres
+    p1 = (np.float32([kp1[m.queryIdx].pt for m in good]) + 0.5) / f1 - 0.5
+    p2 = (np.float32([kp2[m.trainIdx].pt for m in good]) + 0.5) / f2 - 0.5
+    scale_guess = max(cand_grey.shape) / max(src_grey.shape)
+    t, inliers = cv2.estimateAffine2D(
+        p1, p2, method=cv2.RANSAC, ransacReprojThreshold=3.0 * max(1.0, scale_guess), maxIters=4000
+    )
     if t is None or inliers is None or int(inliers.sum()) < 8:
         return None, empty, empty
     keep = inliers.ravel().astype(bool)
-    return t.astype(np.float64), p1[keep], p2[keep]
+    p1, p2 = p1[keep].astype(np.float64), p2[keep].astype(np.float64)
+    uniform = _fit_scale_translation(p1, p2, per_axis=False)
+    per_axis = _fit_scale_translation(p1, p2, per_axis=True)
+    rms_u, rms_a = _rms_reprojection(uniform, p1, p2), _rms_reprojection(per_axis, p1, p2)
+    # the per-axis model has one parameter more: take it only when it explains clearly more
+    start = per_axis if rms_u is not None and rms_a is not None and rms_a < 0.7 * rms_u and rms_u > 0.5 else uniform
+    # a rotated edit is not a scale + translation: keep RANSAC's affine when it fits far better
+    rms_t = _rms_reprojection(t, p1, p2)
+    if rms_t is not None and (_rms_reprojection(start, p1, p2) or 0.0) > 3.0 * max(rms_t, 0.5):
+        start = t.astype(np.float64)
+    return start, p1, p2
 
 
-def _ecc_refine(src_grey: np.ndarray, cand_grey: np.ndarray, region: np.ndarray, init: np.ndarray) -> np.ndarray | None:
-    """Sub-pixel refinement by ECC (affine motion), coarse to fine; None if it diverges."""
+def _ecc_refine(
+    src_grey: np.ndarray, cand_grey: np.ndarray, region: np.ndarray, init: np.ndarray
+) -> tuple[np.ndarray, float] | None:
+    """Sub-pixel refinement by ECC (affine motion), coarse to fine: ``(warp, correlation)``,
+    or None if it diverges.
+
+    ``init`` maps source to candidate coordinates; the candidate may have another size (its
+    validity mask is ``region`` carried into its frame by ``init``).
+    """
     warp = init.astype(np.float32)
     h, w = src_grey.shape
+    ch, cw = cand_grey.shape
+    cand_region = cv2.warpAffine(region, init, (cw, ch), flags=cv2.INTER_NEAREST)
     levels = max(0, int(math.floor(math.log2(max(h, w) / 400.0))))
     for level in range(levels, -1, -1):
         f = 1.0 / (2**level)
         if level:
+            # both images shrink by the same factor, so the linear part of the warp is unchanged
             s = cv2.resize(src_grey, None, fx=f, fy=f, interpolation=cv2.INTER_AREA)
             c = cv2.resize(cand_grey, None, fx=f, fy=f, interpolation=cv2.INTER_AREA)
-            m = cv2.resize(region, (s.shape[1], s.shape[0]), interpolation=cv2.INTER_NEAREST)
+            m = cv2.resize(cand_region, (c.shape[1], c.shape[0]), interpolation=cv2.INTER_NEAREST)
         else:
-            s, c, m = src_grey, cand_grey, region
+            s, c, m = src_grey, cand_grey, cand_region
         scaled = warp.copy()
         scaled[:, 2] *= f
         iterations = 60 if level == levels else 30
         criteria = (cv2.TERM_CRITERIA_EPS | cv2.TERM_CRITERIA_COUNT, iterations, 1e-6)
         try:
-            _, scaled = cv2.findTransformECC(
+            cc, scaled = cv2.findTransformECC(
                 s.astype(np.float32), c.astype(np.float32), scaled, cv2.MOTION_AFFINE, criteria, m, 5
             )
         except cv2.error:
             return None
         warp = scaled.copy()
         warp[:, 2] /= f
-    return warp.astype(np.float64)
+    return warp.astype(np.float64), float(cc)
 
 
 def _rms_reprojection(t: np.ndarray, p_src: np.ndarray, p_cand: np.ndarray) -> float | None:
@@ -260,6 +388,15 @@ def composite(source: np.ndarray, candidate: np.ndarray, alpha: np.ndarray) -> n
     return out
 
 
+#: candidates more than this much larger than the source are shrunk uniformly (area filter)
+#: before ECC and the final warp, so one bilinear resampling never skips pixels
+SHRINK_ABOVE = 1.25
+
+
+def _scale_of(t: np.ndarray) -> float:
+    return math.sqrt(abs(float(np.linalg.det(np.asarray(t)[:, :2]))))
+
+
 def register(
     source: np.ndarray,
     candidate: np.ndarray,
@@ -267,27 +404,72 @@ def register(
     *,
     method: Literal["similarity", "affine"] = "similarity",
 ) -> tuple[np.ndarray | None, float | None, int, str | None]:
-    """Estimate the map from source to candidate coordinates on ``region``.
+    """Estimate the map from source to raw candidate coordinates on ``region``.
 
     Args:
-        source, candidate: ``(H, W, 3)`` uint8 RGB of equal size.
+        source: ``(H, W, 3)`` uint8 RGB.
+        candidate: ``(h, w, 3)`` uint8 RGB as the editor returned it, any size and aspect.
         region: ``(H, W)`` uint8, non-zero where the two should agree.
+        method: the family of the editor's own motion once its frame is undone
+            (:func:`editor_frames`): ``similarity`` or ``affine``.
 
     Returns:
-        ``(transform 2x3 or None, residual_px, matches, failure reason)``.
+        ``(transform 2x3 or None, residual in source pixels, matches, failure reason)``.
     """
     s, c = _grey(source), _grey(candidate)
     if float(c.std()) < 1.0:
         return None, None, 0, "align_candidate_blank: the candidate has no texture to register"
-    init, p_src, p_cand = _feature_estimate(s, c, region, method)
-    start = init if init is not None else np.eye(2, 3)
-    refined = _ecc_refine(s, c, region, start)
-    if refined is None and init is None:
+    init, p_src, p_cand = _feature_estimate(s, c, region)
+    starts = [init] if init is not None else list(editor_frames(s.shape, c.shape).values())
+    best: tuple[np.ndarray, float] | None = None
+    for start in starts:
+        refined = _refine_at_source_scale(s, c, region, start)
+        if refined is not None and (best is None or refined[1] > best[1]):
+            best = refined
+    if best is None and init is None:
         return None, None, 0, "align_registration_failed: no keypoint matches and ECC did not converge"
-    t = refined if refined is not None else init
+    t = best[0] if best is not None else init
     if method == "similarity":
-        t = _closest_similarity(t)
-    return t, _rms_reprojection(t, p_src, p_cand), len(p_src), None
+        _, frame, motion = _split_frame(t, s.shape, c.shape)
+        t = _compose(frame, _closest_similarity(motion))
+    residual = _rms_reprojection(t, p_src, p_cand)
+    return t, None if residual is None else residual / _scale_of(t), len(p_src), None
+
+
+def _refine_at_source_scale(
+    s: np.ndarray, c: np.ndarray, region: np.ndarray, start: np.ndarray
+) -> tuple[np.ndarray, float] | None:
+    """ECC from ``start`` with the candidate shrunk uniformly to about the source's scale."""
+    scale = _scale_of(start)
+    if scale <= SHRINK_ABOVE:
+        return _ecc_refine(s, c, region, start)
+    small, shrink = _shrink_uniformly(c, 1.0 / scale)
+    refined = _ecc_refine(s, small, region, _compose(shrink, start))
+    if refined is None:
+        return None
+    return _compose(_invert(shrink), refined[0]), refined[1]
+
+
+def warp_to_source(candidate: np.ndarray, t: np.ndarray, shape: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
+    """Resample the raw ``candidate`` into the source frame through ``t`` (source -> candidate).
+
+    Returns ``(image (H, W, 3) uint8, covered (H, W) bool)``: ``covered`` marks pixels whose
+    sample lies inside the candidate; elsewhere ``image`` holds replicated edge pixels, which
+    are not the editor's and must be replaced or left out of every measurement.
+    """
+    h, w = shape
+    scale = _scale_of(t)
+    if scale > SHRINK_ABOVE:
+        candidate, shrink = _shrink_uniformly(candidate, 1.0 / scale)
+        t = _compose(shrink, t)
+    ch, cw = candidate.shape[:2]
+    if (ch, cw) == (h, w) and np.allclose(t, np.eye(2, 3), atol=1e-9):
+        return candidate.copy(), np.ones((h, w), bool)
+    flags = cv2.INTER_LINEAR | cv2.WARP_INVERSE_MAP
+    image = cv2.warpAffine(candidate, t, (w, h), flags=flags, borderMode=cv2.BORDER_REPLICATE)
+    ones = np.full((ch, cw), 255, np.uint8)
+    covered = cv2.warpAffine(ones, t, (w, h), flags=cv2.INTER_NEAREST | cv2.WARP_INVERSE_MAP, borderValue=0) > 0
+    return image, covered
 
 
 def align_candidate(
@@ -299,11 +481,11 @@ def align_candidate(
     face_size_px: float | None = None,
     config: AlignConfig | None = None,
 ) -> Alignment:
-    """Resize, register, warp and (where configured) composite one candidate.
+    """Register, warp and (where configured) composite one candidate.
 
     Args:
         source: ``(H, W, 3)`` uint8 RGB.
-        candidate: ``(h, w, 3)`` uint8 RGB as the editor returned it, any size.
+        candidate: ``(h, w, 3)`` uint8 RGB as the editor returned it, any size or aspect ratio.
         mask: ``(H, W)`` uint8 {0, 255}: the region the study varies (face mask for face
             cells, limb mask for limb cells). It is kept out of registration and, when
             compositing, is the only place the candidate's pixels survive.
@@ -313,7 +495,9 @@ def align_candidate(
         config: alignment options.
 
     Returns:
-        An :class:`Alignment`; ``ok`` False with a reason code instead of raising.
+        An :class:`Alignment`; ``ok`` False with a reason code instead of raising. Where the
+        output does not cover the source frame, the image holds the source's pixels when the
+        cell is composited (``border`` ``auto``) and black otherwise.
     """
     config = config or AlignConfig()
     if source.ndim != 3 or source.shape[2] != 3 or source.dtype != np.uint8:
@@ -325,7 +509,6 @@ def align_candidate(
         return Alignment(ok=False, image=None, reason=f"align_bad_candidate: dtype {candidate.dtype}, expected uint8")
     h, w = source.shape[:2]
     resize_from = (int(candidate.shape[1]), int(candidate.shape[0]))
-    resized = resize_to(candidate, (h, w))
     if mask is not None and mask.shape != (h, w):
         raise ValueError(f"mask shape {mask.shape} does not match source {(h, w)}")
     if face_size_px is None and mask is not None:
@@ -333,67 +516,60 @@ def align_candidate(
 
     # where the two should agree: registration looks only there, and the residual is read there
     region = exclusion_region((h, w), kind=kind, mask=mask, face_size_px=face_size_px, config=config)
+    frames = editor_frames((h, w), candidate.shape[:2])
     if config.method == "none":
-        t, residual, matches, failure = np.eye(2, 3), None, 0, None
+        # no registration: the editor is taken to have resized axis by axis and nothing else
+        t, residual, matches, failure = frames["stretch"], None, 0, None
     else:
-        t, residual, matches, failure = register(source, resized, region, method=config.method)
-        if failure is None and t is not None:
-            out_of_bounds = _within_bounds(t, (h, w), config)
-            if out_of_bounds:
-                failure = f"align_transform_out_of_bounds: {out_of_bounds}"
-        if failure is None and residual is not None and residual > config.max_residual_px:
+        t, residual, matches, failure = register(source, candidate, region, method=config.method)
+    frame_name, _, motion = _split_frame(t if t is not None else frames["fill"], (h, w), candidate.shape[:2])
+    if failure is None and t is not None and config.method != "none":
+        out_of_bounds = _within_bounds(motion, (h, w), config)
+        if out_of_bounds:
+            failure = f"align_transform_out_of_bounds: {out_of_bounds}"
+        elif residual is not None and residual > config.max_residual_px:
             failure = f"align_residual_above_max: {residual:.2f} px > {config.max_residual_px} px"
-    if failure is not None or t is None:
-        return Alignment(
-            ok=False,
-            image=resized,
-            transform=np.eye(2, 3) if t is None else t,
-            resize_from=resize_from,
-            residual_px=residual,
-            matches=matches,
-            reason=failure,
+    # an unregistered candidate is still brought into the frame without stretching it, so
+    # the gates that measure faces (not pixels) can read it
+    raw = t if t is not None else frames["fill"]
+    warped, covered = warp_to_source(candidate, raw, (h, w))
+    share = float(covered.mean())
+    if failure is None and share < config.min_covered_share:
+        failure = (
+            f"align_coverage_below_min: the output covers {share:.1%} of the source frame, below "
+            f"min_covered_share {config.min_covered_share:.0%}; request an aspect ratio nearer the source's"
         )
-
-    if np.allclose(t, np.eye(2, 3), atol=1e-9):
-        warped = resized.copy()
-    else:
-        warped = cv2.warpAffine(
-            resized,
-            t,
-            (w, h),
-            flags=cv2.INTER_LINEAR | cv2.WARP_INVERSE_MAP,
-            borderMode=cv2.BORDER_REPLICATE,
-        )
-    keep = region > 0
+    keep = (region > 0) & covered
     photometric = (
         float(np.abs(warped.astype(np.float32) - source.astype(np.float32))[keep].mean() / 255.0)
-        if keep.any()
+        if keep.any() and failure is None
         else None
     )
-
     do_composite = config.composite == "mask" or (config.composite == "auto" and kind == "limb")
+    from_source = config.border == "source" or (config.border == "auto" and do_composite)
+    warped[~covered] = source[~covered] if from_source else 0
+    common = {
+        "transform": motion,
+        "resize_from": resize_from,
+        "residual_px": residual,
+        "matches": matches,
+        "frame": frame_name,
+        "raw_transform": raw,
+        "covered": covered,
+        "covered_share": share,
+    }
+    if failure is not None or t is None:
+        return Alignment(ok=False, image=warped, reason=failure, **common)
     if do_composite and mask is None:
         return Alignment(
             ok=False,
             image=warped,
-            transform=t,
-            resize_from=resize_from,
-            residual_px=residual,
             photometric_residual=photometric,
-            matches=matches,
             reason="align_no_mask: compositing needs the cell's edit mask",
+            **common,
         )
     if do_composite:
         grow = int(round(config.face_composite_grow_frac * (face_size_px or 0.0))) if kind == "face" else 0
         alpha = composite_alpha(mask, feather_px=config.feather_px, grow_px=grow)
         warped = composite(source, warped, alpha)
-    return Alignment(
-        ok=True,
-        image=warped,
-        transform=t,
-        resize_from=resize_from,
-        residual_px=residual,
-        photometric_residual=photometric,
-        matches=matches,
-        composited=do_composite,
-    )
+    return Alignment(ok=True, image=warped, photometric_residual=photometric, composited=do_composite, **common)

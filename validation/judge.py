@@ -201,6 +201,7 @@ class GateStack:
         *,
         edit_mask: np.ndarray | None = None,
         extras: Mapping[str, Any] | None = None,
+        covered: np.ndarray | None = None,
     ) -> PairContext:
         """Analyse both images once and draw the source's face mask.
 
@@ -222,6 +223,7 @@ class GateStack:
             candidate_faces=cand_faces,
             face_mask_mode=self.face_mask_mode,
             extras=dict(extras or {}),
+            covered=None if covered is None or covered.all() else covered,
         )
 
     def evaluate(
@@ -231,6 +233,7 @@ class GateStack:
         *,
         edit_mask: np.ndarray | None = None,
         extras: Mapping[str, Any] | None = None,
+        covered: np.ndarray | None = None,
     ) -> Judgement:
         """Judge one aligned pair: ``accepted``, ``rejected`` (with reasons),
         ``needs_review`` or ``failed`` (a gate could not measure; the error is recorded).
@@ -242,12 +245,14 @@ class GateStack:
             extras: what the cell knows beyond the pixels, for gates that judge against it:
                 ``condition`` (axis -> requested value) and ``source`` (the source's metadata
                 record); the skin gate uses them to tell same-group controls from edits.
+            covered: ``(H, W)`` bool, where the editor's output covers the source frame
+                (:attr:`~counterfactory.generation.align.Alignment.covered`); None for all.
         """
         checked, src, cand = input_gate(source, candidate, edit_mask=edit_mask)
         if src is None or cand is None:
             return combine([checked])
         try:
-            pair = self.context(src, cand, edit_mask=edit_mask, extras=extras)
+            pair = self.context(src, cand, edit_mask=edit_mask, extras=extras, covered=covered)
         except Exception as exc:  # a per-item analysis error is a value, not a crash
             failed = GateResult("input", False, dict(checked.metrics), ("input_analysis_error",), error=_describe(exc))
             return combine([failed])

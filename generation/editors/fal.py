@@ -38,6 +38,7 @@ import concurrent.futures
 import contextlib
 import io
 import logging
+import math
 import os
 import random
 import re
@@ -68,6 +69,24 @@ DEFAULT_PRICES_USD: dict[str, float] = {
     "fal-ai/nano-banana-pro/edit": 0.15,
 }
 KNOWN_ENDPOINTS: tuple[str, ...] = tuple(DEFAULT_PRICES_USD)
+#: The ``aspect_ratio`` values (width:height) an endpoint accepts, from fal's model pages.
+#: Nano Banana snaps its output to a fixed size per ratio and crops to fill, so asking for
+#: the ratio nearest the source's keeps most of the source's frame in the output.
+ASPECT_RATIOS: dict[str, tuple[str, ...]] = {
+    endpoint: ("21:9", "16:9", "3:2", "4:3", "5:4", "1:1", "4:5", "3:4", "2:3", "9:16") for endpoint in KNOWN_ENDPOINTS
+}
+
+
+def nearest_aspect_ratio(width: int, height: int, choices: tuple[str, ...]) -> str:
+    """The ``"w:h"`` in ``choices`` nearest ``width / height`` on a log scale (so 2:1 and 1:2
+    are equally far from 1:1)."""
+
+    def distance(choice: str) -> float:
+        w, h = (float(v) for v in choice.split(":"))
+        return abs(math.log((w / h) / (width / height)))
+
+    return min(choices, key=distance)
+
 
 # fal endpoint ids are <owner>/<app>[/<path>...].
 _ENDPOINT_SHAPE = re.compile(r"^[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*(/[\w.-]+)*$")
@@ -110,6 +129,8 @@ class FalOptions(BaseModel):
         poll_interval_s: shortest seconds between status polls of one request (the interval
             grows to 5 % of the time waited, at most 5 s).
         backoff_s: first retry delay in seconds; doubles per retry, jittered, capped at 30 s.
+        match_aspect_ratio: send the ``aspect_ratio`` nearest the source's (``ASPECT_RATIOS``)
+            to endpoints that take one, unless ``arguments`` sets it.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -123,6 +144,7 @@ class FalOptions(BaseModel):
     prices_usd: dict[str, float] = Field(default_factory=dict)
     poll_interval_s: float = Field(0.25, gt=0)
     backoff_s: float = Field(1.0, ge=0)
+    match_aspect_ratio: bool = True
 
     @field_validator("arguments")
     @classmethod
@@ -217,10 +239,15 @@ class FalEditor:
             "backend": self.name,
             "endpoint": self.options.endpoint,
             "arguments": dict(sorted(self.options.arguments.items())),
+            "aspect_ratio": "nearest_to_source" if self._matches_aspect_ratio() else None,
             "num_images": 1,
             "output_format": "png",
             "input_encoding": "png_data_uri",
         }
+
+    def _matches_aspect_ratio(self) -> bool:
+        o = self.options
+        return o.match_aspect_ratio and "aspect_ratio" not in o.arguments and o.endpoint in ASPECT_RATIOS
 
     def consumes(self, kind: str) -> frozenset[str]:
         """The image, prompt and seed go to fal; no mask and no negative prompt do."""
@@ -405,7 +432,12 @@ class FalEditor:
                 "failed",
                 f"fal_bad_input: image must be (H, W, 3) uint8 RGB, received shape {shape} dtype {dtype}",
             )
+        extra = {}
+        if self._matches_aspect_ratio():
+            choices = ASPECT_RATIOS[self.options.endpoint]
+            extra["aspect_ratio"] = nearest_aspect_ratio(image.shape[1], image.shape[0], choices)
         return {
+            **extra,
             **self.options.arguments,
             "prompt": request.prompt,
             "image_urls": [self._fal.encode(_encode_png(image), "image/png")],

@@ -153,4 +153,110 @@ def test_a_different_photo_fails_registration(grace, astronaut):
         "align_registration_failed",
         "align_transform_out_of_bounds",
         "align_residual_above_max",
+        "align_coverage_below_min",
     }
+
+
+# Nano Banana's fixed output sizes (w, h) by aspect ratio, as fal serves them
+NANO_BANANA_SIZES = [(1024, 1024), (896, 1152), (832, 1248), (768, 1344), (1152, 896), (1248, 832), (1344, 768)]
+
+
+def _nano_banana_like(source: np.ndarray, face_box, *, shift=(0.0, 0.0)) -> tuple[np.ndarray, np.ndarray]:
+    """A face-only change, then crop-to-fill to the nearest fixed size and a small shift.
+
+    Returns ``(output, truth)``, ``truth`` the 2x3 map from source to output pixel coordinates.
+    """
+    h, w = source.shape[:2]
+    edited = source.copy()
+    y0, y1, x0, x1 = face_box
+    edited[y0:y1, x0:x1] = np.clip(edited[y0:y1, x0:x1].astype(int) * [1.15, 0.9, 0.8], 0, 255).astype(np.uint8)
+    ow, oh = min(NANO_BANANA_SIZES, key=lambda s: abs(np.log((s[0] / s[1]) / (w / h))))
+    s = max(ow / w, oh / h)  # fill: scale to cover, crop the overflow evenly
+    truth = np.array(
+        [
+            [s, 0.0, 0.5 * s - 0.5 + (ow - s * w) / 2 + shift[0]],
+            [0.0, s, 0.5 * s - 0.5 + (oh - s * h) / 2 + shift[1]],
+        ]
+    )
+    out = cv2.warpAffine(edited, truth, (ow, oh), flags=cv2.INTER_CUBIC, borderMode=cv2.BORDER_REFLECT)
+    return out, truth
+
+
+def _overlap_error(alignment, truth, shape) -> float:
+    """Largest difference between estimated and true source -> output maps over the covered
+    part of the source, in source pixels."""
+    h, w = shape[:2]
+    ys, xs = np.mgrid[0:h:8, 0:w:8]
+    inside = alignment.covered[ys, xs]
+    points = np.stack([xs[inside], ys[inside]], axis=1).astype(np.float64)
+    a = points @ alignment.raw_transform[:, :2].T + alignment.raw_transform[:, 2]
+    b = points @ truth[:, :2].T + truth[:, 2]
+    return float(np.abs(a - b).max() / np.sqrt(abs(np.linalg.det(truth[:, :2]))))
+
+
+@pytest.mark.parametrize(
+    ("photo", "face_box", "shift"),
+    [
+        ("grace_hopper.jpg", (90, 330, 140, 370), (3.4, -2.6)),  # 512x600 -> 896x1152, 8 % cropped
+        ("biden_portrait.jpg", None, (-5.2, 4.1)),
+    ],
+)
+def test_nano_banana_crop_to_fill_registers_within_half_a_pixel(photo, face_box, shift):
+    source = read_rgb(photo)
+    h, w = source.shape[:2]
+    face_box = face_box or (h // 5, h // 2, w // 3, 2 * w // 3)
+    output, truth = _nano_banana_like(source, face_box, shift=shift)
+    mask = np.zeros((h, w), np.uint8)
+    mask[face_box[0] : face_box[1], face_box[2] : face_box[3]] = 255
+    result = align_candidate(source, output, mask=mask, kind="face")
+    assert result.ok, result.reason
+    assert result.frame == "fill" and result.resize_from == output.shape[1::-1]
+    assert _overlap_error(result, truth, source.shape) < TOLERANCE_PX
+    # the editor's own motion is the shift, in source pixels; the crop shows as coverage
+    scale, rotation = similarity_params(result.transform)
+    assert scale == pytest.approx(1.0, abs=2e-3) and rotation == pytest.approx(0.0, abs=0.1)
+    assert 0.85 < result.covered_share < 0.999
+    # border not composited on face cells: uncovered pixels are black, never stretched edges
+    assert not result.image[~result.covered].any()
+
+
+def test_the_old_stretch_to_source_size_misregisters_the_same_output():
+    # a control: stretching the crop-to-fill output to the source size first, as alignment
+    # used to, leaves a non-uniform distortion no similarity undoes
+    source = read_rgb("grace_hopper.jpg")
+    output, truth = _nano_banana_like(source, (90, 330, 140, 370), shift=(3.4, -2.6))
+    stretched = cv2.resize(output, source.shape[1::-1], interpolation=cv2.INTER_AREA)
+    result = align_candidate(source, stretched, kind="face")
+    h, w = source.shape[:2]
+    stretch_back = np.array([[w / output.shape[1], 0, 0], [0, h / output.shape[0], 0]])
+    true_to_stretched = stretch_back @ np.vstack([truth, [0, 0, 1]])
+    assert not result.ok or _max_error(result.transform, true_to_stretched, source.shape) > 2.0
+
+
+@pytest.mark.parametrize("size", [(560, 600), (512, 680)])
+def test_anisotropic_resize_with_a_shift_registers(size):
+    source = read_rgb("grace_hopper.jpg")
+    shifted, truth = _apply(source, dx=2.5, dy=-1.5)
+    candidate = cv2.resize(shifted, size, interpolation=cv2.INTER_AREA)
+    result = align_candidate(source, candidate, kind="face")
+    assert result.ok, result.reason
+    assert result.frame == "stretch"
+    assert _max_error(result.transform, truth, source.shape) < TOLERANCE_PX
+
+
+def test_coverage_below_the_limit_is_a_reason_and_limb_borders_come_from_the_source():
+    source = read_rgb("grace_hopper.jpg")
+    h, w = source.shape[:2]
+    # a 2:1 landscape output of a portrait: filled, most of the height is cropped away
+    s = 1344 / w
+    truth = np.array([[s, 0, 0.5 * s - 0.5], [0, s, 0.5 * s - 0.5 - (s * h - 672) / 2]])
+    output = cv2.warpAffine(source, truth, (1344, 672), flags=cv2.INTER_CUBIC)
+    result = align_candidate(source, output, kind="face")
+    assert not result.ok and result.reason.startswith("align_coverage_below_min")
+    assert result.covered_share == pytest.approx(672 / s / h, abs=0.01)
+    limb = np.zeros((h, w), np.uint8)
+    limb[250:350, 200:300] = 255
+    relaxed = AlignConfig(min_covered_share=0.3)
+    composited = align_candidate(source, output, mask=limb, kind="limb", config=relaxed)
+    assert composited.ok, composited.reason
+    np.testing.assert_array_equal(composited.image[~composited.covered], source[~composited.covered])

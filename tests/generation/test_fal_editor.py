@@ -378,3 +378,17 @@ def test_killed_batch_resumes_without_submitting_anything_twice(server, tmp_path
     assert len(server.paid_submits) == n and set(server.paid_submits.values()) == {1}
     assert set(server.submit_attempts.values()) == {1}
     assert journal.spent_usd() == pytest.approx(n * PRICE) == pytest.approx(server.billed_usd())
+
+
+def test_requests_the_aspect_ratio_nearest_the_source(server, grace):
+    # grace is 512 x 600 (0.853): 4:5 (0.8) is nearer than 1:1 or 3:4 on a log scale
+    wide = _image(3, (300, 640))  # 2.13: nearest 21:9 (2.33) beats 16:9 (1.78)
+    editor = _editor()
+    editor.prepare()
+    results = editor.edit_many([EditRequest("g", grace, "p", 1), EditRequest("w", wide, "p", 2)])
+    sent = [server.jobs[r.metadata["request_id"]].arguments["aspect_ratio"] for r in results]
+    assert sent == ["4:5", "21:9"]
+    assert editor.lineage()["aspect_ratio"] == "nearest_to_source"
+    # switched off, or set by the spec, nothing is chosen for the user
+    assert _editor(match_aspect_ratio=False).lineage()["aspect_ratio"] is None
+    assert _editor(arguments={"aspect_ratio": "1:1"}).lineage()["aspect_ratio"] is None

@@ -63,7 +63,11 @@ class PairContext:
         edit_mask: ``(H, W)`` uint8 {0, 255} limb region for limb cells, else None.
         source_faces / candidate_faces: landmarker observations, largest first.
         face_mask_mode: how ``face_mask`` was drawn (``oval`` or ``skin``), for the record.
-        extras: anything a caller wants to hand the gates (unused by the built-in ones).
+        extras: what the cell knows beyond the pixels: ``condition`` (axis -> requested value)
+            and ``source`` (the source's metadata record), for gates that judge against them.
+        covered: ``(H, W)`` bool, where the editor's output covers the source frame (an output
+            of another aspect ratio, cropped); None when it covers all of it. Pixel
+            measurements read only the covered part.
     """
 
     source: np.ndarray
@@ -75,6 +79,7 @@ class PairContext:
     candidate_faces: Sequence[FaceObservation]
     face_mask_mode: str = "oval"
     extras: dict[str, Any] = field(default_factory=dict)
+    covered: np.ndarray | None = None
 
     @property
     def source_face(self) -> FaceObservation | None:
@@ -114,11 +119,6 @@ class Judgement:
     @property
     def thresholds(self) -> dict[str, Metric]:
         return {f"{r.gate}.{k}": v for r in self.results for k, v in r.thresholds.items()}
-
-    @property
-    def gates_passed(self) -> dict[str, bool]:
-        """``{gate: passed}``, the per-gate outcome the attrition table counts."""
-        return {r.gate: r.passed for r in self.results}
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready: verdict, reasons, and per gate its outcome, metrics and thresholds."""

@@ -72,6 +72,7 @@ def locality_metrics(
     candidate: np.ndarray,
     face_mask: np.ndarray | None,
     edit_mask: np.ndarray | None = None,
+    covered: np.ndarray | None = None,
 ) -> dict[str, float | None]:
     """The locality measurements of one aligned pair.
 
@@ -79,17 +80,32 @@ def locality_metrics(
         source, candidate: ``(H, W, 3)`` uint8, same shape.
         face_mask: ``(H, W)`` {0, 255} face region of the source, or None.
         edit_mask: ``(H, W)`` {0, 255} limb region, or None.
+        covered: ``(H, W)`` bool, the part of the frame the editor's output covers; every
+            region is cut to it (pixels outside are not the editor's). None: all of it.
 
     Returns: ``diff_all``, ``diff_face``, ``diff_nonface``, ``ratio`` (``diff_face /
     max(diff_nonface, RATIO_FLOOR)``), ``face_area_frac``, and with an edit mask
     ``diff_outside_edit``, ``diff_inside_edit``, ``diff_face_drift`` (face minus edit mask),
-    ``edit_area_frac``. Values that cannot be measured (an empty region) are None.
+    ``edit_area_frac``, and ``covered_share``. Values that cannot be measured (an empty
+    region) are None.
     """
     diff = cv2.absdiff(source, candidate)
     n = source.shape[0] * source.shape[1]
-    out: dict[str, float | None] = {"diff_all": mean_abs_diff(diff)}
+    cov = None if covered is None else covered.astype(np.uint8) * 255
+
+    def within(mask: np.ndarray) -> np.ndarray:
+        return mask if cov is None else cv2.bitwise_and(mask, cov)
+
+    def outside(mask: np.ndarray) -> np.ndarray:
+        return within(cv2.bitwise_not(mask))
+
+    out: dict[str, float | None] = {
+        "diff_all": finite_or_none(mean_abs_diff(diff, cov)),
+        "covered_share": 1.0 if cov is None else cv2.countNonZero(cov) / n,
+    }
     if face_mask is not None:
-        nonface = cv2.bitwise_not(face_mask)
+        nonface = outside(face_mask)
+        face_mask = within(face_mask)
         d_face = mean_abs_diff(diff, face_mask)
         d_non = mean_abs_diff(diff, nonface)
         out["diff_face"] = finite_or_none(d_face)
@@ -101,8 +117,8 @@ def locality_metrics(
     else:
         out.update(diff_face=None, diff_nonface=None, ratio=None, face_area_frac=0.0)
     if edit_mask is not None:
-        out["diff_outside_edit"] = finite_or_none(mean_abs_diff(diff, cv2.bitwise_not(edit_mask)))
-        out["diff_inside_edit"] = finite_or_none(mean_abs_diff(diff, edit_mask))
+        out["diff_outside_edit"] = finite_or_none(mean_abs_diff(diff, outside(edit_mask)))
+        out["diff_inside_edit"] = finite_or_none(mean_abs_diff(diff, within(edit_mask)))
         out["edit_area_frac"] = cv2.countNonZero(edit_mask) / n
         out["diff_face_drift"] = (
             finite_or_none(mean_abs_diff(diff, cv2.bitwise_and(face_mask, cv2.bitwise_not(edit_mask))))
@@ -149,7 +165,7 @@ def locality_gate(
     elif edit_mask is not None:
         edit_mask = binary_mask(edit_mask)
     # the stack draws face masks as {0, 255} already; only caller-given edit masks are coerced
-    m = locality_metrics(pair.source, pair.candidate, pair.face_mask, edit_mask)
+    m = locality_metrics(pair.source, pair.candidate, pair.face_mask, edit_mask, pair.covered)
     metrics: dict = {"mask_mode": pair.face_mask_mode, **m}
 
     face_judged = any(t is not None for t in (max_diff_nonface, min_diff_face, min_ratio))
