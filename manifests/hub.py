@@ -83,6 +83,8 @@ class Export:
 
 @dataclass(frozen=True)
 class PushResult:
+    """A pushed version: the repository, the version (= tag) and the commit it tags."""
+
     repo_id: str
     version: str
     commit: str
