@@ -70,7 +70,7 @@ def run_flow(spec_path: str, out: str, progress: bool = True) -> RunSummary:
     run_id = os.urandom(8).hex()
     ws.ledger.start_run(run_id, spec_name=spec.name, spec_hash=spec.spec_hash())
     editor = steps.build_editor(spec)
-    stack = steps.build_gate_stack(spec)
+    stack = steps.build_gate_stack(spec, journal=ws.ledger.journal("fal_vlm"))
 
     prepared, failed = prepare_sources_task(spec, ws)
     grid = grid_task(spec, prepared)

@@ -32,6 +32,7 @@ import numpy as np
 
 from counterfactory.generation.align import AlignConfig, align_candidate
 from counterfactory.generation.editors import Editor, EditRequest, EditResult, make_editor
+from counterfactory.generation.editors.base import EditJournal
 from counterfactory.generation.masks import dilate, mask_from_record
 from counterfactory.generation.prompts import RenderedPrompt, render_prompt
 from counterfactory.generation.sampling import Cell, Grid, expand_grid
@@ -40,7 +41,7 @@ from counterfactory.manifests.ledger import Ledger
 from counterfactory.manifests.spec import Spec
 from counterfactory.manifests.store import ImageStore
 from counterfactory.validation.faces import face_mask, get_face_landmarker
-from counterfactory.validation.gates.attribute import check_label_map
+from counterfactory.validation.gates.attribute import AttributeGate, check_label_map
 from counterfactory.validation.judge import GateStack
 
 #: bump when the meaning of a judgement changes, so stored verdicts are recomputed
@@ -561,13 +562,22 @@ def build_editor(spec: Spec) -> Editor:
     return editor
 
 
-def build_gate_stack(spec: Spec) -> GateStack:
+def build_gate_stack(spec: Spec, *, journal: EditJournal | None = None) -> GateStack:
     """The gates for the design's kind; an attribute gate's label map must cover the design's
-    conditions (``ValueError`` naming the missing labels otherwise), checked before any work."""
+    conditions (``ValueError`` naming the missing labels otherwise), checked before any work.
+
+    ``journal`` (the ledger's, in a run) records paid gate calls (the ``vlm`` attribute
+    backend) so that a resumed run fetches their answers instead of paying again.
+    """
     attribute = spec.gates.for_kind(spec.design.kind).attribute
     if attribute is not None:
         check_label_map(attribute, spec.design.axes)
-    return GateStack.from_config(spec.gates, spec.design.kind)
+    stack = GateStack.from_config(spec.gates, spec.design.kind)
+    if journal is not None:
+        for gate in stack.gates:
+            if isinstance(gate, AttributeGate):
+                gate.journal = journal
+    return stack
 
 
 def prepare_source(spec: Spec, source: Source) -> PreparedSource:

@@ -9,6 +9,9 @@ certificate from a throw-away CA (``trustme``):
   ``COMPLETED`` (with ``error`` and ``error_type`` when the job failed); 404 for an unknown id.
 - ``GET /<owner>/<app>/requests/<id>`` -> the result JSON, or the job's error answer
   (422 with a ``detail`` list, or 500), or 400 while the job still runs.
+- Vision-LLM apps (``vision_apps``, e.g. ``fal-ai/any-llm``) answer ``{"output": <text>}``:
+  the text scripted for the input image's pixels with :meth:`FalServer.answer`, else
+  ``default_answer``; billed per answer like an image.
 - ``GET /files/<name>`` serves output images; ``/_fake/stats`` and ``/_fake/reset`` let a
   process that runs the server elsewhere (the benchmark) read and reset its counters.
 
@@ -120,7 +123,8 @@ class FalServer:
         price_usd: float = 0.039,
         keys: tuple[str, ...] = ("test-key-id:test-key-secret",),
         locked_keys: tuple[str, ...] = ("locked-key-id:locked-key-secret",),
-        apps: tuple[str, ...] = ("fal-ai/nano-banana", "fal-ai/nano-banana-pro"),
+        apps: tuple[str, ...] = ("fal-ai/nano-banana", "fal-ai/nano-banana-pro", "fal-ai/any-llm"),
+        vision_apps: tuple[str, ...] = ("fal-ai/any-llm",),
         port: int = 0,
         model: Literal["invert", "resize"] = "invert",
         resize_to: tuple[int, int] = (896, 1152),
@@ -132,6 +136,9 @@ class FalServer:
         self.keys = keys
         self.locked_keys = locked_keys
         self.apps = apps
+        self.vision_apps = vision_apps
+        self.default_answer = '{"race": "White", "gender": "male"}'
+        self._answers: dict[str, str] = {}
         self._requested_port = port
         self._lock = threading.Lock()
         self._stopping = threading.Event()
@@ -242,6 +249,7 @@ class FalServer:
         """Forgets jobs, counters and behaviours (not keys, apps, price or latency)."""
         with self._lock:
             self._behaviours = {}
+            self._answers = {}
             self.jobs: dict[str, Job] = {}
             self.files: dict[str, bytes] = {}
             self.outputs: dict[str, np.ndarray] = {}
@@ -252,6 +260,11 @@ class FalServer:
             self.in_flight = 0
             self.max_in_flight = 0
             self._submit_errors_used: Counter[str] = Counter()
+
+    def answer(self, pixels: np.ndarray, text: str) -> None:
+        """A vision app asked about exactly these ``(H, W, 3)`` uint8 pixels answers ``text``."""
+        with self._lock:
+            self._answers[_pixels_key(pixels)] = text
 
     def behave(self, prompt: str, behaviour: Behaviour) -> None:
         """Requests whose prompt equals ``prompt`` get ``behaviour``."""
@@ -265,7 +278,7 @@ class FalServer:
             return sum(
                 self.price_usd
                 for j in self.jobs.values()
-                if j.done(now) and j.behaviour.outcome in ("ok", "nsfw", "refusal_text")
+                if j.done(now) and (j.behaviour.outcome in ("ok", "nsfw", "refusal_text") or j.app in self.vision_apps)
             )
 
     def stats(self) -> dict[str, Any]:
@@ -486,6 +499,10 @@ class FalServer:
                 "Runner disconnected",
                 **{"x-fal-error-type": "runner_disconnected", "x-fal-request-id": job.request_id},
             )
+        if job.app in self.vision_apps:
+            with self._lock:
+                text = self._answers.get(_pixels_key(job.input_image), self.default_answer)
+            return JSONResponse({"output": text, "partial": False, "error": None})
         if outcome == "no_images":
             return JSONResponse({"images": [], "description": ""})
         if outcome == "nsfw":
@@ -531,6 +548,11 @@ class FalServer:
             "width": int(pixels.shape[1]),
             "height": int(pixels.shape[0]),
         }
+
+
+def _pixels_key(pixels: np.ndarray) -> str:
+    a = np.ascontiguousarray(pixels, dtype=np.uint8)
+    return hashlib.sha256(repr(a.shape).encode() + a.tobytes()).hexdigest()
 
 
 def _parse(raw: bytes) -> tuple[dict[str, Any], str]:

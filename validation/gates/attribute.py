@@ -2,7 +2,12 @@
 
 A classifier reads the candidate's perceived race and gender (``fairface``), or gender only
 (``insightface`` genderage); its classes are mapped to the spec's condition labels by
-``label_map``, written in the spec. Where the mapped label differs from the requested one,
+``label_map``, written in the spec. Or a vision-language model on fal (``vlm``) is asked for
+the labels themselves, in strict JSON from the spec's label set (``labels``); its raw answer,
+request id and cost are recorded, and an answer that is not valid JSON, names a label
+outside the set, or refuses goes to review (``attribute_vlm_malformed``,
+``attribute_vlm_label_invalid``, ``attribute_vlm_refused``; ``attribute_vlm_unanswered`` when
+the call itself failed). Coverage (the share of valid answers) is ``vlm_status == "ok"``. Where the mapped label differs from the requested one,
 the candidate goes to people with ``attribute_mismatch``: classifiers are biased too (FairFace
 reports its own per-group accuracy gaps), so a disagreement is a doubt, never a rejection and
 never a silent accept. A class the map does not cover is ``attribute_label_unmapped``, a face
@@ -21,6 +26,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from counterfactory.generation.editors.base import EditJournal, MemoryJournal
+from counterfactory.generation.editors.fal import FalOptions
 from counterfactory.validation.backends.attributes import (
     FAIRFACE_HEADS,
     GENDERAGE_GENDERS,
@@ -31,7 +38,7 @@ from counterfactory.validation.backends.attributes import (
 from counterfactory.validation.gates.base import GateResult, PairContext
 
 BACKEND_THRESHOLDS: tuple[str, ...] = ()
-ATTRIBUTE_BACKENDS = ("fairface", "insightface")
+ATTRIBUTE_BACKENDS = ("fairface", "insightface", "vlm")
 #: What each backend can read.
 BACKEND_HEADS: dict[str, dict[str, tuple[str, ...]]] = {
     "fairface": {"race": FAIRFACE_HEADS["race"], "gender": FAIRFACE_HEADS["gender"]},
@@ -55,14 +62,34 @@ class AttributeGateConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    backend: Literal["fairface", "insightface"]
-    label_map: dict[str, dict[str, str]]
+    backend: Literal["fairface", "insightface", "vlm"]
+    label_map: dict[str, dict[str, str]] = Field(default_factory=dict)
     weights: Path | None = None
     sha256: str | None = Field(None, pattern=r"^[0-9a-fA-F]{64}$")
     insightface_pack: Path | None = None
+    labels: dict[str, list[str]] = Field(default_factory=dict)
+    model: str | None = None
+    prompt: str = "attribute_vlm_v1"
+    fal: FalOptions = Field(default_factory=lambda: FalOptions(endpoint="fal-ai/any-llm/vision", concurrency=4))
 
     @model_validator(mode="after")
     def _consistent(self) -> AttributeGateConfig:
+        if self.backend == "vlm":
+            if not self.labels or self.label_map:
+                raise ValueError(
+                    "backend 'vlm' answers in the spec's labels: give labels (axis -> list of "
+                    "labels, e.g. {race: [White, Black], gender: [female, male]}) and no label_map"
+                )
+            if not self.model:
+                raise ValueError("backend 'vlm' needs model: the model the fal endpoint routes to")
+            if self.fal.endpoint not in self.fal.prices_usd:
+                raise ValueError(
+                    f"backend 'vlm' needs fal.prices_usd[{self.fal.endpoint!r}], the USD per question, "
+                    "so that the spend cap can account for it"
+                )
+            return self
+        if not self.label_map:
+            raise ValueError(f"backend {self.backend!r} needs label_map: model class -> spec label per axis")
         heads = BACKEND_HEADS[self.backend]
         for axis, mapping in self.label_map.items():
             if axis not in heads:
@@ -88,6 +115,12 @@ def check_label_map(config: AttributeGateConfig, axes: Mapping[str, Sequence[str
         axes: the design's axes, ``{"race": ["White", "Black", ...], "gender": [...]}``.
     """
     problems = []
+    if config.backend == "vlm":
+        for axis, values in config.labels.items():
+            if axis not in axes:
+                problems.append(f"labels axis {axis!r} is not an axis of the design ({sorted(axes)})")
+            elif set(axes[axis]) - set(values):
+                problems.append(f"labels.{axis} lacks {sorted(set(axes[axis]) - set(values))}; add them")
     for axis, mapping in config.label_map.items():
         if axis not in axes:
             problems.append(f"label_map axis {axis!r} is not an axis of the design ({sorted(axes)})")
@@ -107,10 +140,18 @@ class AttributeGate:
 
     name = "attribute"
 
-    def __init__(self, config: AttributeGateConfig, classifier: Any = None) -> None:
+    def __init__(
+        self, config: AttributeGateConfig, classifier: Any = None, *, journal: EditJournal | None = None
+    ) -> None:
         self.config = config
+        #: where paid VLM questions are journaled; the flow binds the ledger's
+        self.journal: EditJournal = journal if journal is not None else MemoryJournal()
         if classifier is not None:
             self.classifier = classifier
+        elif config.backend == "vlm":
+            from counterfactory.validation.backends.vlm import FalVisionClient
+
+            self.classifier = FalVisionClient(config.fal, model=str(config.model))
         elif config.backend == "fairface":
             self.classifier = FairFaceClassifier(config.weights, config.sha256)  # type: ignore[arg-type]
         else:
@@ -124,9 +165,48 @@ class AttributeGate:
             return self.classifier.classify(pair.candidate, face.keypoints5())
         return self.classifier.classify(pair.candidate, face.box)
 
+    def _ask(self, pair: PairContext, axes: list[str]) -> GateResult:
+        from counterfactory.validation.backends.vlm import ask_labels
+
+        condition = pair.extras.get("condition") or {}
+        answer = ask_labels(
+            self.classifier,
+            [pair.candidate],
+            self.config.labels,
+            prompt_version=self.config.prompt,
+            journal=self.journal,
+        )[0]
+        metrics: dict[str, Any] = {
+            "backend": "vlm",
+            "vlm_status": answer.status,
+            "vlm_raw": answer.raw,
+            "vlm_reason": answer.reason,
+            "vlm_request_id": answer.request_id,
+            "vlm_cost_usd": answer.cost_usd,
+            "vlm_resumed": answer.resumed,
+        }
+        if answer.status != "ok":
+            code = {
+                "malformed": "attribute_vlm_malformed",
+                "invalid_label": "attribute_vlm_label_invalid",
+                "refused": "attribute_vlm_refused",
+            }.get(answer.status, "attribute_vlm_unanswered")
+            return GateResult(self.name, True, metrics, review=(code,))
+        mismatch = False
+        for axis in axes:
+            label = answer.labels.get(axis)
+            metrics[f"requested_{axis}"] = str(condition[axis])
+            metrics[f"perceived_{axis}"] = label
+            metrics[f"match_{axis}"] = label == str(condition[axis])
+            mismatch = mismatch or label != str(condition[axis])
+        return GateResult(self.name, True, metrics, review=("attribute_mismatch",) if mismatch else ())
+
     def __call__(self, pair: PairContext) -> GateResult:
         condition = pair.extras.get("condition") or {}
-        axes = [a for a in self.config.label_map if a in condition]
+        checked = self.config.labels if self.config.backend == "vlm" else self.config.label_map
+        axes = [a for a in checked if a in condition]
+        if axes and self.config.backend == "vlm":
+            return self._ask(pair, axes)
         metrics: dict[str, Any] = {"backend": self.config.backend}
         if not axes:
             return GateResult(self.name, True, metrics)
