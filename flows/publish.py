@@ -16,6 +16,7 @@ from counterfactory.manifests.spec import Spec
 from counterfactory.validation.attrition import attrition_table, plot_attrition
 from counterfactory.validation.report import write_report
 from counterfactory.validation.review_stats import release_review_stats
+from counterfactory.validation.target_stats import label_consistency, plot_skin_tone, skin_tone_stats
 
 STATUSES = ("accepted", "needs_review", "rejected", "failed")
 
@@ -121,6 +122,17 @@ def build_stats(
     }
 
 
+def _own_group(spec: Spec, meta: dict[str, Any]) -> str | None:
+    """The source's own race as its metadata records it (the skin gate's ``source_fields``
+    say which field), for the lightened-share-per-source-group table; None if unrecorded."""
+    skin = spec.gates.for_kind(spec.design.kind).skin
+    field = (skin.source_fields if skin is not None else {}).get("race", "race")
+    value = meta.get(field)
+    if value is None:
+        value = (meta.get("extra") or {}).get(field)
+    return None if value is None else str(value)
+
+
 def publish_release(
     spec: Spec,
     ws: Workspace,
@@ -138,6 +150,10 @@ def publish_release(
         cost = sum(a.cost_usd for a in ws.ledger.attempts())
         stats = build_stats(spec, items, failed, outcomes, grid, editor_calls=editor_calls, total_cost_usd=cost)
         stats["review"] = release_review_stats(ws.ledger, spec.review, items)
+        stats["skin"] = skin_tone_stats(items, {p.id: _own_group(spec, p.meta) for p in prepared})
+        stats["labels"] = label_consistency(items)
+        if stats["skin"]["by_condition"] or stats["skin"]["lightened_by_source_group"]:
+            plot_skin_tone(stats["skin"], stage.dir / "skin_tone.png")
         write_jsonl(stage.dir / MANIFEST, [r for r in items if r["status"] == "accepted"])
         write_jsonl(stage.dir / ITEMS, items)
         (stage.dir / "spec.yaml").write_text(spec.to_yaml(), encoding="utf-8")

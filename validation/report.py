@@ -15,6 +15,7 @@ from typing import Any
 from PIL import Image, ImageDraw, ImageFont
 
 from counterfactory.validation.review_stats import review_html
+from counterfactory.validation.target_stats import target_html
 
 VERDICT_COLOURS = {
     "accepted": (46, 160, 67),
@@ -168,6 +169,7 @@ Editor calls in the run that wrote this release: {stats["editor_calls_this_run"]
 <table id="reasons"><tr><th>reason</th><th>items</th></tr>{reason_rows}</table>
 <h2>Pass rates by group (Wilson 95 % intervals)</h2>
 <img src="attrition.png" alt="pass rates by condition group" style="max-width: 100%">
+{target_html(stats.get("skin"), stats.get("labels"))}
 {review_html(stats.get("review"))}
 <h2>Contact sheets</h2>
 {"".join(sheet_html)}

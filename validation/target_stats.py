@@ -1,0 +1,220 @@
+"""Release stats of the intended change: skin-tone shifts per condition and source group, and
+label consistency per condition with Wilson intervals.
+
+- :func:`skin_tone_stats`: from each item's ``skin`` gate metrics, the distribution of face
+  ITA change (candidate minus source, degrees) per condition, and per source group the share
+  of candidates lightened beyond the gate's tolerance (``lightened``), with Wilson 95 %
+  intervals; Seo et al. (2026) measured 62-71 % lightened overall, 72-75 % for Black and
+  Indian sources, 44 % for White ones, which a release can now be set against.
+- :func:`label_consistency`: from each item's ``attribute`` gate metrics, per condition the
+  share of candidates whose perceived label equals the requested one, per axis and jointly,
+  with Wilson 95 % intervals, and the coverage (items the classifier or VLM answered), as
+  FOCUS reported its VLM check (race 97.9 %, gender 100 %, joint 97.9 %, coverage 1.0).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from counterfactory.validation.attrition import wilson_interval
+
+UNKNOWN_GROUP = "unknown"
+
+
+def _label(condition: Mapping[str, str]) -> str:
+    return " x ".join(f"{k}={v}" for k, v in condition.items()) or "all"
+
+
+def _share(k: int, n: int) -> dict[str, Any]:
+    low, high = wilson_interval(k, n)
+    return {"n": n, "k": k, "share": (k / n) if n else None, "ci_low": low, "ci_high": high}
+
+
+def _metrics(row: Mapping[str, Any], gate: str) -> Mapping[str, Any] | None:
+    g = (row.get("gates") or {}).get(gate)
+    return g.get("metrics") if isinstance(g, Mapping) else None
+
+
+def skin_tone_stats(items: Sequence[Mapping[str, Any]], source_groups: Mapping[str, str | None]) -> dict[str, Any]:
+    """ITA change per condition and lightened share per source group.
+
+    Args:
+        items: release rows (``condition``, ``source.id``, ``gates.skin.metrics``); rows
+            without a measured face ITA change are left out and counted in ``unmeasured``.
+        source_groups: source id -> its own group (e.g. its recorded race), or None.
+
+    Returns:
+        ``{"by_condition": [{label, condition, n, median, q25, q75, min, max, values}],
+        "lightened_by_source_group": [{group, n, k, share, ci_low, ci_high}],
+        "lightened_all": {...}, "unmeasured": int}``; changes in ITA degrees.
+    """
+    by_condition: dict[str, tuple[dict, list[float]]] = {}
+    by_group: dict[str, list[bool]] = {}
+    unmeasured = 0
+    for row in items:
+        m = _metrics(row, "skin")
+        change = m.get("face_ita_change_deg") if m else None
+        if change is None:
+            unmeasured += 1
+            continue
+        condition = dict(row.get("condition") or {})
+        by_condition.setdefault(_label(condition), (condition, []))[1].append(float(change))
+        if m.get("lightened") is not None:
+            group = source_groups.get(str((row.get("source") or {}).get("id"))) or UNKNOWN_GROUP
+            by_group.setdefault(str(group), []).append(bool(m["lightened"]))
+    conditions = []
+    for label, (condition, values) in sorted(by_condition.items()):
+        v = np.asarray(values, dtype=np.float64)
+        conditions.append(
+            {
+                "label": label,
+                "condition": condition,
+                "n": int(v.size),
+                "median": float(np.median(v)),
+                "q25": float(np.quantile(v, 0.25)),
+                "q75": float(np.quantile(v, 0.75)),
+                "min": float(v.min()),
+                "max": float(v.max()),
+                "values": [round(x, 3) for x in values],
+            }
+        )
+    groups = [{"group": g, **_share(sum(flags), len(flags))} for g, flags in sorted(by_group.items())]
+    every = [f for flags in by_group.values() for f in flags]
+    return {
+        "by_condition": conditions,
+        "lightened_by_source_group": groups,
+        "lightened_all": _share(sum(every), len(every)),
+        "unmeasured": unmeasured,
+    }
+
+
+def label_consistency(items: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Per condition: for each checked axis and jointly, matches / answered with Wilson 95 %
+    intervals, and coverage = answered / items with an attribute gate.
+
+    An item is answered when every checked axis has a ``match_<axis>`` of True or False
+    (a VLM refusal, malformed answer or unmapped class leaves it unanswered).
+    """
+    per: dict[str, dict[str, Any]] = {}
+    for row in items:
+        m = _metrics(row, "attribute")
+        if m is None:
+            continue
+        condition = dict(row.get("condition") or {})
+        slot = per.setdefault(
+            _label(condition), {"condition": condition, "items": 0, "answered": 0, "axes": {}, "joint": [0, 0]}
+        )
+        slot["items"] += 1
+        matches = {k.removeprefix("match_"): v for k, v in m.items() if k.startswith("match_")}
+        if not matches or any(v is None for v in matches.values()):
+            continue
+        slot["answered"] += 1
+        for axis, ok in matches.items():
+            counts = slot["axes"].setdefault(axis, [0, 0])
+            counts[0] += bool(ok)
+            counts[1] += 1
+        slot["joint"][0] += all(bool(v) for v in matches.values())
+        slot["joint"][1] += 1
+    out = []
+    for label, slot in sorted(per.items()):
+        out.append(
+            {
+                "label": label,
+                "condition": slot["condition"],
+                "coverage": _share(slot["answered"], slot["items"]),
+                "axes": {axis: _share(k, n) for axis, (k, n) in sorted(slot["axes"].items())},
+                "joint": _share(*slot["joint"]),
+            }
+        )
+    return {"by_condition": out}
+
+
+def plot_skin_tone(stats: Mapping[str, Any], path_png: str | Path) -> Path:
+    """Two panels: the ITA change per condition (box: quartiles, whiskers: range, dots:
+    candidates), and the share lightened beyond tolerance per source group with Wilson 95 %
+    intervals. PNG via matplotlib's Agg backend."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    conditions = list(stats.get("by_condition", []))
+    groups = list(stats.get("lightened_by_source_group", []))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, max(2.8, 0.35 * max(len(conditions), len(groups)) + 1.4)))
+    if conditions:
+        left.boxplot(
+            [c["values"] for c in conditions], vert=False, whis=(0, 100), tick_labels=[c["label"] for c in conditions]
+        )
+        for i, c in enumerate(conditions, start=1):
+            left.plot(c["values"], [i] * len(c["values"]), "o", color="C0", alpha=0.5, markersize=3)
+    left.axvline(0.0, color="0.5", linestyle="--", linewidth=1)
+    left.set_xlabel("face ITA change, candidate - source (degrees; > 0 lighter)")
+    left.set_title("ITA change per condition")
+    for yi, g in enumerate(groups):
+        if g["share"] is None:
+            continue
+        right.errorbar(
+            g["share"],
+            yi,
+            xerr=[[g["share"] - g["ci_low"]], [g["ci_high"] - g["share"]]],
+            fmt="o",
+            capsize=3,
+            color="C3",
+        )
+    right.set_yticks(range(len(groups)))
+    right.set_yticklabels([f"{g['group']} (n={g['n']})" for g in groups])
+    right.set_xlim(-0.02, 1.02)
+    right.set_xlabel("share lightened beyond tolerance (Wilson 95 %)")
+    right.set_title("lightened per source group")
+    fig.tight_layout()
+    path = Path(path_png)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def target_html(skin: Mapping[str, Any] | None, labels: Mapping[str, Any] | None) -> str:
+    """The report's section for :func:`skin_tone_stats` and :func:`label_consistency`."""
+    import html
+
+    def pct(s: Mapping[str, Any]) -> str:
+        if s["share"] is None:
+            return "n/a"
+        return f"{100 * s['share']:.1f} % [{100 * s['ci_low']:.1f}, {100 * s['ci_high']:.1f}] (n={s['n']})"
+
+    parts = []
+    if skin and (skin.get("by_condition") or skin.get("lightened_by_source_group")):
+        rows = "".join(
+            f"<tr><td>{html.escape(c['label'])}</td><td>{c['n']}</td><td>{c['median']:+.1f}</td>"
+            f"<td>{c['q25']:+.1f} .. {c['q75']:+.1f}</td></tr>"
+            for c in skin["by_condition"]
+        )
+        groups = "".join(
+            f"<tr><td>{html.escape(g['group'])}</td><td>{pct(g)}</td></tr>" for g in skin["lightened_by_source_group"]
+        )
+        parts.append(
+            "<h2>Skin tone (ITA°)</h2>"
+            '<table id="skin-by-condition"><tr><th>condition</th><th>n</th><th>median change</th>'
+            f"<th>quartiles</th></tr>{rows}</table>"
+            '<table id="skin-lightened"><tr><th>source group</th><th>lightened beyond tolerance</th></tr>'
+            f"{groups}</table>"
+            '<img src="skin_tone.png" alt="ITA change per condition and lightened share per source group" '
+            'style="max-width: 100%">'
+        )
+    if labels and labels.get("by_condition"):
+        rows = "".join(
+            f"<tr><td>{html.escape(c['label'])}</td><td>{pct(c['coverage'])}</td>"
+            + "".join(f"<td>{html.escape(a)}: {pct(s)}</td>" for a, s in c["axes"].items())
+            + f"<td>{pct(c['joint'])}</td></tr>"
+            for c in labels["by_condition"]
+        )
+        parts.append(
+            "<h2>Label consistency (Wilson 95 % intervals)</h2>"
+            '<table id="label-consistency"><tr><th>condition</th><th>coverage</th><th colspan="2">per axis</th>'
+            f"<th>joint</th></tr>{rows}</table>"
+        )
+    return "\n".join(parts)
