@@ -426,6 +426,7 @@ def measure_pair(
     candidate_landmarks: np.ndarray | None,
     other_faces: Sequence[np.ndarray] = (),
     edit_mask: np.ndarray | None = None,
+    covered: np.ndarray | None = None,
 ) -> tuple[SkinTones, SkinTones]:
     """Skin tones of an aligned pair, both measured on the SAME body pixels.
 
@@ -442,6 +443,8 @@ def measure_pair(
         candidate_landmarks: the subject in the candidate; the source's are used when None.
         other_faces: landmarks of other people in the source (their heads are not body skin).
         edit_mask: ``(H, W)`` limb edit mask, or None; left out of the body skin.
+        covered: ``(H, W)`` bool, where the editor's output covers the frame; body skin is
+            measured only there (elsewhere the candidate holds source pixels). None: all.
 
     Returns:
         ``(source tones, candidate tones)``; pixel counts are at the working resolution
@@ -458,6 +461,8 @@ def measure_pair(
         person = segmenter.segment(src)
         others = [_scaled(o, k) for o in other_faces]
         body = body_skin_mask(src, person, src_lm, exclude=emask, other_faces=others)
+        if covered is not None:
+            body[~np.ascontiguousarray(np.asarray(covered, dtype=bool)[::k, ::k])] = 0
     return (
         measure_tones(src, src_lm, body, edit_mask=emask),
         measure_tones(cand, cand_lm, body, edit_mask=emask),

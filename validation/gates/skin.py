@@ -131,6 +131,7 @@ class SkinGate:
             candidate_landmarks=cand_face.landmarks if cand_face is not None else None,
             other_faces=others,
             edit_mask=pair.edit_mask if pair.kind == "limb" else None,
+            covered=pair.covered,
         )
         control = is_control(
             pair.extras.get("condition"),
