@@ -21,8 +21,9 @@ from counterfactory.manifests.ledger import Ledger
 from counterfactory.manifests.release import SealedRelease
 from counterfactory.manifests.spec import load_spec
 
-# grace_hopper's edits pass; biden_blue_room's "Black" edit ends face_low_confidence (needs
-# review) and its "White" edit is rejected twice: every verdict, on real photos and models.
+# On these two real photos the real gates give every verdict: biden_blue_room's "Black" edit
+# ends face_low_confidence (needs review), its "White" edit is rejected twice, grace_hopper's
+# edits are accepted or sent to review. Tests that depend on more than that read the ledger.
 METADATA = {
     "sources": [
         {
