@@ -141,6 +141,51 @@ def _attrition_section(attrition: Mapping[str, Any]) -> list[str]:
     return lines
 
 
+def _share(share: Mapping[str, Any]) -> str:
+    if not share or share.get("share") is None:
+        return "n/a"
+    return f"{share['share']:.0%} [{share['ci_low']:.0%}, {share['ci_high']:.0%}] ({share['k']}/{share['n']})"
+
+
+def _intended_change_section(stats: Mapping[str, Any]) -> list[str]:
+    """Skin-tone shift and perceived-label consistency (``stats["skin"]``, ``stats["labels"]``)."""
+    lines: list[str] = []
+    skin = stats.get("skin") or {}
+    if skin.get("by_condition"):
+        lines += [
+            "Face skin tone change (ITA°, candidate minus source; Chardon et al. 1991) per condition:",
+            "",
+            "| condition | n | median | quartiles |",
+            "|---|---|---|---|",
+        ]
+        lines += [
+            f"| {c['label']} | {c['n']} | {c['median']:+.1f} | [{c['q25']:+.1f}, {c['q75']:+.1f}] |"
+            for c in skin["by_condition"]
+        ]
+        lines.append("")
+    if skin.get("lightened_by_source_group"):
+        lines.append(f"Candidates lightened beyond the gate's tolerance: {_share(skin.get('lightened_all') or {})}")
+        lines += [f"- source group {g['group']}: {_share(g)}" for g in skin["lightened_by_source_group"]]
+        lines.append("")
+    labels = (stats.get("labels") or {}).get("by_condition") or []
+    if labels:
+        lines += [
+            "Perceived label equals the requested one (attribute gate), with coverage:",
+            "",
+            "| condition | coverage | " + " | ".join(sorted({a for c in labels for a in c["axes"]})) + " | joint |",
+        ]
+        axes = sorted({a for c in labels for a in c["axes"]})
+        lines.append("|" + "---|" * (len(axes) + 3))
+        lines += [
+            f"| {c['label']} | {_share(c['coverage'])} | "
+            + " | ".join(_share(c["axes"].get(a) or {}) for a in axes)
+            + f" | {_share(c['joint'])} |"
+            for c in labels
+        ]
+        lines.append("")
+    return lines
+
+
 def _review_section(items: Sequence[Mapping[str, Any]], review: Mapping[str, Any] | None) -> list[str]:
     """Review progress from the items' review records and the release's ``stats["review"]``."""
     statuses = Counter(row.get("status") for row in items)
@@ -287,6 +332,9 @@ def card_body(
     lines += ["", f"Spec hash: `{stats.get('spec_hash', '')}`; the full spec is `release/spec.yaml`.", ""]
 
     lines += ["## Attrition per group", "", *_attrition_section(stats.get("attrition") or {}), ""]
+    intended = _intended_change_section(stats)
+    if intended:
+        lines += ["## Did the edit do what was asked", "", *intended]
     lines += ["## Review", "", *_review_section(items, stats.get("review")), ""]
     lines += ["## Licence", "", f"Released as `{licence.hub_id}`, the strictest of its sources' licences:", ""]
     lines += [f"- `{hub_id}`: {', '.join(ids)}" for hub_id, ids in sorted(licence.sources_by_licence.items())]

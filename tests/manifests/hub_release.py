@@ -21,9 +21,12 @@ from counterfactory.assets import PHOTOS_DIR
 from counterfactory.manifests.release import ReleaseStage, write_json, write_jsonl
 from counterfactory.manifests.store import sha256_file
 from counterfactory.validation.attrition import attrition_table
+from counterfactory.validation.target_stats import label_consistency, skin_tone_stats
 
 PHOTOS = {"astronaut": "astronaut.png", "grace_hopper": "grace_hopper.jpg"}
 DEFAULT_LICENCES = {"astronaut": "public domain (NASA)", "grace_hopper": "public domain (U.S. Navy)"}
+#: face ITA change (degrees) per source and condition index; below -8 counts as lightened
+ITA_CHANGE = {"astronaut": [-5.0, -15.0, 0.0], "grace_hopper": [-3.0, -9.0, 0.0]}
 CONDITIONS = [
     ({"race": "Black", "gender": "female"}, "accepted"),
     ({"race": "White", "gender": "male"}, "rejected"),
@@ -114,7 +117,24 @@ def make_release(
                             "reasons": [] if passed else ["identity_low_cosine"],
                             "review": [],
                             "thresholds": {"backend": "sface", "min_cosine": 0.25, "max_cosine": 0.995},
-                        }
+                        },
+                        "skin": {
+                            "metrics": {
+                                "face_ita_change_deg": ITA_CHANGE[sid][k],
+                                "lightened": ITA_CHANGE[sid][k] < -8,
+                            },
+                            "passed": True,
+                            "reasons": [],
+                            "review": [],
+                            "thresholds": {"max_lightening_deg": 8.0},
+                        },
+                        "attribute": {
+                            "metrics": {"match_race": passed, "match_gender": True},
+                            "passed": passed,
+                            "reasons": [] if passed else ["attribute_mismatch"],
+                            "review": [],
+                            "thresholds": {"backend": "fairface"},
+                        },
                     },
                     "review": {
                         "gate_verdict": "accepted",
@@ -193,6 +213,8 @@ def make_release(
             "failed_sources": [],
             "spec_hash": hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest(),
             "attrition": attrition_table(gate_rows),
+            "skin": skin_tone_stats(items, {sid: "White" for sid in PHOTOS}),
+            "labels": label_consistency(items),
             # shaped as validation.review_stats.release_review_stats writes it
             "review": {
                 "waiting": {"total": 0, "by_group": {}},

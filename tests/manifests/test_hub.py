@@ -156,6 +156,10 @@ def test_card_metadata_parses_with_huggingface_hub(exported):
     assert "| all | 6 | 33% [10%, 70%] (n=6)" in card.text
     assert "min_cosine=0.25" in card.text
     assert "items with a review record: 1: resolved (accepted) 1" in card.text
+    # skin-tone and label checks, from the fixture's metrics: medians of (-5, -3) and (-15, -9)
+    assert "| race=Black x gender=female | 2 | -4.0 | [-4.5, -3.5] |" in card.text
+    assert "| -12.0 |" in card.text and "source group White: 50% [" in card.text
+    assert "(2/2) | 100% [34%, 100%] (2/2) |" in card.text  # joint label match for the accepted condition
     assert "review queue: 1 candidates (0 flagged by gates, 1 audit sample): 1 decided" in card.text
 
 
