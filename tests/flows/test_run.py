@@ -75,6 +75,11 @@ def test_demo_release_has_every_file(demo_run):
         assert row["alignment"]["ok"] is True
     report = (release / "report.html").read_text()
     assert "contact_sheets/astronaut.jpg" in report and 'id="status-counts"' in report
+    # the skin gate measured every judged candidate; the report shows ITA change per condition
+    judged = [i for i in items if i["status"] in ("accepted", "needs_review")]
+    assert judged and all(i["gates"]["skin"]["metrics"]["face_ita_change_deg"] is not None for i in judged)
+    assert stats["skin"]["by_condition"] and (release / "skin_tone.png").is_file()
+    assert 'id="skin-by-condition"' in report and stats["labels"] == {"by_condition": []}
     sheet = release / "contact_sheets" / "astronaut.jpg"
     with Image.open(sheet) as im:
         assert im.width > 6 * 150  # the source and six conditions side by side
