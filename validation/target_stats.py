@@ -202,6 +202,8 @@ def target_html(skin: Mapping[str, Any] | None, labels: Mapping[str, Any] | None
             f"<th>quartiles</th></tr>{rows}</table>"
             '<table id="skin-lightened"><tr><th>source group</th><th>lightened beyond tolerance</th></tr>'
             f"{groups}</table>"
+            "<p>For comparison, Seo et al. (2026) found image editors lightening skin in 62-71 % of "
+            "outputs (72-75 % for Black and Indian sources, 44 % for White ones).</p>"
             '<img src="skin_tone.png" alt="ITA change per condition and lightened share per source group" '
             'style="max-width: 100%">'
         )
