@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -14,6 +15,22 @@ import click
 # logs database-lock errors. Both can be overridden from the environment.
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+
+
+def _stop_on_signal(signum: int, _frame: object) -> None:
+    """SIGINT/SIGTERM during a run: leave at once, losing only the edits in flight.
+
+    Every finished edit is already committed to the ledger and the store (written to a
+    temporary name, then renamed), so stopping here is as safe as a kill, and quick: waiting
+    for the worker threads and Prefect's shutdown took over a minute and printed a wall of
+    connection errors. Prefect's server is a thread of this process and ends with it.
+    """
+    name = signal.Signals(signum).name
+    os.write(
+        2,
+        f"\n{name}: stopped; finished edits are saved in the ledger: run the same command to resume\n".encode(),
+    )
+    os._exit(128 + signum)
 
 
 def _fail(message: str, code: int = 2) -> None:
@@ -37,9 +54,14 @@ def run(spec_path: Path, out: Path, workers: int, no_progress: bool) -> None:
     """Run SPEC_PATH end to end and publish its release under OUT/releases/."""
     from counterfactory.generation.editors import EditorSetupError
     from counterfactory.generation.sources import MetadataError, load_metadata
+    from counterfactory.manifests.ledger import LedgerError
     from counterfactory.manifests.release import ReleaseExistsError
+    from counterfactory.manifests.runlock import RunFolderError
     from counterfactory.manifests.spec import SpecError, load_spec
+    from counterfactory.manifests.store import DamagedBlobError
 
+    signal.signal(signal.SIGINT, _stop_on_signal)
+    signal.signal(signal.SIGTERM, _stop_on_signal)
     try:
         spec = load_spec(spec_path)
         load_metadata(spec.sources.metadata)
@@ -58,8 +80,14 @@ def run(spec_path: Path, out: Path, workers: int, no_progress: bool) -> None:
     started = time.perf_counter()
     try:
         summary = run_spec(spec_path, out, workers=workers, progress=not no_progress)
-    except (ReleaseExistsError, EditorSetupError, SpecError) as exc:
+    except (ReleaseExistsError, EditorSetupError, SpecError, LedgerError, RunFolderError, DamagedBlobError) as exc:
         _fail(str(exc))
+    if summary.missing_outputs:
+        click.echo(
+            f"note: {summary.missing_outputs} finished edit(s) had lost their image from {out / 'store'}; "
+            "only those attempts were run again",
+            err=True,
+        )
     if summary.templates == 0:
         click.echo(
             "warning: no source could serve the design, so the release has no items; "

@@ -40,7 +40,9 @@ def build_items(
             candidate = ws.ledger.candidate(cell_outcome.final_attempt) if cell_outcome.final_attempt else None
             image = None
             if candidate is not None and candidate.image_sha256:
-                rel = stage.add_file(f"images/{candidate.image_sha256}.png", ws.store.path(candidate.image_sha256))
+                rel = stage.add_file(
+                    f"images/{candidate.image_sha256}.png", ws.store.verified_path(candidate.image_sha256)
+                )
                 image = {"sha256": candidate.image_sha256, "path": rel}
             record = src.meta
             rows.append(
@@ -147,7 +149,8 @@ def publish_release(
     stage = ReleaseStage(ws.releases, spec.release.name, spec.release.version)
     try:
         items = build_items(spec, ws, prepared, outcomes, stage)
-        cost = sum(a.cost_usd for a in ws.ledger.attempts())
+        # this release's attempts only: other specs may share the ledger
+        cost = ws.ledger.cost_usd(a for o in outcomes for c in o.cells for a in c.attempt_ids)
         stats = build_stats(spec, items, failed, outcomes, grid, editor_calls=editor_calls, total_cost_usd=cost)
         stats["review"] = release_review_stats(ws.ledger, spec.review, items)
         stats["skin"] = skin_tone_stats(items, {p.id: _own_group(spec, p.meta) for p in prepared})

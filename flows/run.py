@@ -7,6 +7,7 @@ with tens of thousands of task runs, and the ledger already holds the per-image 
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +22,8 @@ from tqdm.auto import tqdm  # noqa: E402
 
 from counterfactory.flows import steps  # noqa: E402
 from counterfactory.flows.publish import publish_release  # noqa: E402
+from counterfactory.flows.server import prefect_api  # noqa: E402
+from counterfactory.manifests.runlock import RunFolderLock  # noqa: E402
 from counterfactory.manifests.spec import load_spec  # noqa: E402
 
 
@@ -33,6 +36,8 @@ class RunSummary:
     templates: int
     complete_templates: int
     editor_calls: int
+    #: finished attempts whose output image was gone from the store when the run started
+    missing_outputs: int = 0
 
 
 @task(name="prepare-sources", cache_policy=NONE)
@@ -111,6 +116,20 @@ def run_flow(spec_path: str, out: str, progress: bool = True) -> RunSummary:
 
 
 def run_spec(spec_path: str | Path, out: str | Path, *, workers: int = 2, progress: bool = True) -> RunSummary:
-    """Run the flow with ``workers`` templates at a time (threads on this machine)."""
-    configured = run_flow.with_options(task_runner=ThreadPoolTaskRunner(max_workers=max(1, workers)))
-    return configured(str(spec_path), str(out), progress=progress)
+    """Run the flow with ``workers`` templates at a time (threads on this machine).
+
+    The run holds ``out``'s lock throughout, so a second run on the same folder is refused
+    (:class:`~counterfactory.manifests.runlock.RunFolderError`) before it pays for anything; the
+    ledger is opened once before the flow starts, so a damaged one is refused with one message
+    (:class:`~counterfactory.manifests.ledger.LedgerError`). Prefect's API is served from this
+    process (:func:`~counterfactory.flows.server.prefect_api`), so no server outlives the run.
+    """
+    with RunFolderLock(out):
+        spec = load_spec(spec_path)
+        ws = steps.open_workspace(spec, out)
+        missing = steps.count_missing_outputs(ws)
+        ws.ledger.close()
+        configured = run_flow.with_options(task_runner=ThreadPoolTaskRunner(max_workers=max(1, workers)))
+        with prefect_api():
+            summary = configured(str(spec_path), str(out), progress=progress)
+        return dataclasses.replace(summary, missing_outputs=missing)

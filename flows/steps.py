@@ -72,6 +72,13 @@ def open_workspace(spec: Spec, out: str | Path) -> Workspace:
     return Workspace(out=out, ledger=Ledger(url), store=ImageStore(out / "store"))
 
 
+def count_missing_outputs(ws: Workspace) -> int:
+    """Finished attempts whose output image is gone from the store (each will run once more)."""
+    return sum(
+        1 for a in ws.ledger.attempts() if a.status == "ok" and a.output_sha256 and not ws.store.has(a.output_sha256)
+    )
+
+
 @dataclass(frozen=True)
 class PreparedSource:
     """A usable source with what every cell of its template needs."""
@@ -379,6 +386,10 @@ def run_edits(ws: Workspace, editor: Editor, plans: Sequence[PlannedAttempt], li
     to_run = []
     for plan in plans:
         done = ws.ledger.attempt(plan.attempt_id)
+        if done is not None and done.status == "ok" and not ws.store.has(done.output_sha256):
+            # the store lost this output (deleted blob or store): rebuild only this attempt
+            ws.ledger.reopen_attempt(plan.attempt_id, reason="store_blob_missing")
+            done = None
         if done is not None and done.status in FINISHED_ATTEMPT:
             continue
         ws.ledger.start_attempt(
@@ -461,7 +472,8 @@ def _judge_attempt(
         reason = attempt.reason if attempt is not None else "editor_not_run"
         return "failed", [reason or "editor_failed"]
     existing = ws.ledger.candidate(aid)
-    if existing is not None and existing.judge_key == jkey:
+    aligned_missing = existing is not None and existing.image_sha256 and not ws.store.has(existing.image_sha256)
+    if existing is not None and existing.judge_key == jkey and not aligned_missing:
         return existing.verdict, list(existing.reasons)
     if attempt.status == "refused":
         judged = Judged("rejected", [f"editor_refused: {attempt.reason}"], None, {}, {})

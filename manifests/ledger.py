@@ -17,6 +17,10 @@ The schema is kept by Alembic (:mod:`counterfactory.manifests.schema`); opening 
 upgrades it in place.
 
 Every write is its own short transaction, so a SIGKILL loses at most the call in flight.
+
+A ledger that cannot be trusted is refused with a :class:`LedgerError` that says how to recover,
+never silently replaced by an empty one: an empty (0-byte) or corrupt SQLite file, tables whose
+columns do not match this version's, or a database that cannot be reached.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy import (
@@ -39,11 +44,18 @@ from sqlalchemy import (
     create_engine,
     event,
     func,
+    inspect,
     select,
 )
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
 
 from counterfactory.manifests.schema import upgrade_ledger
+
+
+class LedgerError(RuntimeError):
+    """The ledger cannot be opened safely; the message names it and says how to recover."""
 
 
 def _now() -> datetime:
@@ -257,14 +269,33 @@ class Ledger:
 
     def __init__(self, url: str) -> None:
         self.url = url
+        shown = _shown_url(url)
         kwargs: dict[str, Any] = {"future": True}
         if url.startswith("sqlite"):
             kwargs["connect_args"] = {"check_same_thread": False, "timeout": 60}
-        self.engine = create_engine(url, **kwargs)
+            _check_sqlite_file(url)
+        try:
+            self.engine = create_engine(url, **kwargs)
+        except (ArgumentError, NoSuchModuleError, ValueError) as exc:
+            raise LedgerError(
+                f"ledger_url {shown!r} is not a usable SQLAlchemy URL ({exc}); use e.g. "
+                "'sqlite:////abs/path/ledger.sqlite' or 'postgresql+psycopg://user@host/db'"
+            ) from None
         if url.startswith("sqlite"):
             event.listen(self.engine, "connect", _sqlite_pragmas)
-        # Alembic, not create_all: a ledger written by an older version gains the new tables
-        upgrade_ledger(self.engine)
+        try:
+            # Alembic, not create_all: a ledger written by an older version is upgraded in place
+            upgrade_ledger(self.engine)
+            _check_schema(self.engine, shown)
+        except LedgerError:
+            self.engine.dispose()
+            raise
+        except DBAPIError as exc:
+            self.engine.dispose()
+            raise LedgerError(_damaged_message(shown, exc)) from None
+        except RuntimeError as exc:  # upgrade_ledger: a damaged or newer-than-this-code ledger
+            self.engine.dispose()
+            raise LedgerError(f"{exc}; nothing was run") from None
         self._session = sessionmaker(self.engine, expire_on_commit=False)
 
     def close(self) -> None:
@@ -354,6 +385,32 @@ class Ledger:
             row.status, row.output_sha256, row.reason = status, output_sha256, reason
             row.cost_usd, row.meta, row.finished_at = cost_usd, _jsonable(meta or {}), _now()
 
+    def reopen_attempt(self, attempt_id: str, *, reason: str) -> None:
+        """Make a finished attempt runnable again because its output blob is gone from the store.
+
+        Its candidate row goes too (it judged an image that no longer exists). The call count is
+        kept, so the ledger still shows what the rebuild cost.
+        """
+        with self.session() as s, s.begin():
+            row = s.get(AttemptRow, attempt_id)
+            if row is None:
+                raise KeyError(f"attempt {attempt_id} was never started")
+            candidate = s.get(CandidateRow, attempt_id)
+            if candidate is not None:
+                s.delete(candidate)
+            row.status, row.reason, row.output_sha256 = "failed", reason, None
+
+    def cost_usd(self, attempt_ids: Iterable[str]) -> float:
+        """Money spent on these attempts (USD); ids not in the ledger count 0."""
+        ids = sorted(set(attempt_ids))
+        total = 0.0
+        with self.session() as s:
+            for start in range(0, len(ids), 500):  # bounded IN lists for every database
+                chunk = ids[start : start + 500]
+                q = select(func.coalesce(func.sum(AttemptRow.cost_usd), 0.0)).where(AttemptRow.attempt_id.in_(chunk))
+                total += float(s.scalar(q) or 0.0)
+        return total
+
     def editor_calls(self) -> int:
         """Total editor calls ever made through this ledger."""
         with self.session() as s:
@@ -429,6 +486,68 @@ class LedgerJournal:
                 select(func.coalesce(func.sum(JournalRow.cost_usd), 0.0)).where(JournalRow.backend == self.backend)
             )
             return float(total or 0.0)
+
+
+def _shown_url(url: str) -> str:
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except ArgumentError:
+        return url
+
+
+def _check_sqlite_file(url: str) -> None:
+    """Refuse an empty (0-byte) SQLite ledger: SQLite would treat it as new and pay for everything again."""
+    try:
+        database = make_url(url).database
+    except ArgumentError:
+        return
+    if not database or database == ":memory:":
+        return
+    path = Path(database)
+    wal = Path(f"{database}-wal")
+    if path.is_file() and path.stat().st_size == 0 and not (wal.is_file() and wal.stat().st_size > 0):
+        raise LedgerError(
+            f"{path}: the ledger is empty (0 bytes), so it no longer says which attempts were paid "
+            "for; restore it from a backup, or, to start over and pay for every edit again, delete "
+            "it and run again"
+        )
+    if path.is_dir():
+        raise LedgerError(f"{path}: the ledger path is a folder; point ledger_url at a file")
+
+
+def _check_schema(engine: Any, shown: str) -> None:
+    """After the migrations, every table must have every column this version uses; a ledger
+    older than the migrations' baseline (or altered by hand) is refused, not half-used."""
+    existing = inspect(engine)
+    names = set(existing.get_table_names())
+    problems = []
+    for table in Base.metadata.sorted_tables:
+        if table.name not in names:
+            continue
+        have = {c["name"] for c in existing.get_columns(table.name)}
+        missing = [c.name for c in table.columns if c.name not in have]
+        if missing:
+            problems.append(f"table {table.name!r} lacks column(s) {', '.join(missing)}")
+    if problems:
+        raise LedgerError(
+            f"ledger {shown}: written by an older version of counterfactory than any migration "
+            f"covers ({'; '.join(problems)}); nothing was run. Keep a copy of it and run it with the "
+            "counterfactory version that wrote it, or start a new output folder"
+        )
+
+
+def _damaged_message(shown: str, exc: DBAPIError) -> str:
+    detail = str(exc.orig).strip() if exc.orig is not None else str(exc)
+    if "not a database" in detail or "malformed" in detail or "corrupt" in detail:
+        return (
+            f"ledger {shown}: the file is damaged ({detail}); nothing was run. Restore it from a "
+            "backup (SQLite's `.recover` command in the sqlite3 shell can salvage rows), or move it "
+            "aside to start over and pay for every edit again"
+        )
+    return (
+        f"ledger {shown}: cannot be opened ({type(exc.orig).__name__}: {detail}); check that the "
+        "database server is running and the URL, user and permissions are right"
+    )
 
 
 def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:

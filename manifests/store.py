@@ -3,6 +3,11 @@
 Writes go to a temporary name in the same folder and are renamed into place, so a killed
 process leaves either the whole file or nothing; a file's name is its checksum, so a partly
 written file can never be mistaken for a finished one.
+
+Every read re-hashes the file before it is used or published: a blob edited in place, truncated
+or bit-rotted is a :class:`DamagedBlobError` naming the file, never silently used; a deleted
+blob is a :class:`MissingBlobError`, which the pipeline answers by re-running only the attempt
+that made it (the ledger knows which).
 """
 
 from __future__ import annotations
@@ -50,6 +55,29 @@ def sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
+class MissingBlobError(FileNotFoundError):
+    """A blob the ledger points at is not in the store (deleted, or the store was moved)."""
+
+    def __init__(self, path: Path, sha256: str, root: Path) -> None:
+        super().__init__(
+            f"{path}: image {sha256[:12]} is not in the store at {root}; re-run the same spec and "
+            "only the attempts whose images are missing are run again"
+        )
+        self.path, self.sha256 = path, sha256
+
+
+class DamagedBlobError(OSError):
+    """A stored file whose bytes no longer hash to its name (edited in place, truncated, bit rot)."""
+
+    def __init__(self, path: Path, sha256: str, actual: str) -> None:
+        super().__init__(
+            f"{path}: damaged image in the store: its bytes hash to {actual[:12]}, not to "
+            f"{sha256[:12]} as its name says (edited in place or corrupted on disk); delete the "
+            "file and re-run the same spec to rebuild it"
+        )
+        self.path, self.sha256, self.actual = path, sha256, actual
+
+
 class ImageStore:
     """PNG images under ``root/ab/abcdef....png``."""
 
@@ -61,21 +89,58 @@ class ImageStore:
         return self.root / sha256[:2] / f"{sha256}.png"
 
     def put(self, image: np.ndarray) -> str:
-        """Store pixels as PNG; returns the sha256 of the file (idempotent)."""
+        """Store pixels as PNG; returns the sha256 of the file (idempotent).
+
+        An existing file under that name is kept only if its bytes still hash to it; a damaged
+        one is replaced, so storing the same pixels again repairs the store.
+        """
         data = png_bytes(image)
         sha = hashlib.sha256(data).hexdigest()
         target = self.path(sha)
-        if not target.exists():
+        if not (target.exists() and sha256_file(target) == sha):
             atomic_write(target, data)
         return sha
 
     def has(self, sha256: str) -> bool:
+        """Whether the blob exists (not whether it is intact: :meth:`verified_path` checks that)."""
         return self.path(sha256).exists()
 
-    def get(self, sha256: str) -> np.ndarray:
-        """The stored pixels, ``(H, W, 3)`` uint8 RGB (or ``(H, W)`` for masks)."""
+    def read_bytes(self, sha256: str) -> bytes:
+        """The blob's bytes, re-hashed against its name.
+
+        Raises:
+            MissingBlobError: no such file.
+            DamagedBlobError: the bytes do not hash to ``sha256``.
+        """
+        path = self.path(sha256)
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            raise MissingBlobError(path, sha256, self.root) from None
+        actual = hashlib.sha256(data).hexdigest()
+        if actual != sha256:
+            raise DamagedBlobError(path, sha256, actual)
+        return data
+
+    def verified_path(self, sha256: str) -> Path:
+        """The blob's path after re-hashing its bytes (call it right before publishing the file).
+
+        Raises:
+            MissingBlobError, DamagedBlobError: as :meth:`read_bytes`.
+        """
         path = self.path(sha256)
         if not path.exists():
-            raise FileNotFoundError(f"{path}: image {sha256[:12]} is not in the store at {self.root}")
-        with Image.open(path) as im:
+            raise MissingBlobError(path, sha256, self.root)
+        actual = sha256_file(path)
+        if actual != sha256:
+            raise DamagedBlobError(path, sha256, actual)
+        return path
+
+    def get(self, sha256: str) -> np.ndarray:
+        """The stored pixels, ``(H, W, 3)`` uint8 RGB (or ``(H, W)`` for masks), hash-checked first.
+
+        Raises:
+            MissingBlobError, DamagedBlobError: as :meth:`read_bytes`.
+        """
+        with Image.open(io.BytesIO(self.read_bytes(sha256))) as im:
             return np.asarray(im).copy()

@@ -260,3 +260,77 @@ def test_broken_metadata_stops_before_any_work(tmp_path):
     assert result.returncode == 2
     assert "meta.yaml" in result.stderr and "licence" in result.stderr and "Traceback" not in result.stderr
     assert not out.exists()
+
+
+def _demo_spec_copy(tmp_path: Path, **release) -> Path:
+    """The demo spec with absolute photo paths (and release fields overridden), in ``tmp_path``."""
+    spec = yaml.safe_load((REPO / "assets/specs/demo-face.yaml").read_text())
+    spec["sources"] = {k: str((REPO / "assets/specs" / v).resolve()) for k, v in spec["sources"].items()}
+    spec["release"].update(release)
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+def test_a_deleted_store_is_rebuilt_by_rerunning_only_those_attempts(demo_run, tmp_path):
+    reference, _ = demo_run
+    out = tmp_path / "out"
+    shutil.copytree(reference, out, ignore=shutil.ignore_patterns(".run.lock"))
+    with _ledger(out) as db:
+        db.execute(
+            "insert into attempts (attempt_id, cell_id, attempt_no, seed, backend, lineage, prompt, status, "
+            "cost_usd, calls, meta, created_at) values ('f' || hex(randomblob(31)), 'other-spec|x', 1, 0, "
+            "'fal', '{}', 'p', 'ok', 5.0, 1, '{}', '2026-01-01')"
+        )
+        ok = db.execute("select count(*) from attempts where status='ok' and backend='classical'").fetchone()[0]
+    # reproduction: the whole store is gone (before: a raw FileNotFoundError traceback)
+    shutil.rmtree(out / "store")
+    spec = _demo_spec_copy(tmp_path, version="0.2.0")
+    result = _run(["run", str(spec), "--out", str(out), "--no-progress"])
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr
+    assert f"note: {ok} finished edit(s) had lost their image" in result.stderr
+    assert f"editor calls: {ok}" in result.stdout  # only the attempts whose images were lost
+    with _ledger(out) as db:
+        assert db.execute("select max(calls) from attempts where backend='classical'").fetchone()[0] == 2
+    release = _release(out, version="0.2.0")
+    assert verify_release(release) == []
+    manifest = (release / "manifest.jsonl").read_text()
+    assert manifest.replace('"0.2.0"', '"0.1.0"') == (_release(reference) / "manifest.jsonl").read_text()
+    stats = json.loads((release / "stats.json").read_text())
+    # the other spec's $5 attempt shares the ledger but is not this release's spending
+    assert stats["cost_usd_total"] == 0.0
+
+
+def test_a_second_run_on_the_same_folder_is_refused_and_nothing_is_paid_twice(tmp_path):
+    out = tmp_path / "out"
+    first = subprocess.Popen(
+        CLI + ["run", "assets/specs/demo-face.yaml", "--out", str(out), "--no-progress", "--workers", "1"],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.time() + 300
+        while time.time() < deadline and first.poll() is None:
+            time.sleep(0.2)
+            try:
+                with _ledger(out) as db:
+                    if db.execute("select count(*) from attempts").fetchone()[0]:
+                        break
+            except sqlite3.OperationalError:
+                continue
+        assert first.poll() is None, "the first run ended before the second could start"
+        second = _run(["run", "assets/specs/demo-face.yaml", "--out", str(out), "--no-progress"])
+        assert second.returncode == 2
+        assert "another counterfactory run is using this folder" in second.stderr
+        assert f"pid {first.pid}" in second.stderr and "Traceback" not in second.stderr
+        stdout, stderr = first.communicate(timeout=600)
+    finally:
+        if first.poll() is None:
+            first.kill()
+    assert first.returncode == 0, stderr[-3000:]
+    with _ledger(out) as db:
+        assert db.execute("select max(calls) from attempts").fetchone()[0] == 1  # one call per attempt
+    assert verify_release(_release(out)) == []

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import hashlib
+import sqlite3
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from counterfactory.generation.editors.base import EditJournal
-from counterfactory.manifests.ledger import Ledger
-from counterfactory.manifests.store import ImageStore
+from counterfactory.manifests.ledger import Ledger, LedgerError
+from counterfactory.manifests.store import DamagedBlobError, ImageStore, MissingBlobError, png_bytes
 from tests.manifests.pg import postgres_server
 
 
@@ -108,3 +110,106 @@ def test_journal_is_an_edit_journal_and_sums_spend_per_backend(ledger_url):
     ledger.journal("other").save("z", {}, cost_usd=5.0)
     assert fal.load("x") == {"request_id": "r1", "state": "submitted"}
     assert fal.spent_usd() == pytest.approx(0.078)
+
+
+def test_a_blob_edited_in_place_is_a_clear_error_naming_the_file(tmp_path, grace):
+    store = ImageStore(tmp_path / "store")
+    sha = store.put(grace)
+    path = store.path(sha)
+    # reproduction: an in-place edit of a stored image (what a hard-linked release file invites)
+    edited = grace.copy()
+    edited[0, 0] ^= 1
+    path.write_bytes(png_bytes(edited))
+    with pytest.raises(DamagedBlobError, match=str(path)) as caught:
+        store.get(sha)
+    assert sha[:12] in str(caught.value) and "re-run" in str(caught.value)
+    with pytest.raises(DamagedBlobError, match=str(path)):
+        store.verified_path(sha)
+    # storing the same pixels again repairs the blob rather than trusting the damaged file
+    assert store.put(grace) == sha
+    assert store.verified_path(sha) == path and np.array_equal(store.get(sha), grace)
+
+
+def test_a_truncated_blob_is_damaged_and_a_deleted_one_is_missing(tmp_path, grace):
+    store = ImageStore(tmp_path / "store")
+    sha = store.put(grace)
+    data = store.path(sha).read_bytes()
+    store.path(sha).write_bytes(data[: len(data) // 2])
+    with pytest.raises(DamagedBlobError):
+        store.get(sha)
+    store.path(sha).unlink()
+    with pytest.raises(MissingBlobError, match="re-run the same spec"):
+        store.verified_path(sha)
+    assert not store.has(sha)
+
+
+def test_a_zero_byte_ledger_is_refused_not_started_from_scratch(tmp_path):
+    path = tmp_path / "ledger.sqlite"
+    first = Ledger(f"sqlite:///{path}")
+    _start(first)
+    first.finish_attempt("a" * 64, status="ok", output_sha256="b" * 64, cost_usd=0.04)
+    first.close()
+    for suffix in ("-wal", "-shm"):
+        Path(f"{path}{suffix}").unlink(missing_ok=True)
+    # reproduction: the file emptied (a failed copy, a full disk); SQLite would call it a new
+    # database and every paid attempt would be bought again
+    path.write_bytes(b"")
+    with pytest.raises(LedgerError, match="empty \\(0 bytes\\)") as caught:
+        Ledger(f"sqlite:///{path}")
+    assert str(path) in str(caught.value) and "backup" in str(caught.value)
+    assert path.stat().st_size == 0  # refused without writing to it
+
+
+def test_a_corrupt_ledger_is_refused_with_how_to_recover(tmp_path):
+    path = tmp_path / "ledger.sqlite"
+    path.write_bytes(b"this is not a database, it is a shopping list\n" * 200)
+    with pytest.raises(LedgerError, match="damaged") as caught:
+        Ledger(f"sqlite:///{path}")
+    assert str(path) in str(caught.value) and ".recover" in str(caught.value)
+
+
+def test_an_older_schema_ledger_is_refused_naming_the_missing_columns(tmp_path):
+    path = tmp_path / "ledger.sqlite"
+    with sqlite3.connect(path) as db:
+        db.execute("create table attempts (attempt_id varchar(64) primary key, cell_id varchar(400), seed integer)")
+    with pytest.raises(LedgerError, match="older version") as caught:
+        Ledger(f"sqlite:///{path}")
+    assert "attempts" in str(caught.value) and "output_sha256" in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("url", "expected"),
+    [
+        ("not a url", "not a usable SQLAlchemy URL"),
+        ("nosuchdb://host/db", "not a usable SQLAlchemy URL"),
+        ("postgresql+psycopg://me:secret@127.0.0.1:9/db", "cannot be opened"),
+    ],
+)
+def test_a_bad_ledger_url_is_one_message_without_the_password(url, expected):
+    with pytest.raises(LedgerError, match=expected) as caught:
+        Ledger(url)
+    assert "secret" not in str(caught.value)
+
+
+def test_reopening_an_attempt_whose_output_blob_is_gone(ledger_url):
+    ledger = Ledger(ledger_url)
+    _start(ledger)
+    ledger.finish_attempt("a" * 64, status="ok", output_sha256="b" * 64)
+    ledger.record_candidate(
+        "a" * 64, cell_id="c", judge_key="k", image_sha256="c" * 64, alignment={}, verdict="ok", reasons=[], gates={}
+    )
+    ledger.reopen_attempt("a" * 64, reason="store_blob_missing")
+    row = ledger.attempt("a" * 64)
+    assert (row.status, row.output_sha256, row.calls) == ("failed", None, 1)
+    assert ledger.candidate("a" * 64) is None
+    _start(ledger)  # runnable again, and the second call is counted
+    assert ledger.attempt("a" * 64).calls == 2
+
+
+def test_cost_counts_only_the_named_attempts(ledger_url):
+    ledger = Ledger(ledger_url)
+    for aid, cost in (("a" * 64, 0.04), ("b" * 64, 0.5), ("c" * 64, 7.0)):
+        _start(ledger, aid)
+        ledger.finish_attempt(aid, status="ok", output_sha256="d" * 64, cost_usd=cost)
+    assert ledger.cost_usd(["a" * 64, "b" * 64, "z" * 64]) == pytest.approx(0.54)
+    assert ledger.cost_usd([]) == 0.0
