@@ -4,33 +4,18 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import sys
 import time
 from pathlib import Path
 
 import click
 
+from counterfactory.flows.stopping import install_stop_handlers
+
 # Prefect's console logging would drown the progress bar; its temporary server's telemetry
 # logs database-lock errors. Both can be overridden from the environment.
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-
-
-def _stop_on_signal(signum: int, _frame: object) -> None:
-    """SIGINT/SIGTERM during a run: leave at once, losing only the edits in flight.
-
-    Every finished edit is already committed to the ledger and the store (written to a
-    temporary name, then renamed), so stopping here is as safe as a kill, and quick: waiting
-    for the worker threads and Prefect's shutdown took over a minute and printed a wall of
-    connection errors. Prefect's server is a thread of this process and ends with it.
-    """
-    name = signal.Signals(signum).name
-    os.write(
-        2,
-        f"\n{name}: stopped; finished edits are saved in the ledger: run the same command to resume\n".encode(),
-    )
-    os._exit(128 + signum)
 
 
 def _fail(message: str, code: int = 2) -> None:
@@ -60,8 +45,7 @@ def run(spec_path: Path, out: Path, workers: int, no_progress: bool) -> None:
     from counterfactory.manifests.spec import SpecError, load_spec
     from counterfactory.manifests.store import DamagedBlobError
 
-    signal.signal(signal.SIGINT, _stop_on_signal)
-    signal.signal(signal.SIGTERM, _stop_on_signal)
+    install_stop_handlers()
     try:
         spec = load_spec(spec_path)
         load_metadata(spec.sources.metadata)

@@ -23,6 +23,7 @@ from tqdm.auto import tqdm  # noqa: E402
 from counterfactory.flows import steps  # noqa: E402
 from counterfactory.flows.publish import publish_release  # noqa: E402
 from counterfactory.flows.server import prefect_api  # noqa: E402
+from counterfactory.flows.stopping import reinstall_stop_handlers  # noqa: E402
 from counterfactory.manifests.runlock import RunFolderLock  # noqa: E402
 from counterfactory.manifests.spec import load_spec  # noqa: E402
 
@@ -70,6 +71,7 @@ def run_flow(spec_path: str, out: str, progress: bool = True) -> RunSummary:
 
     Templates run concurrently on the flow's task runner (see :func:`run_spec`).
     """
+    reinstall_stop_handlers()
     spec = load_spec(spec_path)
     ws = steps.open_workspace(spec, out)
     run_id = os.urandom(8).hex()

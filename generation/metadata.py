@@ -20,6 +20,7 @@ from pydantic import ValidationError
 
 from counterfactory.generation.errors import MetadataError, MetadataProblem
 from counterfactory.generation.records import RECORD_FIELDS, SourceRecord
+from counterfactory.generation.yamlsafe import MAX_YAML_BYTES, MAX_YAML_NODES, expanded_size
 
 METADATA_SUFFIXES = (".yaml", ".yml", ".csv", ".jsonl")
 
@@ -54,6 +55,10 @@ def load_metadata(path: str | Path) -> list[SourceRecord]:
         raise _file_error(path, expected, repr(path.suffix or "no suffix"))
     if not path.is_file():
         raise _file_error(path, "an existing metadata file", "no such file")
+    if path.stat().st_size > MAX_YAML_BYTES:
+        raise _file_error(
+            path, f"a metadata file of at most {MAX_YAML_BYTES:,} bytes", f"{path.stat().st_size:,} bytes"
+        )
     try:
         text = path.read_text(encoding="utf-8-sig")
     except UnicodeDecodeError as exc:
@@ -147,7 +152,12 @@ def _pydantic_problem(err: dict[str, Any], index: int, id_: str | None, line: in
 def _yaml_entries(path: Path, text: str) -> list[_Entry]:
     try:
         node = yaml.compose(text, Loader=yaml.SafeLoader)
+        size = expanded_size(node) if node is not None else 0
+        if size > MAX_YAML_NODES:
+            raise _file_error(path, f"at most {MAX_YAML_NODES:,} values once aliases are expanded", f"{size:,}")
         data = yaml.safe_load(text)
+    except RecursionError:
+        raise _file_error(path, "YAML nested to a readable depth", "a deeper nesting") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         line = mark.line + 1 if mark is not None else None

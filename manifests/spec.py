@@ -17,6 +17,8 @@ from typing import Any
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 
 from counterfactory.generation.align import AlignConfig
 from counterfactory.generation.editors import BACKENDS
@@ -24,11 +26,14 @@ from counterfactory.generation.editors.classical import ClassicalOptions
 from counterfactory.generation.editors.fal import FalOptions
 from counterfactory.generation.editors.qwen import QwenOptions
 from counterfactory.generation.masks import MaskOptions
-from counterfactory.generation.prompts import PromptConfig
-from counterfactory.generation.sampling import DesignConfig
+from counterfactory.generation.prompts import PromptConfig, render_prompt
+from counterfactory.generation.sampling import DesignConfig, conditions
+from counterfactory.generation.yamlsafe import MAX_YAML_BYTES, YamlLimitError, safe_load_limited
 from counterfactory.manifests.review import ReviewOptions
 from counterfactory.validation.judge import GatesConfig
 
+#: the largest seed an attempt may use (signed 32-bit)
+MAX_SEED = 2**31 - 1
 _SEMVER = re.compile(r"^\d+\.\d+\.\d+(?:[-+][0-9A-Za-z.-]+)?$")
 _SLUG = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
@@ -60,8 +65,19 @@ class EditorConfig(BaseModel):
     qwen: QwenOptions = Field(default_factory=QwenOptions)
     fal: FalOptions = Field(default_factory=FalOptions)
     #: a rejected cell is tried again with the next seed, up to this many attempts.
-    max_attempts: int = Field(3, ge=1)
-    seed: int = 0
+    max_attempts: int = Field(3, ge=1, le=1000)
+    #: attempt ``n`` uses ``seed + n - 1``; every one must fit a signed 32-bit integer (the
+    #: ledger's column on PostgreSQL, and the seed fields of remote APIs).
+    seed: int = Field(0, ge=0, le=MAX_SEED)
+
+    @model_validator(mode="after")
+    def _last_seed_fits(self) -> EditorConfig:
+        last = self.seed + self.max_attempts - 1
+        if last > MAX_SEED:
+            raise ValueError(
+                f"seed + max_attempts - 1 at most {MAX_SEED} (the last attempt's seed); got {last}: lower editor.seed"
+            )
+        return self
 
     @field_validator("backend")
     @classmethod
@@ -118,6 +134,20 @@ class Spec(BaseModel):
     #: SQLAlchemy URL of the ledger; default ``sqlite:///<out>/ledger.sqlite``.
     ledger_url: str | None = None
 
+    @field_validator("ledger_url")
+    @classmethod
+    def _usable_url(cls, value: str | None) -> str | None:
+        if value is None:
+            return value
+        try:
+            make_url(value).get_dialect()
+        except (ArgumentError, NoSuchModuleError, ValueError) as exc:
+            raise ValueError(
+                "an SQLAlchemy URL such as 'sqlite:////abs/path/ledger.sqlite' or "
+                f"'postgresql+psycopg://user@host/db' ({exc})"
+            ) from None
+        return value
+
     @model_validator(mode="after")
     def _consistent(self) -> Spec:
         if self.design.kind == "limb" and "cue" not in self.design.axes:
@@ -126,7 +156,25 @@ class Spec(BaseModel):
             missing = set(self.design.axes["cue"]) - set(self.prompts.limb)
             if missing:
                 raise ValueError(f"prompts.limb has no template for cue values {sorted(missing)}")
+        self._check_prompts()
         return self
+
+    def _check_prompts(self) -> None:
+        """Render every condition's prompt once, so a missing template or an unknown field in
+        ``prompts.target_group`` stops the spec here instead of failing every cell mid-run."""
+        for condition in conditions(self.design):
+            try:
+                render_prompt(self.prompts, kind=self.design.kind, condition=condition, source_meta={})
+            except FileNotFoundError as exc:
+                raise ValueError(f"prompts: {exc}") from None
+            except KeyError as exc:
+                raise ValueError(
+                    f"prompts.target_group {self.prompts.target_group!r} uses {{{exc.args[0]}}}, which is "
+                    f"not one of the fields it can use: the design's axes {sorted(self.design.axes)}, "
+                    "gender_noun and article (rename the axis, e.g. to 'race', or change target_group)"
+                ) from None
+            except (ValueError, IndexError) as exc:
+                raise ValueError(f"prompts: {exc}") from None
 
     def canonical_json(self) -> str:
         return json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
@@ -171,8 +219,20 @@ def load_spec(path: str | Path, *, check_paths: bool = True) -> Spec:
     path = Path(path)
     if not path.is_file():
         raise SpecError(f"{path}: no such spec file")
+    if path.stat().st_size > MAX_YAML_BYTES:
+        raise SpecError(
+            f"{path}: {path.stat().st_size:,} bytes, over the limit of {MAX_YAML_BYTES:,} for a spec; "
+            "is this the right file?"
+        )
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = safe_load_limited(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as exc:
+        raise SpecError(
+            f"{path}: not UTF-8 text (byte {exc.start} is {exc.object[exc.start : exc.start + 1]!r}); "
+            "save the spec as UTF-8"
+        ) from None
+    except YamlLimitError as exc:
+        raise SpecError(f"{path}: refused: {exc}") from None
     except yaml.YAMLError as exc:
         raise SpecError(f"{path}: not valid YAML: {exc}") from None
     if not isinstance(data, dict):
@@ -196,4 +256,14 @@ def load_spec(path: str | Path, *, check_paths: bool = True) -> Spec:
             raise SpecError(
                 f"{path}: field `{field_name}`: expected an existing path; received {str(p)!r} which does not exist"
             )
+    if not spec.sources.photos.is_dir():
+        raise SpecError(
+            f"{path}: field `sources.photos`: expected the folder holding the photos; received "
+            f"{str(spec.sources.photos)!r}, which is a file (name its folder instead)"
+        )
+    if not spec.sources.metadata.is_file():
+        raise SpecError(
+            f"{path}: field `sources.metadata`: expected a metadata file; received "
+            f"{str(spec.sources.metadata)!r}, which is not a file"
+        )
     return spec

@@ -391,6 +391,7 @@ RULES: dict[str, str] = {
     "locality.face.min_ratio": "no-op ceiling of diff_face / diff_nonface (the concentration resampling noise alone reaches), rounded up to 0.1",
     "locality.limb.max_diff_outside_edit": "0: composited limb candidates copy every source pixel outside the mask",
     "locality.limb.max_diff_face_drift": "no-op ceiling of diff_face (the face may differ no more than a re-encode makes it), 2 significant digits up",
+    "locality.limb.min_diff_inside_edit": "no-op ceiling of diff_face (a limb region changed no more than a re-encode changes it is a copy), 2 significant digits up",
 }
 
 
@@ -460,7 +461,11 @@ def suggest_thresholds(
             "face": dict(face_gate),
             "identity": {"backend": backends["identity"], "min_cosine": ceiling},
             "expression": dict(expression),
-            "locality": {"max_diff_outside_edit": 0.0, "max_diff_face_drift": face_drift},
+            "locality": {
+                "max_diff_outside_edit": 0.0,
+                "max_diff_face_drift": face_drift,
+                "min_diff_inside_edit": face_drift,
+            },
         },
     }
 

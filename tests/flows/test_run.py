@@ -36,8 +36,10 @@ def _release(out: Path, name: str = "demo-face", version: str = "0.1.0") -> Path
     return out / "releases" / name / version
 
 
-def _ledger(out: Path) -> sqlite3.Connection:
-    return sqlite3.connect(out / "ledger.sqlite")
+def _ledger(out: Path, *, write: bool = False) -> sqlite3.Connection:
+    # read-only by default: a plain connect would create an empty ledger file before the run does
+    mode = "rw" if write else "ro"
+    return sqlite3.connect(f"file:{out / 'ledger.sqlite'}?mode={mode}", uri=True)
 
 
 @pytest.fixture(scope="module")
@@ -268,7 +270,7 @@ def _demo_spec_copy(tmp_path: Path, **release) -> Path:
     spec["sources"] = {k: str((REPO / "assets/specs" / v).resolve()) for k, v in spec["sources"].items()}
     spec["release"].update(release)
     path = tmp_path / "spec.yaml"
-    path.write_text(yaml.safe_dump(spec))
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))  # axis order decides cell ids
     return path
 
 
@@ -276,7 +278,7 @@ def test_a_deleted_store_is_rebuilt_by_rerunning_only_those_attempts(demo_run, t
     reference, _ = demo_run
     out = tmp_path / "out"
     shutil.copytree(reference, out, ignore=shutil.ignore_patterns(".run.lock"))
-    with _ledger(out) as db:
+    with _ledger(out, write=True) as db:
         db.execute(
             "insert into attempts (attempt_id, cell_id, attempt_no, seed, backend, lineage, prompt, status, "
             "cost_usd, calls, meta, created_at) values ('f' || hex(randomblob(31)), 'other-spec|x', 1, 0, "
@@ -334,3 +336,67 @@ def test_a_second_run_on_the_same_folder_is_refused_and_nothing_is_paid_twice(tm
     with _ledger(out) as db:
         assert db.execute("select max(calls) from attempts").fetchone()[0] == 1  # one call per attempt
     assert verify_release(_release(out)) == []
+
+
+def _group_members(pgid: int) -> list[str]:
+    """Command lines of live processes in process group ``pgid`` (zombies excluded)."""
+    members = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+            fields = text[text.rindex(")") + 2 :].split()
+            if int(fields[2]) == pgid and fields[0] != "Z":
+                members.append((stat.parent / "cmdline").read_bytes().replace(b"\0", b" ").decode())
+        except (OSError, ValueError):
+            continue
+    return members
+
+
+def _start_and_wait_for_attempts(out: Path, minimum: int = 1) -> subprocess.Popen:
+    proc = subprocess.Popen(
+        CLI + ["run", "assets/specs/demo-face.yaml", "--out", str(out), "--no-progress", "--workers", "1"],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,  # its own process group: anything it leaves behind is findable
+    )
+    deadline = time.time() + 300
+    while time.time() < deadline and proc.poll() is None:
+        time.sleep(0.1)
+        try:
+            with _ledger(out) as db:
+                if db.execute("select count(*) from attempts").fetchone()[0] >= minimum:
+                    return proc
+        except sqlite3.OperationalError:
+            continue
+    proc.kill()
+    raise AssertionError("the run ended or stalled before any attempt started")
+
+
+def test_sigterm_stops_within_seconds_and_leaves_no_server(tmp_path):
+    out = tmp_path / "out"
+    proc = _start_and_wait_for_attempts(out)
+    try:
+        # reproduction: SIGTERM was ignored during a template, Ctrl-C took ~76 s, and a killed
+        # run left Prefect's uvicorn server running
+        started = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=30)
+        assert time.monotonic() - started < 5
+        assert proc.returncode == 128 + signal.SIGTERM
+        assert b"SIGTERM: stopped" in stderr and b"Traceback" not in stderr
+        time.sleep(0.5)
+        assert _group_members(proc.pid) == []
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    # a SIGKILL of the CLI alone (not its group) leaves nothing behind either
+    proc = _start_and_wait_for_attempts(out, minimum=8)
+    try:
+        proc.kill()
+        proc.wait(timeout=30)
+        time.sleep(0.5)
+        assert _group_members(proc.pid) == []
+    finally:
+        if _group_members(proc.pid):
+            os.killpg(proc.pid, signal.SIGKILL)

@@ -96,3 +96,88 @@ def test_not_yaml_and_not_a_mapping(tmp_path):
     bad.write_text("- a\n- b\n")
     with pytest.raises(SpecError, match="mapping"):
         load_spec(bad)
+
+
+BOMB = """name: bomb
+a: &a ["x", "x", "x", "x", "x", "x", "x", "x", "x", "x"]
+b: &b [*a, *a, *a, *a, *a, *a, *a, *a, *a, *a]
+c: &c [*b, *b, *b, *b, *b, *b, *b, *b, *b, *b]
+d: &d [*c, *c, *c, *c, *c, *c, *c, *c, *c, *c]
+e: &e [*d, *d, *d, *d, *d, *d, *d, *d, *d, *d]
+f: &f [*e, *e, *e, *e, *e, *e, *e, *e, *e, *e]
+g: &g [*f, *f, *f, *f, *f, *f, *f, *f, *f, *f]
+h: &h [*g, *g, *g, *g, *g, *g, *g, *g, *g, *g]
+i: &i [*h, *h, *h, *h, *h, *h, *h, *h, *h, *h]
+"""
+
+
+def test_a_yaml_alias_bomb_is_refused_before_it_expands(tmp_path):
+    path = tmp_path / "bomb.yaml"
+    path.write_text(BOMB)
+    # reproduction: yaml.safe_load shares the aliased lists, so loading is cheap, but the
+    # result stands for 10**9 strings that validation and hashing would walk (3 GB seen)
+    import yaml
+
+    from counterfactory.generation.yamlsafe import expanded_size
+
+    assert expanded_size(yaml.compose(BOMB, Loader=yaml.SafeLoader)) > 10**9
+    with pytest.raises(SpecError, match="alias bomb") as caught:
+        load_spec(path)
+    assert str(path) in str(caught.value)
+
+
+def test_a_non_utf8_spec_is_one_message(tmp_path):
+    path = tmp_path / "latin1.yaml"
+    path.write_bytes("name: caf\u00e9\n".encode("latin-1"))
+    with pytest.raises(SpecError, match="not UTF-8") as caught:
+        load_spec(path)
+    assert str(path) in str(caught.value)
+
+
+def test_metadata_alias_bomb_is_refused(tmp_path):
+    from counterfactory.generation.sources import MetadataError, load_metadata
+
+    path = tmp_path / "meta.yaml"
+    path.write_text(BOMB.replace("name: bomb\n", "") + "sources: []\n")
+    with pytest.raises(MetadataError, match="aliases are expanded"):
+        load_metadata(path)
+
+
+def _demo(specs_dir, tmp_path, edit) -> Path:
+    import yaml
+
+    data = yaml.safe_load((specs_dir / "demo-face.yaml").read_text())
+    data["sources"] = {k: str((specs_dir / v).resolve()) for k, v in data["sources"].items()}
+    edit(data)
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+@pytest.mark.parametrize(
+    ("edit", "expected"),
+    [
+        # each of these used to surface mid-run, after sources were checked, as a Prefect traceback
+        (lambda d: d["prompts"].update(face="no_such_template_v9"), "prompt template 'no_such_template_v9' not found"),
+        (lambda d: d["prompts"].update(target_group="{article} {ethnicity}"), "uses {ethnicity}"),
+        (
+            lambda d: d["design"]["axes"].update(ethnicity=d["design"]["axes"].pop("race")),
+            "uses {race}, which is not one of the fields",
+        ),
+        (lambda d: d["editor"].update(seed=2**63), "`editor.seed`: expected input should be less than or equal to"),
+        (lambda d: d["editor"].update(seed=2**31 - 1), "seed + max_attempts - 1 at most 2147483647"),
+        (lambda d: d.update(ledger_url="postgres-ish://nowhere"), "`ledger_url`: expected an SQLAlchemy URL"),
+        (lambda d: d.update(ledger_url="not a url at all"), "`ledger_url`: expected an SQLAlchemy URL"),
+    ],
+)
+def test_spec_errors_that_used_to_fail_mid_run_stop_at_load(specs_dir, tmp_path, edit, expected):
+    path = _demo(specs_dir, tmp_path, edit)
+    with pytest.raises(SpecError) as caught:
+        load_spec(path)
+    assert expected in str(caught.value) and str(path) in str(caught.value)
+
+
+def test_photos_that_is_a_file_is_one_message(specs_dir, tmp_path):
+    path = _demo(specs_dir, tmp_path, lambda d: d["sources"].update(photos=d["sources"]["metadata"]))
+    with pytest.raises(SpecError, match="`sources.photos`: expected the folder holding the photos"):
+        load_spec(path)

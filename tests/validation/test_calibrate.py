@@ -64,7 +64,11 @@ def test_suggestions_follow_the_rules():
     assert s["face"]["expression"]["max_au_change"] == pytest.approx(0.32)  # sqrt(0.16 * 0.64)
     assert s["face"]["expression"]["max_mean_au_change"] == pytest.approx(0.04)
     assert s["face"]["locality"] == {"max_diff_nonface": 0.05, "min_diff_face": 0.012, "min_ratio": 2.1}
-    assert s["limb"]["locality"] == {"max_diff_outside_edit": 0.0, "max_diff_face_drift": 0.012}
+    assert s["limb"]["locality"] == {
+        "max_diff_outside_edit": 0.0,
+        "max_diff_face_drift": 0.012,
+        "min_diff_inside_edit": 0.012,
+    }
     with pytest.raises(ValueError, match="different_person"):
         suggest_thresholds({k: v for k, v in d.items() if k != "different_person"}, backends=BACKENDS)
 

@@ -88,8 +88,12 @@ def test_identical_images_pass_every_gate(face_stack, limb_stack, photo):
     # a face "edit" that is a copy goes to people (the own-group cell may rightly be one)
     assert face.verdict == "needs_review"
     assert set(face.reasons) == {"identity_above_band", "locality_face_unchanged"}
-    limb = limb_stack.evaluate(image, image.copy(), edit_mask=np.zeros(image.shape[:2], np.uint8))
-    assert limb.verdict == "accepted" and all(r.passed for r in limb.results)
+    # a limb "edit" that copies its source is not an edit: every gate passes but locality
+    limb_mask = np.zeros(image.shape[:2], np.uint8)
+    limb_mask[-60:, :60] = 255
+    limb = limb_stack.evaluate(image, image.copy(), edit_mask=limb_mask)
+    assert limb.verdict == "rejected" and limb.reasons == ("locality_limb_unchanged",)
+    assert all(r.passed for r in limb.results if r.gate != "locality")
     data = _no_crash_json(limb)
     assert set(data["gates"]) == set(GATES)
     assert data["gates"]["locality"]["thresholds"]["max_diff_outside_edit"] == 0.0
@@ -169,7 +173,9 @@ def test_no_face_source_and_bad_masks(face_stack, limb_stack, photo):
     assert wrong_mask.reasons == ("input_edit_mask_shape_mismatch",)
     nan_mask = np.full(source.shape[:2], np.nan)
     nan_mask[:50] = 1.0
-    judgement = limb_stack.evaluate(source, source, edit_mask=nan_mask)  # NaN counts as outside
+    painted = source.copy()
+    painted[:50] = 128
+    judgement = limb_stack.evaluate(source, painted, edit_mask=nan_mask)  # NaN counts as outside
     assert judgement.verdict == "accepted", judgement.reasons
     _no_crash_json(judgement)
 

@@ -6,12 +6,14 @@ mean absolute difference of exactly k / 255 there and 0 elsewhere.
 
 from __future__ import annotations
 
+import cv2
 import numpy as np
 import pytest
 
 from counterfactory.validation.faces import face_mask
 from counterfactory.validation.gates.base import PairContext
 from counterfactory.validation.gates.locality import RATIO_FLOOR, locality_gate, locality_metrics
+from counterfactory.validation.thresholds import calibrated_gates
 
 
 def _pair(source, candidate, *, fmask, edit_mask=None, kind="face", mode="oval"):
@@ -182,3 +184,29 @@ def test_no_face_mask_or_empty_masks_give_reasons_not_nan(grace_and_mask):
     full = np.full(source.shape[:2], 255, np.uint8)
     result = locality_gate(_pair(source, source, fmask=full), max_diff_nonface=0.063)
     assert result.metrics["diff_nonface"] is None and "locality_no_face_mask" in result.reasons
+
+
+def test_a_limb_candidate_identical_to_its_source_is_not_an_edit(grace_and_mask):
+    source, fmask = grace_and_mask
+    h, w = source.shape[:2]
+    limb = np.zeros((h, w), np.uint8)
+    limb[int(0.75 * h) :, : w // 3] = 255
+    calibrated = calibrated_gates("limb")["locality"]
+    thresholds = {k: calibrated[k] for k in ("max_diff_outside_edit", "max_diff_face_drift")}
+    # reproduction: with the outside/drift thresholds alone, the source itself passes as an edit
+    assert locality_gate(_pair(source, source, fmask=fmask, edit_mask=limb, kind="limb"), **thresholds).passed
+    thresholds["min_diff_inside_edit"] = calibrated["min_diff_inside_edit"]
+    result = locality_gate(_pair(source, source, fmask=fmask, edit_mask=limb, kind="limb"), **thresholds)
+    assert result.reasons == ("locality_limb_unchanged",) and result.metrics["diff_inside_edit"] == 0.0
+    # a JPEG re-encode of the source (a no-op a remote editor can return) is still a copy ...
+    ok, buffer = cv2.imencode(".jpg", source[:, :, ::-1], [cv2.IMWRITE_JPEG_QUALITY, 90])
+    reencoded = cv2.imdecode(buffer, cv2.IMREAD_COLOR)[:, :, ::-1]
+    composite = source.copy()
+    composite[limb > 0] = reencoded[limb > 0]
+    result = locality_gate(_pair(source, composite, fmask=fmask, edit_mask=limb, kind="limb"), **thresholds)
+    assert result.reasons == ("locality_limb_unchanged",)
+    # ... while painting the region a flat skin-like colour (what removal looks like) is an edit
+    painted = source.copy()
+    painted[limb > 0] = (196, 160, 140)
+    result = locality_gate(_pair(source, painted, fmask=fmask, edit_mask=limb, kind="limb"), **thresholds)
+    assert result.passed, result.metrics

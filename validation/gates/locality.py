@@ -45,6 +45,9 @@ class LocalityGateConfig(BaseModel):
     max_diff_face_drift: float | None = Field(
         None, ge=0.0, le=1.0, description="limb edits: inside the face, outside the limb mask"
     )
+    min_diff_inside_edit: float | None = Field(
+        None, ge=0.0, le=1.0, description="limb edits: below this the limb region is unchanged (not an edit)"
+    )
 
 
 def binary_mask(mask: np.ndarray) -> np.ndarray:
@@ -136,6 +139,7 @@ def locality_gate(
     min_ratio: float | None = None,
     max_diff_outside_edit: float | None = None,
     max_diff_face_drift: float | None = None,
+    min_diff_inside_edit: float | None = None,
 ) -> GateResult:
     """Judge where ``pair.candidate`` differs from ``pair.source``.
 
@@ -146,7 +150,9 @@ def locality_gate(
     not judged). Limb edits (``max_diff_outside_edit``, ``max_diff_face_drift``): reject
     ``locality_no_edit_mask``, ``locality_edit_mask_shape_mismatch``,
     ``locality_outside_edit_diff_above_max``, ``locality_face_drift_above_max`` (judged only
-    when the source shows a face). Metrics: :func:`locality_metrics` plus ``mask_mode``.
+    when the source shows a face), and ``locality_limb_unchanged`` when the limb region changed
+    less than ``min_diff_inside_edit`` (a candidate that copies its source there is not an edit,
+    whichever cue it was asked for). Metrics: :func:`locality_metrics` plus ``mask_mode``.
     """
     thresholds = {
         "max_diff_nonface": max_diff_nonface,
@@ -154,6 +160,7 @@ def locality_gate(
         "min_ratio": min_ratio,
         "max_diff_outside_edit": max_diff_outside_edit,
         "max_diff_face_drift": max_diff_face_drift,
+        "min_diff_inside_edit": min_diff_inside_edit,
         "ratio_floor": RATIO_FLOOR,
     }
     reasons: list[str] = []
@@ -181,7 +188,7 @@ def locality_gate(
             elif min_ratio is not None and (m["ratio"] is None or m["ratio"] < min_ratio):
                 reasons.append("locality_ratio_below_min")
 
-    limb_judged = max_diff_outside_edit is not None or max_diff_face_drift is not None
+    limb_judged = any(t is not None for t in (max_diff_outside_edit, max_diff_face_drift, min_diff_inside_edit))
     if limb_judged:
         if edit_mask is None:
             if "locality_edit_mask_shape_mismatch" not in reasons:
@@ -193,6 +200,9 @@ def locality_gate(
             drift = m.get("diff_face_drift")
             if max_diff_face_drift is not None and drift is not None and drift > max_diff_face_drift:
                 reasons.append("locality_face_drift_above_max")
+            inside = m.get("diff_inside_edit")
+            if min_diff_inside_edit is not None and (inside is None or inside < min_diff_inside_edit):
+                reasons.append("locality_limb_unchanged")
     return GateResult("locality", not reasons, metrics, tuple(reasons), tuple(review), thresholds)
 
 
