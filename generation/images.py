@@ -21,6 +21,12 @@ from counterfactory.generation.errors import SourceError
 DEFAULT_MAX_PIXELS = 40_000_000
 #: The shortest side a usable photo may have, in pixels (face detectors need some room).
 MIN_SIDE_PX = 64
+#: The longest side a usable photo may have, in pixels: MediaPipe and OpenCV abort the
+#: process (not raise) on sides of 32767 px or more; 16384 leaves room for resizing.
+MAX_SIDE_PX = 16_384
+#: A file larger than ``max_pixels * MAX_BYTES_PER_PIXEL`` (+16 MiB of metadata) cannot be a
+#: photo within the pixel budget: 16-bit RGBA uncompressed is 8 bytes a pixel.
+MAX_BYTES_PER_PIXEL = 8
 
 
 @dataclass(frozen=True, eq=False)
@@ -57,11 +63,46 @@ _SIXTEEN_BIT = ("I;16", "I;16L", "I;16B", "I;16N", "I")
 _ALPHA_MODES = ("RGBA", "RGBa", "LA", "La", "PA")
 
 
+def _too_long(width: int, height: int, max_side_px: int) -> str:
+    return (
+        f"image is {width}x{height}; a side over {max_side_px:,} px is refused (face detection and "
+        "OpenCV abort the whole process on sides of 32767 px or more): crop or downscale the photo"
+    )
+
+
+def _check_header(path: Path, *, max_pixels: int, max_side_px: int) -> None:
+    """Refuse an oversized image from its header alone (PIL reads only the first bytes here)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+        try:
+            with Image.open(path) as image:
+                width, height = image.size
+        except UnidentifiedImageError:
+            with open(path, "rb") as f:
+                start = f.read(16)
+            raise SourceError(
+                path,
+                f"not an image PIL can read (the file starts with {start!r}); it may be a "
+                "text or HTML page saved under an image name: download the image itself",
+            ) from None
+        except Exception:  # noqa: BLE001 - other header failures get their own message from load_image
+            return
+    if max(width, height) > max_side_px:
+        raise SourceError(path, _too_long(width, height, max_side_px))
+    if width * height > max_pixels:
+        raise SourceError(
+            path,
+            f"image is {width}x{height} = {width * height:,} pixels, over the limit of "
+            f"{max_pixels:,} (max_pixels); downscale the photo or raise max_pixels",
+        )
+
+
 def load_image(
     path: str | Path,
     *,
     max_pixels: int = DEFAULT_MAX_PIXELS,
     min_side_px: int = MIN_SIDE_PX,
+    max_side_px: int = MAX_SIDE_PX,
 ) -> LoadedImage:
     """Decode one photo into ``(H, W, 3)`` ``uint8`` RGB, upright, without alpha.
 
@@ -85,6 +126,8 @@ def load_image(
         path: the photo file.
         max_pixels: refuse images with more than this many pixels (width x height).
         min_side_px: refuse images whose shorter side is below this, in pixels.
+        max_side_px: refuse images whose longer side is above this, in pixels (native face
+            detection and OpenCV cannot take sides of 32767 px or more).
 
     Raises:
         SourceError: missing, empty, not an image, truncated or corrupt, too large, too small,
@@ -99,6 +142,18 @@ def load_image(
         )
     if not path.is_file():
         raise SourceError(path, "not a regular file (a folder?); point the metadata at the image")
+    # sizes are checked before the file is read: a 4 GB junk ".jpg" costs a stat and a header
+    size = path.stat().st_size
+    if size == 0:
+        raise SourceError(path, "empty file (0 bytes); the copy or download did not finish: fetch the photo again")
+    max_bytes = max_pixels * MAX_BYTES_PER_PIXEL + (16 << 20)
+    if size > max_bytes:
+        raise SourceError(
+            path,
+            f"file is {size:,} bytes, more than any image within max_pixels ({max_pixels:,}) needs "
+            f"({max_bytes:,}); it is not a photo of a usable size: downscale or replace it",
+        )
+    _check_header(path, max_pixels=max_pixels, max_side_px=max_side_px)
     try:
         data = path.read_bytes()
     except OSError as exc:
@@ -129,6 +184,8 @@ def load_image(
 
         with image:
             width, height = image.size
+            if max(width, height) > max_side_px:
+                raise SourceError(path, _too_long(width, height, max_side_px))
             if width * height > max_pixels:
                 raise SourceError(
                     path,

@@ -194,6 +194,12 @@ def load_mask_file(path: str | Path, shape: Sequence[int]) -> np.ndarray:
         raise MaskError(f"{path}: mask file not found; the path is relative to the photos folder")
     try:
         with Image.open(path) as image:
+            # the header's size, either way up (EXIF may rotate it), before any pixel is decoded
+            if sorted(image.size) != sorted((w, h)):
+                raise MaskError(
+                    f"{path}: mask is {image.size[0]}x{image.size[1]} (width x height) but the photo is "
+                    f"{w}x{h}; draw the mask on the upright photo at its full size"
+                )
             image.load()
             image = ImageOps.exif_transpose(image)
             if image.mode in ("I;16", "I;16L", "I;16B", "I;16N", "I"):
@@ -202,6 +208,8 @@ def load_mask_file(path: str | Path, shape: Sequence[int]) -> np.ndarray:
                 if image.mode in ("RGBA", "LA", "PA", "RGBa", "La"):
                     image = image.convert("RGB")
                 grey = np.asarray(image.convert("L"))
+    except MaskError:
+        raise
     except Exception as exc:  # noqa: BLE001 - PIL raises OSError, SyntaxError, ValueError...
         raise MaskError(f"{path}: cannot read the mask image ({type(exc).__name__}: {exc})") from None
     if grey.shape != (h, w):
@@ -237,14 +245,15 @@ def mask_from_record(record: Any, photos_dir: str | Path, shape: Sequence[int]) 
     if isinstance(spec, FileMask):
         return load_mask_file(Path(photos_dir) / spec.file, (h, w))
     if isinstance(spec, RLEMask):
-        mask = rle_decode(spec.rle)
-        if mask.shape != (h, w):
+        # compare the declared size before decoding: a 50000 x 50000 RLE is 2.5 GB decoded
+        rh, rw = spec.rle.size
+        if (rh, rw) != (h, w):
             source_id = getattr(record, "id", "?")
             raise MaskError(
-                f"RLE mask of source {source_id!r} is {mask.shape[1]}x{mask.shape[0]} "
-                f"(width x height) but the photo is {w}x{h}"
+                f"RLE mask of source {source_id!r} is {rw}x{rh} (width x height) but the photo is "
+                f"{w}x{h}; encode the mask of the upright photo at its full size"
             )
-        return mask
+        return rle_decode(spec.rle)
     raise MaskError(f"unknown limb_mask kind {type(spec).__name__}")
 
 

@@ -93,6 +93,30 @@ def write_huge_png(
     return path
 
 
+def write_long_png(folder: str | Path, name: str = "long.png", *, width: int = 33_000, height: int = 900) -> Path:
+    """A valid black 1-bit PNG with one side past 32767 px (about 30 KB), within the pixel budget.
+
+    Its 29.7 million pixels pass a pixel-count limit; MediaPipe and OpenCV abort the whole
+    process (SIGABRT, rc 134) on a side this long.
+    """
+    ihdr = struct.pack(">IIBBBBB", width, height, 1, 0, 0, 0, 0)
+    row = b"\x00" + bytes((width + 7) // 8)
+    compressor = zlib.compressobj(9)
+    body = b"".join(compressor.compress(row) for _ in range(height)) + compressor.flush()
+    chunks = [_png_chunk(b"IHDR", ihdr), _png_chunk(b"IDAT", body), _png_chunk(b"IEND", b"")]
+    path = Path(folder) / name
+    path.write_bytes(b"\x89PNG\r\n\x1a\n" + b"".join(chunks))
+    return path
+
+
+def write_sparse_junk(folder: str | Path, name: str = "junk.jpg", *, size: int = 4 << 30) -> Path:
+    """A ``size``-byte file of zeros named like a photo; sparse, so it costs no disk space."""
+    path = Path(folder) / name
+    with open(path, "wb") as f:
+        f.truncate(size)
+    return path
+
+
 def write_tiny_png(folder: str | Path, name: str = "tiny.png", *, side: int = 32) -> Path:
     """A valid ``side`` x ``side`` RGB PNG cut from a real photo (too small to use)."""
     with Image.open(REAL_PNG) as image:
@@ -110,6 +134,7 @@ BAD_INPUTS: dict[str, Callable[..., Path]] = {
     "not_an_image.jpg": write_text_as_jpg,
     "huge.png": write_huge_png,
     "tiny.png": write_tiny_png,
+    "long.png": write_long_png,
 }
 
 

@@ -6,6 +6,8 @@ test on pixel centres, an RLE worked out by hand, and pixel distances computed w
 
 from __future__ import annotations
 
+import tracemalloc
+
 import numpy as np
 import pytest
 from matplotlib.path import Path as MplPath
@@ -26,6 +28,7 @@ from counterfactory.generation.masks import (
     rle_encode,
 )
 from counterfactory.generation.sources import SourceRecord, load_image
+from tests.generation import badinputs
 
 
 def _shoelace(points) -> float:
@@ -201,6 +204,24 @@ def test_mask_from_record_dispatches_on_each_kind(tmp_path):
     assert mask_from_record(SourceRecord(**common), tmp_path, shape) is None
     with pytest.raises(MaskError, match="512x600"):
         mask_from_record(by_rle, tmp_path, (512, 512))
+
+
+def test_an_oversized_rle_or_mask_file_is_refused_before_decoding(tmp_path):
+    common = {"id": "hopper", "path": "grace_hopper.jpg", "licence": "PD"}
+    record = SourceRecord(**common, limb_mask={"rle": {"size": [50_000, 50_000], "counts": [2_500_000_000]}})
+    # reproduction: the RLE was decoded (2.5 GB, then MemoryError) before its size was compared
+    tracemalloc.start()
+    try:
+        with pytest.raises(MaskError, match="50000x50000") as info:
+            mask_from_record(record, tmp_path, (600, 512))
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 16 << 20 and "512x600" in str(info.value)
+    # a mask file is compared from its header too (a 10000 x 10000 PNG header, no pixel data)
+    huge = badinputs.write_huge_png(tmp_path, "arm.png", side=10_000, header_only=True)
+    with pytest.raises(MaskError, match="10000x10000"):
+        load_mask_file(huge, (600, 512))
 
 
 # --------------------------------------------------------------------------- dilate, feather

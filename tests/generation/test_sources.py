@@ -11,6 +11,7 @@ import json
 import pickle
 import shutil
 import time
+import tracemalloc
 from pathlib import Path
 
 import cv2
@@ -21,6 +22,7 @@ from PIL import Image
 
 from counterfactory.assets import PHOTOS_DIR
 from counterfactory.generation.sources import (
+    DEFAULT_MAX_PIXELS,
     FailedSource,
     FileMask,
     MetadataError,
@@ -295,7 +297,40 @@ def test_huge_image_is_refused_from_its_header_quickly(tmp_path):
 def test_pil_decompression_bomb_becomes_source_error(tmp_path):
     path = badinputs.write_huge_png(tmp_path, "bomb.png", side=20_000, header_only=True)
     with pytest.raises(SourceError, match="too large"):
-        load_image(path, max_pixels=10**12)
+        load_image(path, max_pixels=10**12, max_side_px=10**6)
+
+
+def test_a_side_past_32767_px_is_refused_before_native_code(tmp_path):
+    path = badinputs.write_long_png(tmp_path)
+    # reproduction: within the pixel budget, so only a side limit stops it before MediaPipe,
+    # which aborts the whole process on it (rc 134, every re-run the same)
+    assert 33_000 * 900 < DEFAULT_MAX_PIXELS
+    with pytest.raises(SourceError, match="33000x900") as info:
+        load_image(path)
+    assert "crop or downscale" in str(info.value)
+
+
+def test_a_4gb_junk_file_is_refused_without_reading_it(tmp_path):
+    path = badinputs.write_sparse_junk(tmp_path)
+    # reproduction: the whole file used to be read before its header was checked (4.5 GB RSS)
+    tracemalloc.start()
+    try:
+        with pytest.raises(SourceError, match="4,294,967,296 bytes") as info:
+            load_image(path)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 16 << 20 and "not a photo of a usable size" in str(info.value)
+    # the same junk within the byte budget is read only as far as its header
+    small = badinputs.write_sparse_junk(tmp_path, "small.jpg", size=256 << 20)
+    tracemalloc.start()
+    try:
+        with pytest.raises(SourceError, match="not an image PIL can read"):
+            load_image(small, max_pixels=64 << 20)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 16 << 20
 
 
 def test_max_pixels_applies_to_real_photos():
