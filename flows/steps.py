@@ -105,17 +105,30 @@ def prepare_sources(spec: Spec, ledger: Ledger) -> tuple[list[PreparedSource], l
     """Load every source, check it can serve the design, and record each in the ledger.
 
     Face designs need exactly one face in the source; limb designs need a limb mask.
-    A source that cannot serve becomes a :class:`FailedSource` with its reason.
+    A source that cannot serve becomes a :class:`FailedSource` with its reason, and so does a
+    second id for the same photo with the same edit region (``source_duplicate``).
     """
     loaded = load_sources(spec.sources.photos, spec.sources.metadata, max_pixels=spec.sources.max_pixels)
     landmarker = get_face_landmarker()
     usable: list[PreparedSource] = []
     failed: list[FailedSource] = []
+    # (photo sha256, region sha256) -> first id: two ids with both equal would make the same
+    # attempts (the same item ids) twice, so the later one fails as a duplicate
+    first_by_content: dict[tuple[str, str], str] = {}
     for item in loaded:
         if isinstance(item, FailedSource):
             failed.append(item)
             continue
         reason, prepared = _check_source(spec, item, landmarker)
+        if reason is None:
+            key = (item.sha256, hashlib.sha256(np.ascontiguousarray(prepared.region).tobytes()).hexdigest())
+            if key in first_by_content:
+                reason = (
+                    f"source_duplicate: {item.path.name} is the same photo (sha256 {item.sha256[:12]}) with the "
+                    f"same edit region as source {first_by_content[key]!r}; list each photo once in the metadata"
+                )
+            else:
+                first_by_content[key] = item.record.id
         if reason is not None:
             failed.append(FailedSource(id=item.record.id, path=item.path, reason=reason, record=item.record))
         else:

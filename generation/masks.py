@@ -243,7 +243,14 @@ def mask_from_record(record: Any, photos_dir: str | Path, shape: Sequence[int]) 
     if isinstance(spec, PolygonMask):
         return polygon_mask(spec.polygons, (h, w))
     if isinstance(spec, FileMask):
-        return load_mask_file(Path(photos_dir) / spec.file, (h, w))
+        folder = Path(photos_dir).resolve()
+        target = (folder / spec.file).resolve()
+        if not target.is_relative_to(folder):
+            raise MaskError(
+                f"{folder / spec.file}: leads to {target}, outside the photos folder {folder}; copy the mask "
+                "into the folder instead of linking to it"
+            )
+        return load_mask_file(target, (h, w))
     if isinstance(spec, RLEMask):
         # compare the declared size before decoding: a 50000 x 50000 RLE is 2.5 GB decoded
         rh, rw = spec.rle.size

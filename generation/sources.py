@@ -121,6 +121,17 @@ def load_sources(
     first_by_hash: dict[str, str] = {}
     for record in records:
         path = photos_dir / record.path
+        # a symlink is followed, and its target must be inside the folder too: the release
+        # copies the target's bytes, never a link that points elsewhere
+        resolved = path.resolve()
+        if not resolved.is_relative_to(photos_dir):
+            reason = (
+                f"source_outside_folder: {record.path} leads to {resolved}, outside the photos folder "
+                f"{photos_dir}; copy the photo into the folder instead of linking to it"
+            )
+            out.append(FailedSource(record.id, path, reason, record))
+            continue
+        path = resolved
         try:
             loaded = load_image(path, max_pixels=max_pixels)
         except SourceError as exc:

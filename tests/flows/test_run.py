@@ -165,6 +165,7 @@ def test_bad_inputs_fail_with_reasons_and_the_run_completes(tmp_path):
     photos = tmp_path / "photos"
     photos.mkdir()
     shutil.copy(REPO / "assets/photos/grace_hopper.jpg", photos / "grace.jpg")
+    shutil.copy(REPO / "assets/photos/grace_hopper.jpg", photos / "grace_again.jpg")  # one photo, two ids
     shutil.copy(REPO / "assets/photos/two_people.jpg", photos / "two.jpg")
     Image.fromarray(np.ascontiguousarray(read_rgb("astronaut.png")[0:300, 330:512])).save(photos / "shuttle.png")
     written = {
@@ -172,9 +173,11 @@ def test_bad_inputs_fail_with_reasons_and_the_run_completes(tmp_path):
         "zero": badinputs.write_zero_byte(photos),
         "text": badinputs.write_text_as_jpg(photos),
         "huge": badinputs.write_huge_png(photos),
+        "long": badinputs.write_long_png(photos),  # aborted the whole process inside MediaPipe
     }
     entries = [
         {"id": "grace", "path": "grace.jpg"},
+        {"id": "grace_again", "path": "grace_again.jpg"},
         {"id": "two", "path": "two.jpg"},
         {"id": "shuttle", "path": "shuttle.png"},
     ] + [{"id": key, "path": path.name} for key, path in written.items()]
@@ -198,7 +201,9 @@ def test_bad_inputs_fail_with_reasons_and_the_run_completes(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     stats = json.loads((_release(tmp_path / "out", "bad-inputs") / "stats.json").read_text())
     failed = {f["source_id"]: f["reason"].lower() for f in stats["failed_sources"]}
-    assert set(failed) == {"two", "shuttle", "truncated", "zero", "text", "huge"}
+    assert set(failed) == {"two", "shuttle", "truncated", "zero", "text", "huge", "long", "grace_again"}
+    assert "source_duplicate" in failed["grace_again"] and "'grace'" in failed["grace_again"]
+    assert "33000x900" in failed["long"]
     assert "2 faces" in failed["two"] and "no face" in failed["shuttle"]
     assert "truncated" in failed["truncated"] or "corrupt" in failed["truncated"]
     assert "empty" in failed["zero"] or "zero" in failed["zero"]

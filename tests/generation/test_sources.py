@@ -597,6 +597,33 @@ def test_load_sources_notes_repeated_photo_bytes(tmp_path):
     assert second.notes == ("same file bytes as source 'a'",)
 
 
+def test_symlinks_are_followed_and_must_stay_inside_the_photos_folder(tmp_path):
+    photos = _photo_set(tmp_path)
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    shutil.copy(HOPPER, outside / "secret.jpg")
+    # reproduction: a link to a file outside the folder was accepted, and the release shipped
+    # the link itself (an absolute target) instead of the photo's bytes
+    (photos / "leak.jpg").symlink_to(outside / "secret.jpg")
+    (photos / "alias.jpg").symlink_to(photos / "grace_hopper.jpg")
+    (photos / "arm.png").symlink_to(outside / "secret.jpg")
+    meta = _write_yaml(
+        tmp_path / "s.yaml",
+        [
+            {"id": "leak", "path": "leak.jpg", "licence": "PD"},
+            {"id": "alias", "path": "alias.jpg", "licence": "PD"},
+            {"id": "masklink", "path": "grace_hopper.jpg", "licence": "PD", "limb_mask": {"file": "arm.png"}},
+        ],
+    )
+    leak, alias, masklink = load_sources(photos, meta)
+    assert isinstance(leak, FailedSource) and "source_outside_folder" in leak.reason
+    assert str(outside / "secret.jpg") in leak.reason
+    # a link inside the folder is fine, and the source is its target: a regular file
+    assert isinstance(alias, Source) and alias.path == (photos / "grace_hopper.jpg").resolve()
+    assert not alias.path.is_symlink()
+    assert isinstance(masklink, FailedSource) and "outside the photos folder" in masklink.reason
+
+
 def test_load_sources_raises_for_broken_metadata(tmp_path):
     photos = _photo_set(tmp_path)
     meta = _write_yaml(tmp_path / "s.yaml", [{"id": "a", "path": "grace_hopper.jpg"}])
