@@ -545,8 +545,9 @@ def _damaged_message(shown: str, exc: DBAPIError) -> str:
             "aside to start over and pay for every edit again"
         )
     return (
-        f"ledger {shown}: cannot be opened ({type(exc.orig).__name__}: {detail}); check that the "
-        "database server is running and the URL, user and permissions are right"
+        f"ledger {shown}: cannot be opened or brought up to date ({type(exc.orig).__name__}: {detail}); "
+        "nothing was run. For a server, check that it is running and that the URL, user and "
+        "permissions are right; for a file, check its folder's permissions, or restore it from a backup"
     )
 
 
