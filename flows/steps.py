@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from counterfactory.generation.align import AlignConfig, align_candidate
-from counterfactory.generation.editors import Editor, EditRequest, EditResult, make_editor
+from counterfactory.generation.editors import Editor, EditorSetupError, EditRequest, EditResult, make_editor
 from counterfactory.generation.editors.base import EditJournal
 from counterfactory.generation.masks import dilate, mask_from_record
 from counterfactory.generation.prompts import RenderedPrompt, render_prompt
@@ -50,6 +51,9 @@ JUDGE_VERSION = 1
 FINISHED_ATTEMPT = ("ok", "refused")
 #: verdicts that fill a cell (review is a person's job, not another seed's)
 FILLED = ("accepted", "needs_review")
+#: seconds to wait before each re-fetch of a paid remote request that did not come back
+#: (its editor already retried each HTTP call); after the last, the next run fetches it
+RESUME_WAITS_S = (1.0, 4.0, 16.0)
 
 
 @dataclass
@@ -335,6 +339,14 @@ def process_template(
             break
         plans = plan_attempts(spec, prepared, open_cells, editor, lineage, attempt_no)
         calls += run_edits(ws, editor, plans, lineage)
+        # a paid remote request that failed to come back (status outage, download error) is
+        # fetched again, never replaced by the next seed: that would pay twice
+        for wait_s in RESUME_WAITS_S:
+            pending = [plan for plan in plans if is_pending(ws, plan.attempt_id)]
+            if not pending:
+                break
+            time.sleep(wait_s)
+            calls += run_edits(ws, editor, pending, lineage)
         verdicts = judge_attempts(spec, ws, prepared, plans, stack, jkey)
         open_cells = []
         for plan, (verdict, reasons) in zip(plans, verdicts, strict=True):
@@ -342,7 +354,9 @@ def process_template(
             if plan.attempt_id not in out.attempt_ids:  # a seedless editor repeats its id
                 out.attempt_ids.append(plan.attempt_id)
             out.final_attempt, out.verdict, out.reasons = plan.attempt_id, verdict, reasons
-            if verdict not in FILLED:
+            # still pending after the waits: the cell stays failed in this run and the next
+            # run fetches the journalled request; no new seed is bought for it
+            if verdict not in FILLED and not is_pending(ws, plan.attempt_id):
                 open_cells.append(plan.cell)
     return TemplateOutcome(template_id=prepared.id, cells=list(outcomes.values()), editor_calls=calls)
 
@@ -417,9 +431,25 @@ def run_edits(ws: Workspace, editor: Editor, plans: Sequence[PlannedAttempt], li
         to_run.append(plan.request)
     if not to_run:
         return 0
-    for result in _edit_safely(editor, to_run, ws.ledger.journal(editor.name)):
-        _store_result(ws, result)
+    # one backend batch at a time, each result committed as soon as its batch returns: a kill
+    # loses only the batch in flight, and memory holds one batch of outputs, not a template's
+    size = editor_batch_size(editor)
+    journal = ws.ledger.journal(editor.name)
+    for start in range(0, len(to_run), size):
+        for result in _edit_safely(editor, to_run[start : start + size], journal):
+            _store_result(ws, result)
     return len(to_run)
+
+
+def editor_batch_size(editor: Editor) -> int:
+    """How many requests to hand the backend at once: its ``batch_size`` (``1`` if it has none)."""
+    return max(1, int(getattr(editor, "batch_size", 1) or 1))
+
+
+def is_pending(ws: Workspace, attempt_id: str) -> bool:
+    """A failed attempt whose paid remote request is journalled and may still be fetched."""
+    attempt = ws.ledger.attempt(attempt_id)
+    return attempt is not None and attempt.status == "failed" and bool(attempt.meta.get("pending_request_id"))
 
 
 def judge_attempts(
@@ -444,6 +474,10 @@ def _edit_safely(editor: Editor, requests: list[EditRequest], journal) -> list[E
     """Run a batch; a per-item exception a backend let through becomes that item's failure."""
     try:
         results = editor.edit_many(requests, journal)
+    except EditorSetupError:
+        # a key rejected mid-run, an unknown endpoint or model: no item can succeed, so the
+        # whole run stops here with the backend's one message, before anything is sealed
+        raise
     except Exception as exc:  # noqa: BLE001 - a broken batch is recorded per item, the run goes on
         return [
             EditResult(r.attempt_id, "failed", reason=f"editor_error: {type(exc).__name__}: {exc}") for r in requests

@@ -232,6 +232,11 @@ class FalEditor:
         self._budget = threading.Lock()
         self._reserved_usd = 0.0
 
+    @property
+    def batch_size(self) -> int:
+        """Requests the factory hands over at once: ``concurrency``, enough to keep every slot busy."""
+        return self.options.concurrency
+
     def lineage(self) -> dict[str, Any]:
         """Everything that decides the output; fal does not version its endpoints, so the
         endpoint id stands for the model."""
@@ -380,12 +385,20 @@ class FalEditor:
                     _row(progress, outcome.state, reason=outcome.reason),
                     cost_usd=outcome.cost_usd,
                 )
+            # A failure after fal accepted (and bills) the request, with the id still journalled
+            # as fetchable: the attempt must be fetched again, never replaced by another seed.
+            pending = (
+                outcome.status == "failed"
+                and progress.request_id is not None
+                and (outcome.state is None or outcome.state in _FETCHABLE_STATES)
+            )
             return self._result(
                 request,
                 progress,
                 outcome.status,
                 reason=outcome.reason,
                 cost_usd=outcome.cost_usd,
+                extra={"pending_request_id": progress.request_id} if pending else None,
             )
         except (EditorSetupError, asyncio.CancelledError):
             raise
@@ -547,8 +560,10 @@ class FalEditor:
                 return await call()
             except Exception as exc:
                 kind = self._classify(exc)
-                if what == "download" and kind in ("auth", "not_found"):
+                if what == "download" and kind == "auth":
                     kind = "permanent"  # a CDN answer, not a verdict on the key or request
+                if what == "download" and kind == "not_found":
+                    kind = "transient"  # a CDN may answer 404 until the file has propagated
                 if kind == "auth":
                     raise EditorSetupError(_key_message(exc)) from None
                 if kind == "not_found":

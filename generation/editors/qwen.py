@@ -155,6 +155,11 @@ class QwenEditor:
         self.options = options or QwenOptions()
         self._loaded: _Loaded | None = None
 
+    @property
+    def batch_size(self) -> int:
+        """Requests the factory hands over at once (and commits together): ``options.batch_size``."""
+        return self.options.batch_size
+
     # -- lineage -------------------------------------------------------------------------
 
     def lineage(self) -> dict[str, Any]:

@@ -141,3 +141,56 @@ def test_unregistrable_output_still_gets_face_metrics(spec, prepared, stack):
     assert judged.verdict == "rejected" and judged.reasons[0].startswith("align_")
     assert judged.gates["locality"]["measurable"] is False
     assert "face" in judged.gates and "identity" in judged.gates
+
+
+def test_a_status_poll_outage_buys_zero_extra_requests(spec, prepared, stack, tmp_path, monkeypatch):
+    from tests.generation.fal_server import Behaviour, FalServer
+
+    source = prepared["grace_hopper"]
+    cells = steps.plan_grid(spec, [source]).cells_of(source.id)[:3]
+    monkeypatch.setattr(steps, "RESUME_WAITS_S", (0.0, 0.0, 0.0))
+    editor = FalEditor(
+        FalEditor().options.model_copy(update={"backoff_s": 0.01, "poll_interval_s": 0.01, "max_retries": 1})
+    )
+    with FalServer(latency_s=0.05, model="copy") as server, server.patch_environment():
+        editor.prepare()
+        plans = steps.plan_attempts(spec, source, cells, editor, editor.lineage(), 1)
+        # the outage: the first four status polls of every job fail (503), more than one
+        # editor-level try (1 + max_retries) can absorb
+        for plan in plans:
+            server.behave(plan.request.prompt, Behaviour(status_errors=(503, 503, 503, 503)))
+        ws = steps.open_workspace(spec, tmp_path)
+        outcome = steps.process_template(spec, ws, source, cells, editor, stack)
+        # reproduction: every cell used to fail its first attempt and buy seed 2 (2 paid each)
+        assert sum(server.paid_submits.values()) == len(cells)
+        assert max(server.paid_submits.values()) == 1
+        assert [len(c.attempt_ids) for c in outcome.cells] == [1] * len(cells)
+        assert all(c.verdict == "needs_review" for c in outcome.cells), [c.reasons for c in outcome.cells]
+        # the fetches were resumptions of the journalled requests, not new submissions
+        assert all(ws.ledger.attempt(c.final_attempt).meta["resumed"] for c in outcome.cells)
+        ws.ledger.close()
+
+
+def test_a_request_still_out_after_the_waits_is_fetched_by_the_next_run(spec, prepared, stack, tmp_path, monkeypatch):
+    from tests.generation.fal_server import Behaviour, FalServer
+
+    source = prepared["grace_hopper"]
+    cells = steps.plan_grid(spec, [source]).cells_of(source.id)[:2]
+    monkeypatch.setattr(steps, "RESUME_WAITS_S", (0.0,))
+    editor = FalEditor(
+        FalEditor().options.model_copy(update={"backoff_s": 0.01, "poll_interval_s": 0.01, "max_retries": 0})
+    )
+    with FalServer(latency_s=0.05, model="copy") as server, server.patch_environment():
+        editor.prepare()
+        for plan in steps.plan_attempts(spec, source, cells, editor, editor.lineage(), 1):
+            server.behave(plan.request.prompt, Behaviour(status_errors=(503, 503, 503)))
+        ws = steps.open_workspace(spec, tmp_path)
+        first = steps.process_template(spec, ws, source, cells, editor, stack)
+        # two tries in this run, both in the outage: the cells stay failed, no seed 2 is bought
+        assert [c.verdict for c in first.cells] == ["failed", "failed"]
+        assert all("fal_unavailable" in c.reasons[0] for c in first.cells)
+        assert [len(c.attempt_ids) for c in first.cells] == [1, 1]
+        second = steps.process_template(spec, ws, source, cells, editor, stack)
+        assert [c.verdict for c in second.cells] == ["needs_review", "needs_review"]
+        assert sum(server.paid_submits.values()) == len(cells)
+        ws.ledger.close()

@@ -110,7 +110,9 @@ class FalServer:
             account with an exhausted balance).
         apps: known ``<owner>/<app>`` ids.
         port: port to bind on 127.0.0.1; 0 picks a free one.
-        model: what an ``ok`` job returns: ``invert`` (``255 - input``, the default) or
+        model: what an ``ok`` job returns: ``invert`` (``255 - input``, the default),
+            ``copy`` (the input unchanged: a face "edit" every gate sends to review, which fills
+            its cell at the first seed), or
             ``resize`` (the input resized to ``resize_to``, as Nano Banana returns a fixed size
             per aspect ratio; a flow run then has a real alignment to undo).
         resize_to: ``(width, height)`` for ``model="resize"``.
@@ -532,6 +534,8 @@ class FalServer:
             import cv2
 
             return cv2.resize(pixels, self.resize_to, interpolation=cv2.INTER_AREA)
+        if self.model == "copy":
+            return pixels.copy()
         return 255 - pixels
 
     async def _image(self, job: Job, pixels: np.ndarray) -> dict[str, Any]:
