@@ -42,6 +42,7 @@ from counterfactory.manifests.review import (
     ReviewError,
     hash_token,
     parse_cell_id,
+    queue_item,
     record_decision,
     record_spot_trial,
     review_queue,
@@ -354,6 +355,7 @@ def create_app(site: ReviewSite) -> FastAPI:
             "item": None,
         }
         if item is not None:
+            item = queue_item(site.ledger, site.options, item.attempt_id) or item
             view = site.template_view(item.template_id)
             res = item.resolution
             context.update(

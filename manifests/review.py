@@ -243,17 +243,21 @@ def _decisions(session, attempt_ids: Iterable[str] | None = None) -> dict[str, l
     return out
 
 
-def final_attempts(ledger: Ledger) -> set[str]:
+def final_attempts(ledger: Ledger, cell_ids: Iterable[str] | None = None) -> set[str]:
     """Each cell's final candidate: its first that filled the cell (accepted, needs_review), else its last.
 
     This is the attempt :func:`counterfactory.flows.steps.process_template` ends a cell with.
+    ``cell_ids`` limits the answer to those cells.
     """
+    q = (
+        select(CandidateRow.attempt_id, CandidateRow.cell_id, CandidateRow.verdict)
+        .join(AttemptRow, AttemptRow.attempt_id == CandidateRow.attempt_id)
+        .order_by(CandidateRow.cell_id, AttemptRow.attempt_no)
+    )
+    if cell_ids is not None:
+        q = q.where(CandidateRow.cell_id.in_(list(cell_ids)))
     with ledger.session() as s:
-        rows = s.execute(
-            select(CandidateRow.attempt_id, CandidateRow.cell_id, CandidateRow.verdict)
-            .join(AttemptRow, AttemptRow.attempt_id == CandidateRow.attempt_id)
-            .order_by(CandidateRow.cell_id, AttemptRow.attempt_no)
-        ).all()
+        rows = s.execute(q).all()
     final: dict[str, str] = {}
     closed: set[str] = set()
     for attempt_id, cell_id, verdict in rows:
@@ -265,49 +269,67 @@ def final_attempts(ledger: Ledger) -> set[str]:
     return set(final.values())
 
 
-def review_queue(ledger: Ledger, options: ReviewOptions) -> list[QueueItem]:
+def review_queue(ledger: Ledger, options: ReviewOptions, attempt_ids: Iterable[str] | None = None) -> list[QueueItem]:
     """Every candidate people review (needs_review, and the audit sample), with its decisions.
 
     Candidates without an aligned image (an editor refusal, a failed alignment) are not
     shown: there is nothing to look at. Ordered by template, then cell, then attempt.
+    ``attempt_ids`` limits the answer to those candidates. ``gates`` is left empty here (it is
+    the bulk of a candidate row); :func:`queue_item` fills it for one item.
     """
-    finals = final_attempts(ledger)
+    q = (
+        select(
+            CandidateRow.attempt_id,
+            CandidateRow.cell_id,
+            CandidateRow.verdict,
+            CandidateRow.reasons,
+            CandidateRow.image_sha256,
+            AttemptRow.attempt_no,
+        )
+        .join(AttemptRow, AttemptRow.attempt_id == CandidateRow.attempt_id)
+        .order_by(CandidateRow.cell_id, AttemptRow.attempt_no)
+    )
+    wanted = None if attempt_ids is None else list(attempt_ids)
+    if wanted is not None:
+        q = q.where(CandidateRow.attempt_id.in_(wanted))
     with ledger.session() as s:
-        rows = s.execute(
-            select(CandidateRow, AttemptRow.attempt_no)
-            .join(AttemptRow, AttemptRow.attempt_id == CandidateRow.attempt_id)
-            .order_by(CandidateRow.cell_id, AttemptRow.attempt_no)
-        ).all()
-        decisions = _decisions(s)
+        rows = s.execute(q).all()
+    rows = [r for r in rows if r.image_sha256 and _in_queue(options, r.attempt_id, r.verdict)]
+    with ledger.session() as s:
+        decisions = _decisions(s, None if wanted is None else [r.attempt_id for r in rows])
+    finals = final_attempts(ledger, None if wanted is None else {r.cell_id for r in rows})
     items = []
-    for cand, attempt_no in rows:
-        mode = _in_queue(options, cand.attempt_id, cand.verdict)
-        if mode is None or not cand.image_sha256:
-            continue
-        template_id, condition = parse_cell_id(cand.cell_id)
-        double = sampled("double", options.seed, cand.attempt_id, options.double_review_rate)
+    for row in rows:
+        template_id, condition = parse_cell_id(row.cell_id)
+        double = sampled("double", options.seed, row.attempt_id, options.double_review_rate)
         items.append(
             QueueItem(
-                attempt_id=cand.attempt_id,
-                cell_id=cand.cell_id,
+                attempt_id=row.attempt_id,
+                cell_id=row.cell_id,
                 template_id=template_id,
                 condition=condition,
-                attempt_no=attempt_no,
-                final=cand.attempt_id in finals,
-                verdict=cand.verdict,
-                reasons=list(cand.reasons or []),
-                gates=cand.gates or {},
-                image_sha256=cand.image_sha256,
-                mode=mode,
+                attempt_no=row.attempt_no,
+                final=row.attempt_id in finals,
+                verdict=row.verdict,
+                reasons=list(row.reasons or []),
+                gates={},
+                image_sha256=row.image_sha256,
+                mode=_in_queue(options, row.attempt_id, row.verdict) or "queue",
                 required=2 if double else 1,
-                decisions=decisions.get(cand.attempt_id, []),
+                decisions=decisions.get(row.attempt_id, []),
             )
         )
     return items
 
 
 def queue_item(ledger: Ledger, options: ReviewOptions, attempt_id: str) -> QueueItem | None:
-    return next((i for i in review_queue(ledger, options) if i.attempt_id == attempt_id), None)
+    """One queued candidate with its gate record, or ``None`` when it is not in the queue."""
+    found = review_queue(ledger, options, [attempt_id])
+    if not found:
+        return None
+    candidate = ledger.candidate(attempt_id)
+    found[0].gates = candidate.gates if candidate else {}
+    return found[0]
 
 
 def record_decision(

@@ -339,7 +339,9 @@ def test_queue_filters_and_counter(run_copy):
             verdict = re.search(r'id="gate-verdict">(\w+)<', page)
             return left, verdict.group(1) if verdict else None, page
 
-        assert view()[0] == 5
+        left, _, page = view()
+        # the gate record with metrics and thresholds is on the page
+        assert left == 5 and "detection_score" in page and "min_detection_score" in page
         for verdict in ("needs_review", "accepted", "rejected"):
             n = expect(lambda i, v=verdict: i.verdict == v)
             assert view(verdict=verdict)[:2] == (n, verdict if n else None)
