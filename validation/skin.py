@@ -96,12 +96,16 @@ def region_ita(image: np.ndarray, mask: np.ndarray | None, *, min_pixels: int = 
     """
     if mask is None:
         return None
-    ys, xs = np.nonzero(mask)
-    if ys.size < min_pixels:
+    pixels = _masked_pixels(image, mask)
+    if pixels.shape[0] < min_pixels:
         return None
-    step = max(ys.size // MAX_SAMPLES, 1)
-    pixels = image[ys[::step], xs[::step]]
-    return float(np.median(ita_deg(rgb_to_lab(pixels))))
+    return float(np.median(ita_deg(rgb_to_lab(pixels[:: max(pixels.shape[0] // MAX_SAMPLES, 1)]))))
+
+
+def _masked_pixels(image: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """``(N, 3)`` pixels of ``image`` where ``mask`` is nonzero, in raster order."""
+    flat = np.flatnonzero(np.asarray(mask).reshape(-1))
+    return np.ascontiguousarray(image).reshape(-1, image.shape[-1])[flat]
 
 
 def _erode(mask: np.ndarray, px: int) -> np.ndarray:
@@ -164,11 +168,11 @@ def skin_colour_model(image: np.ndarray, face_skin: np.ndarray, *, k: float = 3.
     """The :class:`SkinColourModel` of the face skin in ``image``: median ± ``k`` robust
     standard deviations (1.4826 x MAD, at least 4 levels) in Cr and Cb; luma down to 40 % of
     the face's median. None when the face shows too little skin."""
-    ys, xs = np.nonzero(face_skin)
-    if ys.size < MIN_SKIN_PIXELS:
+    pixels = _masked_pixels(image, face_skin)
+    if pixels.shape[0] < MIN_SKIN_PIXELS:
         return None
-    step = max(ys.size // MAX_SAMPLES, 1)
-    ycc = cv2.cvtColor(np.ascontiguousarray(image[ys[::step], xs[::step]].reshape(-1, 1, 3)), cv2.COLOR_RGB2YCrCb)
+    step = max(pixels.shape[0] // MAX_SAMPLES, 1)
+    ycc = cv2.cvtColor(np.ascontiguousarray(pixels[::step].reshape(-1, 1, 3)), cv2.COLOR_RGB2YCrCb)
     ycc = ycc.reshape(-1, 3).astype(np.float64)
 
     def band(v: np.ndarray) -> tuple[float, float]:
