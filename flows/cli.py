@@ -35,12 +35,20 @@ def main() -> None:
 )
 @click.option("--workers", default=2, show_default=True, help="Templates processed at a time.")
 @click.option("--no-progress", is_flag=True, help="Hide the progress bar.")
-def run(spec_path: Path, out: Path, workers: int, no_progress: bool) -> None:
-    """Run SPEC_PATH end to end and publish its release under OUT/releases/."""
+@click.option("--publish", "publish", is_flag=True, help="Seal the release under OUT/releases/ when the run ends.")
+@click.option(
+    "--allow-incomplete", is_flag=True, help="With --publish: seal even if cells, sources or strata are missing."
+)
+def run(spec_path: Path, out: Path, workers: int, no_progress: bool, publish: bool, allow_incomplete: bool) -> None:
+    """Run SPEC_PATH: edit, align, measure and judge every cell into OUT (resumable).
+
+    With --publish, also seal the release (as `counterfactory publish OUT` would).
+    """
+    from counterfactory.flows.publish import PublishError
     from counterfactory.generation.editors import EditorSetupError
     from counterfactory.generation.sources import MetadataError, load_metadata
     from counterfactory.manifests.ledger import LedgerError
-    from counterfactory.manifests.release import ReleaseExistsError
+    from counterfactory.manifests.release import ReleaseExistsError, ReleaseIntegrityError, existing_release_conflict
     from counterfactory.manifests.runlock import RunFolderError
     from counterfactory.manifests.spec import SpecError, load_spec
     from counterfactory.manifests.store import DamagedBlobError
@@ -51,6 +59,13 @@ def run(spec_path: Path, out: Path, workers: int, no_progress: bool) -> None:
         load_metadata(spec.sources.metadata)
     except (SpecError, MetadataError) as exc:
         _fail(str(exc))
+    if publish:
+        # a version taken by another spec can never be sealed: say so before anything is paid for
+        conflict = existing_release_conflict(
+            out / "releases", spec.release.name, spec.release.version, spec.as_written()[1]
+        )
+        if conflict:
+            _fail(conflict)
     try:
         # Fail on a missing model, key or GPU before the flow starts or anything is paid for.
         from counterfactory.flows.steps import build_editor
@@ -63,8 +78,24 @@ def run(spec_path: Path, out: Path, workers: int, no_progress: bool) -> None:
 
     started = time.perf_counter()
     try:
-        summary = run_spec(spec_path, out, workers=workers, progress=not no_progress)
-    except (ReleaseExistsError, EditorSetupError, SpecError, LedgerError, RunFolderError, DamagedBlobError) as exc:
+        summary = run_spec(
+            spec_path,
+            out,
+            workers=workers,
+            progress=not no_progress,
+            publish=publish,
+            allow_incomplete=allow_incomplete,
+        )
+    except (
+        ReleaseExistsError,
+        ReleaseIntegrityError,
+        EditorSetupError,
+        SpecError,
+        PublishError,
+        LedgerError,
+        RunFolderError,
+        DamagedBlobError,
+    ) as exc:
         _fail(str(exc))
     if summary.missing_outputs:
         click.echo(
@@ -84,17 +115,80 @@ def run(spec_path: Path, out: Path, workers: int, no_progress: bool) -> None:
         f"templates complete: {summary.complete_templates}/{summary.templates}; failed sources: {summary.failed_sources}"
     )
     click.echo(f"editor calls: {summary.editor_calls}")
-    waiting = json.loads((summary.release_path / "stats.json").read_text()).get("review", {}).get("waiting")
-    if waiting and waiting["total"]:
-        groups = ", ".join(f"{k} {v}" for k, v in waiting["by_group"].items())
-        click.echo(
-            f"waiting for review: {waiting['total']} item(s) ({groups}); they are in items.jsonl, not the "
-            f"manifest: counterfactory review serve {out}"
-        )
-    state = "written" if summary.release_created else "unchanged (identical release already existed)"
-    click.echo(f"release {state}: {summary.release_path}")
-    click.echo(f"report: {summary.release_path / 'report.html'}")
+    if summary.release_path is None:
+        click.echo(f"not published: seal a release with `counterfactory publish {out}` (or run with --publish)")
+    else:
+        waiting = json.loads((summary.release_path / "stats.json").read_text()).get("review", {}).get("waiting")
+        if waiting and waiting["total"]:
+            groups = ", ".join(f"{k} {v}" for k, v in waiting["by_group"].items())
+            click.echo(
+                f"waiting for review: {waiting['total']} item(s) ({groups}); they are in items.jsonl, not the "
+                f"manifest: counterfactory review serve {out}"
+            )
+        state = "written" if summary.release_created else "unchanged (identical release already existed)"
+        click.echo(f"release {state}: {summary.release_path}")
+        click.echo(f"report: {summary.release_path / 'report.html'}")
     click.echo(f"time: {time.perf_counter() - started:.1f} s")
+
+
+@main.command()
+@click.argument("out", type=click.Path(path_type=Path, exists=True, file_okay=False))
+@click.option("--version", "version", help="Release version X.Y.Z (default: the spec's release.version).")
+@click.option(
+    "--spec", "spec_path", type=click.Path(path_type=Path), help="The spec to publish (default: the last run in OUT)."
+)
+@click.option("--allow-incomplete", is_flag=True, help="Seal even if cells, sources or strata are missing.")
+def publish(out: Path, version: str | None, spec_path: Path | None, allow_incomplete: bool) -> None:
+    """Seal a release from OUT's ledger and store, with zero editor calls.
+
+    Reports accepted, undecided (needs_review) and unfilled cells per group, and refuses an
+    incomplete grid unless --allow-incomplete is given (the release then lists what was left
+    out, and why, in left_out.jsonl).
+    """
+    import hashlib
+
+    from counterfactory.flows.publish import (
+        PublishError,
+        format_completeness,
+        publish_from_ledger,
+        remembered_spec,
+        with_version,
+    )
+    from counterfactory.manifests.ledger import LedgerError
+    from counterfactory.manifests.release import ReleaseExistsError, ReleaseIntegrityError
+    from counterfactory.manifests.runlock import RunFolderError
+    from counterfactory.manifests.spec import SpecError, load_spec
+    from counterfactory.manifests.store import DamagedBlobError
+
+    try:
+        if spec_path is None:
+            spec_path, ran_sha = remembered_spec(out)
+            if not spec_path.is_file() or hashlib.sha256(spec_path.read_bytes()).hexdigest() != ran_sha:
+                _fail(
+                    f"{spec_path}: the spec that ran in {out} is missing or was edited since; publish it "
+                    "explicitly with --spec PATH (cells the edited spec plans differently show as not run)"
+                )
+        spec = with_version(load_spec(spec_path), version)
+        if not (out / "ledger.sqlite").exists() and spec.ledger_url is None:
+            _fail(f"{out}: no ledger.sqlite here; run `counterfactory run {spec_path} --out {out}` first")
+        result = publish_from_ledger(spec, out, allow_incomplete=allow_incomplete)
+    except (
+        PublishError,
+        ReleaseExistsError,
+        ReleaseIntegrityError,
+        SpecError,
+        FileNotFoundError,
+        LedgerError,
+        RunFolderError,
+        DamagedBlobError,
+    ) as exc:
+        _fail(str(exc))
+    except ValueError as exc:  # a bad --version
+        _fail(f"--version {version!r}: {exc}")
+    click.echo(format_completeness(result.report, result.left_out))
+    state = "written" if result.sealed.created else "unchanged (identical release already existed)"
+    click.echo("editor calls: 0")
+    click.echo(f"release {state}: {result.sealed.path}")
 
 
 @main.command()
@@ -159,7 +253,8 @@ def calibrate(out: Path, spec_path: Path | None) -> None:
 @main.command()
 @click.argument("release", type=click.Path(path_type=Path, exists=True, file_okay=False))
 def verify(release: Path) -> None:
-    """Re-hash every file of a release folder against its checksums."""
+    """Check a release folder: every file against its checksum and its schema, every image
+    against the sha256 its manifest row names, nothing unlisted, nothing outside the folder."""
     from counterfactory.manifests.release import verify_release
 
     problems = verify_release(release)
@@ -167,7 +262,7 @@ def verify(release: Path) -> None:
         for p in problems:
             click.echo(p, err=True)
         _fail(f"{release}: {len(problems)} problem(s)", code=1)
-    click.echo(f"{release}: every file matches its checksum")
+    click.echo(f"{release}: every file matches its checksum and schema")
 
 
 @main.group()
@@ -230,7 +325,7 @@ def review_add_reviewer(name: str, out: Path, spec_path: Path | None) -> None:
 
 @main.group()
 def release() -> None:
-    """Publish and fetch releases (Hugging Face Hub)."""
+    """Compare sealed releases; push them to and pull them from the Hugging Face Hub."""
 
 
 def _hub_call(action, *args, **kwargs):
@@ -290,6 +385,56 @@ def release_pull(ref: str, out_dir: Path) -> None:
 
     path = _hub_call(pull_release, ref, out_dir)
     click.echo(f"pulled {ref} into {path}: every file matches its checksum")
+
+
+@release.command("diff")
+@click.argument("a", type=click.Path(path_type=Path, exists=True, file_okay=False))
+@click.argument("b", type=click.Path(path_type=Path, exists=True, file_okay=False))
+@click.option("--json", "as_json", is_flag=True, help="Print the whole diff as JSON.")
+def release_diff(a: Path, b: Path, as_json: bool) -> None:
+    """Items added, removed and changed (image sha256, verdict) from release A to release B,
+    and pass-rate shifts per group with Wilson 95 % intervals.
+
+    Exit codes: 0 identical, 1 different, 2 not comparable (not releases, or of different studies).
+    """
+    from counterfactory.manifests.release_diff import DiffError, diff_releases
+
+    try:
+        result = diff_releases(a, b)
+    except DiffError as exc:
+        _fail(str(exc))
+    if as_json:
+        click.echo(json.dumps(result, indent=2, sort_keys=True))
+    else:
+        va, vb = result["a"]["version"], result["b"]["version"]
+        click.echo(f"{result['a']['name']} {va} -> {vb}")
+
+        def label(row):
+            return f"{row['template_id']} {' '.join(f'{k}={v}' for k, v in row['condition'].items())}"
+
+        for kind in ("added", "removed"):
+            for row in result[kind]:
+                click.echo(f"{kind}: {label(row)} ({row['status']})")
+        for row in result["changed"]:
+            what = []
+            if row["status"][0] != row["status"][1]:
+                what.append(f"verdict {row['status'][0]} -> {row['status'][1]}")
+            if row["image"][0] != row["image"][1]:
+                what.append(f"image {str(row['image'][0])[:12]} -> {str(row['image'][1])[:12]}")
+            click.echo(f"changed: {label(row)}: {', '.join(what)}")
+        for s in result["pass_rates"]:
+
+            def show(r):
+                return "absent" if r is None else f"{r['passed']}/{r['n']} [{r['ci_low']:.2f}, {r['ci_high']:.2f}]"
+
+            click.echo(
+                f"pass rate {s['group']}: {show(s['a'])} -> {show(s['b'])}" + (" (separated)" if s["separated"] else "")
+            )
+        click.echo(
+            "identical" if result["identical"] else
+            f"{len(result['added'])} added, {len(result['removed'])} removed, {len(result['changed'])} changed"
+        )  # fmt: skip
+    sys.exit(0 if result["identical"] else 1)
 
 
 if __name__ == "__main__":

@@ -1,24 +1,259 @@
-"""Turn a finished run's ledger state into a release folder (plain functions, no Prefect)."""
+"""Turn the ledger's state into a release folder (plain functions, no Prefect).
+
+Publishing is an explicit step: :func:`collect_outcomes` reads every cell's attempts and
+verdicts from the ledger with zero editor calls, and :func:`publish_release` seals them. A grid
+with holes (cells not accepted, failed sources, short strata) is refused unless the caller
+allows it, and then the release lists what was left out and why (``left_out.jsonl``).
+Everything that could refuse (version taken, nothing to publish, incomplete grid) is checked
+before a byte is staged.
+"""
 
 from __future__ import annotations
 
+import hashlib
+import shutil
 from collections import Counter
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
-from counterfactory.flows.steps import PreparedSource, TemplateOutcome, Workspace
+from counterfactory.flows.steps import (
+    FILLED,
+    FINISHED_ATTEMPT,
+    CellOutcome,
+    PreparedSource,
+    TemplateOutcome,
+    Workspace,
+    judge_key,
+    plan_attempts,
+)
+from counterfactory.generation.editors import make_editor
 from counterfactory.generation.sampling import Grid, grid_summary
-from counterfactory.generation.sources import FailedSource
-from counterfactory.manifests.release import ITEMS, MANIFEST, ReleaseStage, SealedRelease, write_json, write_jsonl
+from counterfactory.generation.sources import FailedSource, load_image
+from counterfactory.manifests.derived import apply_transform, crop_series, derived_id
+from counterfactory.manifests.release import (
+    ITEMS,
+    MANIFEST,
+    MANIFEST_PARQUET,
+    RELEASE_JSON,
+    ReleaseExistsError,
+    ReleaseStage,
+    SealedRelease,
+    existing_release_conflict,
+    write_json,
+    write_jsonl,
+)
+from counterfactory.manifests.release_schema import schema_files, validate_rows
 from counterfactory.manifests.review import apply_reviews
 from counterfactory.manifests.spec import Spec
-from counterfactory.validation.attrition import attrition_table, plot_attrition
+from counterfactory.manifests.store import atomic_write, png_bytes
+from counterfactory.manifests.trials import build_trials, load_biographies
+from counterfactory.validation.attrition import attrition_table, plot_attrition, wilson_interval
+from counterfactory.validation.expression_audit import drift_rates, expression_label, modal_label
 from counterfactory.validation.report import write_report
 from counterfactory.validation.review_stats import release_review_stats
 from counterfactory.validation.target_stats import label_consistency, plot_skin_tone, skin_tone_stats
 
 STATUSES = ("accepted", "needs_review", "rejected", "failed")
+
+
+class PublishError(RuntimeError):
+    """A release that must not be sealed; the message says why and how to go on."""
+
+
+class EmptyReleaseError(PublishError):
+    """No item was accepted: there is nothing for a scoring harness to read."""
+
+
+class IncompleteGridError(PublishError):
+    """Cells, sources or strata are missing and ``allow_incomplete`` was not given."""
+
+
+def with_version(spec: Spec, version: str | None) -> Spec:
+    """``spec`` publishing as ``version`` (``None``: the spec's own ``release.version``)."""
+    if version is None or version == spec.release.version:
+        return spec
+    from counterfactory.manifests.spec import ReleaseConfig
+
+    release = ReleaseConfig.model_validate({**spec.release.model_dump(), "version": version})
+    return spec.model_copy(update={"release": release})
+
+
+def collect_outcomes(
+    spec: Spec, ws: Workspace, prepared: Sequence[PreparedSource], grid: Grid
+) -> list[TemplateOutcome]:
+    """Every cell's attempts and final verdict, read from the ledger; no editor is called.
+
+    Attempt ids are planned exactly as the run plans them (seed ``editor.seed + n - 1`` for
+    attempt ``n``), so a cell's outcome is the one the run reached. A cell with no attempt in
+    the ledger is ``failed`` with reason ``not_run``.
+
+    Raises:
+        PublishError: a stored verdict was judged with other alignment or gate settings.
+    """
+    editor = make_editor(spec.editor.backend, spec.editor.options())
+    lineage = editor.lineage()
+    jkey = judge_key(spec)
+    by_id = {p.id: p for p in prepared}
+    cells_by_template: dict[str, list] = {}
+    for cell in grid.cells:
+        cells_by_template.setdefault(cell.source_id, []).append(cell)
+    outcomes = []
+    for template_id, cells in sorted(cells_by_template.items()):
+        source = by_id[template_id]
+        results = {
+            c.cell_id: CellOutcome(
+                cell=c, verdict="failed", reasons=["not_run: no attempt in the ledger; run the spec"]
+            )
+            for c in cells
+        }
+        open_cells = list(cells)
+        for attempt_no in range(1, spec.editor.max_attempts + 1):
+            if not open_cells:
+                break
+            still_open = []
+            for plan in plan_attempts(spec, source, open_cells, editor, lineage, attempt_no):
+                out, aid = results[plan.cell.cell_id], plan.attempt_id
+                attempt = ws.ledger.attempt(aid)
+                if attempt is None:
+                    continue  # the run never got this far: the cell stays as it is
+                if aid not in out.attempt_ids:  # a seedless editor repeats its id
+                    out.attempt_ids.append(aid)
+                out.final_attempt = aid
+                if attempt.status not in FINISHED_ATTEMPT:
+                    out.verdict, out.reasons = "failed", [attempt.reason or f"editor_{attempt.status}"]
+                    still_open.append(plan.cell)
+                    continue
+                candidate = ws.ledger.candidate(aid)
+                if candidate is None or candidate.judge_key != jkey:
+                    raise PublishError(
+                        f"cell {plan.cell.cell_id}: attempt {aid[:12]} was not judged with this spec's alignment "
+                        "and gate settings; run the spec again (`counterfactory run`, zero editor calls) to "
+                        "re-judge, then publish"
+                    )
+                out.verdict, out.reasons = candidate.verdict, list(candidate.reasons)
+                if candidate.verdict not in FILLED:
+                    still_open.append(plan.cell)
+            open_cells = still_open
+        outcomes.append(
+            TemplateOutcome(template_id=template_id, cells=[results[c.cell_id] for c in cells], editor_calls=0)
+        )
+    return outcomes
+
+
+def group_key(condition: dict[str, str]) -> str:
+    return "|".join(f"{k}={v}" for k, v in condition.items())
+
+
+def cell_rows(ws: Workspace, spec: Spec, outcomes: Sequence[TemplateOutcome]) -> list[dict[str, Any]]:
+    """Each cell's status after people's resolved reviews (no files touched): what decides
+    completeness before anything is staged."""
+    rows = [
+        {
+            "item_id": c.final_attempt,
+            "cell_id": c.cell.cell_id,
+            "template_id": o.template_id,
+            "condition": dict(c.cell.condition),
+            "status": c.verdict,
+            "reasons": list(c.reasons),
+        }
+        for o in outcomes
+        for c in o.cells
+    ]
+    apply_reviews(ws.ledger, spec.review, rows)
+    return rows
+
+
+def completeness(
+    rows: Sequence[dict[str, Any]], failed: Sequence[FailedSource], grid: Grid
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """``(report, left_out rows)``: per condition group the cells planned, accepted, undecided
+    (``needs_review``) and unfilled (``rejected``/``failed``), and everything left out with why.
+
+    Args:
+        rows: one per cell (:func:`cell_rows`): ``cell_id``, ``template_id``, ``condition``,
+            ``status`` and ``reasons``.
+
+    The grid is complete when every cell is accepted, no source failed and no stratum is short.
+    """
+    per_group: dict[str, Counter] = {}
+    left_out: list[dict[str, Any]] = []
+    for row in rows:
+        slot = per_group.setdefault(group_key(row["condition"]), Counter())
+        slot["cells"] += 1
+        slot[{"accepted": "accepted", "needs_review": "undecided"}.get(row["status"], "unfilled")] += 1
+        if row["status"] != "accepted":
+            left_out.append(
+                {
+                    "what": "cell",
+                    "id": row["cell_id"],
+                    "status": row["status"],
+                    "reason": "; ".join(row["reasons"]) or row["status"],
+                    "group": {"template_id": row["template_id"], **row["condition"]},
+                }
+            )
+    for f in failed:
+        left_out.append({"what": "source", "id": f.id, "status": "failed", "reason": f.reason, "group": {}})
+    for s in grid.shortfalls:
+        left_out.append(
+            {
+                "what": "stratum",
+                "id": "|".join(f"{k}={v}" for k, v in s.stratum.items()),
+                "status": "short",
+                "reason": f"{s.available} eligible source(s) for {s.requested} requested template(s)",
+                "group": {k: v for k, v in s.stratum.items()},
+            }
+        )
+    for e in grid.excluded:
+        left_out.append({"what": "source", "id": e.source_id, "status": "excluded", "reason": e.reason, "group": {}})
+    groups = [
+        {
+            "group": key,
+            "cells": slot["cells"],
+            "accepted": slot["accepted"],
+            "undecided": slot["undecided"],
+            "unfilled": slot["unfilled"],
+        }
+        for key, slot in per_group.items()
+    ]
+    complete = bool(groups) and all(g["accepted"] == g["cells"] for g in groups) and not failed and not grid.shortfalls
+    return {"complete": complete, "per_group": groups}, left_out
+
+
+def format_completeness(report: dict[str, Any], left_out: Sequence[dict[str, Any]], *, limit: int = 12) -> str:
+    """Human-readable lines: one per group, then what was left out (first ``limit``)."""
+    lines = ["per group: cells, accepted, undecided (needs_review), unfilled (rejected/failed)"]
+    for g in report["per_group"]:
+        lines.append(f"  {g['group']}: {g['cells']} cells, {g['accepted']} accepted, "
+                     f"{g['undecided']} undecided, {g['unfilled']} unfilled")  # fmt: skip
+    counted = [r for r in left_out if r["status"] != "excluded"]
+    if counted:
+        lines.append(f"left out ({len(counted)}):")
+        for r in counted[:limit]:
+            lines.append(f"  {r['what']} {r['id']}: {r['status']}: {r['reason'][:160]}")
+        if len(counted) > limit:
+            lines.append(f"  ... and {len(counted) - limit} more (listed in the release's left_out.jsonl)")
+    return "\n".join(lines)
+
+
+def _editor_record(attempt) -> dict[str, Any] | None:
+    if attempt is None:
+        return None
+    lineage = attempt.lineage or {}
+    meta = attempt.meta or {}
+    return {
+        "backend": attempt.backend,
+        "model": lineage.get("model_id") or lineage.get("endpoint"),
+        # the commit the backend resolved the model to (qwen reports it), else what was asked for
+        "revision": meta.get("model_commit") or lineage.get("revision"),
+        "lineage": lineage,
+        "prompt": attempt.prompt,
+        "seed": attempt.seed,
+        "attempt_no": attempt.attempt_no,
+        "cost_usd": attempt.cost_usd,
+    }
 
 
 def build_items(
@@ -28,33 +263,42 @@ def build_items(
     outcomes: Sequence[TemplateOutcome],
     stage: ReleaseStage,
 ) -> list[dict[str, Any]]:
-    """One row per cell with its final attempt, candidate and verdict; files staged by sha256."""
+    """One row per cell with its final attempt, candidate and verdict; files copied by sha256.
+
+    Every copied file is checked against the sha256 it is addressed by (store images and
+    source photos), so a damaged or edited file stops the publish with its name.
+    """
     by_id = {p.id: p for p in prepared}
     rows = []
     for outcome in outcomes:
         src = by_id[outcome.template_id]
-        src_rel = stage.add_file(f"sources/{src.source.sha256}{src.source.path.suffix.lower()}", src.source.path)
+        src_rel = stage.add_file(
+            f"sources/{src.source.sha256}{src.source.path.suffix.lower()}", src.source.path, sha256=src.source.sha256
+        )
         for cell_outcome in outcome.cells:
             cell = cell_outcome.cell
-            attempt = ws.ledger.attempt(cell_outcome.final_attempt) if cell_outcome.final_attempt else None
-            candidate = ws.ledger.candidate(cell_outcome.final_attempt) if cell_outcome.final_attempt else None
+            aid = cell_outcome.final_attempt
+            attempt = ws.ledger.attempt(aid) if aid else None
+            candidate = ws.ledger.candidate(aid) if aid else None
             image = None
             if candidate is not None and candidate.image_sha256:
                 rel = stage.add_file(
-                    f"images/{candidate.image_sha256}.png", ws.store.verified_path(candidate.image_sha256)
+                    f"images/{candidate.image_sha256}.png",
+                    ws.store.verified_path(candidate.image_sha256),
+                    sha256=candidate.image_sha256,
                 )
                 image = {"sha256": candidate.image_sha256, "path": rel}
             record = src.meta
             rows.append(
                 {
-                    "item_id": cell_outcome.final_attempt,
+                    "item_id": aid,
                     "cell_id": cell.cell_id,
                     "template_id": outcome.template_id,
                     "kind": spec.design.kind,
                     "condition": dict(cell.condition),
                     "gender_match": cell.gender_match,
                     "status": cell_outcome.verdict,
-                    "reasons": cell_outcome.reasons,
+                    "reasons": list(cell_outcome.reasons),
                     "attempts": len(cell_outcome.attempt_ids),
                     "image": image,
                     "source": {
@@ -66,24 +310,125 @@ def build_items(
                         "context": record.get("context"),
                         "presented_gender": record.get("presented_gender"),
                     },
-                    "editor": None
-                    if attempt is None
-                    else {
-                        "backend": attempt.backend,
-                        "lineage": attempt.lineage,
-                        "prompt": attempt.prompt,
-                        "seed": attempt.seed,
-                        "attempt_no": attempt.attempt_no,
-                        "cost_usd": attempt.cost_usd,
-                    },
+                    "editor": _editor_record(attempt),
                     "alignment": candidate.alignment if candidate else None,
                     "gates": candidate.gates if candidate else {},
                     "review": None,
+                    "expression": None,
                 }
             )
     # a person's resolved decision is the item's status; the history goes into its row
     apply_reviews(ws.ledger, spec.review, rows)
     return rows
+
+
+def audit_expressions(
+    spec: Spec, items: list[dict[str, Any]], prepared: Sequence[PreparedSource], stage: ReleaseStage
+) -> None:
+    """Label every imaged face item SMILE/NEUTRAL/SERIOUS and mark drift from its template's
+    modal label (in place, ``row["expression"]``). Limb designs are not audited."""
+    if spec.design.kind != "face":
+        return
+    from counterfactory.validation.faces import get_face_landmarker
+
+    landmarker = get_face_landmarker()
+    by_id = {p.id: p for p in prepared}
+    by_template: dict[str, list[tuple[dict[str, Any], str, dict[str, float]]]] = {}
+    for row in items:
+        if row["image"] is None:
+            continue
+        faces = landmarker.detect(load_image(stage.dir / row["image"]["path"]).pixels)
+        if not faces:
+            continue
+        label, scores = expression_label(faces[0].blendshapes)
+        by_template.setdefault(row["template_id"], []).append((row, label, scores))
+    for template_id, labelled in by_template.items():
+        source_faces = landmarker.detect(by_id[template_id].source.pixels)
+        source_label = expression_label(source_faces[0].blendshapes)[0] if source_faces else None
+        template_label = modal_label([label for _, label, _ in labelled], tie_break=source_label)
+        for row, label, scores in labelled:
+            row["expression"] = {
+                "label": label,
+                "template_label": template_label,
+                "consistent": label == template_label,
+                "smile": round(scores["smile"], 4),
+                "frown": round(scores["frown"], 4),
+            }
+
+
+def build_derived(
+    spec: Spec, manifest: Sequence[dict[str, Any]], prepared: Sequence[PreparedSource], stage: ReleaseStage
+) -> list[dict[str, Any]]:
+    """Robustness variants of the manifest's items, written under ``images/`` by sha256.
+
+    The crop boxes come from one face box per template, measured on the source, and are the
+    same pixels for every variant of that template.
+    """
+    config = spec.robustness
+    if not (config.mirror or config.crops):
+        return []
+    boxes: dict[str, dict[str, tuple[int, int, int, int]] | None] = {}
+    face_boxes: dict[str, list[int]] = {}
+    if config.crops:
+        from counterfactory.validation.faces import get_face_landmarker
+
+        landmarker = get_face_landmarker()
+        for p in prepared:
+            faces = landmarker.detect(p.source.pixels)
+            if faces:
+                face = faces[0].box
+                face_boxes[p.id] = [int(round(v)) for v in face]
+                boxes[p.id] = crop_series(face, p.source.pixels.shape[:2], config)
+            else:
+                boxes[p.id] = None
+    rows = []
+    for item in manifest:
+        pixels = None
+        transforms = []
+        if config.mirror:
+            transforms.append({"kind": "mirror"})
+        series = boxes.get(item["template_id"]) if config.crops else None
+        if series:
+            for level, box in series.items():
+                transforms.append(
+                    {"kind": "crop", "level": level, "box": list(box), "face_box": face_boxes[item["template_id"]]}
+                )
+        for transform in transforms:
+            if pixels is None:
+                pixels = load_image(stage.dir / item["image"]["path"]).pixels
+            data = png_bytes(apply_transform(pixels, transform))
+            sha = hashlib.sha256(data).hexdigest()
+            rel = f"images/{sha}.png"
+            if not (stage.dir / rel).exists():
+                atomic_write(stage.dir / rel, data)
+            rows.append(
+                {
+                    "item_id": derived_id(item["item_id"], transform),
+                    "parent_item_id": item["item_id"],
+                    "template_id": item["template_id"],
+                    "transform": transform,
+                    "image": {"sha256": sha, "path": rel},
+                }
+            )
+    return rows
+
+
+def pass_rates(items: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Acceptance per condition group (each axis value, and the full condition), Wilson 95 %."""
+    counts: dict[str, list[int]] = {}
+    for row in items:
+        keys = [f"{k}={v}" for k, v in row["condition"].items()]
+        if len(keys) > 1:
+            keys.append(group_key(row["condition"]))
+        for key in keys:
+            slot = counts.setdefault(key, [0, 0])
+            slot[0] += row["status"] == "accepted"
+            slot[1] += 1
+    out = {}
+    for key, (passed, n) in sorted(counts.items()):
+        low, high = wilson_interval(passed, n)
+        out[key] = {"n": n, "passed": passed, "rate": passed / n if n else None, "ci_low": low, "ci_high": high}
+    return out
 
 
 def build_stats(
@@ -95,6 +440,7 @@ def build_stats(
     *,
     editor_calls: int,
     total_cost_usd: float,
+    report: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     counts = Counter(row["status"] for row in items)
     reasons = Counter(code.split(":")[0] for row in items if row["status"] != "accepted" for code in row["reasons"])
@@ -106,11 +452,13 @@ def build_stats(
         }
         for row in items
     ]
+    if report is None:
+        report, _ = completeness(items, failed, grid)
     return {
         "release": {"name": spec.release.name, "version": spec.release.version},
         "spec_hash": spec.spec_hash(),
         "items": {status: counts.get(status, 0) for status in STATUSES} | {"total": len(items)},
-        "failed_sources": [{"source_id": f.id, "path": str(f.path), "reason": f.reason} for f in failed],
+        "failed_sources": [{"source_id": f.id, "path": f.path.name, "reason": f.reason} for f in failed],
         "grid": grid_summary(grid),
         "templates": {
             "total": len(outcomes),
@@ -121,6 +469,9 @@ def build_stats(
         "editor_calls_this_run": editor_calls,
         "cost_usd_total": round(total_cost_usd, 4),
         "attrition": attrition_table(gate_rows),
+        "pass_rates": pass_rates(items),
+        "completeness": report,
+        "expression": drift_rates(items),
     }
 
 
@@ -135,6 +486,75 @@ def _own_group(spec: Spec, meta: dict[str, Any]) -> str | None:
     return None if value is None else str(value)
 
 
+def manifest_table(rows: Sequence[dict[str, Any]], axes: Sequence[str]):
+    """A ``pyarrow.Table``: the manifest flattened to one column per field (nested values as JSON).
+
+    Columns: ids, template, one ``condition.<axis>`` per axis, gender match, image path and
+    sha256, source id/sha256/path/licence/occupation/presented gender, editor backend, model,
+    revision, prompt, seed, attempt and lineage (JSON), alignment (JSON), per gate
+    ``gate.<name>.passed`` and every ``gate.<name>.<metric>`` and ``gate.<name>.threshold.<t>``
+    as float64, all gates (JSON), review (JSON, null when unreviewed) and expression labels.
+    """
+    import json
+
+    import pyarrow as pa
+
+    def dumps(value: Any) -> str | None:
+        return None if value is None else json.dumps(value, sort_keys=True, default=str)
+
+    gate_cols: dict[str, list] = {}
+    records = []
+    for i, r in enumerate(rows):
+        editor = r.get("editor") or {}
+        expression = r.get("expression") or {}
+        records.append(
+            {
+                "item_id": r["item_id"],
+                "cell_id": r["cell_id"],
+                "template_id": r["template_id"],
+                "kind": r["kind"],
+                **{f"condition.{a}": r["condition"].get(a) for a in axes},
+                "gender_match": r["gender_match"],
+                "status": r["status"],
+                "image_path": r["image"]["path"] if r["image"] else None,
+                "image_sha256": r["image"]["sha256"] if r["image"] else None,
+                "source_id": r["source"]["id"],
+                "source_sha256": r["source"]["sha256"],
+                "source_path": r["source"]["path"],
+                "source_licence": r["source"]["licence"],
+                "source_occupation": r["source"]["occupation"],
+                "source_presented_gender": r["source"]["presented_gender"],
+                "editor_backend": editor.get("backend"),
+                "editor_model": editor.get("model"),
+                "editor_revision": editor.get("revision"),
+                "editor_prompt": editor.get("prompt"),
+                "editor_seed": editor.get("seed"),
+                "editor_attempt_no": editor.get("attempt_no"),
+                "editor_lineage": dumps(editor.get("lineage")),
+                "alignment": dumps(r.get("alignment")),
+                "gates": dumps(r.get("gates")),
+                "review": dumps(r.get("review")),
+                "expression_label": expression.get("label"),
+                "expression_template_label": expression.get("template_label"),
+                "expression_consistent": expression.get("consistent"),
+            }
+        )
+        for gate, result in (r.get("gates") or {}).items():
+            values = {f"gate.{gate}.passed": float(bool(result.get("passed")))}
+            for name, v in (result.get("metrics") or {}).items():
+                if isinstance(v, int | float) and not isinstance(v, bool):
+                    values[f"gate.{gate}.{name}"] = float(v)
+            for name, v in (result.get("thresholds") or {}).items():
+                if isinstance(v, int | float) and not isinstance(v, bool):
+                    values[f"gate.{gate}.threshold.{name}"] = float(v)
+            for col, v in values.items():
+                gate_cols.setdefault(col, [None] * len(rows))[i] = v
+    table = pa.Table.from_pylist(records) if records else pa.table({"item_id": pa.array([], pa.string())})
+    for col in sorted(gate_cols):
+        table = table.append_column(col, pa.array(gate_cols[col], pa.float64()))
+    return table
+
+
 def publish_release(
     spec: Spec,
     ws: Workspace,
@@ -144,36 +564,168 @@ def publish_release(
     grid: Grid,
     *,
     editor_calls: int,
+    allow_incomplete: bool = False,
 ) -> SealedRelease:
-    """Stage manifest, items, spec, stats, report and images; seal the version."""
+    """Check, stage and seal one release; see the module docstring for what it holds.
+
+    Raises:
+        ReleaseExistsError: the version exists, made from another spec (before any staging).
+        EmptyReleaseError: no item is accepted (nothing is staged).
+        IncompleteGridError: the grid has holes and ``allow_incomplete`` is False.
+        ReleaseIntegrityError: a store image or a source photo does not match its sha256.
+    """
+    conflict = existing_release_conflict(ws.releases, spec.release.name, spec.release.version, spec.as_written()[1])
+    if conflict:
+        raise ReleaseExistsError(conflict)
+    report, left_out = completeness(cell_rows(ws, spec, outcomes), failed, grid)
+    accepted = sum(g["accepted"] for g in report["per_group"])
+    summary = format_completeness(report, left_out)
+    if accepted == 0:
+        raise EmptyReleaseError(
+            f"nothing to publish for {spec.release.name} {spec.release.version}: no cell is accepted "
+            f"({len(failed)} failed source(s), {sum(len(o.cells) for o in outcomes)} cell(s)); no release was "
+            f"written and the version is still free. Fix the sources (see their reasons) and run again.\n{summary}"
+        )
+    if not report["complete"] and not allow_incomplete:
+        raise IncompleteGridError(
+            f"the grid of {spec.release.name} {spec.release.version} is incomplete; nothing was published. "
+            "Review the undecided cells, add sources, or publish what there is with --allow-incomplete "
+            f"(the release then lists what was left out).\n{summary}"
+        )
+    biographies = load_biographies(spec.trials.biographies) if "salary" in spec.trials.protocols else None
     stage = ReleaseStage(ws.releases, spec.release.name, spec.release.version)
     try:
         items = build_items(spec, ws, prepared, outcomes, stage)
+        audit_expressions(spec, items, prepared, stage)
+        manifest = [r for r in items if r["status"] == "accepted"]
+        derived = build_derived(spec, manifest, prepared, stage)
+        trials = build_trials(manifest, spec.trials, biographies=biographies)
         # this release's attempts only: other specs may share the ledger
         cost = ws.ledger.cost_usd(a for o in outcomes for c in o.cells for a in c.attempt_ids)
-        stats = build_stats(spec, items, failed, outcomes, grid, editor_calls=editor_calls, total_cost_usd=cost)
+        stats = build_stats(
+            spec, items, failed, outcomes, grid, editor_calls=editor_calls, total_cost_usd=cost, report=report
+        )
         stats["review"] = release_review_stats(ws.ledger, spec.review, items)
         stats["skin"] = skin_tone_stats(items, {p.id: _own_group(spec, p.meta) for p in prepared})
         stats["labels"] = label_consistency(items)
         if stats["skin"]["by_condition"] or stats["skin"]["lightened_by_source_group"]:
             plot_skin_tone(stats["skin"], stage.dir / "skin_tone.png")
-        write_jsonl(stage.dir / MANIFEST, [r for r in items if r["status"] == "accepted"])
-        write_jsonl(stage.dir / ITEMS, items)
-        (stage.dir / "spec.yaml").write_text(spec.to_yaml(), encoding="utf-8")
+        text, text_sha = spec.as_written()
+        release_info = {
+            "name": spec.release.name,
+            "version": spec.release.version,
+            "description": spec.release.description,
+            "created_at": datetime.now(UTC).isoformat(),
+            "spec_name": spec.name,
+            "spec_hash": spec.spec_hash(),
+            "spec_sha256": text_sha,
+            "complete": report["complete"],
+            "files": {
+                MANIFEST: "accepted items, one JSON object a line (schemas/manifest.schema.json)",
+                MANIFEST_PARQUET: "the same rows, flattened, for dataframes",
+                ITEMS: "every cell of the grid with its final status (schemas/item.schema.json)",
+                "left_out.jsonl": "what the grid asked for that is not in the manifest, and why",
+                "trials.jsonl": "query units for a scoring harness (schemas/trial.schema.json)",
+                "derived.jsonl": "robustness variants of manifest items (schemas/derived.schema.json)",
+                "spec.yaml": "the spec as written; its sha256 is spec_sha256",
+                "stats.json": "counts, pass rates, completeness and expression drift",
+            },
+        }
+        files = {
+            MANIFEST: manifest,
+            ITEMS: items,
+            "left_out.jsonl": left_out,
+            "trials.jsonl": trials,
+            "derived.jsonl": derived,
+        }
+        problems = [p for name, rows in files.items() for p in validate_rows(name, rows)]
+        problems += validate_rows("stats.json", [stats]) + validate_rows(RELEASE_JSON, [release_info])
+        if problems:
+            raise PublishError("the release does not match its own schemas (a bug):\n" + "\n".join(problems[:10]))
+        for name, rows in files.items():
+            write_jsonl(stage.dir / name, rows)
+        import pyarrow.parquet as pq
+
+        pq.write_table(manifest_table(manifest, list(spec.design.axes)), stage.dir / MANIFEST_PARQUET)
+        atomic_write(stage.dir / "spec.yaml", text.encode("utf-8"))
+        (stage.dir / "schemas").mkdir()
+        for schema in schema_files():
+            shutil.copyfile(schema, stage.dir / "schemas" / schema.name)
         write_json(stage.dir / "stats.json", stats)
         plot_attrition(stats["attrition"], stage.dir / "attrition.png")
-        write_json(
-            stage.dir / "release.json",
-            {
-                "name": spec.release.name,
-                "version": spec.release.version,
-                "description": spec.release.description,
-                "created_at": datetime.now(UTC).isoformat(),
-                "spec_hash": spec.spec_hash(),
-            },
-        )
+        write_json(stage.dir / RELEASE_JSON, release_info)
         write_report(stage.dir, spec=spec, items=items, stats=stats)
         return stage.seal()
     except BaseException:
         stage.discard()
         raise
+
+
+@dataclass(frozen=True)
+class PublishSummary:
+    """What :func:`publish_from_ledger` sealed, and the grid's completeness report."""
+
+    sealed: SealedRelease
+    report: dict[str, Any]
+    left_out: list[dict[str, Any]]
+
+
+RUN_SPEC = "run_spec.json"
+
+
+def remember_spec(out: Path, spec_path: str | Path) -> None:
+    """Record in ``out`` which spec file ran there, so ``publish OUT`` finds it."""
+    import json
+
+    path = Path(spec_path).resolve()
+    data = {"spec_path": str(path), "spec_sha256": hashlib.sha256(path.read_bytes()).hexdigest()}
+    atomic_write(Path(out) / RUN_SPEC, (json.dumps(data, indent=2) + "\n").encode())
+
+
+def remembered_spec(out: Path) -> tuple[Path, str]:
+    """``(spec path, sha256 of its bytes at run time)`` of the last run in ``out``.
+
+    Raises:
+        PublishError: no run was recorded in ``out``.
+    """
+    import json
+
+    marker = Path(out) / RUN_SPEC
+    try:
+        data = json.loads(marker.read_text(encoding="utf-8"))
+        return Path(data["spec_path"]), data["spec_sha256"]
+    except (OSError, ValueError, KeyError, TypeError):
+        raise PublishError(
+            f"{out}: no run recorded here ({RUN_SPEC} missing or unreadable); run `counterfactory run SPEC "
+            f"--out {out}` first, or name the spec with --spec"
+        ) from None
+
+
+def publish_from_ledger(spec: Spec, out: Path, *, allow_incomplete: bool = False) -> PublishSummary:
+    """Seal ``spec``'s release from the ledger and store in ``out``, with zero editor calls.
+
+    Sources are loaded and checked again (their masks decide the attempt ids), the grid is
+    planned again, and every cell's outcome is read from the ledger (:func:`collect_outcomes`).
+    """
+    from counterfactory.manifests.runlock import RunFolderLock
+
+    # a run still writing the ledger would change what is being sealed
+    with RunFolderLock(out):
+        return _publish_locked(spec, out, allow_incomplete=allow_incomplete)
+
+
+def _publish_locked(spec: Spec, out: Path, *, allow_incomplete: bool) -> PublishSummary:
+    from counterfactory.flows.steps import open_workspace, plan_grid, prepare_sources
+
+    ws = open_workspace(spec, out)
+    try:
+        prepared, failed = prepare_sources(spec, ws.ledger)
+        grid = plan_grid(spec, prepared)
+        outcomes = collect_outcomes(spec, ws, prepared, grid)
+        report, left_out = completeness(cell_rows(ws, spec, outcomes), failed, grid)
+        sealed = publish_release(
+            spec, ws, prepared, failed, outcomes, grid, editor_calls=0, allow_incomplete=allow_incomplete
+        )
+        return PublishSummary(sealed, report, left_out)
+    finally:
+        ws.ledger.close()

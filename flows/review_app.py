@@ -477,7 +477,8 @@ def serve(out: Path, spec: Spec, *, host: str = "127.0.0.1", port: int = 8765) -
 
 
 def run_spec_for(out: Path, spec_path: Path | None = None) -> Spec:
-    """The spec a run folder was made with: ``spec_path`` if given, else the spec.yaml of its newest release.
+    """The spec a run folder was made with: ``spec_path`` if given, else the spec file its last run
+    recorded, else the spec.yaml of its newest release.
 
     Raises:
         FileNotFoundError: neither is there; the message says to pass ``--spec``.
@@ -486,6 +487,16 @@ def run_spec_for(out: Path, spec_path: Path | None = None) -> Spec:
 
     if spec_path is not None:
         return load_spec(spec_path)
+    from counterfactory.flows.publish import PublishError, remembered_spec
+
+    try:
+        # the spec file `counterfactory run` recorded: a release's spec.yaml is the text as
+        # written, whose relative paths only mean something beside the original file
+        remembered, _ = remembered_spec(out)
+        if remembered.is_file():
+            return load_spec(remembered)
+    except PublishError:
+        pass
     found = sorted((Path(out) / "releases").glob("*/*/spec.yaml"), key=lambda p: p.stat().st_mtime)
     if not found:
         raise FileNotFoundError(

@@ -21,16 +21,18 @@ from prefect.task_runners import ThreadPoolTaskRunner  # noqa: E402
 from tqdm.auto import tqdm  # noqa: E402
 
 from counterfactory.flows import steps  # noqa: E402
-from counterfactory.flows.publish import publish_release  # noqa: E402
+from counterfactory.flows.publish import publish_release, remember_spec  # noqa: E402
 from counterfactory.flows.server import prefect_api  # noqa: E402
 from counterfactory.flows.stopping import reinstall_stop_handlers  # noqa: E402
+from counterfactory.manifests.release import ReleaseExistsError, existing_release_conflict  # noqa: E402
 from counterfactory.manifests.runlock import RunFolderLock  # noqa: E402
 from counterfactory.manifests.spec import load_spec  # noqa: E402
 
 
 @dataclass(frozen=True)
 class RunSummary:
-    release_path: Path
+    #: None when the run did not publish (``publish=False``)
+    release_path: Path | None
     release_created: bool
     counts: dict[str, int]
     failed_sources: int
@@ -57,8 +59,10 @@ def template_task(spec, ws, prepared, cells, editor, stack):
 
 
 @task(name="release", cache_policy=NONE)
-def release_task(spec, ws, prepared, failed, outcomes, grid, editor_calls):
-    return publish_release(spec, ws, prepared, failed, outcomes, grid, editor_calls=editor_calls)
+def release_task(spec, ws, prepared, failed, outcomes, grid, editor_calls, allow_incomplete):
+    return publish_release(
+        spec, ws, prepared, failed, outcomes, grid, editor_calls=editor_calls, allow_incomplete=allow_incomplete
+    )
 
 
 def _template_key(cell) -> str:
@@ -66,14 +70,24 @@ def _template_key(cell) -> str:
 
 
 @flow(name="counterfactory-run", log_prints=True)
-def run_flow(spec_path: str, out: str, progress: bool = True) -> RunSummary:
-    """Run one spec end to end into ``out`` and publish its release.
+def run_flow(
+    spec_path: str, out: str, progress: bool = True, publish: bool = False, allow_incomplete: bool = False
+) -> RunSummary:
+    """Run one spec end to end into ``out``; with ``publish``, seal its release too.
 
-    Templates run concurrently on the flow's task runner (see :func:`run_spec`).
+    Templates run concurrently on the flow's task runner (see :func:`run_spec`). A release
+    version that is already taken by another spec is refused before any editing.
     """
     reinstall_stop_handlers()
     spec = load_spec(spec_path)
+    if publish:
+        conflict = existing_release_conflict(
+            Path(out) / "releases", spec.release.name, spec.release.version, spec.as_written()[1]
+        )
+        if conflict:
+            raise ReleaseExistsError(conflict)
     ws = steps.open_workspace(spec, out)
+    remember_spec(ws.out, spec_path)
     run_id = os.urandom(8).hex()
     ws.ledger.start_run(run_id, spec_name=spec.name, spec_hash=spec.spec_hash())
     editor = steps.build_editor(spec)
@@ -97,16 +111,16 @@ def run_flow(spec_path: str, out: str, progress: bool = True) -> RunSummary:
             bar.update(len(outcome.cells))
     outcomes.sort(key=lambda o: o.template_id)
     calls = sum(o.editor_calls for o in outcomes)
-    sealed = release_task(spec, ws, prepared, failed, outcomes, grid, calls)
     ws.ledger.finish_run(run_id, editor_calls=calls)
+    sealed = release_task(spec, ws, prepared, failed, outcomes, grid, calls, allow_incomplete) if publish else None
 
     counts: dict[str, int] = {}
     for o in outcomes:
         for c in o.cells:
             counts[c.verdict] = counts.get(c.verdict, 0) + 1
     summary = RunSummary(
-        release_path=sealed.path,
-        release_created=sealed.created,
+        release_path=sealed.path if sealed else None,
+        release_created=bool(sealed and sealed.created),
         counts=counts,
         failed_sources=len(failed),
         templates=len(outcomes),
@@ -117,8 +131,17 @@ def run_flow(spec_path: str, out: str, progress: bool = True) -> RunSummary:
     return summary
 
 
-def run_spec(spec_path: str | Path, out: str | Path, *, workers: int = 2, progress: bool = True) -> RunSummary:
-    """Run the flow with ``workers`` templates at a time (threads on this machine).
+def run_spec(
+    spec_path: str | Path,
+    out: str | Path,
+    *,
+    workers: int = 2,
+    progress: bool = True,
+    publish: bool = False,
+    allow_incomplete: bool = False,
+) -> RunSummary:
+    """Run the flow with ``workers`` templates at a time (threads on this machine); with
+    ``publish``, seal the release at the end (refused up front when its version is taken).
 
     The run holds ``out``'s lock throughout, so a second run on the same folder is refused
     (:class:`~counterfactory.manifests.runlock.RunFolderError`) before it pays for anything; the
@@ -133,5 +156,7 @@ def run_spec(spec_path: str | Path, out: str | Path, *, workers: int = 2, progre
         ws.ledger.close()
         configured = run_flow.with_options(task_runner=ThreadPoolTaskRunner(max_workers=max(1, workers)))
         with prefect_api():
-            summary = configured(str(spec_path), str(out), progress=progress)
+            summary = configured(
+                str(spec_path), str(out), progress=progress, publish=publish, allow_incomplete=allow_incomplete
+            )
         return dataclasses.replace(summary, missing_outputs=missing)

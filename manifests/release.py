@@ -1,20 +1,30 @@
 """Releases: immutable, versioned folders of accepted items that a scoring harness reads as is.
 
-``DIR/releases/<name>/<version>/`` holds ``manifest.jsonl`` (one row per accepted item),
-``items.jsonl`` (every cell with its final status, so nothing is dropped silently),
-``spec.yaml`` as run, ``stats.json``, ``report.html``, the images under ``images/`` and
-``sources/`` by sha256, and ``checksums.sha256`` over every file.
+``DIR/releases/<name>/<version>/`` holds ``manifest.jsonl`` and ``manifest.parquet`` (one row
+per accepted item), ``items.jsonl`` (every cell with its final status, so nothing is dropped
+silently), ``left_out.jsonl`` (what an incomplete grid left out, and why), ``trials.jsonl``,
+``derived.jsonl`` (robustness variants), ``spec.yaml`` as the user wrote it, ``stats.json``,
+``release.json``, ``report.html``, a JSON Schema for every JSON/JSONL file under ``schemas/``,
+the images under ``images/`` and ``sources/`` by sha256, and ``checksums.sha256`` over every
+file.
 
-A release is staged in a temporary folder and renamed into place, so it is whole or absent.
-A version is never overwritten: writing a version that exists with the same manifest is a
-no-op, and with a different manifest an error that asks for a new version.
+A release owns its bytes: every image is copied (or reflinked, where the filesystem shares
+blocks copy-on-write) and its sha256 is checked while it is copied, never hard-linked, so an
+edit of the store or of a user's photo cannot reach a sealed release. A release is staged in a
+temporary folder and renamed into place, so it is whole or absent; a staging folder left by a
+killed process is removed by the next stage. A version is never overwritten: writing a
+version that exists with the same manifest is a no-op, and with a different manifest an error
+that asks for a new version. Sealed files are ``0644`` in ``0755`` folders, readable by a
+scoring harness running as another user.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Iterable
@@ -25,12 +35,26 @@ from typing import Any
 from counterfactory.manifests.store import atomic_write, sha256_file
 
 MANIFEST = "manifest.jsonl"
+MANIFEST_PARQUET = "manifest.parquet"
 ITEMS = "items.jsonl"
 CHECKSUMS = "checksums.sha256"
+RELEASE_JSON = "release.json"
+SCHEMAS_DIR = "schemas"
+
+FILE_MODE = 0o644
+DIR_MODE = 0o755
+#: ``ioctl`` request that clones a file's blocks (Linux ``FICLONE``: btrfs, XFS, overlay on them)
+_FICLONE = 0x40049409
+_CHECKSUM_LINE = re.compile(r"^([0-9a-f]{64})  (.+)$")
+_STAGING = re.compile(r"^\.(?P<version>.+)\.staging-(?P<pid>\d+)-[A-Za-z0-9_]+$")
 
 
 class ReleaseExistsError(RuntimeError):
     """The version exists with different content; releases are never overwritten."""
+
+
+class ReleaseIntegrityError(RuntimeError):
+    """A file that should go into a release does not have the sha256 it is addressed by."""
 
 
 def dumps_line(row: dict[str, Any]) -> str:
@@ -52,8 +76,97 @@ def write_jsonl(path: Path, rows: Iterable[dict[str, Any]]) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """Rows of a JSON-lines file (blank lines skipped)."""
+    return [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
 def write_json(path: Path, data: Any) -> None:
     atomic_write(path, (json.dumps(data, indent=2, sort_keys=True, default=_default) + "\n").encode("utf-8"))
+
+
+def copy_verified(source: Path, target: Path, expected_sha256: str | None = None) -> str:
+    """Copy ``source`` to a new file ``target`` (a reflink where supported); returns its sha256.
+
+    The copy's bytes are hashed as they are written (or, after a reflink, read back), so what
+    lands in a release is exactly what was checked.
+
+    Raises:
+        ReleaseIntegrityError: the bytes' sha256 is not ``expected_sha256``; ``target`` is removed.
+        FileNotFoundError: ``source`` is missing, with a message naming it.
+    """
+    source, target = Path(source), Path(target)
+    if not source.is_file():
+        raise FileNotFoundError(
+            f"{source}: missing; it is needed for the release (re-run the spec to rebuild a store image, "
+            "or restore the photo)"
+        )
+    digest = hashlib.sha256()
+    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, FILE_MODE)
+    try:
+        with open(source, "rb") as src, os.fdopen(fd, "wb") as dst:
+            cloned = False
+            try:
+                import fcntl
+
+                fcntl.ioctl(dst.fileno(), _FICLONE, src.fileno())
+                cloned = True
+            except (ImportError, OSError):
+                pass
+            if cloned:
+                with open(target, "rb") as back:
+                    for block in iter(lambda: back.read(1 << 20), b""):
+                        digest.update(block)
+            else:
+                for block in iter(lambda: src.read(1 << 20), b""):
+                    digest.update(block)
+                    dst.write(block)
+        actual = digest.hexdigest()
+        if expected_sha256 is not None and actual != expected_sha256:
+            raise ReleaseIntegrityError(
+                f"{source}: its bytes have sha256 {actual[:16]}..., but it is addressed as {expected_sha256[:16]}...; "
+                "the file was changed after it was stored. Nothing was published: delete the damaged file "
+                "and run the spec again to rebuild it (or restore the original photo)"
+            )
+        return actual
+    except BaseException:
+        target.unlink(missing_ok=True)
+        raise
+
+
+def _pid_alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def clean_stale_stages(folder: Path) -> list[Path]:
+    """Remove staging folders in ``folder`` whose writing process is gone (killed mid-publish)."""
+    removed = []
+    if not Path(folder).is_dir():
+        return removed
+    for entry in Path(folder).iterdir():
+        match = _STAGING.match(entry.name)
+        if match and entry.is_dir() and not _pid_alive(int(match["pid"])):
+            shutil.rmtree(entry, ignore_errors=True)
+            removed.append(entry)
+    return removed
+
+
+def _make_readable(root: Path) -> None:
+    """``0644`` files in ``0755`` folders: staging files are created private (mkstemp)."""
+    os.chmod(root, DIR_MODE)
+    for dirpath, dirnames, filenames in os.walk(root):
+        for d in dirnames:
+            os.chmod(os.path.join(dirpath, d), DIR_MODE)
+        for f in filenames:
+            os.chmod(os.path.join(dirpath, f), FILE_MODE)
 
 
 @dataclass(frozen=True)
@@ -65,6 +178,29 @@ class SealedRelease:
     created: bool  # False when an identical release already existed
 
 
+def existing_release_conflict(releases_dir: Path, name: str, version: str, spec_sha256: str) -> str | None:
+    """Why ``name`` ``version`` cannot be published from the spec file hashing to ``spec_sha256``, or None.
+
+    Checked before any work: an existing version made from another spec file can never be
+    re-made, so a run that would end in it is refused before the first editor call. A release
+    that does not record its spec file's hash (older releases) is left to :meth:`ReleaseStage.seal`,
+    which compares manifests.
+    """
+    final = Path(releases_dir) / name / version
+    if not final.exists():
+        return None
+    try:
+        existing = json.loads((final / RELEASE_JSON).read_text(encoding="utf-8")).get("spec_sha256")
+    except (OSError, ValueError, AttributeError):
+        existing = None
+    if existing is None or existing == spec_sha256:
+        return None
+    return (
+        f"release {name} {version} already exists at {final}, made from a different spec file; releases are "
+        "never overwritten: raise release.version in the spec (or pass another --version) and run again"
+    )
+
+
 class ReleaseStage:
     """A release being written: files go into a temporary folder beside the final one."""
 
@@ -72,24 +208,26 @@ class ReleaseStage:
         self.name, self.version = name, version
         self.final = Path(releases_dir) / name / version
         self.final.parent.mkdir(parents=True, exist_ok=True)
-        self.dir = Path(tempfile.mkdtemp(prefix=f".{version}.staging-", dir=self.final.parent))
+        clean_stale_stages(self.final.parent)
+        self.dir = Path(tempfile.mkdtemp(prefix=f".{version}.staging-{os.getpid()}-", dir=self.final.parent))
 
-    def add_file(self, relative: str, source: Path) -> str:
-        """Copy (hard-link where possible) ``source`` into the release; returns the relative path."""
+    def add_file(self, relative: str, source: Path, *, sha256: str | None = None) -> str:
+        """Copy ``source`` into the release, checking its ``sha256``; returns the relative path.
+
+        Raises:
+            ReleaseIntegrityError: the file's bytes do not match ``sha256``.
+        """
         target = self.dir / relative
         target.parent.mkdir(parents=True, exist_ok=True)
         if not target.exists():
-            try:
-                os.link(source, target)
-            except OSError:
-                shutil.copyfile(source, target)
+            copy_verified(Path(source), target, sha256)
         return relative
 
     def discard(self) -> None:
         shutil.rmtree(self.dir, ignore_errors=True)
 
     def seal(self) -> SealedRelease:
-        """Write checksums and move the folder into place (atomic rename)."""
+        """Write checksums, make everything world-readable and move the folder into place."""
         manifest = self.dir / MANIFEST
         if not manifest.exists():
             raise FileNotFoundError(f"{manifest}: a release needs a manifest before it is sealed")
@@ -100,6 +238,7 @@ class ReleaseStage:
             if p.is_file() and p.name != CHECKSUMS
         ]
         atomic_write(self.dir / CHECKSUMS, "".join(lines).encode())
+        _make_readable(self.dir)
         if self.final.exists():
             existing = self.final / MANIFEST
             same = existing.exists() and sha256_file(existing) == manifest_sha
@@ -111,27 +250,139 @@ class ReleaseStage:
                 "manifest; releases are never overwritten: raise release.version in the spec "
                 "(e.g. to the next patch version) and run again"
             )
-        os.replace(self.dir, self.final)
+        try:
+            os.rename(self.dir, self.final)
+        except OSError as exc:
+            # another process sealed the same version between the check and the rename
+            self.discard()
+            if exc.errno in (errno.ENOTEMPTY, errno.EEXIST):
+                raise ReleaseExistsError(f"release {self.name} {self.version} was written by another process") from None
+            raise
         return SealedRelease(self.final, self.name, self.version, manifest_sha, created=True)
 
 
-def verify_release(path: str | Path) -> list[str]:
-    """Re-hash every file listed in ``checksums.sha256``; returns the problems (empty = valid)."""
-    path = Path(path)
-    listing = path / CHECKSUMS
-    if not listing.exists():
-        return [f"{listing}: missing"]
+def _inside(root: Path, relative: str) -> bool:
+    if relative.startswith(("/", "\\")) or re.match(r"^[A-Za-z]:", relative):
+        return False
+    parts = relative.replace("\\", "/").split("/")
+    if any(p in ("", ".", "..") for p in parts):
+        return False
+    return (root / relative).resolve().is_relative_to(root.resolve())
+
+
+def read_checksums(path: Path) -> tuple[dict[str, str], list[str]]:
+    """``({relative path: sha256}, problems)`` from a release's ``checksums.sha256``.
+
+    Every line must be ``<64 lowercase hex>  <relative path inside the release>``, UTF-8.
+    """
+    listing = Path(path) / CHECKSUMS
+    if not listing.is_file():
+        return {}, [f"{CHECKSUMS}: missing; a release lists every file's sha256 in it"]
+    data = listing.read_bytes()
+    if not data.strip():
+        return {}, [f"{CHECKSUMS}: empty; it must list every file of the release"]
+    listed: dict[str, str] = {}
     problems = []
-    listed = set()
-    for line in listing.read_text().splitlines():
-        digest, _, relative = line.partition("  ")
-        listed.add(relative)
+    for n, raw in enumerate(data.split(b"\n"), start=1):
+        if not raw:
+            continue
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            problems.append(f"{CHECKSUMS} line {n}: not UTF-8")
+            continue
+        match = _CHECKSUM_LINE.match(line)
+        if not match:
+            shown = line if len(line) <= 80 else line[:77] + "..."
+            problems.append(f"{CHECKSUMS} line {n}: expected '<sha256>  <path>', got {shown!r}")
+            continue
+        digest, relative = match.groups()
+        if not _inside(Path(path), relative):
+            problems.append(f"{CHECKSUMS} line {n}: {relative!r} is not a path inside the release")
+            continue
+        if relative in listed:
+            problems.append(f"{CHECKSUMS} line {n}: {relative} is listed twice")
+            continue
+        listed[relative] = digest
+    return listed, problems
+
+
+def verify_release(path: str | Path, *, check_schemas: bool = True) -> list[str]:
+    """Check a release folder; returns the problems (empty = valid).
+
+    Re-hashes every file listed in ``checksums.sha256`` (whose lines must be well formed and
+    stay inside the release), finds unlisted files, requires ``manifest.jsonl``, checks every
+    manifest and derived row's image (and source) against the sha256 the row names, and
+    validates every JSON/JSONL file against its schema.
+    """
+    path = Path(path)
+    listed, problems = read_checksums(path)
+    if CHECKSUMS in listed:
+        problems.append(f"{CHECKSUMS}: lists itself")
+    for required in (MANIFEST,):
+        if required not in listed:
+            problems.append(f"{required}: not listed in {CHECKSUMS}; every release has one")
+    for relative, digest in listed.items():
         file = path / relative
-        if not file.exists():
+        if not file.is_file():
             problems.append(f"{relative}: listed but missing")
         elif sha256_file(file) != digest:
             problems.append(f"{relative}: checksum mismatch")
-    for p in path.rglob("*"):
-        if p.is_file() and p.name != CHECKSUMS and p.relative_to(path).as_posix() not in listed:
+    for p in sorted(path.rglob("*")):
+        if p.is_symlink():
+            problems.append(f"{p.relative_to(path).as_posix()}: a symlink; a release owns its bytes")
+        elif p.is_file() and p.name != CHECKSUMS and p.relative_to(path).as_posix() not in listed:
             problems.append(f"{p.relative_to(path).as_posix()}: not listed in {CHECKSUMS}")
+    if not (path / MANIFEST).is_file():
+        problems.append(f"{MANIFEST}: missing")
+        return problems
+    problems += _check_rows(path)
+    if check_schemas:
+        from counterfactory.manifests.release_schema import validate_release_files
+
+        problems += validate_release_files(path)
+    return problems
+
+
+def _check_rows(path: Path) -> list[str]:
+    """Every image a manifest or derived row names exists and hashes to its address."""
+    problems = []
+    hashed: dict[str, str] = {}
+
+    def check(where: str, ref: Any, what: str) -> None:
+        if not isinstance(ref, dict) or not isinstance(ref.get("path"), str) or not isinstance(ref.get("sha256"), str):
+            problems.append(f"{where}: no {what} path and sha256")
+            return
+        relative = ref["path"]
+        if not _inside(path, relative):
+            problems.append(f"{where}: {what} path {relative!r} is not inside the release")
+            return
+        file = path / relative
+        if not file.is_file():
+            problems.append(f"{where}: {what} {relative} is missing")
+            return
+        if relative not in hashed:
+            hashed[relative] = sha256_file(file)
+        if hashed[relative] != ref["sha256"]:
+            problems.append(f"{where}: {what} {relative} does not hash to the sha256 the row names")
+
+    for name, fields in ((MANIFEST, ("image", "source")), ("derived.jsonl", ("image",))):
+        file = path / name
+        if not file.is_file():
+            continue
+        for n, raw in enumerate(file.read_bytes().split(b"\n"), start=1):
+            if not raw.strip():
+                continue
+            try:
+                row = json.loads(raw.decode("utf-8"))
+            except (UnicodeDecodeError, ValueError) as exc:
+                problems.append(f"{name} line {n}: not a JSON object ({exc})")
+                continue
+            if not isinstance(row, dict):
+                problems.append(f"{name} line {n}: not a JSON object")
+                continue
+            for what in fields:
+                # a row without a source is a schema problem, reported by the schema check
+                if what == "image" or row.get(what) is not None:
+                    check(f"{name} line {n}", row.get(what), what)
     return problems

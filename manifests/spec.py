@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 
@@ -29,7 +29,9 @@ from counterfactory.generation.masks import MaskOptions
 from counterfactory.generation.prompts import PromptConfig, render_prompt
 from counterfactory.generation.sampling import DesignConfig, conditions
 from counterfactory.generation.yamlsafe import MAX_YAML_BYTES, YamlLimitError, safe_load_limited
+from counterfactory.manifests.derived import RobustnessConfig
 from counterfactory.manifests.review import ReviewOptions
+from counterfactory.manifests.trials import TrialsConfig
 from counterfactory.validation.judge import GatesConfig
 
 #: the largest seed an attempt may use (signed 32-bit)
@@ -131,8 +133,14 @@ class Spec(BaseModel):
     gates: GatesConfig = Field(default_factory=GatesConfig)
     release: ReleaseConfig
     review: ReviewOptions = Field(default_factory=ReviewOptions)
+    #: the trial bank each release carries (``trials.jsonl``)
+    trials: TrialsConfig = Field(default_factory=TrialsConfig)
+    #: robustness variants each release carries as derived items (``derived.jsonl``)
+    robustness: RobustnessConfig = Field(default_factory=RobustnessConfig)
     #: SQLAlchemy URL of the ledger; default ``sqlite:///<out>/ledger.sqlite``.
     ledger_url: str | None = None
+    #: the spec file's text as the user wrote it (set by :func:`load_spec`)
+    _written: str | None = PrivateAttr(default=None)
 
     @field_validator("ledger_url")
     @classmethod
@@ -175,6 +183,13 @@ class Spec(BaseModel):
                 ) from None
             except (ValueError, IndexError) as exc:
                 raise ValueError(f"prompts: {exc}") from None
+
+    def as_written(self) -> tuple[str, str]:
+        """``(text, sha256 of its bytes)``: the spec file as the user wrote it (what a release ships)."""
+        text = self._written
+        if text is None:
+            text = self.to_yaml()
+        return text, hashlib.sha256(text.encode("utf-8")).hexdigest()
 
     def canonical_json(self) -> str:
         return json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
@@ -225,7 +240,8 @@ def load_spec(path: str | Path, *, check_paths: bool = True) -> Spec:
             "is this the right file?"
         )
     try:
-        data = safe_load_limited(path.read_text(encoding="utf-8"))
+        text = path.read_text(encoding="utf-8")
+        data = safe_load_limited(text)
     except UnicodeDecodeError as exc:
         raise SpecError(
             f"{path}: not UTF-8 text (byte {exc.start} is {exc.object[exc.start : exc.start + 1]!r}); "
@@ -248,10 +264,22 @@ def load_spec(path: str | Path, *, check_paths: bool = True) -> Spec:
             "metadata": (base / spec.sources.metadata).resolve(),
         }
     )
-    spec = spec.model_copy(update={"sources": sources})
+    update: dict[str, Any] = {"sources": sources}
+    if spec.trials.biographies is not None:
+        update["trials"] = spec.trials.model_copy(update={"biographies": (base / spec.trials.biographies).resolve()})
+    spec = spec.model_copy(update=update)
+    spec._written = text
+    if "salary" in spec.trials.protocols and spec.trials.biographies is None:
+        raise SpecError(
+            f"{path}: field `trials.biographies`: the salary protocol needs a biographies file; "
+            "set trials.biographies (see assets/trials/biographies_example_v1.yaml)"
+        )
+    checks = [("sources.photos", spec.sources.photos), ("sources.metadata", spec.sources.metadata)]
+    if spec.trials.biographies is not None:
+        checks.append(("trials.biographies", spec.trials.biographies))
     if not check_paths:
         return spec
-    for field_name, p in (("sources.photos", spec.sources.photos), ("sources.metadata", spec.sources.metadata)):
+    for field_name, p in checks:
         if not p.exists():
             raise SpecError(
                 f"{path}: field `{field_name}`: expected an existing path; received {str(p)!r} which does not exist"

@@ -139,6 +139,23 @@ def write_report(release_dir: Path, *, spec: Any, items: Sequence[dict[str, Any]
         )
         or '<tr><td colspan="2">none</td></tr>'
     )
+    completeness = stats.get("completeness", {})
+    group_rows = "".join(
+        f"<tr><td>{html.escape(g['group'])}</td><td>{g['cells']}</td><td>{g['accepted']}</td>"
+        f"<td>{g['undecided']}</td><td>{g['unfilled']}</td></tr>"
+        for g in completeness.get("per_group", [])
+    )
+    expression = stats.get("expression", {})
+
+    def drift(rate: dict[str, Any]) -> str:
+        if not rate or not rate.get("n"):
+            return "no labelled variants"
+        return f"{rate['drifted']}/{rate['n']} ({rate['rate']:.0%}, 95 % CI {rate['ci_low']:.0%}-{rate['ci_high']:.0%})"
+
+    drift_rows = "".join(
+        f"<tr><td>{html.escape(g['axis'])}={html.escape(g['group'])}</td><td>{drift(g)}</td></tr>"
+        for g in expression.get("per_group", [])
+    )
     page = f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8">
 <title>{html.escape(spec.release.name)} {html.escape(spec.release.version)}</title>
@@ -158,6 +175,18 @@ spec sha256 <code>{html.escape(stats["spec_hash"][:16])}</code>.</p>
 <tr>{count_cells}<td>{counts.get("total", 0)}</td></tr></table>
 <p>Templates: {stats["templates"]["complete"]} of {stats["templates"]["total"]} complete.
 Editor calls in the run that wrote this release: {stats["editor_calls_this_run"]}.</p>
+<h2>Completeness</h2>
+<p>{
+        "Complete: every cell accepted."
+        if completeness.get("complete")
+        else "Incomplete: what was left out, and why, is in left_out.jsonl."
+    }</p>
+<table id="completeness"><tr><th>group</th><th>cells</th><th>accepted</th><th>undecided (needs review)</th>
+<th>unfilled (rejected, failed)</th></tr>{group_rows}</table>
+<h2>Expression drift</h2>
+<p>Variants whose SMILE / NEUTRAL / SERIOUS label differs from their template's modal label:
+{drift(expression.get("overall", {}))}.</p>
+<table id="expression-drift"><tr><th>group</th><th>drifted</th></tr>{drift_rows}</table>
 <h2>Grid</h2>
 <p>{grid.get("n_templates", 0)} templates x {grid.get("n_conditions", 0)} conditions = {grid.get("n_cells", 0)} cells
 (seed {grid.get("seed")}).</p>

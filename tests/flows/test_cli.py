@@ -45,10 +45,12 @@ def _no_fal_env() -> dict[str, str]:
 @pytest.mark.slow
 def test_same_spec_runs_on_fal_through_the_real_client(tmp_path):
     """Switch the demo to `fal` and run it against a local fal queue: edits, alignment of
-    Nano-Banana-sized outputs, gates and the release, with every request paid once."""
+    Nano-Banana-sized outputs and gates, with every request paid once."""
     with FalServer(model="resize", resize_to=(896, 1152)) as server:
         spec = _demo_with(tmp_path, "fal", concurrency=4)
         out = tmp_path / "out"
+        # the local queue returns the photo unchanged, so every cell waits for review and there is
+        # nothing to publish: this test is about the editor, so it reads the ledger, not a release
         first = _run(["run", str(spec), "--out", str(out), "--no-progress"], env=server.env())
         assert first.returncode == 0, first.stderr[-3000:]
         again = _run(["run", str(spec), "--out", str(out), "--no-progress"], env=server.env())
@@ -57,15 +59,13 @@ def test_same_spec_runs_on_fal_through_the_real_client(tmp_path):
     with sqlite3.connect(out / "ledger.sqlite") as db:
         attempts = db.execute("select count(*), sum(cost_usd) from attempts where backend='fal'").fetchone()
         journal = db.execute("select count(*) from editor_journal where backend='fal'").fetchone()[0]
+        alignments = [json.loads(a) for (a,) in db.execute("select alignment from candidates")]
     assert attempts[0] >= 18 and journal == attempts[0]
     assert attempts[1] == pytest.approx(0.039 * attempts[0])
     assert stats["max_paid_per_payload"] == 1  # no paid request submitted twice
     assert stats["paid_submits"] == attempts[0]
-    release = out / "releases/demo-face/0.1.0"
-    items = [json.loads(line) for line in (release / "items.jsonl").read_text().splitlines()]
-    assert {i["editor"]["backend"] for i in items} == {"fal"}
-    aligned = [i for i in items if i["alignment"] and i["alignment"]["ok"]]
-    assert aligned and all(i["alignment"]["resize_from"] == [896, 1152] for i in aligned)
+    aligned = [a for a in alignments if a and a.get("ok")]
+    assert aligned and all(a["resize_from"] == [896, 1152] for a in aligned)
 
 
 def test_missing_fal_key_stops_before_any_work(tmp_path):
@@ -182,7 +182,7 @@ def test_verify_reports_a_tampered_release(tmp_path):
     from counterfactory.manifests.release import ReleaseStage, write_jsonl
 
     stage = ReleaseStage(tmp_path, "r", "1.0.0")
-    write_jsonl(stage.dir / "manifest.jsonl", [{"item_id": "1"}])
+    write_jsonl(stage.dir / "manifest.jsonl", [])
     path = stage.seal().path
     ok = _run(["verify", str(path)])
     assert ok.returncode == 0 and "every file matches" in ok.stdout

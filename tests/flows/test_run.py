@@ -26,6 +26,8 @@ from tests.generation import badinputs
 pytestmark = pytest.mark.slow
 
 CLI = [sys.executable, "-m", "counterfactory.flows.cli"]
+# the demo's grid has holes (a two-person photo, rejected cells): publishing it needs consent
+PUBLISH = ["--publish", "--allow-incomplete"]
 
 
 def _run(args, **kwargs) -> subprocess.CompletedProcess:
@@ -45,7 +47,7 @@ def _ledger(out: Path, *, write: bool = False) -> sqlite3.Connection:
 @pytest.fixture(scope="module")
 def demo_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("demo") / "out"
-    first = _run(["run", "assets/specs/demo-face.yaml", "--out", str(out), "--no-progress"])
+    first = _run(["run", "assets/specs/demo-face.yaml", "--out", str(out), "--no-progress", *PUBLISH])
     assert first.returncode == 0, first.stderr[-3000:]
     return out, first
 
@@ -95,7 +97,7 @@ def test_demo_release_has_every_file(demo_run):
 def test_rerun_makes_zero_editor_calls_and_keeps_the_release(demo_run):
     out, _ = demo_run
     before = (_release(out) / "manifest.jsonl").read_bytes()
-    again = _run(["run", "assets/specs/demo-face.yaml", "--out", str(out), "--no-progress"])
+    again = _run(["run", "assets/specs/demo-face.yaml", "--out", str(out), "--no-progress", *PUBLISH])
     assert again.returncode == 0, again.stderr[-3000:]
     assert "editor calls: 0" in again.stdout
     assert "unchanged" in again.stdout
@@ -109,7 +111,7 @@ def test_sigkill_half_way_then_resume_loses_nothing(demo_run, tmp_path):
     out = tmp_path / "out"
     env = dict(os.environ)
     proc = subprocess.Popen(
-        CLI + ["run", "assets/specs/demo-face.yaml", "--out", str(out), "--no-progress", "--workers", "1"],
+        CLI + ["run", "assets/specs/demo-face.yaml", "--out", str(out), "--no-progress", "--workers", "1", *PUBLISH],
         cwd=REPO,
         env=env,
         stdout=subprocess.DEVNULL,
@@ -144,7 +146,7 @@ def test_sigkill_half_way_then_resume_loses_nothing(demo_run, tmp_path):
     assert 6 <= len(finished_before_kill) < 18
     assert not _release(out).exists()
 
-    resumed = _run(["run", "assets/specs/demo-face.yaml", "--out", str(out), "--no-progress"])
+    resumed = _run(["run", "assets/specs/demo-face.yaml", "--out", str(out), "--no-progress", *PUBLISH])
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     with _ledger(out) as db:
         calls = dict(db.execute("select attempt_id, calls from attempts").fetchall())
@@ -194,10 +196,12 @@ def test_bad_inputs_fail_with_reasons_and_the_run_completes(tmp_path):
             "templates_per_stratum": 5,
         },
         "editor": {"backend": "classical", "max_attempts": 1},
+        # as in the demo: the classical editor's colour change stays near the source identity
+        "gates": {"face": {"identity": {"max_cosine": 0.995}}},
         "release": {"name": "bad-inputs", "version": "0.1.0"},
     }
     (tmp_path / "spec.yaml").write_text(yaml.safe_dump(spec))
-    result = _run(["run", str(tmp_path / "spec.yaml"), "--out", str(tmp_path / "out"), "--no-progress"])
+    result = _run(["run", str(tmp_path / "spec.yaml"), "--out", str(tmp_path / "out"), "--no-progress", *PUBLISH])
     assert result.returncode == 0, result.stderr[-3000:]
     stats = json.loads((_release(tmp_path / "out", "bad-inputs") / "stats.json").read_text())
     failed = {f["source_id"]: f["reason"].lower() for f in stats["failed_sources"]}
@@ -230,7 +234,7 @@ def test_broken_spec_stops_before_any_work(tmp_path):
 
 def test_limb_demo_keeps_every_pixel_outside_the_mask(tmp_path):
     out = tmp_path / "out"
-    result = _run(["run", "assets/specs/demo-limb.yaml", "--out", str(out), "--no-progress"])
+    result = _run(["run", "assets/specs/demo-limb.yaml", "--out", str(out), "--no-progress", *PUBLISH])
     assert result.returncode == 0, result.stderr[-3000:]
     release = _release(out, "demo-limb")
     assert verify_release(release) == []
