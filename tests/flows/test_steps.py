@@ -194,3 +194,89 @@ def test_a_request_still_out_after_the_waits_is_fetched_by_the_next_run(spec, pr
         assert [c.verdict for c in second.cells] == ["needs_review", "needs_review"]
         assert sum(server.paid_submits.values()) == len(cells)
         ws.ledger.close()
+
+
+KILL_SCRIPT = """
+import sys, time
+import yaml
+from counterfactory.flows import steps
+from counterfactory.manifests.spec import load_spec
+from tests.flows.fake_editor import FakeEditor
+
+class Slow(FakeEditor):
+    def edit(self, request):
+        time.sleep(0.05)
+        return super().edit(request)
+
+spec = load_spec(sys.argv[1])
+ws = steps.open_workspace(spec, sys.argv[2])
+prepared, _ = steps.prepare_sources(spec, ws.ledger)
+source = prepared[0]
+cells = steps.plan_grid(spec, [source]).cells_of(source.id)
+assert len(cells) == 80, len(cells)
+editor = Slow()
+plans = steps.plan_attempts(spec, source, cells, editor, editor.lineage(), 1)
+print("calls", steps.run_edits(ws, editor, plans, editor.lineage()), flush=True)
+"""
+
+
+def test_sigkill_during_an_80_cell_template_loses_only_the_edit_in_flight(specs_dir, tmp_path):
+    import sqlite3
+    import subprocess
+    import sys
+    import time
+
+    import yaml
+
+    from tests.conftest import REPO
+
+    photos = specs_dir.parent / "photos"
+    (tmp_path / "meta.yaml").write_text(
+        yaml.safe_dump({"sources": [{"id": "grace", "path": "grace_hopper.jpg", "licence": "PD"}]})
+    )
+    spec = {
+        "name": "eighty",
+        "sources": {"photos": str(photos), "metadata": str(tmp_path / "meta.yaml")},
+        "design": {
+            "kind": "face",
+            "axes": {"race": [f"group{i}" for i in range(80)]},
+            "strata": [],
+            "templates_per_stratum": 1,
+        },
+        "prompts": {"target_group": "{article} {race} person"},
+        "release": {"name": "eighty"},
+    }
+    (tmp_path / "spec.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
+    out = tmp_path / "out"
+    args = [sys.executable, "-c", KILL_SCRIPT, str(tmp_path / "spec.yaml"), str(out)]
+
+    def finished() -> int:
+        uri = f"file:{out / 'ledger.sqlite'}?mode=ro"
+        with sqlite3.connect(uri, uri=True) as db:
+            return db.execute("select count(*) from attempts where status='ok'").fetchone()[0]
+
+    proc = subprocess.Popen(args, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 300
+        done = 0
+        while time.time() < deadline and proc.poll() is None and done < 20:
+            time.sleep(0.05)
+            try:
+                done = finished()
+            except sqlite3.OperationalError:
+                continue
+        assert proc.poll() is None, "the template finished before it could be killed"
+        proc.kill()  # SIGKILL
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    # reproduction: results were committed when the whole template's batch returned, so a
+    # kill here used to leave 0 of 80 finished edits in the ledger
+    before = finished()
+    assert 20 <= before < 80
+    resumed = subprocess.run(args, cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    calls = int(resumed.stdout.split()[-1])
+    assert calls <= 80 - before + 1  # the finished edits are never bought again; one was in flight
+    assert finished() == 80
