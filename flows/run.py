@@ -90,6 +90,7 @@ def run_flow(
     remember_spec(ws.out, spec_path)
     run_id = os.urandom(8).hex()
     ws.ledger.start_run(run_id, spec_name=spec.name, spec_hash=spec.spec_hash())
+    ws.run_id = run_id
     editor = steps.build_editor(spec)
     stack = steps.build_gate_stack(spec, journal=ws.ledger.journal("fal_vlm"))
 

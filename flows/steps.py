@@ -63,6 +63,8 @@ class Workspace:
     out: Path
     ledger: Ledger
     store: ImageStore
+    #: the run using it (its claims on attempts); None outside a run
+    run_id: str | None = None
 
     @property
     def releases(self) -> Path:
@@ -419,7 +421,7 @@ def run_edits(ws: Workspace, editor: Editor, plans: Sequence[PlannedAttempt], li
             done = None
         if done is not None and done.status in FINISHED_ATTEMPT:
             continue
-        ws.ledger.start_attempt(
+        claimed = ws.ledger.start_attempt(
             plan.attempt_id,
             cell_id=plan.cell.cell_id,
             attempt_no=plan.attempt_no,
@@ -427,8 +429,10 @@ def run_edits(ws: Workspace, editor: Editor, plans: Sequence[PlannedAttempt], li
             backend=editor.name,
             lineage=lineage,
             prompt=plan.prompt.text,
+            run_id=ws.run_id,
         )
-        to_run.append(plan.request)
+        if claimed:  # else another live run on the same database is editing it right now
+            to_run.append(plan.request)
     if not to_run:
         return 0
     # one backend batch at a time, each result committed as soon as its batch returns: a kill
@@ -447,9 +451,12 @@ def editor_batch_size(editor: Editor) -> int:
 
 
 def is_pending(ws: Workspace, attempt_id: str) -> bool:
-    """A failed attempt whose paid remote request is journalled and may still be fetched."""
+    """An attempt whose outcome is still coming: a failed one whose paid remote request is
+    journalled and may still be fetched, or one another run is executing (still ``running``)."""
     attempt = ws.ledger.attempt(attempt_id)
-    return attempt is not None and attempt.status == "failed" and bool(attempt.meta.get("pending_request_id"))
+    if attempt is None:
+        return False
+    return attempt.status == "running" or (attempt.status == "failed" and bool(attempt.meta.get("pending_request_id")))
 
 
 def judge_attempts(

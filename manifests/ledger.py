@@ -25,6 +25,7 @@ columns do not match this version's, or a database that cannot be reached.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -46,9 +47,10 @@ from sqlalchemy import (
     func,
     inspect,
     select,
+    text,
 )
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError
+from sqlalchemy.exc import ArgumentError, DBAPIError, IntegrityError, NoSuchModuleError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
 
 from counterfactory.manifests.schema import upgrade_ledger
@@ -97,6 +99,9 @@ class AttemptRow(Base):
     meta: Mapped[dict] = mapped_column(JSON, default=dict)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=_now)
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    #: the run executing a ``running`` attempt (revision 0003); another live run keeps off it
+    claimed_by: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    claimed_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
 
 
 class CandidateRow(Base):
@@ -299,6 +304,10 @@ class Ledger:
         self._session = sessionmaker(self.engine, expire_on_commit=False)
 
     def close(self) -> None:
+        connection = getattr(self, "_run_connection", None)
+        if connection is not None:
+            connection.close()  # releases the run's advisory lock
+            self._run_connection = None
         self.engine.dispose()
 
     def session(self) -> Session:
@@ -348,25 +357,71 @@ class Ledger:
         backend: str,
         lineage: Mapping[str, Any],
         prompt: str,
-    ) -> None:
-        """Mark an attempt as running (counting the call) just before the editor is called."""
-        with self.session() as s, s.begin():
-            row = s.get(AttemptRow, attempt_id)
-            if row is None:
-                row = AttemptRow(
-                    attempt_id=attempt_id,
-                    cell_id=cell_id,
-                    attempt_no=attempt_no,
-                    seed=seed,
-                    backend=backend,
-                    lineage=_jsonable(lineage),
-                    prompt=prompt,
-                    calls=0,
-                )
-            if row.status == "ok":
-                raise RuntimeError(f"attempt {attempt_id} already finished; it must not run again")
-            row.status, row.reason, row.calls = "running", None, (row.calls or 0) + 1
-            s.add(row)
+        run_id: str | None = None,
+    ) -> bool:
+        """Claim an attempt for ``run_id`` and mark it running (counting the call) just before
+        the editor is called.
+
+        Returns False, changing nothing, when another run that is still alive holds the claim
+        (on PostgreSQL: a row lock decides between simultaneous claims, and a run is alive
+        while its :meth:`start_run` advisory lock is held); the caller must not call the
+        editor then. A dead run's claim is taken over.
+        """
+        try:
+            with self.session() as s, s.begin():
+                return self._claim(s, attempt_id, cell_id, attempt_no, seed, backend, lineage, prompt, run_id)
+        except IntegrityError:
+            return False  # another run inserted the same attempt a moment ago: it is theirs
+
+    def _claim(
+        self,
+        s: Session,
+        attempt_id: str,
+        cell_id: str,
+        attempt_no: int,
+        seed: int,
+        backend: str,
+        lineage: Mapping[str, Any],
+        prompt: str,
+        run_id: str | None,
+    ) -> bool:
+        row = s.get(AttemptRow, attempt_id, with_for_update=True)
+        if (
+            row is not None
+            and row.status == "running"
+            and row.claimed_by not in (None, run_id)
+            and self._run_alive(row.claimed_by)
+        ):
+            return False
+        if row is None:
+            row = AttemptRow(
+                attempt_id=attempt_id,
+                cell_id=cell_id,
+                attempt_no=attempt_no,
+                seed=seed,
+                backend=backend,
+                lineage=_jsonable(lineage),
+                prompt=prompt,
+                calls=0,
+            )
+        if row.status == "ok":
+            raise RuntimeError(f"attempt {attempt_id} already finished; it must not run again")
+        row.status, row.reason, row.calls = "running", None, (row.calls or 0) + 1
+        row.claimed_by, row.claimed_at = run_id, _now()
+        s.add(row)
+        return True
+
+    def _run_alive(self, run_id: str) -> bool:
+        """Whether the run ``run_id`` still holds its advisory lock (PostgreSQL; elsewhere the
+        run folder's lock already keeps a second run out, so a claim is never honoured)."""
+        if self.engine.dialect.name != "postgresql":
+            return False
+        with self.engine.connect() as connection:
+            key = _run_lock_key(run_id)
+            if connection.execute(text("SELECT pg_try_advisory_lock(:k)"), {"k": key}).scalar():
+                connection.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": key})
+                return False
+            return True
 
     def finish_attempt(
         self,
@@ -447,8 +502,14 @@ class Ledger:
 
     # runs ------------------------------------------------------------------------------
     def start_run(self, run_id: str, *, spec_name: str, spec_hash: str) -> None:
+        """Record the run; on PostgreSQL also hold an advisory lock named by it for as long as
+        this ledger is open (or the process lives), which is how other runs see it is alive."""
         with self.session() as s, s.begin():
             s.add(RunRow(run_id=run_id, spec_name=spec_name, spec_hash=spec_hash))
+        if self.engine.dialect.name == "postgresql":
+            self._run_connection = self.engine.connect()
+            self._run_connection.execute(text("SELECT pg_advisory_lock(:k)"), {"k": _run_lock_key(run_id)})
+            self._run_connection.commit()
 
     def finish_run(self, run_id: str, *, editor_calls: int, status: str = "completed") -> None:
         with self.session() as s, s.begin():
@@ -486,6 +547,11 @@ class LedgerJournal:
                 select(func.coalesce(func.sum(JournalRow.cost_usd), 0.0)).where(JournalRow.backend == self.backend)
             )
             return float(total or 0.0)
+
+
+def _run_lock_key(run_id: str) -> int:
+    """A signed 64-bit advisory-lock key for a run id (stable across processes)."""
+    return int.from_bytes(hashlib.sha256(f"counterfactory-run:{run_id}".encode()).digest()[:8], "big", signed=True)
 
 
 def _shown_url(url: str) -> str:

@@ -178,6 +178,8 @@ def test_an_older_schema_ledger_goes_through_the_migrations_or_is_refused(tmp_pa
     with sqlite3.connect(path) as db:
         for table in ("alembic_version", "review_decisions", "spot_trials", "reviewers"):
             db.execute(f"drop table if exists {table}")
+        for column in ("claimed_by", "claimed_at"):  # revision 0003's
+            db.execute(f"alter table attempts drop column {column}")
     again = Ledger(f"sqlite:///{path}")
     assert again.attempt("a" * 64).status == "running"
     again.close()
@@ -185,7 +187,8 @@ def test_an_older_schema_ledger_goes_through_the_migrations_or_is_refused(tmp_pa
     with sqlite3.connect(path) as db:
         for table in ("alembic_version", "review_decisions", "spot_trials", "reviewers"):
             db.execute(f"drop table {table}")
-        db.execute("alter table attempts drop column meta")
+        for column in ("claimed_by", "claimed_at", "meta"):
+            db.execute(f"alter table attempts drop column {column}")
     with pytest.raises(LedgerError, match="older version") as caught:
         Ledger(f"sqlite:///{path}")
     assert "'attempts' lacks column(s) meta" in str(caught.value)
@@ -233,3 +236,21 @@ def test_cost_counts_only_the_named_attempts(ledger_url):
         ledger.finish_attempt(aid, status="ok", output_sha256="d" * 64, cost_usd=cost)
     assert ledger.cost_usd(["a" * 64, "b" * 64, "z" * 64]) == pytest.approx(0.54)
     assert ledger.cost_usd([]) == 0.0
+
+
+@pytest.mark.parametrize("ledger_url", ["postgres"], indirect=True)
+def test_a_live_runs_claim_keeps_other_runs_off_the_attempt(ledger_url):
+    pg_url = ledger_url
+    first, second = Ledger(pg_url), Ledger(pg_url)  # two runs, two output folders, one database
+    first.start_run("run-a", spec_name="s", spec_hash="h")
+    second.start_run("run-b", spec_name="s", spec_hash="h")
+    claim = {"cell_id": "c", "attempt_no": 1, "seed": 0, "backend": "fal", "lineage": {}, "prompt": "p"}
+    assert first.start_attempt("a" * 64, run_id="run-a", **claim)
+    # reproduction: the second run used to mark it running again and pay for it a second time
+    assert not second.start_attempt("a" * 64, run_id="run-b", **claim)
+    assert second.attempt("a" * 64).calls == 1
+    # the claiming run dies (its connection and advisory lock go): the claim is taken over
+    first.close()
+    assert second.start_attempt("a" * 64, run_id="run-b", **claim)
+    assert second.attempt("a" * 64).calls == 2
+    second.close()
