@@ -297,7 +297,7 @@ def test_a_deleted_store_is_rebuilt_by_rerunning_only_those_attempts(demo_run, t
     # reproduction: the whole store is gone (before: a raw FileNotFoundError traceback)
     shutil.rmtree(out / "store")
     spec = _demo_spec_copy(tmp_path, version="0.2.0")
-    result = _run(["run", str(spec), "--out", str(out), "--no-progress"])
+    result = _run(["run", str(spec), "--out", str(out), "--no-progress", *PUBLISH])
     assert result.returncode == 0, result.stderr[-3000:]
     assert "Traceback" not in result.stderr
     assert f"note: {ok} finished edit(s) had lost their image" in result.stderr
@@ -316,7 +316,7 @@ def test_a_deleted_store_is_rebuilt_by_rerunning_only_those_attempts(demo_run, t
 def test_a_second_run_on_the_same_folder_is_refused_and_nothing_is_paid_twice(tmp_path):
     out = tmp_path / "out"
     first = subprocess.Popen(
-        CLI + ["run", "assets/specs/demo-face.yaml", "--out", str(out), "--no-progress", "--workers", "1"],
+        CLI + ["run", "assets/specs/demo-face.yaml", "--out", str(out), "--no-progress", "--workers", "1", *PUBLISH],
         cwd=REPO,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
