@@ -168,8 +168,11 @@ def export_release(
     spec = yaml.safe_load((release_dir / "spec.yaml").read_text(encoding="utf-8")) or {}
     info_path = release_dir / "release.json"
     info = json.loads(info_path.read_text()) if info_path.exists() else dict(spec.get("release") or {})
-    tables = release_tables(release_dir)
-    items = tables["items"]
+    # an empty table (a spec without trials or variants) gets no config: the Hub has nothing to show
+    tables = {name: rows for name, rows in release_tables(release_dir).items() if rows}
+    items = tables.get("items")
+    if not items:
+        raise HubError(f"{release_dir / 'items.jsonl'}: the release has no items; there is nothing to publish")
     licence = release_licence(release_dir, items, spec)
     stats_path = release_dir / "stats.json"
     stats = json.loads(stats_path.read_text()) if stats_path.exists() else {}

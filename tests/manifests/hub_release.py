@@ -200,6 +200,10 @@ def make_release(
         ]
         write_jsonl(stage.dir / "trials.jsonl", trial_rows)
         write_jsonl(stage.dir / "derived.jsonl", derived_rows)
+    else:
+        # as publish writes them for a spec without trial protocols or variants: present, empty
+        write_jsonl(stage.dir / "trials.jsonl", [])
+        write_jsonl(stage.dir / "derived.jsonl", [])
     spec = {
         "name": name,
         "description": "Test release from the bundled photos.",

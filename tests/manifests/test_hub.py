@@ -139,6 +139,13 @@ def test_cli_export_writes_what_push_uploads(release, tmp_path):
     assert again.exit_code == 2 and "not empty" in again.output
 
 
+def test_empty_tables_get_no_config(tmp_path):
+    release = make_release(tmp_path, trials=False)
+    export = export_release(release, tmp_path / "repo", repo_id="lab/study")
+    assert [t.name for t in export.tables] == ["items"]
+    assert not (tmp_path / "repo" / "data" / "trials").exists()
+
+
 def test_card_metadata_parses_with_huggingface_hub(exported):
     card = hf.DatasetCard((exported.folder / "README.md").read_text(encoding="utf-8"))
     data = card.data.to_dict()
