@@ -191,14 +191,54 @@ class Spec(BaseModel):
             text = self.to_yaml()
         return text, hashlib.sha256(text.encode("utf-8")).hexdigest()
 
+    #: ``sources`` paths exactly as the spec file wrote them (``load_spec`` resolves the
+    #: fields themselves against the file's folder); None for a spec built in code
+    _written_sources: dict[str, str] | None = PrivateAttr(default=None)
+
+    def canonical(self) -> dict[str, Any]:
+        """The study as its author wrote it: JSON-ready, defaults filled in, nothing about
+        the machine it ran on and nothing the run does not use.
+
+        Source paths are as written (relative to the spec file, never resolved); ``editor``
+        holds the active backend's options only; ``gates`` and ``prompts`` the active kind's
+        only; the limb-mask growth (``masks``) only for limb designs; ``ledger_url`` (where the
+        run kept its state, possibly with a password) is left out. This is what
+        :meth:`spec_hash` hashes and what :meth:`to_yaml` writes.
+        (:meth:`as_written` is the file's own text, which a release ships.)
+        """
+        data = self.model_dump(mode="json")
+        if self._written_sources is not None:
+            data["sources"].update(self._written_sources)
+        kind, backend = self.design.kind, self.editor.backend
+        editor = data["editor"]
+        data["editor"] = {
+            "backend": backend,
+            "max_attempts": editor["max_attempts"],
+            "seed": editor["seed"],
+            backend: editor[backend],
+        }
+        data["gates"] = {"face_mask": data["gates"]["face_mask"], kind: data["gates"][kind]}
+        other = "limb" if kind == "face" else "face"
+        data["prompts"].pop(other, None)
+        if kind == "face":
+            data.pop("masks", None)
+        else:  # how a face condition becomes words
+            for unused in ("target_group", "gender_nouns"):
+                data["prompts"].pop(unused, None)
+        data.pop("ledger_url", None)
+        return data
+
     def canonical_json(self) -> str:
-        return json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+        """:meth:`canonical` as compact JSON with sorted keys."""
+        return json.dumps(self.canonical(), sort_keys=True, separators=(",", ":"))
 
     def spec_hash(self) -> str:
+        """sha256 of :meth:`canonical_json`: the same study hashes the same wherever it runs."""
         return hashlib.sha256(self.canonical_json().encode()).hexdigest()
 
     def to_yaml(self) -> str:
-        return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
+        """:meth:`canonical` as YAML; holds no machine path."""
+        return yaml.safe_dump(self.canonical(), sort_keys=False, allow_unicode=True)
 
 
 def _describe(value: Any) -> str:
@@ -258,6 +298,7 @@ def load_spec(path: str | Path, *, check_paths: bool = True) -> Spec:
     except ValidationError as exc:
         raise SpecError(format_validation_error(path, exc)) from None
     base = path.resolve().parent
+    written = {"photos": str(spec.sources.photos), "metadata": str(spec.sources.metadata)}
     sources = spec.sources.model_copy(
         update={
             "photos": (base / spec.sources.photos).resolve(),
@@ -277,6 +318,7 @@ def load_spec(path: str | Path, *, check_paths: bool = True) -> Spec:
     checks = [("sources.photos", spec.sources.photos), ("sources.metadata", spec.sources.metadata)]
     if spec.trials.biographies is not None:
         checks.append(("trials.biographies", spec.trials.biographies))
+    spec._written_sources = written
     if not check_paths:
         return spec
     for field_name, p in checks:

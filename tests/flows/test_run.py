@@ -58,6 +58,8 @@ def test_demo_release_has_every_file(demo_run):
     for name in ("manifest.jsonl", "items.jsonl", "spec.yaml", "stats.json", "report.html", "checksums.sha256"):
         assert (release / name).is_file(), name
     assert verify_release(release) == []
+    # the release's spec is the study as written: no path of the machine it ran on
+    assert str(REPO) not in (release / "spec.yaml").read_text()
     stats = json.loads((release / "stats.json").read_text())
     items = [json.loads(line) for line in (release / "items.jsonl").read_text().splitlines()]
     # 3 strata (astronaut/female, naval officer/female, politician/male) x 1 template x 6 conditions

@@ -181,3 +181,55 @@ def test_photos_that_is_a_file_is_one_message(specs_dir, tmp_path):
     path = _demo(specs_dir, tmp_path, lambda d: d["sources"].update(photos=d["sources"]["metadata"]))
     with pytest.raises(SpecError, match="`sources.photos`: expected the folder holding the photos"):
         load_spec(path)
+
+
+def _walk(value):
+    if isinstance(value, dict):
+        for item in value.values():
+            yield from _walk(item)
+    elif isinstance(value, list):
+        for item in value:
+            yield from _walk(item)
+    else:
+        yield value
+
+
+@pytest.mark.parametrize("name", ["demo-face", "demo-limb"])
+def test_spec_as_written_holds_no_machine_path_and_hashes_the_same_elsewhere(specs_dir, tmp_path, name):
+    import shutil
+
+    import yaml
+
+    spec = load_spec(specs_dir / f"{name}.yaml")
+    text = spec.to_yaml()
+    assert str(specs_dir.parent) not in text and str(Path.home()) not in text
+    assert not any(isinstance(v, str) and Path(v).is_absolute() for v in _walk(yaml.safe_load(text)))
+    assert yaml.safe_load(text)["sources"]["photos"] == "../photos"
+    # the same study in another checkout (another absolute folder) has the same hash
+    moved = tmp_path / "elsewhere"
+    shutil.copytree(specs_dir.parent / "photos", moved / "photos")
+    (moved / "specs").mkdir()
+    shutil.copy(specs_dir / f"{name}.yaml", moved / "specs")
+    assert load_spec(moved / "specs" / f"{name}.yaml").spec_hash() == spec.spec_hash()
+
+
+def test_spec_hash_covers_only_the_active_backend_and_kind(specs_dir):
+    spec = load_spec(specs_dir / "demo-face.yaml")
+
+    def changed(**sections) -> str:
+        return spec.model_copy(update=sections).spec_hash()
+
+    editor = spec.editor
+    inactive = editor.model_copy(update={"qwen": editor.qwen.model_copy(update={"steps": 8})})
+    assert changed(editor=inactive) == spec.spec_hash()
+    active = editor.model_copy(update={"classical": editor.classical.model_copy(update={"strength": 0.3})})
+    assert changed(editor=active) != spec.spec_hash()
+    gates = spec.gates
+    assert changed(gates=gates.model_copy(update={"limb": gates.limb.model_copy(update={"expression": None})})) == (
+        spec.spec_hash()
+    )
+    assert changed(gates=gates.model_copy(update={"face": gates.face.model_copy(update={"expression": None})})) != (
+        spec.spec_hash()
+    )
+    assert changed(masks=spec.masks.model_copy(update={"dilate_px": 9})) == spec.spec_hash()
+    assert changed(ledger_url="postgresql+psycopg://user:secret@db/ledger") == spec.spec_hash()
