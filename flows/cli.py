@@ -47,6 +47,7 @@ def run(spec_path: Path, out: Path, workers: int, no_progress: bool, publish: bo
     from counterfactory.flows.publish import PublishError
     from counterfactory.generation.editors import EditorSetupError
     from counterfactory.generation.sources import MetadataError, load_metadata
+    from counterfactory.manifests.errors import SetupError
     from counterfactory.manifests.ledger import LedgerError
     from counterfactory.manifests.release import ReleaseExistsError, ReleaseIntegrityError, existing_release_conflict
     from counterfactory.manifests.runlock import RunFolderError
@@ -68,11 +69,15 @@ def run(spec_path: Path, out: Path, workers: int, no_progress: bool, publish: bo
             _fail(conflict)
     try:
         # Fail on a missing model, key or GPU before the flow starts or anything is paid for.
-        from counterfactory.flows.steps import build_editor
+        from counterfactory.flows.steps import build_editor, build_gate_stack
 
         build_editor(spec)
-    except EditorSetupError as exc:
+    except SetupError as exc:
         _fail(f"editor backend {spec.editor.backend!r} cannot run: {exc}")
+    try:
+        build_gate_stack(spec)
+    except SetupError as exc:
+        _fail(f"the gates cannot run: {exc}")
 
     from counterfactory.flows.run import run_spec
 

@@ -41,6 +41,7 @@ from typing import Any
 import numpy as np
 
 from counterfactory.generation.masks import MaskError
+from counterfactory.manifests.errors import SetupError
 
 _INSTALL_HINT = "pip install 'counterfactory[sam]'"
 
@@ -52,11 +53,9 @@ CHECKPOINT_FILES = {
 }
 
 
-class MaskSetupError(RuntimeError):
-    """SAM cannot run here: package missing, checkpoint missing or not matching, no GPU.
-
-    The message says what is wrong and how to fix it.
-    """
+#: SAM cannot run here (segment-anything, torch or the checkpoint missing): the project's one
+#: :class:`~counterfactory.manifests.errors.SetupError`.
+MaskSetupError = SetupError
 
 
 @dataclass

@@ -17,6 +17,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field
 
 from counterfactory.assets import PROMPTS_DIR
+from counterfactory.manifests.errors import SetupError
 
 _NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
 
@@ -61,7 +62,7 @@ def load_template(name: str, directory: Path | None = None) -> tuple[str, str]:
             raw = path.read_bytes()
             return raw.decode("utf-8").strip(), hashlib.sha256(raw).hexdigest()
     known = sorted(p.stem for p in PROMPTS_DIR.glob("*.txt"))
-    raise FileNotFoundError(
+    raise SetupError(
         f"prompt template {name!r} not found in {directory or PROMPTS_DIR}; bundled templates: {', '.join(known)}"
     )
 

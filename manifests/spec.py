@@ -17,19 +17,18 @@ from typing import Any
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 
 from counterfactory.generation.align import AlignConfig
-from counterfactory.generation.editors import BACKENDS
-from counterfactory.generation.editors.classical import ClassicalOptions
-from counterfactory.generation.editors.fal import FalOptions
-from counterfactory.generation.editors.qwen import QwenOptions
 from counterfactory.generation.masks import MaskOptions
 from counterfactory.generation.prompts import PromptConfig, render_prompt
 from counterfactory.generation.sampling import DesignConfig, conditions
 from counterfactory.generation.yamlsafe import MAX_YAML_BYTES, YamlLimitError, safe_load_limited
 from counterfactory.manifests.derived import RobustnessConfig
+from counterfactory.manifests.errors import SetupError
+from counterfactory.manifests.registry import EDITORS
 from counterfactory.manifests.review import ReviewOptions
 from counterfactory.manifests.trials import TrialsConfig
 from counterfactory.validation.judge import GatesConfig
@@ -55,17 +54,17 @@ class SourcesConfig(BaseModel):
 
 
 class EditorConfig(BaseModel):
-    """``editor``: the backend by name, every backend's options, and the retry budget.
+    """``editor``: the backend by name, its options, and the retry budget.
 
-    Switching ``backend`` is the only change needed to move a study between editors.
+    Options of any registered backend may sit beside ``backend`` under the backend's name
+    (``qwen: {steps: 40}``); each is validated against the options model its backend registered
+    (:data:`~counterfactory.manifests.registry.EDITORS`), so a new backend needs no change
+    here. Switching ``backend`` is the only change needed to move a study between editors.
     """
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="allow")
 
     backend: str = "classical"
-    classical: ClassicalOptions = Field(default_factory=ClassicalOptions)
-    qwen: QwenOptions = Field(default_factory=QwenOptions)
-    fal: FalOptions = Field(default_factory=FalOptions)
     #: a rejected cell is tried again with the next seed, up to this many attempts.
     max_attempts: int = Field(3, ge=1, le=1000)
     #: attempt ``n`` uses ``seed + n - 1``; every one must fit a signed 32-bit integer (the
@@ -84,11 +83,42 @@ class EditorConfig(BaseModel):
     @field_validator("backend")
     @classmethod
     def _known_backend(cls, value: str) -> str:
-        if value not in BACKENDS:
-            raise ValueError(f"unknown editor backend {value!r}; valid backends: {', '.join(sorted(BACKENDS))}")
+        if value not in EDITORS:
+            raise ValueError(f"one of the registered editor backends: {', '.join(EDITORS.names())}")
         return value
 
+    @model_validator(mode="after")
+    def _backend_options(self) -> EditorConfig:
+        extra = self.__pydantic_extra__ if self.__pydantic_extra__ is not None else {}
+        for name, value in list(extra.items()):
+            if name not in EDITORS:
+                # reported at editor.<name>, like any unknown field (see format_validation_error)
+                raise PydanticCustomError(
+                    "nested_extra_forbidden",
+                    "not a known field or registered editor backend (valid backends: {valid}); check its spelling",
+                    {"field": name, "valid": ", ".join(EDITORS.names()), "input": value},
+                )
+            options = EDITORS.get(name).options
+            if not isinstance(value, options):
+                try:
+                    extra[name] = options.model_validate(value or {})
+                except ValidationError as exc:
+                    first = exc.errors()[0]
+                    raise PydanticCustomError(
+                        "nested_invalid",
+                        "{message}",
+                        {
+                            "field": ".".join([name, *(str(p) for p in first["loc"])]),
+                            "message": first["msg"],
+                            "input": first.get("input"),
+                        },
+                    ) from None
+        if self.backend not in extra:
+            extra[self.backend] = EDITORS.get(self.backend).options()
+        return self
+
     def options(self) -> BaseModel:
+        """The active backend's options model."""
         return getattr(self, self.backend)
 
 
@@ -173,7 +203,7 @@ class Spec(BaseModel):
         for condition in conditions(self.design):
             try:
                 render_prompt(self.prompts, kind=self.design.kind, condition=condition, source_meta={})
-            except FileNotFoundError as exc:
+            except SetupError as exc:  # a missing template
                 raise ValueError(f"prompts: {exc}") from None
             except KeyError as exc:
                 raise ValueError(
@@ -250,9 +280,15 @@ def format_validation_error(path: Path | str, error: ValidationError) -> str:
     """One readable message: the file, then each field with expected and received values."""
     lines = [f"{path}: the spec is not valid ({error.error_count()} problem(s)); nothing was run"]
     for item in error.errors():
-        loc = ".".join(str(p) for p in item["loc"]) or "(top level)"
+        parts = [str(p) for p in item["loc"]]
+        if item["type"].startswith("nested_"):  # a plug-in's section, validated by its own model
+            parts.append(item["ctx"]["field"])
+            item = {**item, "input": item["ctx"].get("input")}
+        loc = ".".join(parts) or "(top level)"
         msg = item["msg"].removeprefix("Value error, ")
-        if item["type"] == "missing":
+        if item["type"] == "nested_extra_forbidden":
+            lines.append(f"  - field `{loc}`: {msg}; received {_describe(item['input'])}")
+        elif item["type"] == "missing":
             lines.append(f"  - field `{loc}`: required, but missing")
         elif item["type"] == "extra_forbidden":
             lines.append(

@@ -24,6 +24,7 @@ import numpy as np
 
 from counterfactory.assets import FACE_LANDMARKER
 from counterfactory.generation.masks import dilate
+from counterfactory.manifests.errors import SetupError
 
 #: MediaPipe FACEMESH_FACE_OVAL, in drawing order (36 points around the face).
 FACE_OVAL = (
@@ -186,7 +187,7 @@ class FaceLandmarker:
 
         path = Path(model_path)
         if not path.is_file():
-            raise FileNotFoundError(
+            raise SetupError(
                 f"face landmarker model not found at {path}; pass the path of a "
                 "face_landmarker.task bundle (the package ships one in assets/models/)"
             )

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from counterfactory.assets import ASSETS_DIR
+from counterfactory.manifests.errors import SetupError
 
 CALIBRATION_DIR = ASSETS_DIR / "calibration"
 CALIBRATION_FILE = CALIBRATION_DIR / "calibration.json"
@@ -28,9 +29,7 @@ RECALIBRATE = "counterfactory calibrate --out assets/calibration [--spec SPEC]"
 def _load(path: str) -> dict[str, Any]:
     p = Path(path)
     if not p.is_file():
-        raise FileNotFoundError(
-            f"calibration file {p} not found; the package ships one. Re-create it with: {RECALIBRATE}"
-        )
+        raise SetupError(f"calibration file {p} not found; the package ships one. Re-create it with: {RECALIBRATE}")
     return json.loads(p.read_text())
 
 

@@ -1,12 +1,14 @@
 """Editor backends, chosen by name from the spec.
 
-Each backend is one module that imports its heavy dependency inside, once. ``make_editor``
-raises for an unknown name and lists the valid ones.
+Each backend is one module that imports its heavy dependency inside, once, and ends with one
+registration line (``EDITORS.register(name, OptionsModel, EditorClass)``, see
+:mod:`counterfactory.manifests.registry`); the spec validates ``editor.<name>`` against that
+options model. ``make_editor`` raises :class:`SetupError` for an unknown name and lists the
+valid ones.
 """
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
 
 from counterfactory.generation.editors.base import (
@@ -17,35 +19,31 @@ from counterfactory.generation.editors.base import (
     EditResult,
     MemoryJournal,
 )
-
-#: backend name -> "module:Class"
-BACKENDS: dict[str, str] = {
-    "classical": "counterfactory.generation.editors.classical:ClassicalEditor",
-    "qwen": "counterfactory.generation.editors.qwen:QwenEditor",
-    "fal": "counterfactory.generation.editors.fal:FalEditor",
-}
+from counterfactory.manifests.errors import SetupError
+from counterfactory.manifests.registry import EDITORS
 
 
 def make_editor(name: str, options: Any) -> Editor:
-    """Build the backend called ``name`` with its options model (not yet prepared)."""
-    try:
-        target = BACKENDS[name]
-    except KeyError:
-        raise EditorSetupError(
-            f"unknown editor backend {name!r}; valid backends: {', '.join(sorted(BACKENDS))}"
-        ) from None
-    module_name, class_name = target.split(":")
-    cls = getattr(importlib.import_module(module_name), class_name)
-    return cls(options)
+    """Build the backend called ``name`` with its options model (not yet prepared).
 
+    Raises:
+        SetupError: no backend of that name is registered; the message lists the valid ones.
+    """
+    return EDITORS.get(name).factory(options)
+
+
+# the built-in backends register themselves (one line at the end of each module); their heavy
+# dependencies are imported inside, on prepare()
+from counterfactory.generation.editors import classical, fal, qwen  # noqa: E402, F401
 
 __all__ = [
-    "BACKENDS",
+    "EDITORS",
     "EditJournal",
     "EditRequest",
     "EditResult",
     "Editor",
     "EditorSetupError",
     "MemoryJournal",
+    "SetupError",
     "make_editor",
 ]

@@ -19,14 +19,14 @@ from typing import Any, Literal, Protocol, runtime_checkable
 
 import numpy as np
 
+from counterfactory.manifests.errors import SetupError
+
 EditStatus = Literal["ok", "refused", "failed"]
 
 
-class EditorSetupError(RuntimeError):
-    """A backend cannot run at all here (missing weights, dependency, key, device).
-
-    The message says what is wrong and how to fix it; raised before any edit is attempted.
-    """
+#: A backend cannot run at all here (missing weights, dependency, key, device): the project's
+#: one :class:`~counterfactory.manifests.errors.SetupError`, under the name backends raise.
+EditorSetupError = SetupError
 
 
 @dataclass(frozen=True)

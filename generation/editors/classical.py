@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from counterfactory.generation.editors.base import EditRequest, EditResult, SequentialEditor
 from counterfactory.generation.masks import feather
+from counterfactory.manifests.registry import EDITORS
 
 
 class ClassicalOptions(BaseModel):
@@ -109,3 +110,6 @@ class ClassicalEditor(SequentialEditor):
             image=out,
             metadata={"output_size": [int(out.shape[1]), int(out.shape[0])]},
         )
+
+
+EDITORS.register("classical", ClassicalOptions, ClassicalEditor)

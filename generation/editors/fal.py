@@ -59,6 +59,7 @@ from counterfactory.generation.editors.base import (
     EditResult,
     MemoryJournal,
 )
+from counterfactory.manifests.registry import EDITORS
 
 logger = logging.getLogger(__name__)
 
@@ -840,3 +841,6 @@ def _run_sync(coroutine: Any) -> Any:
         return asyncio.run(coroutine)
     with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
         return pool.submit(asyncio.run, coroutine).result()
+
+
+EDITORS.register("fal", FalOptions, FalEditor)

@@ -41,6 +41,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from counterfactory.generation.editors.base import EditJournal, EditorSetupError, EditRequest, EditResult
+from counterfactory.manifests.registry import EDITORS
 
 PipelineName = Literal["edit", "edit_plus", "inpaint"]
 
@@ -662,3 +663,6 @@ def _versions() -> dict[str, str]:
 
 
 __all__ = ["PIPELINE_CLASSES", "QwenEditor", "QwenOptions", "TARGET_AREA_PX", "clear_pipeline_cache"]
+
+
+EDITORS.register("qwen", QwenOptions, QwenEditor)

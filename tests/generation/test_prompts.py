@@ -8,6 +8,7 @@ import pytest
 
 from counterfactory.assets import PROMPTS_DIR
 from counterfactory.generation.prompts import PromptConfig, load_template, render_prompt
+from counterfactory.manifests.errors import SetupError
 
 
 def test_face_prompt_has_target_group_as_its_only_variable():
@@ -42,5 +43,5 @@ def test_limb_prompts_pick_the_cue_template_and_region():
 
 
 def test_unknown_template_lists_the_bundled_ones():
-    with pytest.raises(FileNotFoundError, match="face_only_v1"):
+    with pytest.raises(SetupError, match="face_only_v1"):
         load_template("nope_v9")

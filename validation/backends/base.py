@@ -18,6 +18,7 @@ from typing import Protocol, runtime_checkable
 import cv2
 import numpy as np
 
+from counterfactory.manifests.errors import SetupError
 from counterfactory.validation.faces import FaceObservation
 
 #: ArcFace's 112 x 112 five-point template (insightface ``face_align.arcface_dst``; OpenCV's
@@ -35,11 +36,9 @@ ARCFACE_TEMPLATE_112 = np.array(
 )
 
 
-class BackendUnavailable(RuntimeError):
-    """A backend cannot run here: a missing optional dependency or model file.
-
-    The message names the fix (the ``pip install`` line, or where the weights must be).
-    """
+#: A gate backend cannot run here (a missing optional dependency or model file; the message
+#: names the fix): the project's one :class:`~counterfactory.manifests.errors.SetupError`.
+BackendUnavailable = SetupError
 
 
 @dataclass(frozen=True)
