@@ -11,7 +11,6 @@ SPECS_DIR = ASSETS_DIR / "specs"
 PROMPTS_DIR = ASSETS_DIR / "prompts"
 
 FACE_LANDMARKER = MODELS_DIR / "face_landmarker.task"
-YUNET = MODELS_DIR / "face_detection_yunet_2023mar.onnx"
 SFACE = MODELS_DIR / "face_recognition_sface_2021dec.onnx"
 FACE_DETECTOR = MODELS_DIR / "face_detection_short_range.tflite"
 SELFIE_SEGMENTER = MODELS_DIR / "selfie_segmentation.tflite"

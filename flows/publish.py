@@ -52,11 +52,12 @@ from counterfactory.manifests.store import atomic_write, png_bytes
 from counterfactory.manifests.trials import build_trials, load_biographies
 from counterfactory.validation.attrition import attrition_table, plot_attrition, wilson_interval
 from counterfactory.validation.expression_audit import drift_rates, expression_label, modal_label
+from counterfactory.validation.gates.base import VERDICTS
 from counterfactory.validation.report import write_report
 from counterfactory.validation.review_stats import release_review_stats
 from counterfactory.validation.target_stats import label_consistency, plot_skin_tone, skin_tone_stats
 
-STATUSES = ("accepted", "needs_review", "rejected", "failed")
+STATUSES = VERDICTS
 
 
 class PublishError(RuntimeError):

@@ -34,7 +34,7 @@ import numpy as np
 from counterfactory.generation.align import AlignConfig, align_candidate
 from counterfactory.generation.editors import Editor, EditorSetupError, EditRequest, EditResult, make_editor
 from counterfactory.generation.editors.base import EditJournal
-from counterfactory.generation.masks import dilate, mask_from_record
+from counterfactory.generation.masks import apply_mask_options, mask_from_record
 from counterfactory.generation.prompts import RenderedPrompt, render_prompt
 from counterfactory.generation.sampling import Cell, Grid, expand_grid
 from counterfactory.generation.sources import FailedSource, Source, load_sources
@@ -43,6 +43,7 @@ from counterfactory.manifests.spec import Spec
 from counterfactory.manifests.store import ImageStore
 from counterfactory.validation.faces import face_mask, get_face_landmarker
 from counterfactory.validation.gates.attribute import AttributeGate, check_label_map
+from counterfactory.validation.gates.base import FILLING_VERDICTS
 from counterfactory.validation.judge import GateStack
 
 #: bump when the meaning of a judgement changes, so stored verdicts are recomputed
@@ -50,7 +51,7 @@ JUDGE_VERSION = 1
 #: attempt statuses that are final: never run again
 FINISHED_ATTEMPT = ("ok", "refused")
 #: verdicts that fill a cell (review is a person's job, not another seed's)
-FILLED = ("accepted", "needs_review")
+FILLED = FILLING_VERDICTS
 #: seconds to wait before each re-fetch of a paid remote request that did not come back
 #: (its editor already retried each HTTP call); after the last, the next run fetches it
 RESUME_WAITS_S = (1.0, 4.0, 16.0)
@@ -184,8 +185,7 @@ def _check_source(spec: Spec, source: Source, landmarker) -> tuple[str | None, P
         region = mask_from_record(source.record, spec.sources.photos, shape)
     except (OSError, ValueError) as exc:
         return f"source_bad_limb_mask: {exc}", None
-    if spec.masks.dilate_px:
-        region = dilate(region, spec.masks.dilate_px)
+    region = apply_mask_options(region, spec.masks)
     if not region.any():
         return f"source_empty_limb_mask: the limb mask of {source.record.id} is empty", None
     return None, PreparedSource(source, region, faces[0].size_px if faces else None, meta)

@@ -38,19 +38,17 @@ class MaskError(ValueError):
 
 
 class MaskOptions(BaseModel):
-    """How a limb mask is grown and softened before an edit uses it.
+    """How a limb mask is grown before an edit uses it (``masks`` in the spec).
 
     Attributes:
         dilate_px: grow the mask by this many pixels (elliptical kernel) so the edit covers
-            the limb's edge; the grown mask is the region that may change.
-        feather_px: width in pixels of the soft edge, measured *inward* from the (grown)
-            mask's boundary; 0 gives a hard edge.
+            the limb's edge; the grown mask is the region that may change. The composite's
+            soft edge is ``align.feather_px``.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     dilate_px: int = Field(0, ge=0)
-    feather_px: float = Field(0.0, ge=0.0)
 
 
 def _check_shape(shape: Sequence[int]) -> tuple[int, int]:
@@ -314,20 +312,18 @@ def feather(mask: np.ndarray, px: float) -> np.ndarray:
     return alpha.astype(np.float32)
 
 
-def apply_mask_options(mask: np.ndarray, options: MaskOptions) -> tuple[np.ndarray, np.ndarray]:
-    """The edit region and its blending alpha for ``options``.
+def apply_mask_options(mask: np.ndarray, options: MaskOptions) -> np.ndarray:
+    """The edit region for ``options``: the mask grown by ``dilate_px``.
 
     Args:
         mask: ``(H, W)``, nonzero inside (the annotated limb).
-        options: how much to grow and soften.
+        options: how much to grow it.
 
     Returns:
-        ``(region, alpha)``: ``region`` is the grown mask, ``(H, W)`` ``uint8`` {0, 255}, the
-        pixels the edit may change (and what the locality gate must hold fixed outside);
-        ``alpha`` is ``(H, W)`` ``float32`` in [0, 1], zero outside ``region``.
+        ``(H, W)`` ``uint8`` {0, 255}: the pixels the edit may change (and what the locality
+        gate must hold fixed outside).
     """
-    region = dilate(mask, options.dilate_px)
-    return region, feather(region, options.feather_px)
+    return dilate(mask, options.dilate_px)
 
 
 __all__ = [

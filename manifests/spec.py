@@ -22,6 +22,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 
 from counterfactory.generation.align import AlignConfig
+from counterfactory.generation.images import DEFAULT_MAX_PIXELS
 from counterfactory.generation.masks import MaskOptions
 from counterfactory.generation.prompts import PromptConfig, render_prompt
 from counterfactory.generation.sampling import DesignConfig, conditions
@@ -50,7 +51,7 @@ class SourcesConfig(BaseModel):
 
     photos: Path
     metadata: Path
-    max_pixels: int = Field(40_000_000, gt=0)
+    max_pixels: int = Field(DEFAULT_MAX_PIXELS, gt=0)
 
 
 class EditorConfig(BaseModel):

@@ -44,9 +44,9 @@ from counterfactory.validation.gates.expression import au_changes
 from counterfactory.validation.gates.face import pose_change_deg
 from counterfactory.validation.gates.identity import cosine_similarity
 from counterfactory.validation.gates.locality import locality_metrics
+from counterfactory.validation.thresholds import RECALIBRATE
 
 SCHEMA = "counterfactory.calibration/1"
-RECALIBRATE = "counterfactory calibrate --out assets/calibration [--spec SPEC]"
 
 #: Who is in each bundled photo and which photograph each face comes from, faces ordered
 #: left to right (``assets/photos/README.md``). Several files are one photograph re-framed or

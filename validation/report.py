@@ -14,6 +14,7 @@ from typing import Any
 
 from PIL import Image, ImageDraw, ImageFont
 
+from counterfactory.validation.gates.base import FILLING_VERDICTS, VERDICTS
 from counterfactory.validation.review_stats import review_html
 from counterfactory.validation.target_stats import target_html
 
@@ -98,15 +99,14 @@ def write_report(release_dir: Path, *, spec: Any, items: Sequence[dict[str, Any]
     for template_id, rows in sorted(by_template.items()):
         name = f"{template_id}.jpg"
         contact_sheet(release_dir, template_id, rows, list(spec.design.axes)).save(sheets_dir / name, quality=88)
-        filled = sum(r["status"] in ("accepted", "needs_review") for r in rows)
+        filled = sum(r["status"] in FILLING_VERDICTS for r in rows)
         sheet_html.append(
             f"<section><h3>{html.escape(template_id)} <small>{filled}/{len(rows)} cells filled</small></h3>"
             f'<img src="contact_sheets/{html.escape(name)}" alt="contact sheet {html.escape(template_id)}"></section>'
         )
     counts = stats["items"]
     count_cells = "".join(
-        f'<td style="color:rgb{VERDICT_COLOURS.get(k, (0, 0, 0))}">{counts.get(k, 0)}</td>'
-        for k in ("accepted", "needs_review", "rejected", "failed")
+        f'<td style="color:rgb{VERDICT_COLOURS.get(k, (0, 0, 0))}">{counts.get(k, 0)}</td>' for k in VERDICTS
     )
     failed_rows = (
         "".join(

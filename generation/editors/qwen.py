@@ -134,15 +134,6 @@ _PIPELINES: dict[tuple, _Loaded] = {}
 _PIPELINES_LOCK = threading.Lock()
 
 
-def clear_pipeline_cache() -> None:
-    """Drop every pipeline this process loaded (and free GPU memory where there is one)."""
-    with _PIPELINES_LOCK:
-        _PIPELINES.clear()
-    torch = _optional_import("torch")
-    if torch is not None and torch.cuda.is_available():
-        torch.cuda.empty_cache()
-
-
 class QwenEditor:
     """The ``qwen`` backend: Qwen-Image-Edit through diffusers.
 
@@ -662,7 +653,7 @@ def _versions() -> dict[str, str]:
     return out
 
 
-__all__ = ["PIPELINE_CLASSES", "QwenEditor", "QwenOptions", "TARGET_AREA_PX", "clear_pipeline_cache"]
+__all__ = ["PIPELINE_CLASSES", "QwenEditor", "QwenOptions", "TARGET_AREA_PX"]
 
 
 EDITORS.register("qwen", QwenOptions, QwenEditor)

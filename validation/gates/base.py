@@ -19,6 +19,10 @@ import numpy as np
 from counterfactory.validation.faces import FaceObservation, nearest_face
 
 Verdict = Literal["accepted", "rejected", "needs_review", "failed"]
+#: every verdict, in report order
+VERDICTS: tuple[Verdict, ...] = ("accepted", "needs_review", "rejected", "failed")
+#: verdicts that fill a cell (review is a person's job, not another seed's)
+FILLING_VERDICTS: tuple[Verdict, ...] = ("accepted", "needs_review")
 Metric = float | int | str | bool | None
 
 
