@@ -30,7 +30,7 @@ def test_a_backend_written_in_one_module_runs_the_demo_spec(tmp_path, specs_dir)
     import tests.flows.plugin_editor  # noqa: F401 - importing it is what registers it
 
     spec = load_spec(_demo_with(tmp_path, specs_dir, {"backend": "warm", "warm": {"shift": 20}, "max_attempts": 1}))
-    assert spec.editor.options().shift == 20 and spec.as_written()["editor"]["warm"] == {"shift": 20}
+    assert spec.editor.options().shift == 20 and spec.canonical()["editor"]["warm"] == {"shift": 20}
     ws = steps.open_workspace(spec, tmp_path / "out")
     editor = steps.build_editor(spec)
     stack = steps.build_gate_stack(spec)
@@ -39,7 +39,9 @@ def test_a_backend_written_in_one_module_runs_the_demo_spec(tmp_path, specs_dir)
     outcomes = [
         steps.process_template(spec, ws, p, grid.cells_of(p.id), editor, stack) for p in prepared if grid.cells_of(p.id)
     ]
-    sealed = publish_release(spec, ws, prepared, failed, outcomes, grid, editor_calls=editor.calls)
+    sealed = publish_release(
+        spec, ws, prepared, failed, outcomes, grid, editor_calls=editor.calls, allow_incomplete=True
+    )
     assert editor.calls == len(grid.cells) == 18
     items = [json.loads(line) for line in (sealed.path / "items.jsonl").read_text().splitlines()]
     assert len(items) == 18
