@@ -150,6 +150,12 @@ def test_measure_text_output_and_bad_file(pair, tmp_path):
     broken.write_text("not an image")
     bad = _run(["measure", str(source), str(broken)])
     assert bad.returncode == 2 and "broken.jpg" in bad.stderr and "Traceback" not in bad.stderr
+    # a side of 33000 px used to abort the whole process inside OpenCV/MediaPipe (rc 134)
+    from tests.generation import badinputs
+
+    long = badinputs.write_long_png(tmp_path)
+    refused = _run(["measure", str(long), str(long)])
+    assert refused.returncode == 2 and "33000x900" in refused.stderr and "Traceback" not in refused.stderr
 
 
 def test_measure_limb_pair_with_mask(tmp_path):
