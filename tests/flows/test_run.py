@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import shutil
 import signal
 import sqlite3
@@ -412,36 +411,3 @@ def test_sigterm_stops_within_seconds_and_leaves_no_server(tmp_path):
     finally:
         if _group_members(proc.pid):
             os.killpg(proc.pid, signal.SIGKILL)
-
-
-def test_crash_loop_ten_sigkills_then_the_release_of_an_uninterrupted_run(demo_run, tmp_path):
-    reference, _ = demo_run
-    out = tmp_path / "out"
-    rng = random.Random(8)  # seeded kill points
-    kills = 0
-    # one template at a time, so that a kill interrupts at most one edit
-    args = CLI + ["run", "assets/specs/demo-face.yaml", "--out", str(out), "--no-progress", "--workers", "1", *PUBLISH]
-    for _ in range(10):
-        proc = subprocess.Popen(
-            args, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
-        )
-        try:
-            proc.wait(timeout=rng.uniform(2.0, 20.0))
-        except subprocess.TimeoutExpired:
-            proc.kill()  # SIGKILL to the CLI alone, not its process group
-            proc.wait(timeout=30)
-            kills += 1
-        time.sleep(0.3)
-        leftover = _group_members(proc.pid)
-        if leftover:
-            os.killpg(proc.pid, signal.SIGKILL)
-        assert leftover == [], leftover  # no Prefect server (or anything else) outlives the run
-    final = _run(["run", "assets/specs/demo-face.yaml", "--out", str(out), "--no-progress", *PUBLISH])
-    assert final.returncode == 0, final.stderr[-3000:]
-    release = _release(out)
-    assert verify_release(release) == []
-    assert (release / "manifest.jsonl").read_bytes() == (_release(reference) / "manifest.jsonl").read_bytes()
-    with _ledger(out) as db:
-        calls, attempts = db.execute("select sum(calls), count(*) from attempts").fetchone()
-    # each kill can cost at most the one edit it interrupted
-    assert calls - attempts <= kills
