@@ -280,3 +280,25 @@ def test_sigkill_during_an_80_cell_template_loses_only_the_edit_in_flight(specs_
     calls = int(resumed.stdout.split()[-1])
     assert calls <= 80 - before + 1  # the finished edits are never bought again; one was in flight
     assert finished() == 80
+
+
+def test_a_key_rejected_mid_run_stops_the_template_with_one_error(spec, prepared, stack, tmp_path, monkeypatch):
+    from counterfactory.generation.editors import EditorSetupError
+    from tests.generation.fal_server import FalServer
+
+    source = prepared["grace_hopper"]
+    cells = steps.plan_grid(spec, [source]).cells_of(source.id)
+    with FalServer(latency_s=0.05, model="copy") as server, server.patch_environment():
+        # the key authenticates (prepare passes) but the account may not submit (HTTP 403)
+        monkeypatch.setenv("FAL_KEY", server.locked_keys[0])
+        editor = FalEditor(FalEditor().options.model_copy(update={"backoff_s": 0.01, "poll_interval_s": 0.01}))
+        editor.prepare()
+        ws = steps.open_workspace(spec, tmp_path)
+        with pytest.raises(EditorSetupError, match="HTTP 403"):
+            steps.process_template(spec, ws, source, cells, editor, stack)
+        # reproduction: every item used to end as a `failed` row and the next seed was tried
+        attempts = ws.ledger.attempts()
+        assert attempts and {a.attempt_no for a in attempts} == {1}
+        assert "failed" not in {a.status for a in attempts}
+        assert sum(server.paid_submits.values()) == 0
+        ws.ledger.close()
