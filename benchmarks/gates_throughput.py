@@ -4,7 +4,7 @@ Runs ``GateStack.evaluate`` over a folder of pairs and reports, in one run:
 
 1. overhead: per pair, the models the stack calls (landmarker on both images, the face
    detector, the identity embedder and the AU model on both, the selfie segmenter of the
-   skin gate on the source) are timed alone, interleaved
+   skin gate and of the locality gate's body-skin measure on the source) are timed alone, interleaved
    with the full stack on the same pair; the ratio is total stack time / total model time
    (target: <= 1.3);
 2. throughput of one worker process (pairs/s, images/s), stack only;
@@ -144,6 +144,8 @@ def _models_alone(source: np.ndarray, candidate: np.ndarray) -> None:
     cand_faces = _stack.landmarker.detect(candidate)
     src_face = src_faces[0] if src_faces else None
     cand_face = nearest_face(src_face, cand_faces) if src_face is not None else None
+    if src_face is not None and _stack.wants_person_mask():
+        _stack.segmenter.person_mask(source)
     for gate in _stack.gates:
         if isinstance(gate, FaceGate):
             gate.detector.detect(candidate)

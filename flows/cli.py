@@ -236,8 +236,25 @@ def measure(
     "--out", "out", required=True, type=click.Path(path_type=Path), help="Folder for calibration.json and plots."
 )
 @click.option("--spec", "spec_path", type=click.Path(path_type=Path), help="Also measure this spec's sources.")
-def calibrate(out: Path, spec_path: Path | None) -> None:
-    """Measure the no-op ceiling and different-person floor; suggest thresholds."""
+@click.option(
+    "--failures",
+    type=click.IntRange(min=0),
+    default=0,
+    show_default=True,
+    help="Failure-corpus variants per class and photo (odd ones held out); 0: no-op rules only.",
+)
+@click.option("--seed", type=int, default=0, show_default=True, help="Failure-corpus seed.")
+@click.option(
+    "--target",
+    type=click.FloatRange(0.5, 1.0, max_open=True),
+    default=0.95,
+    show_default=True,
+    help="Good-edit acceptance the corpus thresholds keep on the training split.",
+)
+def calibrate(out: Path, spec_path: Path | None, failures: int, seed: int, target: float) -> None:
+    """Measure the no-op ceiling and different-person floor; with --failures, build the
+    failure-mode corpus, set the face-edit thresholds from it and report the held-out
+    good-edit acceptance and per-class catch rates."""
     from counterfactory.validation.calibrate import bundled_photo_paths, run_calibration
 
     paths = bundled_photo_paths()
@@ -250,8 +267,19 @@ def calibrate(out: Path, spec_path: Path | None) -> None:
         except SpecError as exc:
             _fail(str(exc))
         paths += [spec.sources.photos / r.path for r in load_metadata(spec.sources.metadata)]
-    result = run_calibration(sorted(set(paths)), out)
+    result = run_calibration(sorted(set(paths)), out, failures=failures, seed=seed, target=target)
     click.echo(json.dumps(result.get("suggested", result), indent=2, sort_keys=True, default=str))
+    corpus = result.get("failures")
+    if corpus is not None:
+        click.echo("held-out split of the failure corpus (good: accepted; failures: rejected or sent to review):")
+        for label, rates in corpus["heldout"].items():
+            rate = rates.get("acceptance", rates.get("caught"))
+            kind = "accepted" if "acceptance" in rates else "caught"
+            click.echo(f"  {label:16s} n={rates['n']:3d}  {kind} {rate:6.1%}")
+        click.echo(
+            f"good-edit acceptance {corpus['good_acceptance_heldout']:.1%}; "
+            f"lowest failure-class catch rate {corpus['min_caught_heldout']:.1%}"
+        )
     click.echo(f"written: {out / 'calibration.json'}")
 
 

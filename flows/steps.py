@@ -617,7 +617,15 @@ def judge_output(
                 }
         return Judged("rejected", reasons, None, record, gates)
     sha = store.put(alignment.image) if store is not None else None
-    judgement = stack.evaluate(source, alignment.image, edit_mask=edit_mask, extras=extras, covered=alignment.covered)
+    judgement = stack.evaluate(
+        source,
+        alignment.image,
+        edit_mask=edit_mask,
+        extras=extras,
+        covered=alignment.covered,
+        raw_candidate=alignment.raw,
+        unregistered=output,
+    )
     return Judged(judgement.verdict, list(judgement.reasons), sha, record, judgement.to_dict()["gates"])
 
 

@@ -97,6 +97,9 @@ class Alignment:
             after warping.
         composited: whether pixels outside the edit region were copied from the source.
         reason: a stable code (``align_...``) and a detail when not ok.
+        raw: ``(H, W, 3)`` uint8 the registered candidate *before* compositing, when
+            ``composited`` (the gates report what the editor did outside the mask, which the
+            composite hides); None otherwise (``image`` is then the registered candidate).
     """
 
     ok: bool
@@ -112,6 +115,7 @@ class Alignment:
     raw_transform: np.ndarray = field(default_factory=lambda: np.eye(2, 3))
     covered: np.ndarray | None = None
     covered_share: float | None = None
+    raw: np.ndarray | None = None
 
     def record(self) -> dict:
         """JSON-ready summary for the ledger and the manifest."""
@@ -568,8 +572,12 @@ def align_candidate(
             reason="align_no_mask: compositing needs the cell's edit mask",
             **common,
         )
+    raw = None
     if do_composite:
         grow = int(round(config.face_composite_grow_frac * (face_size_px or 0.0))) if kind == "face" else 0
         alpha = composite_alpha(mask, feather_px=config.feather_px, grow_px=grow)
+        raw = warped
         warped = composite(source, warped, alpha)
-    return Alignment(ok=True, image=warped, photometric_residual=photometric, composited=do_composite, **common)
+    return Alignment(
+        ok=True, image=warped, photometric_residual=photometric, composited=do_composite, raw=raw, **common
+    )

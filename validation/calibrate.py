@@ -19,6 +19,7 @@ bundled photos.
 
 from __future__ import annotations
 
+import copy
 import datetime as _dt
 import itertools
 import json
@@ -200,14 +201,14 @@ def _mirror_pose(pose: tuple[float, float, float]) -> tuple[float, float, float]
     return -yaw, pitch, -roll
 
 
-def _progress(items: list, enabled: bool, desc: str) -> Iterable:
+def _progress(items: Iterable, enabled: bool, desc: str, unit: str = "img") -> Iterable:
     if not enabled:
         return items
     try:
         from tqdm import tqdm
     except ImportError:
         return items
-    return tqdm(items, desc=desc, unit="img")
+    return tqdm(items, desc=desc, unit=unit)
 
 
 def measure(
@@ -382,7 +383,7 @@ RULES: dict[str, str] = {
     "face.min_detection_score": "lowest detection score of any source face or aligned no-op copy, rounded down to 0.05 (below it: review)",
     "face.max_pose_change_deg": "midpoint of no-op ceiling and different-photo median of pose change, 2 significant digits up",
     "identity.face.min_cosine": "floor: highest cosine between two different people, rounded up to 0.01",
-    "identity.face.max_cosine": "no-op ceiling: lowest cosine of any no-op copy (re-encode, resize, shift, rotate-zoom, mirror), rounded down to 0.01",
+    "identity.face.max_cosine": "no-op ceiling: lowest cosine of any no-op copy (re-encode, resize, shift, rotate-zoom; not the mirror), rounded down to 0.01; with the failure corpus: none (copies are caught by locality.min_diff_face, and recoloured faces score as copies)",
     "identity.limb.min_cosine": "no-op ceiling (as identity.face.max_cosine): a limb edit must leave the face as a no-op does",
     "expression.max_au_change": "midpoint of no-op ceiling and different-photo median of the largest AU change, 2 significant digits up",
     "expression.max_mean_au_change": "midpoint of no-op ceiling and different-photo median of the mean AU change, 2 significant digits up",
@@ -430,7 +431,14 @@ def suggest_thresholds(
         return math.sqrt(values("noop", metric).max() * float(np.median(values("different_photo", metric))))
 
     detection = np.concatenate([values("source", "face.detection_score"), values("noop", "face.detection_score")])
-    ceiling = _step_down(float(values("noop", "identity.cosine").min()), 0.01)
+    noop_cos = distributions.get("noop", {}).get("identity.cosine", {})
+    cosines = values("noop", "identity.cosine")
+    labels = noop_cos.get("labels") or []
+    if len(labels) == cosines.size:
+        # a mirror image is another picture of the head, not a copy: it is not a no-op for a ceiling
+        kept = cosines[[not str(label).endswith(":mirror") for label in labels]]
+        cosines = kept if kept.size else cosines
+    ceiling = _step_down(float(cosines.min()), 0.01)
     face_gate = {
         "backend": backends["face"],
         "min_detection_score": _step_down(float(detection.min()), 0.05),
@@ -493,7 +501,7 @@ def plot_calibration(result: dict[str, Any], path_png: str | Path) -> Path:
             ],
             [
                 (face_kind["identity"]["min_cosine"], "face min (floor)", "C3"),
-                (face_kind["identity"]["max_cosine"], "face max / limb min (ceiling)", "C2"),
+                (limb_kind["identity"]["min_cosine"], "limb min (no-op ceiling)", "C2"),
                 (PUBLISHED["opencv_sface_same_person_cosine"], "OpenCV same-person 0.363", "0.5"),
             ],
             False,
@@ -587,10 +595,14 @@ def run_calibration(
     progress: bool = True,
     face_mask_mode: MaskMode = "oval",
     backends: dict[str, str] | None = None,
+    failures: int = 0,
+    seed: int = 0,
+    target: float = 0.95,
 ) -> dict[str, Any]:
     """Measure the no-op ceiling and different-person floor on ``image_paths`` and write
     ``out_dir/calibration.json`` (distributions, suggested thresholds, the rules behind them)
-    and ``out_dir/calibration.png``.
+    and ``out_dir/calibration.png``; with ``failures`` also build the failure corpus, set the
+    face-edit thresholds by :data:`CORPUS_RULE`, and write ``out_dir/failures.png``.
 
     Args:
         image_paths: photos to calibrate on: the bundled ones (:func:`bundled_photo_paths`)
@@ -602,6 +614,10 @@ def run_calibration(
         face_mask_mode: ``oval`` or ``skin``, the face mask the locality numbers use.
         backends: ``{"face": ..., "identity": ..., "expression": ...}``; the offline
             defaults (``mediapipe``, ``sface``, ``mediapipe``) when None.
+        failures: variants per class and photo of the failure corpus
+            (:mod:`counterfactory.validation.failures`); 0: no corpus (no-op rules only).
+        seed: the corpus seed.
+        target: good-edit acceptance the corpus thresholds aim at on the training split.
 
     Returns:
         The dict written to ``calibration.json``.
@@ -626,6 +642,23 @@ def run_calibration(
         for metric, sampled in metrics.items():
             samples = _Samples(list(sampled["values"]), list(sampled["labels"]))
             measured["distributions"].setdefault(group, {})[metric] = samples.to_dict()
+    rules = dict(RULES)
+    corpus = None
+    if failures > 0:
+        corpus = run_failure_corpus(
+            paths,
+            suggested["face"],
+            per_class=failures,
+            seed=seed,
+            target=target,
+            face_mask_mode=face_mask_mode,
+            progress=progress,
+        )
+        suggested["face"] = corpus["face_gates"]
+        for gate, name, metric, bound in CORPUS_THRESHOLDS:
+            rules[f"{gate}.face.{name}"] = f"failure corpus: {bound} bound on {metric}, " + CORPUS_RULE.split(";")[0]
+        rules["identity.face.min_cosine"] += "; " + CORPUS_RULE.split("; ")[-1]
+        rules["identity.face.max_cosine"] = "none: copies are caught by locality.min_diff_face (review)"
     result: dict[str, Any] = {
         "schema": SCHEMA,
         "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
@@ -637,10 +670,12 @@ def run_calibration(
             for name, (_, aligned) in NOOPS.items()
         },
         "suggested": suggested,
-        "rules": {**RULES, **SKIN_RULES},
+        "rules": {**rules, **SKIN_RULES},
         "published": PUBLISHED,
         **measured,
     }
+    if corpus is not None:
+        result["failures"] = corpus
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     tmp = out / f".calibration.json.{os.getpid()}.tmp"
@@ -649,4 +684,279 @@ def run_calibration(
     tmp_png = out / f".calibration.{os.getpid()}.tmp.png"
     plot_calibration(result, tmp_png)
     os.replace(tmp_png, out / "calibration.png")
+    if corpus is not None:
+        tmp_png = out / f".failures.{os.getpid()}.tmp.png"
+        plot_failures(corpus, tmp_png)
+        os.replace(tmp_png, out / "failures.png")
     return result
+
+
+# ---------------------------------------------------------------------------------------
+# the failure-mode corpus: thresholds that separate good edits from what editors get wrong
+
+#: Thresholds the failure corpus sets: ``(gate, threshold, metric, bound)``; ``bound`` is
+#: ``max`` (reject above) or ``min`` (reject below).
+CORPUS_THRESHOLDS: tuple[tuple[str, str, str, str], ...] = (
+    ("face", "max_pose_change_deg", "face.pose_change_deg", "max"),
+    ("face", "max_position_change", "face.position_change", "max"),
+    ("face", "max_scale_change", "face.scale_change", "max"),
+    ("identity", "min_cosine", "identity.cosine", "min"),
+    ("expression", "max_au_change", "expression.au_change_max", "max"),
+    ("expression", "max_mean_au_change", "expression.au_change_mean", "max"),
+    ("expression", "max_mouth_corner_change_iod", "expression.mouth_corner_change_iod", "max"),
+    ("expression", "max_brow_change_iod", "expression.brow_change_iod", "max"),
+    ("expression", "max_mouth_open_change_iod", "expression.mouth_open_change_iod", "max"),
+    ("locality", "max_diff_nonface", "locality.diff_nonface", "max"),
+    ("locality", "min_ratio", "locality.ratio", "min"),
+    ("locality", "max_changed_share", "locality.changed_share", "max"),
+    ("locality", "max_global_shift", "locality.global_shift", "max"),
+    ("locality", "max_global_gain_change", "locality.global_gain_change", "max"),
+    ("locality", "max_body_skin_delta_e", "locality.body_skin_delta_e", "max"),
+)
+
+#: Safety factor between the good edits' extreme and the threshold: the training split's
+#: good edits are a sample, and the held-out ones reach past its extreme.
+CORPUS_MARGIN = 1.5
+#: The resolution of a metric, below which a threshold means nothing: a median difference
+#: moves in whole grey levels.
+METRIC_RESOLUTION = {"locality.global_shift": 1.0 / 255.0}
+
+#: The rule, in words, written into ``calibration.json`` and the README.
+CORPUS_RULE = (
+    "each corpus threshold starts from the good-edit quantile of its metric on the training split that leaves "
+    "(1 - target) / m of the good edits outside it (m = the number of corpus thresholds, so that together they "
+    f"keep good-edit acceptance >= target), widened by a factor {CORPUS_MARGIN} (upper bounds multiplied, lower "
+    "bounds divided) and never finer than the metric's resolution (one grey level for global_shift), rounded "
+    "outward to 2 significant digits; identity.min_cosine is the lower of that and OpenCV's documented SFace "
+    "same-person operating point (0.363): an edit SFace still calls the same person is never rejected as another head"
+)
+
+#: Metrics kept per corpus case in ``calibration.json`` (besides verdict and reasons).
+CORPUS_METRICS = tuple(m for _, _, m, _ in CORPUS_THRESHOLDS) + (
+    "locality.diff_face",
+    "locality.focus_diff_face",
+    "locality.focus_diff_nonface",
+    "locality.focus_ratio",
+)
+
+
+def measure_case(case, stack) -> dict[str, Any]:
+    """Align one corpus case as the factory does and judge it with ``stack``.
+
+    Returns ``{case, photo, label, split, verdict, reasons, metrics}`` (metrics: the
+    :data:`CORPUS_METRICS` that could be measured).
+    """
+    from counterfactory.generation.align import align_candidate
+
+    record: dict[str, Any] = {"case": case.case_id, "photo": case.photo, "label": case.label, "split": case.split}
+    alignment = align_candidate(
+        case.source, case.output, mask=case.face_mask, kind="face", face_size_px=case.face_size_px
+    )
+    if not alignment.ok:
+        record.update(verdict="rejected", reasons=[alignment.reason.split(":")[0]], metrics={})
+        return record
+    judgement = stack.evaluate(case.source, alignment.image, unregistered=case.output)
+    metrics = judgement.metrics
+    record.update(
+        verdict=judgement.verdict,
+        reasons=list(judgement.reasons),
+        metrics={
+            k: round(float(metrics[k]), 6)
+            for k in CORPUS_METRICS
+            if isinstance(metrics.get(k), (int, float)) and not isinstance(metrics.get(k), bool)
+        },
+    )
+    return record
+
+
+def _sig_down(x: float, digits: int = 2) -> float:
+    if x <= 0:
+        return 0.0
+    step = 10 ** (math.floor(math.log10(x)) - digits + 1)
+    return round(math.floor(x / step + 1e-9) * step, 10)
+
+
+def corpus_thresholds(train: list[dict[str, Any]], *, target: float) -> dict[str, dict[str, float]]:
+    """``{gate: {threshold: value}}`` from the training split's good edits, by :data:`CORPUS_RULE`."""
+    good = [r for r in train if r["label"] == "good"]
+    if not good:
+        raise ValueError("the failure corpus has no good edits in its training split: give photos with faces")
+    share = (1.0 - target) / len(CORPUS_THRESHOLDS)
+    out: dict[str, dict[str, float]] = {}
+    for gate, name, metric, bound in CORPUS_THRESHOLDS:
+        v = np.asarray([r["metrics"][metric] for r in good if metric in r["metrics"]], dtype=np.float64)
+        if v.size == 0:
+            raise ValueError(f"no good edit measured {metric}; the corpus is too small")
+        if bound == "max":
+            q = float(np.quantile(v, 1.0 - share)) * CORPUS_MARGIN
+            value = _sig_up(max(q, METRIC_RESOLUTION.get(metric, 0.0)))
+        else:
+            value = _sig_down(float(np.quantile(v, share)) / CORPUS_MARGIN)
+            if name == "min_cosine":
+                value = min(value, OPENCV_SAME_PERSON_COSINE)
+        out.setdefault(gate, {})[name] = value
+    return out
+
+
+def _measuring_config(base: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Face-kind gate settings that measure every corpus metric (body skin needs its threshold set)."""
+    cfg = copy.deepcopy(base)
+    cfg.setdefault("locality", {})["max_body_skin_delta_e"] = 1e9
+    return cfg
+
+
+def _stack(face_gates: dict[str, dict[str, Any]], face_mask_mode: MaskMode):
+    from counterfactory.validation.judge import GatesConfig, GateStack
+
+    config = GatesConfig(face_mask=face_mask_mode, face={**copy.deepcopy(face_gates), "kind": "face"})
+    return GateStack.from_config(config, "face")
+
+
+def _rates(records: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per class: n, accepted / review / rejected counts, and the rate that matters (good:
+    accepted; failures: caught = rejected or needs_review)."""
+    from counterfactory.validation.failures import CLASSES, GOOD
+
+    out: dict[str, dict[str, Any]] = {}
+    for label in CLASSES:
+        rs = [r for r in records if r["label"] == label]
+        if not rs:
+            continue
+        counts = {v: sum(r["verdict"] == v for r in rs) for v in ("accepted", "needs_review", "rejected", "failed")}
+        if label == GOOD:
+            rate = counts["accepted"] / len(rs)
+        else:
+            rate = (counts["rejected"] + counts["needs_review"]) / len(rs)
+        reasons: dict[str, int] = {}
+        for r in rs:
+            for code in r["reasons"]:
+                reasons[code] = reasons.get(code, 0) + 1
+        out[label] = {
+            "n": len(rs),
+            **counts,
+            ("acceptance" if label == GOOD else "caught"): round(rate, 4),
+            "reasons": dict(sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0]))),
+        }
+    return out
+
+
+def run_failure_corpus(
+    image_paths: list[Path],
+    base_face_gates: dict[str, dict[str, Any]],
+    *,
+    per_class: int = 4,
+    seed: int = 0,
+    target: float = 0.95,
+    max_side: int = 512,
+    face_mask_mode: MaskMode = "oval",
+    progress: bool = True,
+    classes: tuple[str, ...] | None = None,
+) -> dict[str, Any]:
+    """Build the failure corpus, pick the corpus thresholds on its training split, and judge
+    its held-out split with them.
+
+    Args:
+        image_paths: source photos (:func:`~counterfactory.validation.failures.build_corpus`).
+        base_face_gates: face-kind gate settings the corpus does not set (backends, detection
+            score, ``min_diff_face``), as in ``suggested["face"]``.
+        per_class, seed, max_side: corpus size, seed and source size cap.
+        target: good-edit acceptance the thresholds aim at on the training split, in (0, 1).
+        classes: a subset of the corpus classes (all by default; ``good`` must be among them).
+
+    Returns: ``{"config", "rule", "thresholds", "heldout": per-class rates,
+    "good_acceptance_heldout", "min_caught_heldout", "cases": [records]}``; held-out verdicts
+    come from the gate stack built with the chosen thresholds, exactly as a run judges.
+    """
+    from counterfactory.validation.failures import CLASSES, GOOD, build_corpus
+
+    if not 0.0 < target < 1.0:
+        raise ValueError(f"target acceptance must be in (0, 1), got {target}")
+    measuring = _stack(_measuring_config(base_face_gates), face_mask_mode)
+    train = [
+        measure_case(c, measuring)
+        # streamed: a case's images are dropped as soon as it is measured
+        for c in _progress(
+            build_corpus(
+                image_paths, per_class=per_class, seed=seed, max_side=max_side, splits=("train",), classes=classes
+            ),
+            progress,
+            "corpus train",
+            unit="case",
+        )
+    ]
+    chosen = corpus_thresholds(train, target=target)
+    face_gates = copy.deepcopy(base_face_gates)
+    for gate, values in chosen.items():
+        face_gates.setdefault(gate, {}).update(values)
+    # copies are caught by locality.min_diff_face (review); a cosine ceiling would also send
+    # strongly recoloured faces to review, which SFace scores as copies by design
+    face_gates["identity"]["max_cosine"] = None
+    judging = _stack(face_gates, face_mask_mode)
+    heldout = [
+        measure_case(c, judging)
+        # streamed: a case's images are dropped as soon as it is measured
+        for c in _progress(
+            build_corpus(
+                image_paths, per_class=per_class, seed=seed, max_side=max_side, splits=("heldout",), classes=classes
+            ),
+            progress,
+            "corpus held-out",
+            unit="case",
+        )
+    ]
+    rates = _rates(heldout)
+    caught = [v["caught"] for k, v in rates.items() if k != GOOD]
+    return {
+        "config": {"per_class": per_class, "seed": seed, "target": target, "max_side": max_side},
+        "classes": CLASSES,
+        "rule": CORPUS_RULE,
+        "thresholds": chosen,
+        "face_gates": face_gates,
+        "heldout": rates,
+        "good_acceptance_heldout": rates.get(GOOD, {}).get("acceptance"),
+        "min_caught_heldout": min(caught) if caught else None,
+        "cases": train + heldout,
+    }
+
+
+def plot_failures(corpus: dict[str, Any], path_png: str | Path) -> Path:
+    """One panel per corpus metric: every case's value by class (training dots grey, held-out
+    coloured by verdict), the chosen threshold as a red line."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = list(corpus["classes"])
+    cases = corpus["cases"]
+    panels = CORPUS_THRESHOLDS
+    cols = 4
+    rows = math.ceil(len(panels) / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(5 * cols, 3.6 * rows))
+    colours = {"accepted": "C2", "needs_review": "C1", "rejected": "C3", "failed": "k"}
+    for ax, (gate, name, metric, bound) in zip(axes.ravel(), panels):
+        for i, label in enumerate(labels):
+            for r in cases:
+                if r["label"] != label or metric not in r["metrics"]:
+                    continue
+                jitter = (hash(r["case"]) % 1000) / 1000 * 0.5 - 0.25
+                colour = "0.6" if r["split"] == "train" else colours.get(r["verdict"], "k")
+                ax.plot(i + jitter, r["metrics"][metric], ".", color=colour, ms=4)
+        ax.axhline(corpus["thresholds"][gate][name], color="C3", lw=1)
+        ax.set_xticks(range(len(labels)))
+        ax.set_xticklabels(labels, rotation=60, ha="right", fontsize=7)
+        ax.set_title(f"{metric} ({bound} {corpus['thresholds'][gate][name]:g})", fontsize=9)
+        if metric in ("locality.changed_share", "locality.diff_nonface", "locality.global_shift"):
+            ax.set_yscale("symlog", linthresh=1e-3)
+    for ax in axes.ravel()[len(panels) :]:
+        ax.set_visible(False)
+    fig.suptitle(
+        f"failure corpus: grey = training split, held-out coloured by verdict "
+        f"(green accepted, orange review, red rejected); held-out good acceptance "
+        f"{corpus['good_acceptance_heldout']:.0%}, lowest failure catch {corpus['min_caught_heldout']:.0%}"
+    )
+    fig.tight_layout()
+    path = Path(path_png)
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path

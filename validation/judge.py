@@ -30,6 +30,7 @@ from counterfactory.validation.gates.identity import IdentityGate, IdentityGateC
 from counterfactory.validation.gates.inputs import input_gate
 from counterfactory.validation.gates.locality import LocalityGate, LocalityGateConfig
 from counterfactory.validation.gates.skin import SkinGate, SkinGateConfig
+from counterfactory.validation.segment import PersonSegmenter, get_person_segmenter
 from counterfactory.validation.thresholds import RECALIBRATE, calibrated_gates
 
 Kind = Literal["face", "limb"]
@@ -156,11 +157,25 @@ class GateStack:
         kind: Kind,
         face_mask_mode: MaskMode = "oval",
         landmarker: FaceLandmarker | None = None,
+        segmenter: PersonSegmenter | None = None,
     ) -> None:
         self.gates = gates
         self.kind = kind
         self.face_mask_mode = face_mask_mode
         self.landmarker = landmarker or get_face_landmarker()
+        self._segmenter = segmenter
+
+    @property
+    def segmenter(self) -> PersonSegmenter:
+        """The person segmenter (loaded on first use: only face edits measure body skin)."""
+        if self._segmenter is None:
+            self._segmenter = get_person_segmenter()
+        return self._segmenter
+
+    def wants_person_mask(self) -> bool:
+        """Whether :meth:`context` segments the source's person (the locality gate judges body skin)."""
+        config = getattr(next((g for g in self.gates if g.name == "locality"), None), "config", None)
+        return getattr(config, "max_body_skin_delta_e", None) is not None
 
     @classmethod
     def from_config(cls, config: GatesConfig, kind: Kind) -> GateStack:
@@ -188,7 +203,13 @@ class GateStack:
     def without(self, *names: str) -> GateStack:
         """The same stack minus the gates called ``names`` (models stay shared)."""
         kept = [g for g in self.gates if g.name not in names]
-        return GateStack(kept, kind=self.kind, face_mask_mode=self.face_mask_mode, landmarker=self.landmarker)
+        return GateStack(
+            kept,
+            kind=self.kind,
+            face_mask_mode=self.face_mask_mode,
+            landmarker=self.landmarker,
+            segmenter=self._segmenter,
+        )
 
     def has(self, name: str) -> bool:
         """Whether a gate called ``name`` is in the stack."""
@@ -202,11 +223,16 @@ class GateStack:
         edit_mask: np.ndarray | None = None,
         extras: Mapping[str, Any] | None = None,
         covered: np.ndarray | None = None,
+        raw_candidate: np.ndarray | None = None,
+        unregistered: np.ndarray | None = None,
     ) -> PairContext:
-        """Analyse both images once and draw the source's face mask.
+        """Analyse both images once and draw the source's face mask (and, when the locality
+        gate judges body skin, the source's person mask).
 
         ``source`` and ``candidate`` are ``(H, W, 3)`` uint8 RGB of the same shape (raises
         ``ValueError`` otherwise; :meth:`evaluate` turns that into a rejection first).
+        ``raw_candidate`` and ``unregistered`` are passed on for reporting (see
+        :class:`~counterfactory.validation.gates.base.PairContext`).
         """
         if source.shape != candidate.shape:
             raise ValueError(f"candidate {candidate.shape} is not aligned to source {source.shape}")
@@ -224,6 +250,9 @@ class GateStack:
             face_mask_mode=self.face_mask_mode,
             extras=dict(extras or {}),
             covered=None if covered is None or covered.all() else covered,
+            person_mask=self.segmenter.person_mask(source) if src_faces and self.wants_person_mask() else None,
+            raw_candidate=raw_candidate,
+            unregistered=unregistered,
         )
 
     def evaluate(
@@ -234,6 +263,8 @@ class GateStack:
         edit_mask: np.ndarray | None = None,
         extras: Mapping[str, Any] | None = None,
         covered: np.ndarray | None = None,
+        raw_candidate: np.ndarray | None = None,
+        unregistered: np.ndarray | None = None,
     ) -> Judgement:
         """Judge one aligned pair: ``accepted``, ``rejected`` (with reasons),
         ``needs_review`` or ``failed`` (a gate could not measure; the error is recorded).
@@ -247,12 +278,24 @@ class GateStack:
                 record); the skin gate uses them to tell same-group controls from edits.
             covered: ``(H, W)`` bool, where the editor's output covers the source frame
                 (:attr:`~counterfactory.generation.align.Alignment.covered`); None for all.
+            raw_candidate: the registered output before compositing, same shape (reported as
+                ``locality.raw_*``); None when there was no composite.
+            unregistered: the editor's output as returned, uint8 RGB of any size (reported
+                as ``locality.focus_*``, FOCUS's figures without registration).
         """
         checked, src, cand = input_gate(source, candidate, edit_mask=edit_mask)
         if src is None or cand is None:
             return combine([checked])
         try:
-            pair = self.context(src, cand, edit_mask=edit_mask, extras=extras, covered=covered)
+            pair = self.context(
+                src,
+                cand,
+                edit_mask=edit_mask,
+                extras=extras,
+                covered=covered,
+                raw_candidate=raw_candidate,
+                unregistered=unregistered,
+            )
         except Exception as exc:  # a per-item analysis error is a value, not a crash
             failed = GateResult("input", False, dict(checked.metrics), ("input_analysis_error",), error=_describe(exc))
             return combine([failed])

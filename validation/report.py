@@ -2,7 +2,8 @@
 
 A contact sheet shows, for one template, the source and then every condition's final
 candidate, labelled, as in the FOCUS paper's figure 3. The frame colour is the verdict:
-green accepted, amber needs review, red rejected, grey failed (no image).
+green accepted, amber needs review, red rejected, grey failed (no image); under the verdict,
+the gates' reason codes (which gate caught what: ``locality_changed_share_above_max``, ...).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ VERDICT_COLOURS = {
     "source": (40, 40, 40),
 }
 THUMB_H = 220
-LABEL_H = 40
+LABEL_H = 56
 PAD = 8
 
 
@@ -68,22 +69,25 @@ def contact_sheet(
 ) -> Image.Image:
     """One row of tiles: the source, then each cell's final candidate with its label."""
     source_path = release_dir / rows[0]["source"]["path"]
-    tiles = [(_thumb(source_path, THUMB_H), f"source: {template_id}", "source")]
+    tiles = [(_thumb(source_path, THUMB_H), f"source: {template_id}", "source", "")]
     for row in rows:
         image = row.get("image")
         path = release_dir / image["path"] if image else None
-        tiles.append((_thumb(path, THUMB_H), condition_label(row["condition"], axes), row["status"]))
-    width = sum(t.width for t, _, _ in tiles) + PAD * (len(tiles) + 1) + 6 * len(tiles)
+        codes = ", ".join(dict.fromkeys(str(c).split(":")[0] for c in row.get("reasons") or ()))
+        tiles.append((_thumb(path, THUMB_H), condition_label(row["condition"], axes), row["status"], codes))
+    width = sum(t[0].width for t in tiles) + PAD * (len(tiles) + 1) + 6 * len(tiles)
     sheet = Image.new("RGB", (width, THUMB_H + LABEL_H + 2 * PAD + 6), "white")
     draw = ImageDraw.Draw(sheet)
     font = _font(14)
     x = PAD
-    for tile, label, status in tiles:
+    for tile, label, status, codes in tiles:
         colour = VERDICT_COLOURS.get(status, (0, 0, 0))
         draw.rectangle([x, PAD, x + tile.width + 5, PAD + tile.height + 5], fill=colour)
         sheet.paste(tile, (x + 3, PAD + 3))
         draw.text((x + 3, PAD + THUMB_H + 10), _fit(label, font, tile.width), fill=(20, 20, 20), font=font)
         draw.text((x + 3, PAD + THUMB_H + 26), status.replace("_", " "), fill=colour, font=_font(12))
+        if codes:
+            draw.text((x + 3, PAD + THUMB_H + 41), _fit(codes, _font(10), tile.width), fill=colour, font=_font(10))
         x += tile.width + 6 + PAD
     return sheet
 

@@ -9,6 +9,7 @@ import pytest
 
 from counterfactory.assets import PHOTOS_DIR
 from counterfactory.validation.calibrate import (
+    CORPUS_THRESHOLDS,
     RULES,
     _sig_up,
     _step_down,
@@ -75,10 +76,18 @@ def test_suggestions_follow_the_rules():
 
 @pytest.mark.slow
 def test_shipped_calibration_is_this_commands_output(tmp_path):
-    """Re-running the calibration on the bundled photos gives the shipped thresholds."""
+    """Re-running the calibration on the bundled photos gives the shipped thresholds.
+
+    Without the failure corpus (too slow here; tests/validation/test_failures.py re-runs a
+    small one twice) every threshold the corpus does not set must come out as shipped."""
     result = run_calibration(bundled_photo_paths(), tmp_path, progress=False)
     shipped = load_calibration()
-    assert result["suggested"] == shipped["suggested"]
+    assert result["suggested"]["limb"] == shipped["suggested"]["limb"]
+    corpus_set = {(gate, name) for gate, name, _, _ in CORPUS_THRESHOLDS} | {("identity", "max_cosine")}
+    for gate, values in result["suggested"]["face"].items():
+        for name, value in values.items():
+            if (gate, name) not in corpus_set:
+                assert shipped["suggested"]["face"][gate][name] == value, (gate, name)
     assert set(RULES) <= set(shipped["rules"])
     on_disk = json.loads((tmp_path / "calibration.json").read_text())
     assert on_disk["suggested"] == result["suggested"]

@@ -72,6 +72,12 @@ class PairContext:
         covered: ``(H, W)`` bool, where the editor's output covers the source frame (an output
             of another aspect ratio, cropped); None when it covers all of it. Pixel
             measurements read only the covered part.
+        person_mask: ``(H, W)`` uint8 {0, 255} where the source shows a person (selfie
+            segmenter), or None; the locality gate's body-skin drift reads it.
+        raw_candidate: ``(H, W, 3)`` uint8 the registered editor output *before* any composite
+            (None when the caller has none, or it equals ``candidate``); locality reports it.
+        unregistered: the editor output as returned (any size, uint8 RGB), or None; locality
+            reports FOCUS-comparable figures on it, resized to the source size.
     """
 
     source: np.ndarray
@@ -84,6 +90,9 @@ class PairContext:
     face_mask_mode: str = "oval"
     extras: dict[str, Any] = field(default_factory=dict)
     covered: np.ndarray | None = None
+    person_mask: np.ndarray | None = None
+    raw_candidate: np.ndarray | None = None
+    unregistered: np.ndarray | None = None
 
     @property
     def source_face(self) -> FaceObservation | None:

@@ -6,6 +6,14 @@ Action Coding System) are estimated on both images and compared AU by AU, on a c
 intensity scale: MediaPipe blendshapes mapped to AUs by default
 (:data:`counterfactory.validation.backends.mediapipe.BLENDSHAPE_AUS` documents the mapping), or LibreFace's
 DISFA intensities divided by their 0-5 range.
+
+Blendshapes react to texture as well as to expression (a recoloured face moves them by up to
+~0.4 with no change of expression), so the gate also measures expression geometry from the
+MediaPipe mesh, in inter-ocular units (the distance between the iris centres) in the face's
+own upright frame (x along the eye line, y down): the height of each mouth corner above the
+lip midline, the height of each brow above its eye, and the mouth opening. A smile lifts the
+corners, a frown lowers them, raised brows rise; recolouring and plausible feature morphs
+move none of them by much.
 """
 
 from __future__ import annotations
@@ -13,12 +21,72 @@ from __future__ import annotations
 import math
 from typing import Literal
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from counterfactory.validation.backends import AUEstimator, load_au_model
+from counterfactory.validation.faces import (
+    LEFT_IRIS_CENTER,
+    MOUTH_LEFT_CORNER,
+    MOUTH_RIGHT_CORNER,
+    RIGHT_IRIS_CENTER,
+)
 from counterfactory.validation.gates.base import GateResult, PairContext
 
 BACKEND_THRESHOLDS = ("max_au_change", "max_mean_au_change")
+
+#: Mesh points: inner upper and lower lip at the midline, and the upper contour of each brow
+#: (the subject's right brow is image-left).
+UPPER_LIP, LOWER_LIP = 13, 14
+RIGHT_BROW_TOP = (70, 63, 105, 66, 107)
+LEFT_BROW_TOP = (300, 293, 334, 296, 336)
+
+
+def expression_geometry(landmarks: np.ndarray) -> dict[str, float]:
+    """Expression geometry of one face in inter-ocular units (iod), upright face frame.
+
+    Args:
+        landmarks: ``(478, >=2)`` MediaPipe mesh, pixels.
+
+    Returns: ``mouth_corner_right`` / ``mouth_corner_left`` (height of the subject's right /
+    left mouth corner above the midpoint of the inner lips; up is positive),
+    ``brow_right`` / ``brow_left`` (height of the brow's upper contour above the eye line),
+    ``mouth_open`` (inner-lip gap), all divided by the iris-centre distance. Lifting a
+    corner by ``k`` pixels in an upright face raises its value by ``k / iod``.
+    """
+    lm = np.asarray(landmarks, dtype=np.float64)[:, :2]
+    eye_r, eye_l = lm[RIGHT_IRIS_CENTER], lm[LEFT_IRIS_CENTER]
+    axis = eye_l - eye_r
+    iod = float(np.hypot(*axis))
+    if iod <= 1e-6:
+        raise ValueError("eye centres coincide: no inter-ocular distance")
+    ex = axis / iod
+    ey = np.array([-ex[1], ex[0]])  # image y points down, so this is "down" in the face frame
+    origin = (eye_r + eye_l) / 2.0
+
+    def up(point: np.ndarray) -> float:
+        return -float((point - origin) @ ey) / iod
+
+    mid = (lm[UPPER_LIP] + lm[LOWER_LIP]) / 2.0
+    return {
+        "mouth_corner_right": up(lm[MOUTH_RIGHT_CORNER]) - up(mid),
+        "mouth_corner_left": up(lm[MOUTH_LEFT_CORNER]) - up(mid),
+        "brow_right": up(lm[list(RIGHT_BROW_TOP)].mean(axis=0)),
+        "brow_left": up(lm[list(LEFT_BROW_TOP)].mean(axis=0)),
+        "mouth_open": up(lm[UPPER_LIP]) - up(lm[LOWER_LIP]),
+    }
+
+
+def geometry_changes(source: np.ndarray, candidate: np.ndarray) -> dict[str, float]:
+    """``mouth_corner_change_iod``, ``brow_change_iod`` (largest |change| of either side) and
+    ``mouth_open_change_iod`` (|change|) between two meshes, inter-ocular units."""
+    s, c = expression_geometry(source), expression_geometry(candidate)
+    d = {k: c[k] - s[k] for k in s}
+    return {
+        "mouth_corner_change_iod": max(abs(d["mouth_corner_right"]), abs(d["mouth_corner_left"])),
+        "brow_change_iod": max(abs(d["brow_right"]), abs(d["brow_left"])),
+        "mouth_open_change_iod": abs(d["mouth_open"]),
+    }
 
 
 class ExpressionGateConfig(BaseModel):
@@ -34,6 +102,11 @@ class ExpressionGateConfig(BaseModel):
         None, gt=0.0, le=1.0, description="mean |change| over the AUs, fraction of full intensity"
     )
     libreface_weights: str | None = Field(None, description="LibreFace resnet.pt for backend libreface")
+    max_mouth_corner_change_iod: float | None = Field(
+        None, gt=0.0, description="largest change of a mouth corner's height, inter-ocular units"
+    )
+    max_brow_change_iod: float | None = Field(None, gt=0.0, description="largest change of a brow's height, iod")
+    max_mouth_open_change_iod: float | None = Field(None, gt=0.0, description="change of the mouth opening, iod")
 
     def load(self) -> AUEstimator:
         return load_au_model(self.backend, libreface_weights=self.libreface_weights)
@@ -55,6 +128,9 @@ def expression_gate(
     au_model: AUEstimator,
     max_au_change: float,
     max_mean_au_change: float | None = None,
+    max_mouth_corner_change_iod: float | None = None,
+    max_brow_change_iod: float | None = None,
+    max_mouth_open_change_iod: float | None = None,
 ) -> GateResult:
     """AU change from the source's largest face to the candidate's face at its place.
 
@@ -63,19 +139,33 @@ def expression_gate(
         au_model: an AU estimator returning intensities in [0, 1].
         max_au_change: bound on ``au_change_max`` (the largest absolute change of one AU).
         max_mean_au_change: bound on ``au_change_mean``; None: not judged.
+        max_mouth_corner_change_iod, max_brow_change_iod, max_mouth_open_change_iod: bounds
+            on :func:`geometry_changes`, inter-ocular units; None: not judged.
 
     Metrics: ``au_change_max``, ``au_change_mean``, ``au_change_argmax`` (which AU), and
     ``delta_<AU>`` (signed, candidate minus source) for every AU of the backend.
     Reasons: ``expression_source_no_face``, ``expression_candidate_no_face``,
     ``expression_aus_not_finite``, ``expression_au_change_above_max``,
-    ``expression_mean_au_change_above_max``.
+    ``expression_mean_au_change_above_max``, ``expression_mouth_corner_change_above_max``,
+    ``expression_brow_change_above_max``, ``expression_mouth_open_change_above_max``.
+    Geometry metrics: ``mouth_corner_change_iod``, ``brow_change_iod``, ``mouth_open_change_iod``.
     """
     thresholds = {
         "max_au_change": max_au_change,
         "max_mean_au_change": max_mean_au_change,
+        "max_mouth_corner_change_iod": max_mouth_corner_change_iod,
+        "max_brow_change_iod": max_brow_change_iod,
+        "max_mouth_open_change_iod": max_mouth_open_change_iod,
         "backend": au_model.name,
     }
-    metrics: dict = {"au_change_max": None, "au_change_mean": None, "au_change_argmax": None}
+    metrics: dict = {
+        "au_change_max": None,
+        "au_change_mean": None,
+        "au_change_argmax": None,
+        "mouth_corner_change_iod": None,
+        "brow_change_iod": None,
+        "mouth_open_change_iod": None,
+    }
     metrics.update({f"delta_{au}": None for au in au_model.aus})
     reasons: list[str] = []
     if not pair.source_faces:
@@ -101,6 +191,16 @@ def expression_gate(
             reasons.append("expression_au_change_above_max")
         if max_mean_au_change is not None and metrics["au_change_mean"] > max_mean_au_change:
             reasons.append("expression_mean_au_change_above_max")
+    src_face, cand_face = pair.source_face, pair.candidate_face
+    if src_face.landmarks.shape[0] > LEFT_IRIS_CENTER and cand_face.landmarks.shape[0] > LEFT_IRIS_CENTER:
+        metrics.update(geometry_changes(src_face.landmarks, cand_face.landmarks))
+        for key, bound in (
+            ("mouth_corner_change_iod", max_mouth_corner_change_iod),
+            ("brow_change_iod", max_brow_change_iod),
+            ("mouth_open_change_iod", max_mouth_open_change_iod),
+        ):
+            if bound is not None and metrics[key] > bound:
+                reasons.append(f"expression_{key.removesuffix('_iod')}_above_max")
     return GateResult("expression", not reasons, metrics, tuple(reasons), thresholds=thresholds)
 
 
@@ -119,4 +219,7 @@ class ExpressionGate:
             au_model=self.au_model,
             max_au_change=self.config.max_au_change,
             max_mean_au_change=self.config.max_mean_au_change,
+            max_mouth_corner_change_iod=self.config.max_mouth_corner_change_iod,
+            max_brow_change_iod=self.config.max_brow_change_iod,
+            max_mouth_open_change_iod=self.config.max_mouth_open_change_iod,
         )

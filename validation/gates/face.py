@@ -12,10 +12,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Literal
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from counterfactory.validation.backends import FaceDetector, load_detector
 from counterfactory.validation.backends.base import DetectedFace
+from counterfactory.validation.faces import FaceObservation
 from counterfactory.validation.gates.base import GateResult, PairContext
 
 #: Thresholds whose calibrated value depends on the detector (a score scale is per model).
@@ -38,6 +40,12 @@ class FaceGateConfig(BaseModel):
     max_pose_change_deg: float | None = Field(
         None, gt=0.0, description="largest |change| of yaw, pitch or roll, degrees; None: not judged"
     )
+    max_position_change: float | None = Field(
+        None, gt=0.0, description="largest move of the face centre, fraction of the source face size; None: not judged"
+    )
+    max_scale_change: float | None = Field(
+        None, gt=0.0, description="largest |face size ratio - 1| between candidate and source; None: not judged"
+    )
     insightface_pack: str | None = Field(None, description="buffalo_l folder for backend insightface")
 
     def load(self) -> FaceDetector:
@@ -56,6 +64,20 @@ def pose_change_deg(
     return tuple(angle_change_deg(s, c) for s, c in zip(source, candidate))  # type: ignore[return-value]
 
 
+def face_placement_change(source: FaceObservation, candidate: FaceObservation) -> tuple[float, float]:
+    """``(position_change, scale_change)`` of the candidate's face against the source's.
+
+    ``position_change``: distance between the landmark centroids divided by the source face's
+    :attr:`~counterfactory.validation.faces.FaceObservation.size_px`; ``scale_change``:
+    ``|size_px(candidate) / size_px(source) - 1|``. Both dimensionless; a face moved by a fifth
+    of its size gives 0.2. In an aligned pair both are near 0 unless the head moved or grew.
+    """
+    c_src = source.landmarks[:, :2].astype(np.float64).mean(axis=0)
+    c_cand = candidate.landmarks[:, :2].astype(np.float64).mean(axis=0)
+    size = max(source.size_px, 1e-6)
+    return float(np.hypot(*(c_cand - c_src)) / size), float(abs(candidate.size_px / size - 1.0))
+
+
 def _counted(faces: Sequence[DetectedFace], threshold: float) -> list[DetectedFace]:
     return [f for f in faces if f.score >= threshold]
 
@@ -68,6 +90,8 @@ def face_gate(
     detection_threshold: float = 0.5,
     min_detection_score: float = 0.5,
     max_pose_change_deg: float | None = None,
+    max_position_change: float | None = None,
+    max_scale_change: float | None = None,
 ) -> GateResult:
     """Judge faces and pose of ``pair.candidate`` against ``pair.source``.
 
@@ -79,6 +103,7 @@ def face_gate(
         min_detection_score: a best candidate face scoring below this goes to review, in [0, 1].
         max_pose_change_deg: bound on the largest absolute change of yaw, pitch and roll
             between the source's largest face and the candidate's face at its place, degrees.
+        max_position_change, max_scale_change: bounds on :func:`face_placement_change`.
 
     Metrics: ``faces``, ``source_faces`` (counted faces), ``mesh_faces`` (landmarker),
     ``detection_score`` / ``source_detection_score`` (best face, None without a detector or
@@ -86,7 +111,8 @@ def face_gate(
     (the largest absolute of the three), ``yaw_deg``, ``pitch_deg``, ``roll_deg`` (candidate).
 
     Reasons: ``face_count_mismatch``, ``face_pose_unavailable`` (no mesh on one side),
-    ``face_pose_change_above_max``. Review: ``face_low_confidence`` (the candidate's face
+    ``face_pose_change_above_max``, ``face_position_change_above_max``,
+    ``face_scale_change_above_max``; metrics ``position_change``, ``scale_change``. Review: ``face_low_confidence`` (the candidate's face
     scores below ``min_detection_score``, the lowest score of any real calibration photo).
     """
     metrics: dict = {"mesh_faces": len(pair.candidate_faces)}
@@ -121,6 +147,8 @@ def face_gate(
         "yaw_deg",
         "pitch_deg",
         "roll_deg",
+        "position_change",
+        "scale_change",
     ):
         metrics[key] = None
     src_face, cand_face = pair.source_face, pair.candidate_face
@@ -139,6 +167,12 @@ def face_gate(
         )
         if max_pose_change_deg is not None and metrics["pose_change_deg"] > max_pose_change_deg:
             reasons.append("face_pose_change_above_max")
+        position, scale = face_placement_change(src_face, cand_face)
+        metrics.update(position_change=position, scale_change=scale)
+        if max_position_change is not None and position > max_position_change:
+            reasons.append("face_position_change_above_max")
+        if max_scale_change is not None and scale > max_scale_change:
+            reasons.append("face_scale_change_above_max")
     elif max_pose_change_deg is not None and expected_faces > 0:
         reasons.append("face_pose_unavailable")
 
@@ -153,6 +187,8 @@ def face_gate(
             "detection_threshold": detection_threshold,
             "min_detection_score": min_detection_score if detector is not None else None,
             "max_pose_change_deg": max_pose_change_deg,
+            "max_position_change": max_position_change,
+            "max_scale_change": max_scale_change,
             "backend": getattr(detector, "name", "landmarker"),
         },
     )
@@ -176,4 +212,6 @@ class FaceGate:
             detection_threshold=c.detection_threshold,
             min_detection_score=c.min_detection_score,
             max_pose_change_deg=c.max_pose_change_deg,
+            max_position_change=c.max_position_change,
+            max_scale_change=c.max_scale_change,
         )

@@ -1,0 +1,171 @@
+"""Known answers for the measures that catch what editors get wrong (issue 9).
+
+Each measure is checked on a constructed case whose answer follows from the construction:
+a pasted square of known area, a constant colour offset, a contrast scale about the mean, a
+CIELAB lightness shift of skin, a mouth corner lifted by k pixels, a face moved by d pixels.
+"""
+
+from __future__ import annotations
+
+import cv2
+import numpy as np
+import pytest
+
+from counterfactory.validation.faces import FaceObservation, face_mask
+from counterfactory.validation.gates.base import PairContext
+from counterfactory.validation.gates.expression import expression_geometry, geometry_changes
+from counterfactory.validation.gates.face import face_placement_change
+from counterfactory.validation.gates.locality import (
+    LOCAL_CHANGE_LEVEL,
+    away_from_face,
+    body_skin_drift,
+    changed_share,
+    global_change,
+    locality_gate,
+    to_lab,
+)
+
+
+def _texture(h=400, w=400, seed=0):
+    rng = np.random.default_rng(seed)
+    return rng.integers(60, 150, size=(h, w, 3), dtype=np.uint8)
+
+
+def test_pasted_square_gives_its_area_as_changed_share():
+    source = _texture()
+    candidate = source.copy()
+    level = int(round(2 * LOCAL_CHANGE_LEVEL * 255))  # twice the level: it is crossed at the square's edge
+    a = 60
+    candidate[100 : 100 + a, 200 : 200 + a] += np.uint8(level)
+    region = np.full(source.shape[:2], 255, np.uint8)
+    share = changed_share(source, candidate, region)
+    assert share == pytest.approx(a * a / region.size, rel=0.04)
+    # the same square inside an excluded (face) region is not counted
+    region[90:170, 190:270] = 0
+    assert changed_share(source, candidate, region) == 0.0
+
+
+def test_noise_and_re_encoding_change_no_area(photo):
+    source = photo("grace_hopper.jpg")
+    ok, buf = cv2.imencode(".jpg", source[:, :, ::-1], [cv2.IMWRITE_JPEG_QUALITY, 85])
+    candidate = cv2.imdecode(buf, cv2.IMREAD_COLOR)[:, :, ::-1]
+    region = away_from_face(None, source.shape[:2], 0.0)
+    assert changed_share(source, candidate, region) < 1e-3
+
+
+def test_colour_offset_and_contrast_give_shift_and_gain():
+    source = _texture()
+    region = np.full(source.shape[:2], 255, np.uint8)
+    cast = source.copy()
+    cast[..., 0] += 10
+    shift, gain = global_change(source, cast, region)
+    assert shift == pytest.approx(10 / 255, abs=1e-12)
+    assert gain == pytest.approx(0.0, abs=1e-6)
+    x = source.astype(np.float64)
+    mean = x.reshape(-1, 3).mean(axis=0)
+    flat = np.rint((x - mean) * 0.9 + mean).astype(np.uint8)
+    shift, gain = global_change(source, flat, region)
+    assert gain == pytest.approx(0.1, abs=0.01)  # rounding to whole grey levels only
+    assert shift <= 1 / 255
+
+
+def test_body_skin_lightness_shift_gives_its_delta_e():
+    h, w = 300, 300
+    skin_rgb = np.array([200, 150, 120], np.uint8)
+    source = np.full((h, w, 3), 40, np.uint8)  # dark background, not skin
+    fmask = np.zeros((h, w), np.uint8)
+    cv2.circle(fmask, (150, 80), 40, 255, -1)
+    source[fmask > 0] = skin_rgb
+    source[180:260, 100:200] = skin_rgb  # "neck and hands": skin-coloured, outside the head
+    person = np.zeros((h, w), np.uint8)
+    person[30:280, 80:220] = 255
+    lab = to_lab(source)
+    lab[180:260, 100:200, 0] += 10.0  # L* + 10 on the body skin only
+    rgb = cv2.cvtColor(lab, cv2.COLOR_Lab2RGB)
+    candidate = np.clip(np.rint(rgb * 255), 0, 255).astype(np.uint8)
+    delta_e, frac = body_skin_drift(source, candidate, fmask, person, face_size_px=80.0)
+    assert frac == pytest.approx(80 * 100 / (h * w), rel=1e-9)
+    assert delta_e == pytest.approx(10.0, abs=0.5)  # uint8 rounding of the recoloured pixels
+    unchanged, _ = body_skin_drift(source, source.copy(), fmask, person, face_size_px=80.0)
+    assert unchanged == 0.0
+    # no skin outside the head: not measured
+    none, frac = body_skin_drift(source, candidate, fmask, fmask, face_size_px=80.0)
+    assert none is None and frac == 0.0
+
+
+def _upright(face: FaceObservation) -> np.ndarray:
+    """Landmarks rotated so that the eye line is horizontal (the face frame is the image frame)."""
+    lm = face.landmarks[:, :2].astype(np.float64)
+    k = face.keypoints5().astype(np.float64)
+    angle = np.arctan2(k[1, 1] - k[0, 1], k[1, 0] - k[0, 0])
+    c, s = np.cos(-angle), np.sin(-angle)
+    return (lm - k[0]) @ np.array([[c, s], [-s, c]]) + k[0]
+
+
+@pytest.mark.parametrize("roll_deg", [0.0, 20.0])
+def test_mouth_corner_lift_of_k_pixels_is_k_over_iod(photo, landmarker, roll_deg):
+    face = landmarker.detect(photo("obama_portrait.jpg"))[0]
+    lm = _upright(face)
+    iod = float(np.hypot(*(lm[473] - lm[468])))
+    k = 6.0
+    lifted = lm.copy()
+    lifted[[61, 291], 1] -= k  # image y points down: up is minus
+    theta = np.radians(roll_deg)  # the same face tilted: the measure lives in the face's frame
+    rot = np.array([[np.cos(theta), -np.sin(theta)], [np.sin(theta), np.cos(theta)]])
+    src, cand = lm @ rot.T, lifted @ rot.T
+    change = geometry_changes(src, cand)
+    assert change["mouth_corner_change_iod"] == pytest.approx(k / iod, rel=1e-9)
+    assert change["brow_change_iod"] == pytest.approx(0.0, abs=1e-9)
+    assert change["mouth_open_change_iod"] == pytest.approx(0.0, abs=1e-9)
+    g0, g1 = expression_geometry(src), expression_geometry(cand)
+    assert g1["mouth_corner_right"] - g0["mouth_corner_right"] == pytest.approx(k / iod, rel=1e-9)  # up is positive
+    raised = lm.copy()
+    raised[[70, 63, 105, 66, 107], 1] -= k
+    assert geometry_changes(lm, raised)["brow_change_iod"] == pytest.approx(k / iod, rel=1e-9)
+
+
+def test_face_moved_by_d_pixels_and_scaled(photo, landmarker):
+    face = landmarker.detect(photo("grace_hopper.jpg"))[0]
+    d = 0.2 * face.size_px
+    moved = FaceObservation(landmarks=face.landmarks + np.float32([d * 0.6, d * 0.8, 0]))
+    position, scale = face_placement_change(face, moved)
+    assert position == pytest.approx(0.2, rel=1e-4)
+    assert scale == pytest.approx(0.0, abs=1e-6)
+    centre = face.landmarks[:, :2].mean(axis=0)
+    grown = face.landmarks.copy()
+    grown[:, :2] = (grown[:, :2] - centre) * 1.1 + centre
+    position, scale = face_placement_change(face, FaceObservation(landmarks=grown))
+    assert scale == pytest.approx(0.1, rel=1e-4)
+    assert position == pytest.approx(0.0, abs=1e-4)
+
+
+def test_skin_mask_mode_keeps_eyes_and_lips_out_of_non_face(photo, landmarker):
+    source = np.clip(photo("grace_hopper.jpg"), 20, 235).astype(np.uint8)
+    face = landmarker.detect(source)[0]
+    oval = face_mask(face.landmarks, source.shape[:2], mode="oval")
+    skin = face_mask(face.landmarks, source.shape[:2], mode="skin")
+    candidate = source.copy()
+    cut = (oval > 0) & (skin == 0)  # eyes, brows, lips, upper forehead
+    candidate[cut] += 20
+    pair = PairContext(source, candidate, "face", skin, None, [face], [face], face_mask_mode="skin")
+    result = locality_gate(pair, max_diff_nonface=0.001)
+    assert result.metrics["diff_nonface"] == 0.0  # FOCUS's split: only outside the oval is non-face
+    assert result.passed
+
+
+def test_raw_and_focus_figures_are_reported(photo, landmarker):
+    source = photo("grace_hopper.jpg")
+    face = landmarker.detect(source)[0]
+    oval = face_mask(face.landmarks, source.shape[:2], mode="oval")
+    composite = source.copy()
+    raw = source.copy()
+    raw[:40] = 255 - raw[:40]  # the editor changed the top rows; the composite put them back
+    editor_size = cv2.resize(raw, (source.shape[1] // 2 * 2 + 16, source.shape[0] // 2 * 2 + 16))
+    pair = PairContext(
+        source, composite, "face", oval, None, [face], [face], raw_candidate=raw, unregistered=editor_size
+    )
+    m = locality_gate(pair).metrics
+    assert m["diff_nonface"] == 0.0
+    assert m["raw_diff_nonface"] > 0.01 and m["raw_changed_share"] > 0.0
+    assert m["focus_diff_nonface"] > 0.01
+    assert m["focus_ratio"] is not None

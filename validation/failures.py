@@ -1,0 +1,658 @@
+"""A seeded, labelled corpus of what image editors get wrong, made from real photos.
+
+Each case is a source photo and an "editor output" made from it: a *good* face-only edit, or
+a good edit with one failure on top, then editor jitter and re-encoding, as a diffusion
+editor returns it (a 1-3 px shift, a 0.5-2 % zoom about the centre, a resize to about 1 MP in
+multiples of 16, JPEG at quality 85-95). The gates must accept the good edits and catch
+(reject, or send to review) every failure class.
+
+Good edits change only the face oval (:func:`~counterfactory.validation.faces.face_mask`,
+feathered inward), as the design asks:
+
+- ``skin_tone``: a CIELAB shift of lightness and hue of the face (8-25 L*, up to 8 a*b*);
+- ``colour_transfer``: the face's CIELAB mean and spread moved to another person's face
+  (Reinhard et al., "Color Transfer between Images", 2001);
+- ``feature_morph``: nose width, lip fullness and jaw width scaled by 0.88-1.12 with smooth
+  local warps inside the face (about what a changed demographic cue moves).
+
+Failure classes, each on top of a good edit (``CLASSES`` describes them):
+
+- ``expression``: mouth corners lifted (smile) or lowered (frown) by 0.07-0.14 inter-ocular
+  distances, or brows raised by 0.08-0.15;
+- ``identity_swap``: another bundled person's face (never the same person) aligned on the
+  five face-recognition keypoints, colour-matched and blended into the oval;
+- ``noop_copy``: the source with jitter and re-encoding only: the editor did nothing;
+- ``object_added``: a patch of another photo, 2-5 % of the image, pasted away from the face;
+- ``text_added``: a line of text, 1-3 % of the image, written away from the face;
+- ``object_removed``: the most textured region away from the face (2-5 % of the image)
+  painted over by inpainting (Telea, 2004), as an editor erasing an object does;
+- ``body_skin``: the good edit's skin change applied to the person's skin outside the head
+  too (neck, hands, arms: the selfie segmenter's person, skin-coloured pixels);
+- ``global_colour``: a colour cast, a white-balance shift, or a contrast change of the whole
+  image (8-20 grey levels, or contrast x0.85-0.9 / x1.12-1.2);
+- ``head_pose``: the head (face oval grown by half the face size) rotated in the image plane
+  by 9-16 degrees about the chin;
+- ``head_position``: the head moved by 0.2-0.35 face sizes, the background behind inpainted;
+- ``hair``: the hair around the head (the person outside the grown face oval, above the
+  eyes) recoloured. The design does NOT allow hair changes: like FOCUS's prompt, which asks
+  the editor to keep hairstyle and everything but the face's demographic cues, it varies
+  only the face; hair lies outside the face mask and is measured as non-face.
+
+Every class is made ``per_class`` times per photo (good edits :data:`GOOD_MULTIPLIER` times
+as often) with its own seed; variants with an odd
+index form the held-out split that :func:`counterfactory.validation.calibrate` never uses to
+pick thresholds (held-out cases share photos with the training split, never parameters or
+jitter). Sources are scaled to at most ``max_side`` pixels first (the gates' cost grows with
+the pixel count; the measures are size-free).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import cv2
+import numpy as np
+
+from counterfactory.generation.masks import dilate, feather
+from counterfactory.validation.faces import (
+    LEFT_BROW,
+    LIPS,
+    MOUTH_LEFT_CORNER,
+    MOUTH_RIGHT_CORNER,
+    RIGHT_BROW,
+    FaceObservation,
+    face_mask,
+    get_face_landmarker,
+)
+from counterfactory.validation.gates.locality import to_lab
+from counterfactory.validation.segment import get_person_segmenter
+
+GOOD = "good"
+#: Every class of the corpus and what it is.
+CLASSES: dict[str, str] = {
+    GOOD: "face-only edit: skin tone, colour transfer or feature morph, inside the face oval",
+    "expression": "good edit + smile, frown or raised brows",
+    "identity_swap": "good edit + another person's face pasted in",
+    "noop_copy": "the source unchanged (jitter and re-encoding only)",
+    "object_added": "good edit + a pasted object away from the face",
+    "text_added": "good edit + text written away from the face",
+    "object_removed": "good edit + a textured region painted over",
+    "body_skin": "good edit + the same skin change on neck, hands, arms",
+    "global_colour": "good edit + colour cast, white balance or contrast change",
+    "head_pose": "good edit + head rotated in the image plane",
+    "head_position": "good edit + head moved",
+    "hair": "good edit + hair recoloured (not allowed by the design)",
+}
+FAILURE_CLASSES = tuple(c for c in CLASSES if c != GOOD)
+#: Good edits are made this many times more often than each failure: every gate's threshold
+#: rests on their spread, and acceptance is judged on them.
+GOOD_MULTIPLIER = 4
+
+
+@dataclass(frozen=True)
+class Case:
+    """One labelled corpus pair.
+
+    Attributes:
+        case_id: ``photo:class:index``, unique and stable.
+        photo: the source file's name.
+        label: a key of :data:`CLASSES`.
+        split: ``train`` (threshold rules see it) or ``heldout`` (they never do).
+        source: ``(H, W, 3)`` uint8 RGB, the source as the factory would hold it.
+        output: ``(h, w, 3)`` uint8 RGB as an editor returns it (other size, jittered, re-encoded).
+        face_mask: ``(H, W)`` uint8 {0, 255} face oval of ``source``.
+        face_size_px: the source face's size, pixels.
+        params: what was done, for the record (JSON-ready).
+    """
+
+    case_id: str
+    photo: str
+    label: str
+    split: str
+    source: np.ndarray
+    output: np.ndarray
+    face_mask: np.ndarray
+    face_size_px: float
+    params: dict[str, Any] = field(default_factory=dict)
+
+
+def _seed(*parts: object) -> int:
+    digest = hashlib.sha256("|".join(str(p) for p in parts).encode()).digest()
+    return int.from_bytes(digest[:8], "little")
+
+
+def split_of(index: int) -> str:
+    """``train`` for even variant indices, ``heldout`` for odd ones."""
+    return "heldout" if index % 2 else "train"
+
+
+# ---------------------------------------------------------------------------------------
+# building blocks
+
+
+def _from_lab(lab: np.ndarray) -> np.ndarray:
+    rgb = cv2.cvtColor(lab.astype(np.float32), cv2.COLOR_Lab2RGB)
+    return np.clip(np.rint(rgb * 255.0), 0, 255).astype(np.uint8)
+
+
+def _blend(base: np.ndarray, top: np.ndarray, alpha: np.ndarray) -> np.ndarray:
+    a = alpha[..., None].astype(np.float32)
+    return np.clip(np.rint(a * top.astype(np.float32) + (1 - a) * base.astype(np.float32)), 0, 255).astype(np.uint8)
+
+
+def _lab_shift(image: np.ndarray, alpha: np.ndarray, delta: np.ndarray) -> np.ndarray:
+    lab = to_lab(image)
+    lab = lab + delta.reshape(1, 1, 3).astype(np.float32)
+    lab[..., 0] = np.clip(lab[..., 0], 0, 100)
+    return _blend(image, _from_lab(lab), alpha)
+
+
+def _warp_field(image: np.ndarray, dx: np.ndarray, dy: np.ndarray) -> np.ndarray:
+    """``out(p) = image(p - d(p))``: content moves by ``d`` (valid for smooth, small ``d``)."""
+    h, w = image.shape[:2]
+    gx, gy = np.meshgrid(np.arange(w, dtype=np.float32), np.arange(h, dtype=np.float32))
+    return cv2.remap(image, gx - dx, gy - dy, cv2.INTER_LINEAR, borderMode=cv2.BORDER_REFLECT)
+
+
+def _bump(shape: tuple[int, int], centre: np.ndarray, radius: float) -> np.ndarray:
+    h, w = shape
+    gx, gy = np.meshgrid(np.arange(w, dtype=np.float32), np.arange(h, dtype=np.float32))
+    r2 = (gx - centre[0]) ** 2 + (gy - centre[1]) ** 2
+    return np.exp(-r2 / (2.0 * radius**2)).astype(np.float32)
+
+
+def _scale_about(shape, centre: np.ndarray, radius: float, factor_x: float, factor_y: float):
+    """Displacement field scaling content about ``centre`` by the factors, fading out at ``radius``."""
+    h, w = shape
+    gx, gy = np.meshgrid(np.arange(w, dtype=np.float32), np.arange(h, dtype=np.float32))
+    weight = _bump(shape, centre, radius)
+    return (factor_x - 1.0) * (gx - centre[0]) * weight, (factor_y - 1.0) * (gy - centre[1]) * weight
+
+
+def _iod(face: FaceObservation) -> float:
+    k = face.keypoints5()
+    return float(np.hypot(*(k[1] - k[0])))
+
+
+def _region_away_from_face(oval: np.ndarray, size: float) -> np.ndarray:
+    away = dilate(oval, int(round(0.35 * size))) == 0
+    h, w = oval.shape
+    b = max(4, int(0.05 * min(h, w)))
+    away[:b] = away[-b:] = False
+    away[:, :b] = away[:, -b:] = False
+    return away
+
+
+def _place_box(rng: np.random.Generator, allowed: np.ndarray, bw: int, bh: int, tries: int = 200):
+    """Top-left of a ``bw x bh`` box lying entirely in ``allowed``, or None."""
+    h, w = allowed.shape
+    if bw >= w or bh >= h:
+        return None
+    integral = cv2.integral((~allowed).astype(np.uint8))
+    for _ in range(tries):
+        x, y = int(rng.integers(0, w - bw)), int(rng.integers(0, h - bh))
+        bad = integral[y + bh, x + bw] - integral[y, x + bw] - integral[y + bh, x] + integral[y, x]
+        if bad == 0:
+            return x, y
+    return None
+
+
+# ---------------------------------------------------------------------------------------
+# good edits
+
+
+def _face_crop(oval: np.ndarray, size: float) -> tuple[slice, slice]:
+    """The face oval's bounding box grown by half the face size: every face edit's support."""
+    ys, xs = np.nonzero(oval)
+    g = int(0.5 * size)
+    h, w = oval.shape
+    return slice(max(0, ys.min() - g), min(h, ys.max() + g + 1)), slice(max(0, xs.min() - g), min(w, xs.max() + g + 1))
+
+
+def _in_crop(edit, image: np.ndarray, face: FaceObservation, oval: np.ndarray, *args):
+    """Run ``edit(crop, face_in_crop, oval_crop, *args)`` on the face's crop and paste it back
+    (the edits change nothing outside the oval, so the result is the same, only cheaper)."""
+    sy, sx = _face_crop(oval, face.size_px)
+    shifted = FaceObservation(
+        landmarks=face.landmarks - np.float32([sx.start, sy.start, 0]),
+        blendshapes=face.blendshapes,
+        transform=face.transform,
+    )
+    out_crop, params = edit(np.ascontiguousarray(image[sy, sx]), shifted, np.ascontiguousarray(oval[sy, sx]), *args)
+    out = image.copy()
+    out[sy, sx] = out_crop
+    return out, params
+
+
+def good_edit(
+    image: np.ndarray, face: FaceObservation, oval: np.ndarray, rng: np.random.Generator, donor_lab: np.ndarray | None
+) -> tuple[np.ndarray, dict[str, Any]]:
+    """A face-only edit: skin tone or colour transfer, plus a feature morph half the time.
+
+    ``image`` ``(H, W, 3)`` uint8 RGB, ``oval`` its ``(H, W)`` {0, 255} face oval; returns the
+    edited image (identical outside the oval) and the parameters drawn."""
+    return _in_crop(_good_edit, image, face, oval, rng, donor_lab)
+
+
+def _good_edit(image, face, oval, rng, donor_lab):
+    size = face.size_px
+    alpha = feather(oval, max(2.0, 0.08 * size))
+    kind = str(rng.choice(["skin_tone", "colour_transfer"] if donor_lab is not None else ["skin_tone"]))
+    params: dict[str, Any] = {"good": kind}
+    if kind == "skin_tone":
+        dl = float(rng.uniform(8, 25)) * float(rng.choice([-1, 1]))
+        da, db = (float(x) for x in rng.uniform(-8, 8, size=2))
+        delta = np.array([dl, da, db])
+        out = _lab_shift(image, alpha, delta)
+        params["lab_delta"] = [round(float(x), 2) for x in delta]
+    else:
+        lab = to_lab(image)
+        inside = oval > 0
+        mean, std = lab[inside].mean(axis=0), lab[inside].std(axis=0) + 1e-3
+        t_mean, t_std = donor_lab
+        moved = (lab - mean) / std * t_std + t_mean
+        moved[..., 0] = np.clip(moved[..., 0], 0, 100)
+        out = _blend(image, _from_lab(moved), alpha)
+        delta = t_mean - mean
+        params["lab_delta"] = [round(float(x), 2) for x in delta]
+    if rng.random() < 0.5:
+        lm = face.landmarks[:, :2].astype(np.float32)
+        fx = [float(x) for x in rng.uniform(0.88, 1.12, size=3)]
+        dx = np.zeros(image.shape[:2], np.float32)
+        dy = np.zeros(image.shape[:2], np.float32)
+        # nose width, lip fullness, jaw width: each a smooth scaling about the feature
+        for centre, radius, sx, sy in (
+            (lm[[1, 2, 98, 327]].mean(axis=0), 0.12 * size, fx[0], 1.0),
+            (lm[list(LIPS)].mean(axis=0), 0.12 * size, 1.0, fx[1]),
+            (lm[[152, 172, 397]].mean(axis=0), 0.25 * size, fx[2], 1.0),
+        ):
+            ddx, ddy = _scale_about(image.shape[:2], centre, radius, sx, sy)
+            dx += ddx
+            dy += ddy
+        morphed = _warp_field(out, dx, dy)
+        out = _blend(out, morphed, alpha)
+        params["morph"] = [round(x, 3) for x in fx]
+    return out, params
+
+
+# ---------------------------------------------------------------------------------------
+# failures
+
+
+def _expression(image, face, oval, rng) -> tuple[np.ndarray, dict]:
+    return _in_crop(_expression_crop, image, face, oval, rng)
+
+
+def _expression_crop(image, face, oval, rng) -> tuple[np.ndarray, dict]:
+    iod = _iod(face)
+    lm = face.landmarks[:, :2].astype(np.float32)
+    # the face frame's "up" (perpendicular to the eye line), in image coordinates
+    k = face.keypoints5()
+    ex = (k[1] - k[0]) / max(iod, 1e-6)
+    up = np.array([ex[1], -ex[0]], np.float32)
+    kind = str(rng.choice(["smile", "frown", "brows_up"]))
+    dx = np.zeros(image.shape[:2], np.float32)
+    dy = np.zeros(image.shape[:2], np.float32)
+    if kind in ("smile", "frown"):
+        amount = float(rng.uniform(0.07, 0.14)) * iod * (1 if kind == "smile" else -1)
+        points = [lm[MOUTH_RIGHT_CORNER], lm[MOUTH_LEFT_CORNER]]
+        radius = 0.18 * iod
+    else:
+        amount = float(rng.uniform(0.08, 0.15)) * iod
+        points = [lm[list(RIGHT_BROW)].mean(axis=0), lm[list(LEFT_BROW)].mean(axis=0)]
+        radius = 0.3 * iod
+    for p in points:
+        b = _bump(image.shape[:2], p, radius)
+        dx += up[0] * amount * b
+        dy += up[1] * amount * b
+    return _warp_field(image, dx, dy), {"expression": kind, "amount_iod": round(amount / iod, 4)}
+
+
+def _identity_swap(image, face, oval, rng, donor) -> tuple[np.ndarray, dict]:
+    donor_image, donor_face, donor_name = donor
+    m, _ = cv2.estimateAffinePartial2D(donor_face.keypoints5(), face.keypoints5())
+    h, w = image.shape[:2]
+    warped = cv2.warpAffine(donor_image, m, (w, h), flags=cv2.INTER_LINEAR, borderMode=cv2.BORDER_REFLECT)
+    inside = oval > 0
+    lab_w, lab_s = to_lab(warped), to_lab(image)
+    matched = (lab_w - lab_w[inside].mean(axis=0)) / (lab_w[inside].std(axis=0) + 1e-3)
+    matched = matched * lab_s[inside].std(axis=0) + lab_s[inside].mean(axis=0)
+    matched[..., 0] = np.clip(matched[..., 0], 0, 100)
+    alpha = feather(oval, max(2.0, 0.1 * face.size_px))
+    return _blend(image, _from_lab(matched), alpha), {"donor": donor_name}
+
+
+def _object_added(image, face, oval, rng, donor_image) -> tuple[np.ndarray, dict]:
+    h, w = image.shape[:2]
+    share = float(rng.uniform(0.02, 0.05))
+    aspect = float(rng.uniform(0.6, 1.6))
+    bw = int(math.sqrt(share * h * w * aspect))
+    bh = int(share * h * w / max(bw, 1))
+    at = _place_box(rng, _region_away_from_face(oval, face.size_px), bw, bh)
+    if at is None:
+        return None, {}
+    x, y = at
+    dh, dw = donor_image.shape[:2]
+    sx, sy = int(rng.integers(0, max(1, dw - bw))), int(rng.integers(0, max(1, dh - bh)))
+    patch = cv2.resize(donor_image[sy : sy + bh, sx : sx + bw], (bw, bh))
+    out = image.copy()
+    box = np.zeros((h, w), np.uint8)
+    box[y : y + bh, x : x + bw] = 255
+    placed = out.copy()
+    placed[y : y + bh, x : x + bw] = patch
+    return _blend(out, placed, feather(box, 2.0)), {"box": [x, y, bw, bh], "share": round(bw * bh / (h * w), 4)}
+
+
+_WORDS = ("SALE", "OPEN", "HELLO", "CAFE", "EXIT", "NEWS", "2026", "VOTE", "TAXI", "HOTEL")
+
+
+def _text_added(image, face, oval, rng) -> tuple[np.ndarray, dict]:
+    h, w = image.shape[:2]
+    text = " ".join(str(rng.choice(_WORDS)) for _ in range(int(rng.integers(1, 3))))
+    share = float(rng.uniform(0.01, 0.03))
+    (tw, th), base = cv2.getTextSize(text, cv2.FONT_HERSHEY_DUPLEX, 1.0, 2)
+    scale = math.sqrt(share * h * w / max(tw * (th + base), 1))
+    thick = max(1, int(round(2 * scale)))
+    (tw, th), base = cv2.getTextSize(text, cv2.FONT_HERSHEY_DUPLEX, scale, thick)
+    at = _place_box(rng, _region_away_from_face(oval, face.size_px), tw, th + base)
+    if at is None:
+        return None, {}
+    x, y = at
+    colour = tuple(int(c) for c in rng.integers(0, 256, size=3))
+    out = image.copy()
+    cv2.putText(out, text, (x, y + th), cv2.FONT_HERSHEY_DUPLEX, scale, colour, thick, cv2.LINE_AA)
+    return out, {"text": text, "box": [x, y, tw, th + base]}
+
+
+def _object_removed(image, face, oval, rng) -> tuple[np.ndarray, dict]:
+    h, w = image.shape[:2]
+    share = float(rng.uniform(0.02, 0.05))
+    side = int(math.sqrt(share * h * w))
+    allowed = _region_away_from_face(oval, face.size_px)
+    grey = cv2.cvtColor(image, cv2.COLOR_RGB2GRAY).astype(np.float32)
+    energy = np.abs(cv2.Laplacian(cv2.GaussianBlur(grey, (0, 0), 1.5), cv2.CV_32F))
+    best, best_e = None, -1.0
+    for _ in range(40):
+        at = _place_box(rng, allowed, side, side, tries=20)
+        if at is None:
+            continue
+        x, y = at
+        e = float(energy[y : y + side, x : x + side].mean())
+        if e > best_e:
+            best, best_e = at, e
+    if best is None:
+        return None, {}
+    x, y = best
+    hole = np.zeros((h, w), np.uint8)
+    cv2.ellipse(hole, (x + side // 2, y + side // 2), (side // 2, side // 2), 0, 0, 360, 255, -1)
+    # inpaint at reduced size: Telea's cost grows with the hole's area
+    f = min(1.0, 256.0 / side)
+    small = cv2.resize(image, None, fx=f, fy=f, interpolation=cv2.INTER_AREA)
+    small_hole = cv2.resize(hole, (small.shape[1], small.shape[0]), interpolation=cv2.INTER_NEAREST)
+    filled = cv2.inpaint(small, small_hole, 5, cv2.INPAINT_TELEA)
+    filled = cv2.resize(filled, (w, h), interpolation=cv2.INTER_CUBIC)
+    out = _blend(image, filled, feather(dilate(hole, 2), 3.0))
+    return out, {"box": [x, y, side, side], "share": round(math.pi * side * side / 4 / (h * w), 4)}
+
+
+def _body_skin_region(image, face, oval) -> np.ndarray:
+    person = get_person_segmenter().person_mask(image) > 0
+    head = dilate(oval, int(round(0.1 * face.size_px))) > 0
+    lab = to_lab(image)
+    core = cv2.erode(oval, np.ones((3, 3), np.uint8), iterations=max(1, int(0.05 * face.size_px)))
+    ref = np.median(lab[core > 0], axis=0)
+    skin = np.linalg.norm(lab[..., 1:] - ref[1:], axis=2) <= 14.0
+    skin &= np.abs(lab[..., 0] - ref[0]) <= 35.0
+    return (person & ~head & skin).astype(np.uint8) * 255
+
+
+def _body_skin(image, face, oval, rng, params) -> tuple[np.ndarray, dict]:
+    region = _body_skin_region(image, face, oval)
+    if cv2.countNonZero(region) < 0.004 * region.size:
+        return None, {}
+    delta = np.asarray(params.get("lab_delta", [15.0, 0.0, 0.0]), np.float32)
+    if float(np.linalg.norm(delta)) < 8.0:
+        delta = delta * (8.0 / max(float(np.linalg.norm(delta)), 1e-6))
+    alpha = cv2.GaussianBlur(region.astype(np.float32) / 255.0, (0, 0), 2.0)
+    return _lab_shift(image, alpha, delta), {"body_skin_share": round(cv2.countNonZero(region) / region.size, 4)}
+
+
+def _global_colour(image, face, oval, rng) -> tuple[np.ndarray, dict]:
+    kind = str(rng.choice(["cast", "white_balance", "contrast"]))
+    x = image.astype(np.float32)
+    if kind == "cast":
+        ch = int(rng.integers(0, 3))
+        d = float(rng.uniform(8, 20)) * float(rng.choice([-1, 1]))
+        x[..., ch] += d
+        p: dict[str, Any] = {"channel": ch, "levels": round(d, 2)}
+    elif kind == "white_balance":
+        t = float(rng.uniform(0.05, 0.1)) * float(rng.choice([-1, 1]))
+        x[..., 0] *= 1 + t
+        x[..., 2] *= 1 - t
+        p = {"warmth": round(t, 3)}
+    else:
+        g = float(rng.choice([rng.uniform(0.85, 0.9), rng.uniform(1.12, 1.2)]))
+        mean = x.reshape(-1, 3).mean(axis=0)
+        x = (x - mean) * g + mean
+        p = {"contrast": round(g, 3)}
+    return np.clip(np.rint(x), 0, 255).astype(np.uint8), {"global": kind, **p}
+
+
+def _head_mask(face: FaceObservation, oval: np.ndarray) -> np.ndarray:
+    return dilate(oval, int(round(0.5 * face.size_px)))
+
+
+def _head_pose(image, face, oval, rng) -> tuple[np.ndarray, dict]:
+    angle = float(rng.uniform(9, 16)) * float(rng.choice([-1, 1]))
+    chin = tuple(float(v) for v in face.landmarks[152, :2])
+    h, w = image.shape[:2]
+    m = cv2.getRotationMatrix2D(chin, angle, 1.0)
+    rotated = cv2.warpAffine(image, m, (w, h), flags=cv2.INTER_LINEAR, borderMode=cv2.BORDER_REFLECT)
+    head = cv2.warpAffine(_head_mask(face, oval), m, (w, h), flags=cv2.INTER_NEAREST)
+    return _blend(image, rotated, feather(head, 0.1 * face.size_px)), {"roll_deg": round(angle, 2)}
+
+
+def _head_position(image, face, oval, rng) -> tuple[np.ndarray, dict]:
+    frac = float(rng.uniform(0.2, 0.35))
+    theta = float(rng.uniform(0, 2 * math.pi))
+    dx, dy = frac * face.size_px * math.cos(theta), frac * face.size_px * math.sin(theta)
+    h, w = image.shape[:2]
+    head = _head_mask(face, oval)
+    f = min(1.0, 320.0 / max(h, w))
+    small = cv2.resize(image, None, fx=f, fy=f, interpolation=cv2.INTER_AREA)
+    small_hole = cv2.resize(head, (small.shape[1], small.shape[0]), interpolation=cv2.INTER_NEAREST)
+    background = cv2.resize(cv2.inpaint(small, small_hole, 5, cv2.INPAINT_TELEA), (w, h), interpolation=cv2.INTER_CUBIC)
+    base = _blend(image, background, feather(head, 0.05 * face.size_px))
+    m = np.float32([[1, 0, dx], [0, 1, dy]])
+    moved = cv2.warpAffine(image, m, (w, h), flags=cv2.INTER_LINEAR, borderMode=cv2.BORDER_REFLECT)
+    moved_head = cv2.warpAffine(head, m, (w, h), flags=cv2.INTER_NEAREST)
+    return _blend(base, moved, feather(moved_head, 0.1 * face.size_px)), {"shift_face_sizes": round(frac, 3)}
+
+
+def _hair(image, face, oval, rng) -> tuple[np.ndarray, dict]:
+    person = get_person_segmenter().person_mask(image) > 0
+    size = face.size_px
+    around = (dilate(oval, int(round(0.6 * size))) > 0) & ~(dilate(oval, int(round(0.03 * size))) > 0)
+    eyes_y = float(face.keypoints5()[:2, 1].mean())
+    rows = np.arange(image.shape[0])[:, None] < eyes_y
+    region = (person & around & rows).astype(np.uint8) * 255
+    if cv2.countNonZero(region) < 0.003 * region.size:
+        return None, {}
+    kind = str(rng.choice(["lighter", "darker", "hue"]))
+    if kind == "hue":
+        delta = np.array([0.0, *rng.uniform(-30, 30, size=2)])
+    else:
+        delta = np.array([float(rng.uniform(25, 45)) * (1 if kind == "lighter" else -1), 0.0, 0.0])
+    alpha = cv2.GaussianBlur(region.astype(np.float32) / 255.0, (0, 0), 3.0)
+    return _lab_shift(image, alpha, delta), {"hair": kind, "lab_delta": [round(float(x), 2) for x in delta]}
+
+
+# ---------------------------------------------------------------------------------------
+# editor jitter
+
+
+def editor_jitter(image: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, dict[str, Any]]:
+    """What a diffusion editor does to every output: a 1-3 px shift, a 0.5-2 % zoom about
+    the centre, a resize to about 1 MP in multiples of 16, and JPEG at quality 85-95."""
+    h, w = image.shape[:2]
+    shift = rng.uniform(1.0, 3.0) * np.array([math.cos(a := rng.uniform(0, 2 * math.pi)), math.sin(a)])
+    zoom = 1.0 + float(rng.uniform(0.005, 0.02))
+    m = cv2.getRotationMatrix2D((w / 2, h / 2), 0.0, zoom)
+    m[:, 2] += shift
+    moved = cv2.warpAffine(image, m, (w, h), flags=cv2.INTER_LINEAR, borderMode=cv2.BORDER_REFLECT)
+    s = math.sqrt(1024 * 1024 / (h * w))
+    nh, nw = max(16, round(h * s / 16) * 16), max(16, round(w * s / 16) * 16)
+    work = cv2.resize(moved, (nw, nh), interpolation=cv2.INTER_AREA if s < 1 else cv2.INTER_CUBIC)
+    quality = int(rng.integers(85, 96))
+    ok, buf = cv2.imencode(".jpg", work[:, :, ::-1], [cv2.IMWRITE_JPEG_QUALITY, quality])
+    if not ok:
+        raise RuntimeError("JPEG encoding failed")
+    out = cv2.imdecode(buf, cv2.IMREAD_COLOR)[:, :, ::-1].copy()
+    params = {
+        "shift_px": [round(float(v), 3) for v in shift],
+        "zoom": round(zoom, 4),
+        "size": [nw, nh],
+        "jpeg": quality,
+    }
+    return out, params
+
+
+# ---------------------------------------------------------------------------------------
+# the corpus
+
+
+@dataclass
+class _Photo:
+    name: str
+    person: str
+    image: np.ndarray
+    face: FaceObservation
+    oval: np.ndarray
+    face_lab: np.ndarray  # (2, 3): mean and std of the face's CIELAB
+
+
+def _load_photos(paths: list[Path], max_side: int) -> list[_Photo]:
+    from counterfactory.validation.calibrate import BUNDLED_FACES, load_rgb
+
+    landmarker = get_face_landmarker()
+    photos = []
+    for path in paths:
+        image = load_rgb(path)
+        h, w = image.shape[:2]
+        s = min(1.0, max_side / max(h, w))
+        if s < 1.0:
+            image = cv2.resize(image, (round(w * s), round(h * s)), interpolation=cv2.INTER_AREA)
+        faces = landmarker.detect(image)
+        if not faces:
+            continue
+        face = faces[0]
+        oval = face_mask(face.landmarks, image.shape[:2], mode="oval")
+        bundled = BUNDLED_FACES.get(Path(path).name)
+        if bundled is not None and len(bundled) == len(faces):
+            ordered = sorted(faces, key=lambda f: f.box[0])
+            person = bundled[next(i for i, f in enumerate(ordered) if f is face)][0]
+        else:
+            person = Path(path).stem
+        lab = to_lab(image)[oval > 0]
+        photos.append(_Photo(Path(path).name, person, image, face, oval, np.stack([lab.mean(0), lab.std(0)])))
+    return photos
+
+
+def build_corpus(
+    paths: list[Path],
+    *,
+    per_class: int = 4,
+    seed: int = 0,
+    max_side: int = 512,
+    splits: tuple[str, ...] = ("train", "heldout"),
+    classes: tuple[str, ...] | None = None,
+) -> Iterator[Case]:
+    """Yield the corpus cases photo by photo, class by class (see the module docstring).
+
+    Args:
+        paths: source photos; each needs a face (photos without one are skipped). Identity
+            swaps take their donor from another photo of another person, so at least two
+            people must be present for that class.
+        per_class: variants per class and photo (good edits: :data:`GOOD_MULTIPLIER` times as
+            many); odd indices are held out.
+        seed: the corpus seed; the same seed gives byte-identical cases.
+        max_side: sources larger than this are scaled down first, pixels.
+        splits: which splits to yield.
+        classes: which classes to make (all of :data:`CLASSES` by default).
+
+    A failure that cannot be made on a photo (no room away from the face for an object, no
+    skin visible outside the head) is skipped for that photo.
+    """
+    photos = _load_photos([Path(p) for p in paths], max_side)
+    wanted = classes or tuple(CLASSES)
+    for photo in photos:
+        others = [p for p in photos if p.person != photo.person]
+        for label in wanted:
+            for index in range(per_class * (GOOD_MULTIPLIER if label == GOOD else 1)):
+                split = split_of(index)
+                if split not in splits:
+                    continue
+                rng = np.random.default_rng(_seed(seed, photo.name, label, index))
+                donor = others[int(rng.integers(0, len(others)))] if others else None
+                case = _make_case(photo, label, index, split, rng, donor, seed)
+                if case is not None:
+                    yield case
+
+
+def _make_case(photo: _Photo, label: str, index: int, split: str, rng, donor: _Photo | None, seed: int) -> Case | None:
+    image, face, oval = photo.image, photo.face, photo.oval
+    params: dict[str, Any] = {}
+    if label == "noop_copy":
+        edited = image
+    else:
+        donor_lab = donor.face_lab if donor is not None else None
+        edited, params = good_edit(image, face, oval, rng, donor_lab)
+        failure = None
+        if label == "expression":
+            failure = _expression(edited, face, oval, rng)
+        elif label == "identity_swap":
+            if donor is None:
+                return None
+            failure = _identity_swap(edited, face, oval, rng, (donor.image, donor.face, donor.name))
+        elif label == "object_added":
+            pool = donor.image if donor is not None else image[::-1, ::-1]
+            failure = _object_added(edited, face, oval, rng, pool)
+        elif label == "text_added":
+            failure = _text_added(edited, face, oval, rng)
+        elif label == "object_removed":
+            failure = _object_removed(edited, face, oval, rng)
+        elif label == "body_skin":
+            failure = _body_skin(edited, face, oval, rng, params)
+        elif label == "global_colour":
+            failure = _global_colour(edited, face, oval, rng)
+        elif label == "head_pose":
+            failure = _head_pose(edited, face, oval, rng)
+        elif label == "head_position":
+            failure = _head_position(edited, face, oval, rng)
+        elif label == "hair":
+            failure = _hair(edited, face, oval, rng)
+        elif label != GOOD:
+            raise ValueError(f"unknown corpus class {label!r}; known: {', '.join(CLASSES)}")
+        if failure is not None:
+            edited, extra = failure
+            if edited is None:
+                return None
+            params.update(extra)
+    output, jitter = editor_jitter(edited, rng)
+    params["jitter"] = jitter
+    return Case(
+        case_id=f"{photo.name}:{label}:{index}",
+        photo=photo.name,
+        label=label,
+        split=split,
+        source=image,
+        output=output,
+        face_mask=oval,
+        face_size_px=face.size_px,
+        params=params,
+    )

@@ -1,0 +1,81 @@
+"""Person segmentation (MediaPipe selfie segmenter), for measures outside the face.
+
+The locality gate's body-skin drift looks at skin *of the person* outside the head (neck,
+hands, arms): the bundled selfie segmenter (``assets/models/selfie_segmentation.tflite``,
+Apache-2.0, MediaPipe Selfie Segmentation, 256x256 input) gives a per-pixel person
+probability, computed once per image by the gate stack.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import numpy as np
+
+from counterfactory.assets import SELFIE_SEGMENTER
+from counterfactory.validation.faces import register_close_at_exit
+
+#: Person probability at or above which a pixel belongs to the person.
+PERSON_THRESHOLD = 0.5
+
+
+class PersonSegmenter:
+    """The MediaPipe selfie segmenter, loaded once.
+
+    Args:
+        model_path: a ``selfie_segmentation.tflite`` (the bundled copy by default).
+    """
+
+    name = "mediapipe_selfie"
+
+    def __init__(self, model_path: str | Path = SELFIE_SEGMENTER) -> None:
+        from mediapipe.tasks.python import BaseOptions, vision
+
+        path = Path(model_path)
+        if not path.is_file():
+            raise FileNotFoundError(
+                f"selfie segmenter model not found at {path}; pass the path of a "
+                "selfie_segmentation.tflite (the package ships one in assets/models/)"
+            )
+        options = vision.ImageSegmenterOptions(
+            base_options=BaseOptions(model_asset_path=str(path)),
+            running_mode=vision.RunningMode.IMAGE,
+            output_confidence_masks=True,
+            output_category_mask=False,
+        )
+        self._segmenter = vision.ImageSegmenter.create_from_options(options)
+        self._lock = threading.Lock()
+        register_close_at_exit(self.close)
+
+    def close(self) -> None:
+        segmenter, self._segmenter = getattr(self, "_segmenter", None), None
+        if segmenter is not None:
+            segmenter.close()
+
+    def person_mask(self, image: np.ndarray, threshold: float = PERSON_THRESHOLD) -> np.ndarray:
+        """``(H, W)`` uint8 {0, 255}: 255 where ``image`` (``(H, W, 3)`` uint8 RGB) shows a person."""
+        import mediapipe as mp
+
+        if image.ndim != 3 or image.shape[2] != 3 or image.dtype != np.uint8:
+            raise ValueError(f"expected (H, W, 3) uint8 RGB, got {image.shape} {image.dtype}")
+        frame = mp.Image(image_format=mp.ImageFormat.SRGB, data=np.ascontiguousarray(image))
+        with self._lock:
+            if self._segmenter is None:
+                raise RuntimeError("PersonSegmenter is closed")
+            result = self._segmenter.segment(frame)
+        prob = np.asarray(result.confidence_masks[0].numpy_view(), dtype=np.float32).reshape(image.shape[:2])
+        return np.where(prob >= threshold, np.uint8(255), np.uint8(0))
+
+
+_shared: dict[str, PersonSegmenter] = {}
+_shared_lock = threading.Lock()
+
+
+def get_person_segmenter(model_path: str | Path = SELFIE_SEGMENTER) -> PersonSegmenter:
+    """The process-wide segmenter (loaded on first use)."""
+    key = str(Path(model_path).resolve())
+    with _shared_lock:
+        if key not in _shared:
+            _shared[key] = PersonSegmenter(model_path)
+        return _shared[key]
