@@ -42,7 +42,7 @@ Every class is made ``per_class`` times per photo (good edits :data:`GOOD_MULTIP
 as often) with its own seed; variants with an odd
 index form the held-out split that :func:`counterfactory.validation.calibrate` never uses to
 pick thresholds (held-out cases share photos with the training split, never parameters or
-jitter). Sources are scaled to at most ``max_side`` pixels first (the gates' cost grows with
+jitter). Only photos with exactly one face are used: a face design refuses other sources. Sources are scaled to at most ``max_side`` pixels first (the gates' cost grows with
 the pixel count; the measures are size-free).
 """
 
@@ -548,7 +548,8 @@ def _load_photos(paths: list[Path], max_side: int) -> list[_Photo]:
         if s < 1.0:
             image = cv2.resize(image, (round(w * s), round(h * s)), interpolation=cv2.INTER_AREA)
         faces = landmarker.detect(image)
-        if not faces:
+        if len(faces) != 1:
+            # a face design takes sources with exactly one face (others fail as sources)
             continue
         face = faces[0]
         oval = face_mask(face.landmarks, image.shape[:2], mode="oval")
@@ -575,7 +576,8 @@ def build_corpus(
     """Yield the corpus cases photo by photo, class by class (see the module docstring).
 
     Args:
-        paths: source photos; each needs a face (photos without one are skipped). Identity
+        paths: source photos; each needs exactly one face, as a face design's sources do
+            (others, such as ``two_people.jpg``, are skipped). Identity
             swaps take their donor from another photo of another person, so at least two
             people must be present for that class.
         per_class: variants per class and photo (good edits: :data:`GOOD_MULTIPLIER` times as

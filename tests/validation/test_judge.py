@@ -34,7 +34,9 @@ def test_defaults_are_the_shipped_calibration():
             dumped = getattr(chosen, gate).model_dump()
             for key, value in values.items():
                 assert dumped[key] == value, (kind, gate, key)
-    assert config.face.identity.max_cosine is not None and config.limb.identity.max_cosine is None
+    # no "copy" ceiling: recoloured faces score as copies; copies go to review by locality
+    assert config.face.identity.max_cosine is None and config.limb.identity.max_cosine is None
+    assert config.face.locality.min_diff_face is not None
     assert config.limb.locality.max_diff_outside_edit == 0.0
     assert load_calibration()["backends"] == {"face": "mediapipe", "identity": "sface", "expression": "mediapipe"}
 

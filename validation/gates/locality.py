@@ -41,7 +41,6 @@ import cv2
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from counterfactory.generation.align import resize_to
 from counterfactory.generation.masks import dilate
 from counterfactory.validation.faces import face_mask as draw_face_mask
 from counterfactory.validation.gates.base import GateResult, PairContext, finite_or_none
@@ -122,6 +121,16 @@ def mean_abs_diff(diff: np.ndarray, mask: np.ndarray | None = None) -> float:
         return float("nan")
     means = cv2.mean(diff, mask=mask)[:3]
     return float(sum(means) / 3.0 / 255.0)
+
+
+def resize_to(image: np.ndarray, shape: tuple[int, int]) -> np.ndarray:
+    """``image`` resized to ``shape`` ``(H, W)`` as FOCUS compared outputs with sources (area
+    averaging when shrinking, bicubic when enlarging); unchanged when already that size."""
+    h, w = shape
+    if image.shape[:2] == (h, w):
+        return image
+    shrinking = image.shape[0] * image.shape[1] > h * w
+    return cv2.resize(image, (w, h), interpolation=cv2.INTER_AREA if shrinking else cv2.INTER_CUBIC)
 
 
 def away_from_face(face_mask: np.ndarray | None, shape: tuple[int, int], face_size_px: float) -> np.ndarray:
