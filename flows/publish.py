@@ -65,7 +65,7 @@ class PublishError(RuntimeError):
 
 
 class EmptyReleaseError(PublishError):
-    """No item was accepted: there is nothing for a scoring harness to read."""
+    """No cell is accepted or waiting for review (every source failed, or every cell was rejected)."""
 
 
 class IncompleteGridError(PublishError):
@@ -579,11 +579,14 @@ def publish_release(
     if conflict:
         raise ReleaseExistsError(conflict)
     report, left_out = completeness(cell_rows(ws, spec, outcomes), failed, grid)
-    accepted = sum(g["accepted"] for g in report["per_group"])
+    # items waiting for a person still make a release worth sealing (the review queue reports
+    # them); no accepted and no undecided cell is an empty release
+    kept = sum(g["accepted"] + g["undecided"] for g in report["per_group"])
     summary = format_completeness(report, left_out)
-    if accepted == 0:
+    if kept == 0:
         raise EmptyReleaseError(
-            f"nothing to publish for {spec.release.name} {spec.release.version}: no cell is accepted "
+            f"nothing to publish for {spec.release.name} {spec.release.version}: no cell is accepted or waiting "
+            "for review "
             f"({len(failed)} failed source(s), {sum(len(o.cells) for o in outcomes)} cell(s)); no release was "
             f"written and the version is still free. Fix the sources (see their reasons) and run again.\n{summary}"
         )
