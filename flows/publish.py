@@ -659,10 +659,15 @@ def publish_release(
         plot_attrition(stats["attrition"], stage.dir / "attrition.png")
         write_json(stage.dir / RELEASE_JSON, release_info)
         write_report(stage.dir, spec=spec, items=items, stats=stats)
-        return stage.seal()
+        sealed = stage.seal()
     except BaseException:
         stage.discard()
         raise
+    if spec.source_path is not None and spec.source_path.is_file():
+        # `publish OUT` and `review serve OUT` find the spec here: the release's spec.yaml is the
+        # text as written, whose relative paths mean something only beside the original file
+        remember_spec(ws.out, spec.source_path)
+    return sealed
 
 
 @dataclass(frozen=True)

@@ -172,6 +172,8 @@ class Spec(BaseModel):
     ledger_url: str | None = None
     #: the spec file's text as the user wrote it (set by :func:`load_spec`)
     _written: str | None = PrivateAttr(default=None)
+    #: the spec file it was loaded from (set by :func:`load_spec`)
+    _path: Path | None = PrivateAttr(default=None)
 
     @field_validator("ledger_url")
     @classmethod
@@ -214,6 +216,11 @@ class Spec(BaseModel):
                 ) from None
             except (ValueError, IndexError) as exc:
                 raise ValueError(f"prompts: {exc}") from None
+
+    @property
+    def source_path(self) -> Path | None:
+        """The spec file this spec was loaded from, or None when built in code."""
+        return self._path
 
     def as_written(self) -> tuple[str, str]:
         """``(text, sha256 of its bytes)``: the spec file as the user wrote it (what a release ships)."""
@@ -347,6 +354,7 @@ def load_spec(path: str | Path, *, check_paths: bool = True) -> Spec:
         update["trials"] = spec.trials.model_copy(update={"biographies": (base / spec.trials.biographies).resolve()})
     spec = spec.model_copy(update=update)
     spec._written = text
+    spec._path = path.resolve()
     if "salary" in spec.trials.protocols and spec.trials.biographies is None:
         raise SpecError(
             f"{path}: field `trials.biographies`: the salary protocol needs a biographies file; "

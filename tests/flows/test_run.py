@@ -334,7 +334,7 @@ def test_a_second_run_on_the_same_folder_is_refused_and_nothing_is_paid_twice(tm
             except sqlite3.OperationalError:
                 continue
         assert first.poll() is None, "the first run ended before the second could start"
-        second = _run(["run", "assets/specs/demo-face.yaml", "--out", str(out), "--no-progress"])
+        second = _run(["run", "assets/specs/demo-face.yaml", "--out", str(out), "--no-progress", *PUBLISH])
         assert second.returncode == 2
         assert "another counterfactory run is using this folder" in second.stderr
         assert f"pid {first.pid}" in second.stderr and "Traceback" not in second.stderr
@@ -364,7 +364,7 @@ def _group_members(pgid: int) -> list[str]:
 
 def _start_and_wait_for_attempts(out: Path, minimum: int = 1) -> subprocess.Popen:
     proc = subprocess.Popen(
-        CLI + ["run", "assets/specs/demo-face.yaml", "--out", str(out), "--no-progress", "--workers", "1"],
+        CLI + ["run", "assets/specs/demo-face.yaml", "--out", str(out), "--no-progress", "--workers", "1", *PUBLISH],
         cwd=REPO,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
