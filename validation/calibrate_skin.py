@@ -21,7 +21,8 @@ from typing import Any
 import numpy as np
 
 from counterfactory.validation.faces import get_face_landmarker, nearest_face
-from counterfactory.validation.skin import get_selfie_segmenter, measure_pair
+from counterfactory.validation.segment import get_person_segmenter
+from counterfactory.validation.skin import measure_pair
 
 RULES: dict[str, str] = {
     "skin.max_ita_shift_deg": (
@@ -52,7 +53,7 @@ def measure_skin(
             only the pixel-aligned ones are used.
     """
     landmarker = get_face_landmarker()
-    segmenter = get_selfie_segmenter()
+    segmenter = get_person_segmenter()
     out: dict[str, dict[str, dict[str, list]]] = {}
 
     def add(group: str, metric: str, value: float | None, label: str) -> None:

@@ -1,9 +1,9 @@
 """Person segmentation (MediaPipe selfie segmenter), for measures outside the face.
 
-The locality gate's body-skin drift looks at skin *of the person* outside the head (neck,
-hands, arms): the bundled selfie segmenter (``assets/models/selfie_segmentation.tflite``,
-Apache-2.0, MediaPipe Selfie Segmentation, 256x256 input) gives a per-pixel person
-probability, computed once per image by the gate stack.
+The locality gate's body-skin drift and the skin-tone gate's body ITA look at skin *of the
+person* outside the head (neck, hands, arms): the bundled selfie segmenter
+(``assets/models/selfie_segmentation.tflite``, Apache-2.0, MediaPipe Selfie Segmentation,
+256x256 input) gives a per-pixel person probability. One process-wide instance serves both.
 """
 
 from __future__ import annotations
@@ -11,13 +11,18 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
+import cv2
 import numpy as np
 
 from counterfactory.assets import SELFIE_SEGMENTER
+from counterfactory.manifests.errors import SetupError
 from counterfactory.validation.faces import register_close_at_exit
 
 #: Person probability at or above which a pixel belongs to the person.
 PERSON_THRESHOLD = 0.5
+#: :meth:`PersonSegmenter.segment` runs the model on a copy whose long side is at most this
+#: (its own input is 256 x 256, so a larger copy only costs time)
+SEGMENT_SIDE = 512
 
 
 class PersonSegmenter:
@@ -34,7 +39,7 @@ class PersonSegmenter:
 
         path = Path(model_path)
         if not path.is_file():
-            raise FileNotFoundError(
+            raise SetupError(
                 f"selfie segmenter model not found at {path}; pass the path of a "
                 "selfie_segmentation.tflite (the package ships one in assets/models/)"
             )
@@ -66,6 +71,31 @@ class PersonSegmenter:
             result = self._segmenter.segment(frame)
         prob = np.asarray(result.confidence_masks[0].numpy_view(), dtype=np.float32).reshape(image.shape[:2])
         return np.where(prob >= threshold, np.uint8(255), np.uint8(0))
+
+    def segment(self, image: np.ndarray) -> np.ndarray:
+        """Person probability ``(H, W)`` float32 in [0, 1] for ``(H, W, 3)`` uint8 RGB.
+
+        The model sees a copy whose long side is at most :data:`SEGMENT_SIDE` (its own input is
+        256 x 256); the probability is resized back bilinearly.
+        """
+        import mediapipe as mp
+
+        h, w = image.shape[:2]
+        scale = min(SEGMENT_SIDE / max(h, w), 1.0)
+        small = (
+            image
+            if scale >= 1.0
+            else cv2.resize(image, (max(round(w * scale), 1), max(round(h * scale), 1)), interpolation=cv2.INTER_AREA)
+        )
+        frame = mp.Image(image_format=mp.ImageFormat.SRGB, data=np.ascontiguousarray(small))
+        with self._lock:
+            if self._segmenter is None:
+                raise RuntimeError("PersonSegmenter is closed")
+            result = self._segmenter.segment(frame)
+        prob = np.asarray(result.confidence_masks[0].numpy_view(), dtype=np.float32).reshape(small.shape[:2])
+        if prob.shape != (h, w):
+            prob = cv2.resize(prob, (w, h), interpolation=cv2.INTER_LINEAR)
+        return prob
 
 
 _shared: dict[str, PersonSegmenter] = {}

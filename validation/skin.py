@@ -31,16 +31,14 @@ lighten skin.
 from __future__ import annotations
 
 import math
-import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 import cv2
 import numpy as np
 
-from counterfactory.assets import SELFIE_SEGMENTER
-from counterfactory.validation.faces import FACE_OVAL, face_mask, register_close_at_exit
+from counterfactory.validation.faces import FACE_OVAL, face_mask
+from counterfactory.validation.segment import PersonSegmenter
 
 #: Chai & Ngan (1999) skin chroma box in YCrCb (OpenCV's 8-bit Cr, Cb).
 GENERIC_CR = (133, 173)
@@ -55,8 +53,6 @@ BORDER_SHARE = 0.04
 #: At most this many pixels of a region are converted to Lab (an even stride over the
 #: region); the median of 20k samples differs from the full median by well under 0.1 degree.
 MAX_SAMPLES = 20000
-#: The segmenter runs on a copy whose long side is at most this (its network input is 256 px).
-SEGMENT_SIDE = 512
 
 
 def ita_deg(lab: np.ndarray) -> np.ndarray:
@@ -213,7 +209,7 @@ def body_skin_mask(
 
     Args:
         image: ``(H, W, 3)`` uint8 RGB.
-        person: ``(H, W)`` float person probability in [0, 1] (:class:`SelfieSegmenter`).
+        person: ``(H, W)`` float person probability in [0, 1] (:class:`PersonSegmenter`).
         landmarks: ``(478, >=2)`` face landmarks of the person (pixels).
         exclude: optional ``(H, W)`` region also left out (a limb edit mask), nonzero inside.
         other_faces: landmarks of the other people's faces, whose heads are left out too.
@@ -275,80 +271,6 @@ def inpaint_skin_mask(image: np.ndarray, edit_mask: np.ndarray) -> np.ndarray:
     )
     out[y0:y1, x0:x1] = (skin & (inside[y0:y1, x0:x1] > 0)).astype(np.uint8) * 255
     return out
-
-
-class SelfieSegmenter:
-    """The bundled MediaPipe selfie segmentation model (person vs background), loaded once.
-
-    Args:
-        model_path: a ``selfie_segmentation.tflite`` (the bundled Apache-2.0 copy by default).
-    """
-
-    name = "mediapipe_selfie"
-
-    def __init__(self, model_path: str | Path = SELFIE_SEGMENTER) -> None:
-        from mediapipe.tasks.python import BaseOptions, vision
-
-        from counterfactory.validation.backends.base import BackendUnavailable
-
-        path = Path(model_path)
-        if not path.is_file():
-            raise BackendUnavailable(
-                f"selfie segmentation model not found at {path}; pass the path of "
-                "selfie_segmentation.tflite (the package ships one in assets/models/)"
-            )
-        options = vision.ImageSegmenterOptions(
-            base_options=BaseOptions(model_asset_path=str(path)),
-            running_mode=vision.RunningMode.IMAGE,
-            output_confidence_masks=True,
-            output_category_mask=False,
-        )
-        self._segmenter = vision.ImageSegmenter.create_from_options(options)
-        self._lock = threading.Lock()
-        register_close_at_exit(self.close)
-
-    def close(self) -> None:
-        segmenter, self._segmenter = getattr(self, "_segmenter", None), None
-        if segmenter is not None:
-            segmenter.close()
-
-    def segment(self, image: np.ndarray) -> np.ndarray:
-        """Person probability ``(H, W)`` float32 in [0, 1] for ``(H, W, 3)`` uint8 RGB.
-
-        The model sees a copy whose long side is at most :data:`SEGMENT_SIDE` (its own input is
-        256 x 256); the probability is resized back bilinearly.
-        """
-        import mediapipe as mp
-
-        h, w = image.shape[:2]
-        scale = min(SEGMENT_SIDE / max(h, w), 1.0)
-        small = (
-            image
-            if scale >= 1.0
-            else cv2.resize(image, (max(round(w * scale), 1), max(round(h * scale), 1)), interpolation=cv2.INTER_AREA)
-        )
-        frame = mp.Image(image_format=mp.ImageFormat.SRGB, data=np.ascontiguousarray(small))
-        with self._lock:
-            if self._segmenter is None:
-                raise RuntimeError("SelfieSegmenter is closed")
-            result = self._segmenter.segment(frame)
-        prob = np.asarray(result.confidence_masks[0].numpy_view(), dtype=np.float32).reshape(small.shape[:2])
-        if prob.shape != (h, w):
-            prob = cv2.resize(prob, (w, h), interpolation=cv2.INTER_LINEAR)
-        return prob
-
-
-_shared: dict[str, SelfieSegmenter] = {}
-_shared_lock = threading.Lock()
-
-
-def get_selfie_segmenter(model_path: str | Path = SELFIE_SEGMENTER) -> SelfieSegmenter:
-    """The process-wide segmenter for ``model_path`` (loaded on first use)."""
-    key = str(Path(model_path).resolve())
-    with _shared_lock:
-        if key not in _shared:
-            _shared[key] = SelfieSegmenter(model_path)
-        return _shared[key]
 
 
 @dataclass(frozen=True)
@@ -424,7 +346,7 @@ def _scaled(landmarks: np.ndarray | None, stride: int) -> np.ndarray | None:
 def measure_pair(
     source: np.ndarray,
     candidate: np.ndarray,
-    segmenter: SelfieSegmenter,
+    segmenter: PersonSegmenter,
     *,
     source_landmarks: np.ndarray | None,
     candidate_landmarks: np.ndarray | None,
@@ -441,7 +363,7 @@ def measure_pair(
 
     Args:
         source, candidate: ``(H, W, 3)`` uint8 RGB, aligned.
-        segmenter: the person segmenter (:func:`get_selfie_segmenter`).
+        segmenter: the person segmenter (:func:`get_person_segmenter`).
         source_landmarks: ``(478, >=2)`` pixels of the subject in the source, or None (no face:
             then only the skin inside ``edit_mask`` is measured).
         candidate_landmarks: the subject in the candidate; the source's are used when None.

@@ -43,7 +43,11 @@ def _embed(landmarker, sface, image):
 
 def test_opencv_constant_and_band_order():
     assert OPENCV_SAME_PERSON_COSINE == 0.363
-    assert FACE_BAND["min_cosine"] < FACE_BAND["max_cosine"] == LIMB_BAND["min_cosine"]
+    # face edits: a floor at or below OpenCV's operating point and no "copy" ceiling (real
+    # skin-tone edits score 0.93-0.99 with SFace; copies are caught by locality); limb edits:
+    # a floor near the no-op level, far above the face floor
+    assert FACE_BAND["min_cosine"] <= OPENCV_SAME_PERSON_COSINE < LIMB_BAND["min_cosine"]
+    assert FACE_BAND.get("max_cosine") is None
 
 
 def test_cosine_known_answers():
@@ -88,7 +92,8 @@ def test_identical_images_pass(face_stack, photo):
     gate = next(g for g in face_stack.gates if g.name == "identity")
     result = gate(pair)
     assert result.passed and result.metrics["cosine"] == pytest.approx(1.0, abs=1e-6)
-    assert result.review == ("identity_above_band",)  # a face edit that is a copy goes to people
+    # no "copy" ceiling for face edits: a copy goes to people through locality_face_unchanged
+    assert result.review == ()
     limb = identity_gate(pair, embedder=gate.embedder, min_cosine=LIMB_BAND["min_cosine"])
     assert limb.passed and not limb.review
 

@@ -14,9 +14,9 @@ from counterfactory.validation.calibrate import load_rgb
 from counterfactory.validation.faces import get_face_landmarker
 from counterfactory.validation.gates.base import PairContext
 from counterfactory.validation.gates.skin import SkinGate, SkinGateConfig, is_control
+from counterfactory.validation.segment import get_person_segmenter
 from counterfactory.validation.skin import (
     face_skin_mask,
-    get_selfie_segmenter,
     ita_deg,
     measure_pair,
     region_ita,
@@ -106,7 +106,7 @@ def test_face_only_tint_moves_face_ita_by_the_formula_and_not_the_neck(portrait)
     delta_l = 5.0
     tinted = _tint(image, oval, delta_l)
     src, cand = measure_pair(
-        image, tinted, get_selfie_segmenter(), source_landmarks=face.landmarks, candidate_landmarks=face.landmarks
+        image, tinted, get_person_segmenter(), source_landmarks=face.landmarks, candidate_landmarks=face.landmarks
     )
     # expected: the textbook ITA at the face skin's median L* + 5 and median b*, by the
     # hand-written Lab conversion above

@@ -35,7 +35,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from counterfactory.validation.gates.base import GateResult, PairContext, finite_or_none
-from counterfactory.validation.skin import SelfieSegmenter, get_selfie_segmenter, measure_pair
+from counterfactory.validation.segment import PersonSegmenter, get_person_segmenter
+from counterfactory.validation.skin import measure_pair
 
 #: No thresholds here depend on a model backend (ITA is a colour formula).
 BACKEND_THRESHOLDS: tuple[str, ...] = ()
@@ -109,9 +110,9 @@ class SkinGate:
 
     name = "skin"
 
-    def __init__(self, config: SkinGateConfig, segmenter: SelfieSegmenter | None = None) -> None:
+    def __init__(self, config: SkinGateConfig, segmenter: PersonSegmenter | None = None) -> None:
         self.config = config
-        self.segmenter = segmenter if segmenter is not None else get_selfie_segmenter()
+        self.segmenter = segmenter if segmenter is not None else get_person_segmenter()
 
     def __call__(self, pair: PairContext) -> GateResult:
         c = self.config
