@@ -70,6 +70,18 @@ def _too_long(width: int, height: int, max_side_px: int) -> str:
     )
 
 
+def _check_size(path: Path, width: int, height: int, *, max_pixels: int, max_side_px: int) -> None:
+    """Refuse a ``width`` x ``height`` image over the side or pixel limit, naming ``path``."""
+    if max(width, height) > max_side_px:
+        raise SourceError(path, _too_long(width, height, max_side_px))
+    if width * height > max_pixels:
+        raise SourceError(
+            path,
+            f"image is {width}x{height} = {width * height:,} pixels, over the limit of "
+            f"{max_pixels:,} (max_pixels); downscale the photo or raise max_pixels",
+        )
+
+
 def _check_header(path: Path, *, max_pixels: int, max_side_px: int) -> None:
     """Refuse an oversized image from its header alone (PIL reads only the first bytes here)."""
     with warnings.catch_warnings():
@@ -87,14 +99,7 @@ def _check_header(path: Path, *, max_pixels: int, max_side_px: int) -> None:
             ) from None
         except Exception:  # noqa: BLE001 - other header failures get their own message from load_image
             return
-    if max(width, height) > max_side_px:
-        raise SourceError(path, _too_long(width, height, max_side_px))
-    if width * height > max_pixels:
-        raise SourceError(
-            path,
-            f"image is {width}x{height} = {width * height:,} pixels, over the limit of "
-            f"{max_pixels:,} (max_pixels); downscale the photo or raise max_pixels",
-        )
+    _check_size(path, width, height, max_pixels=max_pixels, max_side_px=max_side_px)
 
 
 def load_image(
@@ -184,14 +189,7 @@ def load_image(
 
         with image:
             width, height = image.size
-            if max(width, height) > max_side_px:
-                raise SourceError(path, _too_long(width, height, max_side_px))
-            if width * height > max_pixels:
-                raise SourceError(
-                    path,
-                    f"image is {width}x{height} = {width * height:,} pixels, over the limit of "
-                    f"{max_pixels:,} (max_pixels); downscale the photo or raise max_pixels",
-                )
+            _check_size(path, width, height, max_pixels=max_pixels, max_side_px=max_side_px)
             if min(width, height) < min_side_px:
                 raise SourceError(
                     path,
