@@ -3,9 +3,11 @@
 A new editor backend or gate is one module that ends with one registration line::
 
     EDITORS.register("mine", MineOptions, MineEditor)
+    GATES.register("mine", MineGateConfig, MineGate, order=70)
 
 The spec reads these registries to validate ``editor.<backend>`` and ``gates.<kind>.<gate>``
-sections, so nothing else changes when a plug-in is added. This module is the bottom layer:
+sections, and the gate stack is built from ``GATES`` in its order, so nothing else changes
+when a plug-in is added. This module is the bottom layer:
 it imports no pipeline code. A registry imports its ``home`` package once, on first use, which
 registers the built-in plug-ins (each backend module registers itself on import).
 """
@@ -16,7 +18,7 @@ import importlib
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from pydantic import BaseModel
 
@@ -48,7 +50,10 @@ class Registry:
         Raises:
             ValueError: ``name`` is taken by another factory.
         """
-        plugin = Plugin(name, options, factory)
+        return self._add(Plugin(name, options, factory))
+
+    def _add(self, plugin: Plugin) -> Plugin:
+        name, factory = plugin.name, plugin.factory
         with self._lock:
             existing = self._plugins.get(name)
             if existing is not None and _qualname(existing.factory) != _qualname(factory):
@@ -94,6 +99,59 @@ class Registry:
         return plugin
 
 
+@dataclass(frozen=True)
+class GatePlugin(Plugin):
+    """A registered gate: besides name, options model and factory, how the spec fills it in.
+
+    Attributes:
+        backend_keys: option names whose calibrated values belong to the backend they were
+            measured with; a spec that picks another backend does not inherit them.
+        opt_in: the gate stays off unless the spec configures it (it needs files the user
+            supplies, such as a classifier).
+        order: where the gate runs in the stack (lower first); reasons and results follow it.
+    """
+
+    backend_keys: tuple[str, ...] = ()
+    opt_in: bool = False
+    order: int = 100
+
+
+class GateRegistry(Registry):
+    """Gates by name; :meth:`plugins` lists them in stack order."""
+
+    def register(
+        self,
+        name: str,
+        options: type[BaseModel],
+        factory: Callable[[Any], Any],
+        *,
+        backend_keys: tuple[str, ...] = (),
+        opt_in: bool = False,
+        order: int = 100,
+    ) -> GatePlugin:
+        """Add the gate ``name``: ``factory(options) -> Gate``, ``options`` its thresholds model.
+
+        Raises:
+            ValueError: ``name`` is taken by another factory, or is ``kind`` (the spec's own
+                field beside the gates).
+        """
+        if name == "kind":
+            raise ValueError("a gate cannot be called 'kind' (gates.<kind>.kind names the edit kind)")
+        plugin = GatePlugin(name, options, factory, tuple(backend_keys), opt_in, order)
+        self._add(plugin)
+        return plugin
+
+    def get(self, name: str) -> GatePlugin:
+        return cast(GatePlugin, super().get(name))
+
+    def plugins(self) -> list[GatePlugin]:
+        """Every registered gate in stack order (``order``, then name)."""
+        self._load()
+        with self._lock:
+            plugins = [p for p in self._plugins.values() if isinstance(p, GatePlugin)]
+        return sorted(plugins, key=lambda p: (p.order, p.name))
+
+
 def _qualname(factory: Callable[..., Any]) -> str:
     return f"{getattr(factory, '__module__', '?')}.{getattr(factory, '__qualname__', repr(factory))}"
 
@@ -101,4 +159,4 @@ def _qualname(factory: Callable[..., Any]) -> str:
 #: editor backends: ``factory(options) -> Editor``
 EDITORS = Registry("editor backend", "counterfactory.generation.editors")
 #: gates: ``factory(options) -> Gate``; options hold the thresholds (per edit kind in the spec)
-GATES = Registry("gate", "counterfactory.validation.gates")
+GATES = GateRegistry("gate", "counterfactory.validation.gates")

@@ -713,6 +713,9 @@ CORPUS_THRESHOLDS: tuple[tuple[str, str, str, str], ...] = (
     ("locality", "max_body_skin_delta_e", "locality.body_skin_delta_e", "max"),
 )
 
+#: The gates the failure corpus judges (the others judge against a requested condition).
+CORPUS_GATES = tuple(dict.fromkeys(gate for gate, _, _, _ in CORPUS_THRESHOLDS))
+
 #: Safety factor between the good edits' extreme and the threshold: the training split's
 #: good edits are a sample, and the held-out ones reach past its extreme.
 CORPUS_MARGIN = 1.5
@@ -817,11 +820,12 @@ def _measuring_config(base: dict[str, dict[str, Any]]) -> dict[str, dict[str, An
 
 
 def _stack(face_gates: dict[str, dict[str, Any]], face_mask_mode: MaskMode):
-    from counterfactory.validation.judge import GatesConfig, GateStack, KindGatesConfig
+    from counterfactory.manifests.registry import GATES
+    from counterfactory.validation.judge import GatesConfig, GateStack
 
-    # the corpus judges issue 9's gates; the skin-tone and target-attribute gates judge a
-    # change against the requested condition, which a corpus case does not have
-    others = {g: None for g in ("skin", "attribute") if g in KindGatesConfig.model_fields}
+    # the corpus judges issue 9's gates; the skin-tone and target-attribute gates (and any
+    # plug-in) judge a change against the requested condition, which a corpus case does not have
+    others = {g: None for g in GATES.names() if g not in CORPUS_GATES}
     gates = {**copy.deepcopy(face_gates), **others, "kind": "face"}
     return GateStack.from_config(GatesConfig(face_mask=face_mask_mode, face=gates), "face")
 

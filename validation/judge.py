@@ -15,103 +15,123 @@ from collections.abc import Mapping
 from typing import Any, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic_core import PydanticCustomError
 
+from counterfactory.manifests.registry import GATES, GatePlugin
 from counterfactory.validation.backends import BackendUnavailable
 from counterfactory.validation.faces import FaceLandmarker, MaskMode, face_mask, get_face_landmarker
-from counterfactory.validation.gates import expression as _expression
-from counterfactory.validation.gates import face as _face
-from counterfactory.validation.gates import identity as _identity
-from counterfactory.validation.gates.attribute import AttributeGate, AttributeGateConfig
 from counterfactory.validation.gates.base import Gate, GateResult, Judgement, PairContext, combine, not_finite_metrics
-from counterfactory.validation.gates.expression import ExpressionGate, ExpressionGateConfig
-from counterfactory.validation.gates.face import FaceGate, FaceGateConfig
-from counterfactory.validation.gates.identity import IdentityGate, IdentityGateConfig
 from counterfactory.validation.gates.inputs import input_gate
-from counterfactory.validation.gates.locality import LocalityGate, LocalityGateConfig
-from counterfactory.validation.gates.skin import SkinGate, SkinGateConfig
 from counterfactory.validation.segment import PersonSegmenter, get_person_segmenter
 from counterfactory.validation.thresholds import RECALIBRATE, calibrated_gates
 
 Kind = Literal["face", "limb"]
-#: Gate name -> (config class, thresholds whose calibration belongs to one backend).
-GATE_CONFIGS: dict[str, tuple[type[BaseModel], tuple[str, ...]]] = {
-    "face": (FaceGateConfig, _face.BACKEND_THRESHOLDS),
-    "identity": (IdentityGateConfig, _identity.BACKEND_THRESHOLDS),
-    "expression": (ExpressionGateConfig, _expression.BACKEND_THRESHOLDS),
-    "locality": (LocalityGateConfig, ()),
-    "skin": (SkinGateConfig, ()),
-    "attribute": (AttributeGateConfig, ()),
-}
-#: Gates that stay off unless the spec configures them (they need files the user supplies).
-OPT_IN_GATES = frozenset({"attribute"})
 
 
-def _with_calibrated_defaults(kind: str, data: dict[str, Any]) -> dict[str, Any]:
-    """``data`` with every gate's missing settings taken from the calibration for ``kind``.
+def _gate_options(plugin: GatePlugin, kind: str, given: Any, calibrated: dict[str, Any]) -> BaseModel | None:
+    """``gates.<kind>.<plugin.name>`` as the gate's options model, missing settings calibrated.
 
     A gate set to None stays disabled. A gate whose chosen backend differs from the one
     calibrated keeps only its backend-free defaults (a cosine of one model is not a cosine
     of another); a required threshold then missing is an error that names the fix.
+
+    Raises:
+        ValidationError: located under the gate's name (``identity.min_cosine``), so the
+            spec's message names ``gates.<kind>.<gate>.<field>``.
     """
-    calibrated = calibrated_gates(kind)
-    out = dict(data)
-    for gate, (config_cls, backend_keys) in GATE_CONFIGS.items():
-        if gate in data and data[gate] is None:
-            continue
-        if gate in OPT_IN_GATES and gate not in data:
-            continue
-        given = data.get(gate, {})
-        if isinstance(given, BaseModel):
-            continue  # an already-built sub-config is taken as it is
-        given = dict(given)
-        defaults = dict(calibrated.get(gate, {}))
-        cal_backend = defaults.get("backend")
-        backend = given.get("backend", cal_backend)
-        if cal_backend is not None and backend != cal_backend:
-            for key in backend_keys:
-                defaults.pop(key, None)
-        merged = {**defaults, **given}
-        missing = [
-            name for name, field in config_cls.model_fields.items() if field.is_required() and name not in merged
-        ]
-        if missing:
-            raise ValueError(
-                f"gates.{kind}.{gate}: backend {backend!r} has no calibrated "
-                f"{', '.join(missing)} (the shipped calibration measured {cal_backend!r}); "
-                f"set {', '.join(missing)} in the spec, or re-run `{RECALIBRATE}` with that backend"
-            )
-        out[gate] = merged
-    return out
+    name, options = plugin.name, plugin.options
+    if given is None:
+        return None
+    if isinstance(given, options):
+        return given  # an already-built sub-config is taken as it is
+    if isinstance(given, BaseModel):
+        given = given.model_dump()
+    if not isinstance(given, dict):
+        raise _located(
+            name, [("gate_settings", "a mapping of the gate's settings, or null to switch it off", (), given)]
+        )
+    defaults = dict(calibrated.get(name, {}))
+    cal_backend = defaults.get("backend")
+    backend = given.get("backend", cal_backend)
+    if cal_backend is not None and backend != cal_backend:
+        for key in plugin.backend_keys:
+            defaults.pop(key, None)
+    merged = {**defaults, **given}
+    missing = [key for key, field in options.model_fields.items() if field.is_required() and key not in merged]
+    if missing:
+        names = ", ".join(missing)
+        message = (
+            f"{names} for backend {backend!r}, which the shipped calibration did not measure (it measured "
+            f"{cal_backend!r}); set {names} in gates.{kind}.{name}, or re-run `{RECALIBRATE}` with that backend"
+        )
+        raise _located(name, [("calibration_missing", message, (), given)])
+    try:
+        return options.model_validate(merged)
+    except ValidationError as exc:
+        raise _located(name, [(e["type"], e["msg"], e["loc"], e.get("input")) for e in exc.errors()]) from None
+
+
+def _located(gate: str, errors: list[tuple[str, str, tuple[Any, ...], Any]]) -> ValidationError:
+    """One ValidationError whose errors sit under ``gate`` (type, message, location, input kept)."""
+    escape = str.maketrans({"{": "{{", "}": "}}"})
+    return ValidationError.from_exception_data(
+        "KindGatesConfig",
+        [
+            {"type": PydanticCustomError(kind, message.translate(escape)), "loc": (gate, *loc), "input": value}
+            for kind, message, loc, value in errors
+        ],
+    )
 
 
 class KindGatesConfig(BaseModel):
     """Gate choices and thresholds for one edit kind (``gates.face`` / ``gates.limb``).
 
+    One entry per gate registered in :data:`~counterfactory.manifests.registry.GATES`, read as
+    an attribute (``config.identity``): the gate's options model, or None when it is off.
     Every gate is on by default with the calibrated thresholds for ``kind``; set a gate to
-    ``null`` to switch it off, or give any of its fields to override them. The ``attribute``
-    gate is the exception: it reads a classifier the user supplies, so it is on only when
-    configured.
+    ``null`` to switch it off, or give any of its fields to override them. Opt-in gates (the
+    ``attribute`` gate reads a classifier the user supplies) are on only when configured.
     """
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="allow")
 
     kind: Kind = "face"
-    face: FaceGateConfig | None = None
-    identity: IdentityGateConfig | None = None
-    expression: ExpressionGateConfig | None = None
-    locality: LocalityGateConfig | None = None
-    skin: SkinGateConfig | None = None
-    attribute: AttributeGateConfig | None = None
 
     @model_validator(mode="before")
     @classmethod
-    def _fill_calibrated(cls, data: Any) -> Any:
+    def _gates(cls, data: Any) -> Any:
         if data is None:
             data = {}
         if not isinstance(data, dict):
             return data
-        return _with_calibrated_defaults(data.get("kind", "face"), data)
+        kind = data.get("kind", "face")
+        if kind not in ("face", "limb"):
+            return data  # the ``kind`` field reports it
+        unknown = [name for name in data if name != "kind" and name not in GATES]
+        if unknown:
+            valid = f"one of the registered gates ({', '.join(GATES.names())}); check its spelling"
+            raise ValidationError.from_exception_data(
+                "KindGatesConfig",
+                [
+                    {"type": PydanticCustomError("unknown_gate", valid), "loc": (name,), "input": data[name]}
+                    for name in unknown
+                ],
+            )
+        calibrated = calibrated_gates(kind)
+        out: dict[str, Any] = {"kind": kind}
+        for plugin in GATES.plugins():
+            if plugin.name not in data:
+                given = None if plugin.opt_in else {}
+            else:
+                given = data[plugin.name]
+            out[plugin.name] = _gate_options(plugin, kind, given, calibrated)
+        return out
+
+    def enabled(self) -> list[tuple[GatePlugin, BaseModel]]:
+        """The configured gates in stack order, each with its options."""
+        extra = self.__pydantic_extra__ or {}
+        return [(p, extra[p.name]) for p in GATES.plugins() if extra.get(p.name) is not None]
 
 
 class GatesConfig(BaseModel):
@@ -184,20 +204,7 @@ class GateStack:
         Raises :class:`~counterfactory.validation.backends.BackendUnavailable` when a chosen backend cannot
         run here (missing optional dependency or weights), before any pair is judged.
         """
-        chosen = config.for_kind(kind)
-        gates: list[Gate] = []
-        if chosen.face is not None:
-            gates.append(FaceGate(chosen.face))
-        if chosen.identity is not None:
-            gates.append(IdentityGate(chosen.identity))
-        if chosen.expression is not None:
-            gates.append(ExpressionGate(chosen.expression))
-        if chosen.locality is not None:
-            gates.append(LocalityGate(chosen.locality))
-        if chosen.skin is not None:
-            gates.append(SkinGate(chosen.skin))
-        if chosen.attribute is not None:
-            gates.append(AttributeGate(chosen.attribute))
+        gates: list[Gate] = [plugin.factory(options) for plugin, options in config.for_kind(kind).enabled()]
         return cls(gates, kind=kind, face_mask_mode=config.face_mask)
 
     def without(self, *names: str) -> GateStack:

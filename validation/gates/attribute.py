@@ -28,6 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from counterfactory.generation.editors.base import EditJournal, MemoryJournal
 from counterfactory.generation.editors.fal import FalOptions
+from counterfactory.manifests.registry import GATES
 from counterfactory.validation.backends.attributes import (
     FAIRFACE_HEADS,
     GENDERAGE_GENDERS,
@@ -230,3 +231,6 @@ class AttributeGate:
         if perceived.age_years is not None:
             metrics["age_years"] = perceived.age_years
         return GateResult(self.name, True, metrics, review=tuple(review))
+
+
+GATES.register("attribute", AttributeGateConfig, AttributeGate, opt_in=True, order=60)

@@ -24,6 +24,7 @@ from typing import Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
+from counterfactory.manifests.registry import GATES
 from counterfactory.validation.backends import AUEstimator, load_au_model
 from counterfactory.validation.faces import (
     LEFT_IRIS_CENTER,
@@ -223,3 +224,6 @@ class ExpressionGate:
             max_brow_change_iod=self.config.max_brow_change_iod,
             max_mouth_open_change_iod=self.config.max_mouth_open_change_iod,
         )
+
+
+GATES.register("expression", ExpressionGateConfig, ExpressionGate, backend_keys=BACKEND_THRESHOLDS, order=30)

@@ -15,6 +15,7 @@ from typing import Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
+from counterfactory.manifests.registry import GATES
 from counterfactory.validation.backends import FaceDetector, load_detector
 from counterfactory.validation.backends.base import DetectedFace
 from counterfactory.validation.faces import FaceObservation
@@ -215,3 +216,6 @@ class FaceGate:
             max_position_change=c.max_position_change,
             max_scale_change=c.max_scale_change,
         )
+
+
+GATES.register("face", FaceGateConfig, FaceGate, backend_keys=BACKEND_THRESHOLDS, order=10)

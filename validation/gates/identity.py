@@ -20,6 +20,7 @@ from typing import Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from counterfactory.manifests.registry import GATES
 from counterfactory.validation.backends import FaceEmbedder, load_embedder
 from counterfactory.validation.gates.base import GateResult, PairContext, finite_or_none
 
@@ -117,3 +118,6 @@ class IdentityGate:
             min_cosine=self.config.min_cosine,
             max_cosine=self.config.max_cosine,
         )
+
+
+GATES.register("identity", IdentityGateConfig, IdentityGate, backend_keys=BACKEND_THRESHOLDS, order=20)

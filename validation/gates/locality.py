@@ -42,6 +42,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from counterfactory.generation.masks import dilate
+from counterfactory.manifests.registry import GATES
 from counterfactory.validation.faces import face_mask as draw_face_mask
 from counterfactory.validation.gates.base import GateResult, PairContext, finite_or_none
 
@@ -488,3 +489,6 @@ class LocalityGate:
 
     def __call__(self, pair: PairContext) -> GateResult:
         return locality_gate(pair, **self.config.model_dump())
+
+
+GATES.register("locality", LocalityGateConfig, LocalityGate, order=40)

@@ -34,6 +34,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from counterfactory.manifests.registry import GATES
 from counterfactory.validation.gates.base import GateResult, PairContext, finite_or_none
 from counterfactory.validation.segment import PersonSegmenter, get_person_segmenter
 from counterfactory.validation.skin import measure_pair
@@ -189,3 +190,6 @@ class SkinGate:
         if pair.kind == "face" and growth is not None and growth > c.max_face_body_gap_growth_deg:
             review.append("skin_face_body_mismatch")
         return GateResult(self.name, not reasons, metrics, tuple(reasons), tuple(review), thresholds)
+
+
+GATES.register("skin", SkinGateConfig, SkinGate, order=50)
