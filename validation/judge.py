@@ -59,7 +59,7 @@ def _gate_options(plugin: GatePlugin, kind: str, given: Any, calibrated: dict[st
             defaults.pop(key, None)
     merged = {**defaults, **given}
     missing = [key for key, field in options.model_fields.items() if field.is_required() and key not in merged]
-    if missing:
+    if missing and cal_backend is not None and backend != cal_backend:
         names = ", ".join(missing)
         message = (
             f"{names} for backend {backend!r}, which the shipped calibration did not measure (it measured "
