@@ -20,7 +20,7 @@ from pydantic import ValidationError
 
 from counterfactory.generation.errors import MetadataError, MetadataProblem
 from counterfactory.generation.records import RECORD_FIELDS, SourceRecord
-from counterfactory.generation.yamlsafe import MAX_YAML_BYTES, MAX_YAML_NODES, expanded_size
+from counterfactory.manifests.yamlsafe import MAX_YAML_BYTES, MAX_YAML_NODES, expanded_size
 
 METADATA_SUFFIXES = (".yaml", ".yml", ".csv", ".jsonl")
 

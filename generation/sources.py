@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
 
 from counterfactory.generation.errors import MetadataError, MetadataProblem, SourceError
 from counterfactory.generation.images import (
@@ -35,6 +36,17 @@ from counterfactory.generation.images import (
 from counterfactory.generation.masks import MaskError, mask_from_record
 from counterfactory.generation.metadata import load_metadata
 from counterfactory.generation.records import RLE, FileMask, LimbMask, PolygonMask, RLEMask, SourceRecord
+
+
+class SourcesConfig(BaseModel):
+    """``sources`` in the spec: a photo folder and its metadata file (paths relative to the spec file)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    photos: Path
+    metadata: Path
+    #: photos with more pixels are refused before decoding (see :func:`load_image`)
+    max_pixels: int = Field(DEFAULT_MAX_PIXELS, gt=0)
 
 
 @dataclass(frozen=True, eq=False)
@@ -164,6 +176,7 @@ def load_sources(
 
 __all__ = [
     "DEFAULT_MAX_PIXELS",
+    "SourcesConfig",
     "FailedSource",
     "FileMask",
     "LimbMask",

@@ -18,9 +18,10 @@ import importlib
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Annotated, Any, cast
 
-from pydantic import BaseModel
+from pydantic import BaseModel, GetCoreSchemaHandler
+from pydantic_core import CoreSchema
 
 from counterfactory.manifests.errors import SetupError
 
@@ -150,6 +151,30 @@ class GateRegistry(Registry):
         with self._lock:
             plugins = [p for p in self._plugins.values() if isinstance(p, GatePlugin)]
         return sorted(plugins, key=lambda p: (p.order, p.name))
+
+
+@dataclass(frozen=True)
+class _ModelAt:
+    """Pydantic metadata: validate with the model ``module:name``, imported when first needed."""
+
+    module: str
+    name: str
+
+    def __get_pydantic_core_schema__(self, source: Any, handler: GetCoreSchemaHandler) -> CoreSchema:
+        model = getattr(importlib.import_module(self.module), self.name)
+        return handler.generate_schema(model)
+
+
+def model_at(module: str, name: str) -> Any:
+    """A field type validated by the pydantic model ``name`` of ``module``, imported lazily.
+
+    The spec (this bottom layer) declares its sections this way, so that loading the spec
+    module imports no pipeline code: the section's module is imported when a model holding the
+    field builds its schema, which ``defer_build=True`` puts off until the first validation.
+    Values are instances of the named model; static type checkers see the real class through
+    an ``if TYPE_CHECKING`` import beside it.
+    """
+    return Annotated[Any, _ModelAt(module, name)]
 
 
 def _qualname(factory: Callable[..., Any]) -> str:

@@ -1,10 +1,16 @@
 """The study spec: one typed model, loaded from YAML, saved with its hash into every release.
 
-Sub-configs live next to the code that uses them (``DesignConfig`` in
-:mod:`counterfactory.generation.sampling`, ``AlignConfig`` in :mod:`counterfactory.generation.align`, each editor's options
-in its backend module, ``GatesConfig`` in :mod:`counterfactory.validation.judge`,
-``ReviewOptions`` in :mod:`counterfactory.manifests.review`). Validation errors name the
-field, the expected and the received value, and the file.
+Sub-configs live next to the code that uses them (``SourcesConfig`` in
+:mod:`counterfactory.generation.sources`, ``DesignConfig`` in :mod:`counterfactory.generation.sampling`,
+``AlignConfig`` in :mod:`counterfactory.generation.align`, each editor's options in its backend
+module, ``GatesConfig`` in :mod:`counterfactory.validation.judge`, ``ReviewOptions`` in
+:mod:`counterfactory.manifests.review`). Validation errors name the field, the expected and the
+received value, and the file.
+
+This module is the bottom layer: importing it imports neither ``counterfactory.generation``
+nor ``counterfactory.validation``. Their sections are named by module path
+(:func:`~counterfactory.manifests.registry.model_at`) and imported when the first spec is
+validated, as the editor and gate registries import their plug-ins.
 """
 
 from __future__ import annotations
@@ -13,7 +19,7 @@ import hashlib
 import json
 import re
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
@@ -21,18 +27,27 @@ from pydantic_core import PydanticCustomError
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 
-from counterfactory.generation.align import AlignConfig
-from counterfactory.generation.images import DEFAULT_MAX_PIXELS
-from counterfactory.generation.masks import MaskOptions
-from counterfactory.generation.prompts import PromptConfig, render_prompt
-from counterfactory.generation.sampling import DesignConfig, conditions
-from counterfactory.generation.yamlsafe import MAX_YAML_BYTES, YamlLimitError, safe_load_limited
 from counterfactory.manifests.derived import RobustnessConfig
 from counterfactory.manifests.errors import SetupError
-from counterfactory.manifests.registry import EDITORS
+from counterfactory.manifests.registry import EDITORS, model_at
 from counterfactory.manifests.review import ReviewOptions
 from counterfactory.manifests.trials import TrialsConfig
-from counterfactory.validation.judge import GatesConfig
+from counterfactory.manifests.yamlsafe import MAX_YAML_BYTES, YamlLimitError, safe_load_limited
+
+if TYPE_CHECKING:
+    from counterfactory.generation.align import AlignConfig
+    from counterfactory.generation.masks import MaskOptions
+    from counterfactory.generation.prompts import PromptConfig
+    from counterfactory.generation.sampling import DesignConfig
+    from counterfactory.generation.sources import SourcesConfig
+    from counterfactory.validation.judge import GatesConfig
+else:
+    AlignConfig = model_at("counterfactory.generation.align", "AlignConfig")
+    MaskOptions = model_at("counterfactory.generation.masks", "MaskOptions")
+    PromptConfig = model_at("counterfactory.generation.prompts", "PromptConfig")
+    DesignConfig = model_at("counterfactory.generation.sampling", "DesignConfig")
+    SourcesConfig = model_at("counterfactory.generation.sources", "SourcesConfig")
+    GatesConfig = model_at("counterfactory.validation.judge", "GatesConfig")
 
 #: the largest seed an attempt may use (signed 32-bit)
 MAX_SEED = 2**31 - 1
@@ -42,16 +57,6 @@ _SLUG = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 class SpecError(ValueError):
     """A spec that cannot run; the message names the file and the field."""
-
-
-class SourcesConfig(BaseModel):
-    """``sources``: a photo folder and its metadata file (paths relative to the spec file)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    photos: Path
-    metadata: Path
-    max_pixels: int = Field(DEFAULT_MAX_PIXELS, gt=0)
 
 
 class EditorConfig(BaseModel):
@@ -151,17 +156,19 @@ class ReleaseConfig(BaseModel):
 class Spec(BaseModel):
     """A whole study design."""
 
-    model_config = ConfigDict(extra="forbid")
+    # the schema is built on first validation: only then are the sections' modules imported
+    model_config = ConfigDict(extra="forbid", defer_build=True)
 
     name: str
     description: str = ""
     sources: SourcesConfig
     design: DesignConfig
-    prompts: PromptConfig = Field(default_factory=PromptConfig)
+    # a section's defaults are its model validated from {} (the model is not imported yet)
+    prompts: PromptConfig = Field(default_factory=dict, validate_default=True)
     editor: EditorConfig = Field(default_factory=EditorConfig)
-    masks: MaskOptions = Field(default_factory=MaskOptions)
-    align: AlignConfig = Field(default_factory=AlignConfig)
-    gates: GatesConfig = Field(default_factory=GatesConfig)
+    masks: MaskOptions = Field(default_factory=dict, validate_default=True)
+    align: AlignConfig = Field(default_factory=dict, validate_default=True)
+    gates: GatesConfig = Field(default_factory=dict, validate_default=True)
     release: ReleaseConfig
     review: ReviewOptions = Field(default_factory=ReviewOptions)
     #: the trial bank each release carries (``trials.jsonl``)
@@ -203,6 +210,9 @@ class Spec(BaseModel):
     def _check_prompts(self) -> None:
         """Render every condition's prompt once, so a missing template or an unknown field in
         ``prompts.target_group`` stops the spec here instead of failing every cell mid-run."""
+        from counterfactory.generation.prompts import render_prompt
+        from counterfactory.generation.sampling import conditions
+
         for condition in conditions(self.design):
             try:
                 render_prompt(self.prompts, kind=self.design.kind, condition=condition, source_meta={})

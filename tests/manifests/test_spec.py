@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -118,7 +120,7 @@ def test_a_yaml_alias_bomb_is_refused_before_it_expands(tmp_path):
     # result stands for 10**9 strings that validation and hashing would walk (3 GB seen)
     import yaml
 
-    from counterfactory.generation.yamlsafe import expanded_size
+    from counterfactory.manifests.yamlsafe import expanded_size
 
     assert expanded_size(yaml.compose(BOMB, Loader=yaml.SafeLoader)) > 10**9
     with pytest.raises(SpecError, match="alias bomb") as caught:
@@ -234,3 +236,14 @@ def test_spec_hash_covers_only_the_active_backend_and_kind(specs_dir):
     )
     assert changed(masks=spec.masks.model_copy(update={"dilate_px": 9})) == spec.spec_hash()
     assert changed(ledger_url="postgresql+psycopg://user:secret@db/ledger") == spec.spec_hash()
+
+
+def test_the_spec_module_imports_no_pipeline_layer():
+    # manifests is the bottom layer: the spec names its generation/validation sections by
+    # module path and imports them on first validation, never when the module is imported
+    code = (
+        "import sys, counterfactory.manifests.spec\n"
+        "print([m for m in sys.modules if m.startswith(('counterfactory.generation', 'counterfactory.validation'))])"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
