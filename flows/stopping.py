@@ -9,6 +9,10 @@ template SIGTERM did nothing visible. Prefect's API server is a thread of this p
 Prefect swaps its own SIGTERM handler in while a flow runs; the flow re-installs ours first
 thing (:func:`reinstall_stop_handlers`), so the command line keeps this behaviour throughout.
 The Python API is left alone unless it asks for it.
+
+Paid requests still waiting at fal are cancelled first (bounded to a few seconds), as they
+would otherwise run on and bill; each one fal agrees to cancel is journalled ``cancelled``,
+and the next run fetches it if it finished anyway, or submits that same attempt again.
 """
 
 from __future__ import annotations
@@ -17,12 +21,19 @@ import os
 import signal
 import threading
 
+from counterfactory.generation.editors.fal_queue import cancel_open_requests
+
+#: Seconds the stop may spend cancelling paid requests in flight before the process exits.
+CANCEL_BUDGET_S = 3.0
+
 _installed = False
 
 
 def _stop(signum: int, _frame: object) -> None:
     name = signal.Signals(signum).name
-    message = f"\n{name}: stopped; finished edits are saved in the ledger: run the same command to resume\n"
+    cancelled = cancel_open_requests(CANCEL_BUDGET_S)
+    note = f"cancelled {len(cancelled)} paid fal request(s) in flight; " if cancelled else ""
+    message = f"\n{name}: stopped; {note}finished edits are saved in the ledger: run the same command to resume\n"
     os.write(2, message.encode())
     os._exit(128 + signum)
 

@@ -156,9 +156,10 @@ def test_a_status_poll_outage_buys_zero_extra_requests(spec, prepared, stack, tm
         editor.prepare()
         plans = steps.plan_attempts(spec, source, cells, editor, editor.lineage(), 1)
         # the outage: the first four status polls of every job fail (503), more than one
-        # editor-level try (1 + max_retries) can absorb
+        # editor-level try (1 + max_retries) can absorb; the jobs are already running, so the
+        # cancel sent when the polls give up comes too late to stop them
         for plan in plans:
-            server.behave(plan.request.prompt, Behaviour(status_errors=(503, 503, 503, 503)))
+            server.behave(plan.request.prompt, Behaviour(status_errors=(503, 503, 503, 503), queued_s=0.0))
         ws = steps.open_workspace(spec, tmp_path)
         outcome = steps.process_template(spec, ws, source, cells, editor, stack)
         # reproduction: every cell used to fail its first attempt and buy seed 2 (2 paid each)
@@ -183,7 +184,7 @@ def test_a_request_still_out_after_the_waits_is_fetched_by_the_next_run(spec, pr
     with FalServer(latency_s=0.05, model="copy") as server, server.patch_environment():
         editor.prepare()
         for plan in steps.plan_attempts(spec, source, cells, editor, editor.lineage(), 1):
-            server.behave(plan.request.prompt, Behaviour(status_errors=(503, 503, 503)))
+            server.behave(plan.request.prompt, Behaviour(status_errors=(503, 503, 503), queued_s=0.0))
         ws = steps.open_workspace(spec, tmp_path)
         first = steps.process_template(spec, ws, source, cells, editor, stack)
         # two tries in this run, both in the outage: the cells stay failed, no seed 2 is bought

@@ -9,14 +9,20 @@ certificate from a throw-away CA (``trustme``):
   ``COMPLETED`` (with ``error`` and ``error_type`` when the job failed); 404 for an unknown id.
 - ``GET /<owner>/<app>/requests/<id>`` -> the result JSON, or the job's error answer
   (422 with a ``detail`` list, or 500), or 400 while the job still runs.
-- Vision-LLM apps (``vision_apps``, e.g. ``fal-ai/any-llm``) answer ``{"output": <text>}``:
-  the text scripted for the input image's pixels with :meth:`FalServer.answer`, else
-  ``default_answer``; billed per answer like an image.
+- ``PUT /<owner>/<app>/requests/<id>/cancel`` -> 202 ``{"status": "CANCELLATION_REQUESTED"}``
+  for a request not yet completed, 400 ``{"status": "ALREADY_COMPLETED"}`` for a finished one,
+  as fal answers. A request still in the queue (``IN_QUEUE``) then never runs and is not
+  billed: its status turns ``COMPLETED`` with ``error_type`` ``request_cancelled`` and its
+  result answers 400. One already running (``IN_PROGRESS``) finishes anyway and is billed,
+  so a test can check that a cancelled request that still completed is fetched, not re-bought.
+- The vision router (``vision_apps``: ``openrouter/router``, endpoint
+  ``openrouter/router/vision``) answers as fal documents it: ``{"output": <text>, "usage":
+  {"prompt_tokens", "completion_tokens", "total_tokens", "cost"}}``, the text scripted for the
+  input image's pixels with :meth:`FalServer.answer`, else ``default_answer``; ``usage.cost``
+  is ``price_usd`` unless :meth:`FalServer.answer` sets one. ``image_urls``, ``prompt`` and
+  ``model`` are required (422 otherwise), as on fal.
 - ``GET /files/<name>`` serves output images; ``/_fake/stats`` and ``/_fake/reset`` let a
   process that runs the server elsewhere (the benchmark) read and reset its counters.
-
-Cancellation is left out: FalEditor never cancels (a request it stopped waiting for may still
-finish, and a re-run fetches it).
 
 The "model" returns ``255 - input`` as a PNG, so a test knows the right answer without
 asking the server. Per prompt, a :class:`Behaviour` injects HTTP errors on submit and status
@@ -71,12 +77,15 @@ class Behaviour:
             0 holds the connection open without answering.
         status_errors: HTTP codes answered to the first status polls of each job, in order.
         latency_s: seconds from acceptance to completion; ``None`` uses the server's.
+        queued_s: seconds of that spent ``IN_QUEUE`` (cancellable without cost); ``None``
+            is half the latency.
     """
 
     outcome: Outcome = "ok"
     submit_errors: tuple[int, ...] = ()
     status_errors: tuple[int, ...] = ()
     latency_s: float | None = None
+    queued_s: float | None = None
 
 
 @dataclass
@@ -94,9 +103,20 @@ class Job:
     arguments: dict[str, Any]
     status_errors: list[int] = field(default_factory=list)
     collected: bool = False
+    cancelled: bool = False  # cancelled while queued: it never ran
 
     def done(self, now: float) -> bool:
+        if self.cancelled:
+            return True
         return self.behaviour.outcome != "stall" and now >= self.accepted_at + self.latency_s
+
+    def queued(self, now: float) -> bool:
+        queued_s = self.behaviour.queued_s if self.behaviour.queued_s is not None else self.latency_s / 2
+        return now < self.accepted_at + queued_s
+
+    def billed(self, now: float, vision: bool) -> bool:
+        ran = self.done(now) and not self.cancelled
+        return ran and (self.behaviour.outcome in ("ok", "nsfw", "refusal_text") or vision)
 
 
 class FalServer:
@@ -125,8 +145,8 @@ class FalServer:
         price_usd: float = 0.039,
         keys: tuple[str, ...] = ("test-key-id:test-key-secret",),
         locked_keys: tuple[str, ...] = ("locked-key-id:locked-key-secret",),
-        apps: tuple[str, ...] = ("fal-ai/nano-banana", "fal-ai/nano-banana-pro", "fal-ai/any-llm"),
-        vision_apps: tuple[str, ...] = ("fal-ai/any-llm",),
+        apps: tuple[str, ...] = ("fal-ai/nano-banana", "fal-ai/nano-banana-pro", "openrouter/router"),
+        vision_apps: tuple[str, ...] = ("openrouter/router",),
         port: int = 0,
         model: Literal["invert", "resize"] = "invert",
         resize_to: tuple[int, int] = (896, 1152),
@@ -140,7 +160,7 @@ class FalServer:
         self.apps = apps
         self.vision_apps = vision_apps
         self.default_answer = '{"race": "White", "gender": "male"}'
-        self._answers: dict[str, str] = {}
+        self._answers: dict[str, tuple[str, float | None]] = {}
         self._requested_port = port
         self._lock = threading.Lock()
         self._stopping = threading.Event()
@@ -259,14 +279,17 @@ class FalServer:
             self.paid_submits: Counter[str] = Counter()
             self.status_calls = 0
             self.result_calls = 0
+            self.cancel_calls: Counter[str] = Counter()  # request id -> PUT .../cancel calls
+            self.cancelled: set[str] = set()  # ids answered 202
             self.in_flight = 0
             self.max_in_flight = 0
             self._submit_errors_used: Counter[str] = Counter()
 
-    def answer(self, pixels: np.ndarray, text: str) -> None:
-        """A vision app asked about exactly these ``(H, W, 3)`` uint8 pixels answers ``text``."""
+    def answer(self, pixels: np.ndarray, text: str, *, cost_usd: float | None = None) -> None:
+        """A vision app asked about exactly these ``(H, W, 3)`` uint8 pixels answers ``text``,
+        with ``usage.cost`` ``cost_usd`` (``price_usd`` when ``None``)."""
         with self._lock:
-            self._answers[_pixels_key(pixels)] = text
+            self._answers[_pixels_key(pixels)] = (text, cost_usd)
 
     def behave(self, prompt: str, behaviour: Behaviour) -> None:
         """Requests whose prompt equals ``prompt`` get ``behaviour``."""
@@ -274,14 +297,24 @@ class FalServer:
             self._behaviours[prompt] = behaviour
 
     def billed_usd(self) -> float:
-        """USD for every output image of every finished job, collected or not."""
+        """USD for every job that ran to an answer, collected or not (a job cancelled while
+        queued never ran; vision answers cost their ``usage.cost``)."""
         now = time.monotonic()
         with self._lock:
-            return sum(
-                self.price_usd
-                for j in self.jobs.values()
-                if j.done(now) and (j.behaviour.outcome in ("ok", "nsfw", "refusal_text") or j.app in self.vision_apps)
-            )
+            return sum(self._cost(j) for j in self.jobs.values() if j.billed(now, j.app in self.vision_apps))
+
+    def billed_per_payload(self) -> Counter[str]:
+        """Jobs billed per payload hash: a request bought twice shows as 2."""
+        now = time.monotonic()
+        with self._lock:
+            return Counter(j.payload_hash for j in self.jobs.values() if j.billed(now, j.app in self.vision_apps))
+
+    def _cost(self, job: Job) -> float:
+        if job.app in self.vision_apps:
+            scripted = self._answers.get(_pixels_key(job.input_image))
+            if scripted is not None and scripted[1] is not None:
+                return scripted[1]
+        return self.price_usd
 
     def stats(self) -> dict[str, Any]:
         """Counters as plain numbers (what ``GET /_fake/stats`` answers)."""
@@ -290,6 +323,8 @@ class FalServer:
                 "submit_attempts": sum(self.submit_attempts.values()),
                 "paid_submits": sum(self.paid_submits.values()),
                 "max_paid_per_payload": max(self.paid_submits.values(), default=0),
+                "cancel_calls": sum(self.cancel_calls.values()),
+                "cancelled": len(self.cancelled),
                 "status_calls": self.status_calls,
                 "result_calls": self.result_calls,
                 "in_flight": self.in_flight,
@@ -370,6 +405,13 @@ class FalServer:
                 return error(503, "shutting down")
             if injected is not None:
                 return error(injected, "Rate limit exceeded" if injected == 429 else "Service unavailable")
+            if app_id in self.vision_apps:
+                missing = [k for k in ("image_urls", "prompt", "model") if not body.get(k)]
+                if missing:
+                    return error(
+                        422,
+                        [{"loc": ["body", k], "msg": "Field required", "type": "missing"} for k in missing],
+                    )
             try:
                 image = await asyncio.to_thread(_decode_data_uri, body["image_urls"][0])
             except Exception as exc:
@@ -435,7 +477,9 @@ class FalServer:
                 return error(injected, "Service unavailable")
             now = time.monotonic()
             body: dict[str, Any] = {**urls(job.app, job.request_id), "logs": None, "metrics": {}}
-            if job.done(now):
+            if job.cancelled:
+                body.update(status="COMPLETED", error="Request was cancelled", error_type="request_cancelled")
+            elif job.done(now):
                 body["status"] = "COMPLETED"
                 if job.behaviour.outcome in ("policy", "invalid", "error"):
                     body["error"], body["error_type"] = {
@@ -446,7 +490,7 @@ class FalServer:
                         "invalid": ("Unsupported image format", "validation_error"),
                         "error": ("Runner disconnected", "runner_disconnected"),
                     }[job.behaviour.outcome]
-            elif now < job.accepted_at + job.latency_s / 2:
+            elif job.queued(now):
                 body.update(status="IN_QUEUE", queue_position=0)
             else:
                 body["status"] = "IN_PROGRESS"
@@ -459,6 +503,8 @@ class FalServer:
             job = find(request, owner, alias, request_id)
             if isinstance(job, JSONResponse):
                 return job
+            if job.cancelled:
+                return error(400, "Request was cancelled")
             if not job.done(time.monotonic()):
                 return error(400, "Request is still in progress")
             with self._lock:
@@ -466,6 +512,25 @@ class FalServer:
                     job.collected = True
                     self.in_flight -= 1
             return await self._answer(job, error)
+
+        @app.put("/{owner}/{alias}/requests/{request_id}/cancel")
+        async def cancel(request: Request, owner: str, alias: str, request_id: str) -> Response:
+            with self._lock:
+                self.cancel_calls[request_id] += 1
+            job = find(request, owner, alias, request_id)
+            if isinstance(job, JSONResponse):
+                return job
+            now = time.monotonic()
+            with self._lock:
+                if job.cancelled or not job.done(now):
+                    if job.queued(now) and not job.cancelled:
+                        job.cancelled = True  # never runs, never billed
+                        if not job.collected:
+                            job.collected = True
+                            self.in_flight -= 1
+                    self.cancelled.add(request_id)
+                    return JSONResponse({"status": "CANCELLATION_REQUESTED"}, status_code=202)
+            return JSONResponse({"status": "ALREADY_COMPLETED"}, status_code=400)
 
         return app
 
@@ -503,8 +568,17 @@ class FalServer:
             )
         if job.app in self.vision_apps:
             with self._lock:
-                text = self._answers.get(_pixels_key(job.input_image), self.default_answer)
-            return JSONResponse({"output": text, "partial": False, "error": None})
+                text, _ = self._answers.get(_pixels_key(job.input_image), (self.default_answer, None))
+                cost = self._cost(job)
+            prompt_tokens = 1290 + len(str(job.arguments.get("prompt", ""))) // 4
+            completion_tokens = max(1, len(text) // 4)
+            usage = {
+                "prompt_tokens": prompt_tokens,
+                "completion_tokens": completion_tokens,
+                "total_tokens": prompt_tokens + completion_tokens,
+                "cost": cost,
+            }
+            return JSONResponse({"output": text, "usage": usage})
         if outcome == "no_images":
             return JSONResponse({"images": [], "description": ""})
         if outcome == "nsfw":

@@ -160,8 +160,17 @@ def test_timeout_fails_the_item_and_keeps_its_request_id(server):
         assert result.status == "failed"
         assert result.reason.startswith("fal_timeout:"), result.reason
         assert result.metadata["request_id"] in result.reason
-        assert journal.load(result.attempt_id)["state"] == "submitted"  # a re-run fetches it
-    assert fine.status == "ok"
+        # abandoned, so fal is asked to cancel it; the id stays journalled and a re-run fetches it
+        assert server.cancel_calls[result.metadata["request_id"]] == 1
+        assert result.metadata["pending_request_id"] == result.metadata["request_id"]
+    # the stalled job was still running: fal accepts the cancel
+    assert stalled.metadata["cancelled"] is True and stalled.reason.endswith("; cancelled at fal")
+    assert journal.load("s")["state"] == "cancelled"
+    # the silent one had finished (only its status polls hung): ALREADY_COMPLETED, so it stays
+    # "submitted", its result waiting to be fetched
+    assert "cancelled" not in silent.metadata and journal.load("q")["state"] == "submitted"
+    assert server.cancelled == {stalled.metadata["request_id"]}
+    assert fine.status == "ok" and "cancelled" not in fine.metadata
 
 
 @pytest.mark.parametrize(
@@ -209,10 +218,11 @@ def test_spend_cap_stops_new_submissions(server):
 
 
 def test_rerun_fetches_a_paid_request_instead_of_paying_again_even_at_the_cap(server):
-    server.latency_s = 1.0
+    # running at once: the cancel sent at the time-out comes too late, fal finishes and bills it
+    server.behave("make the person 0", Behaviour(latency_s=1.0, queued_s=0.0))
     journal = MemoryJournal()
     [first] = _editor(timeout_s=0.3).edit_many(_requests(1), journal)
-    assert first.reason.startswith("fal_timeout:")
+    assert first.reason.startswith("fal_timeout:") and first.metadata["cancelled"] is True
     paid_id = first.metadata["request_id"]
 
     # The cap is already used up by the paid request: it is still fetched, the new one is not sent.
@@ -392,3 +402,137 @@ def test_requests_the_aspect_ratio_nearest_the_source(server, grace):
     # switched off, or set by the spec, nothing is chosen for the user
     assert _editor(match_aspect_ratio=False).lineage()["aspect_ratio"] is None
     assert _editor(arguments={"aspect_ratio": "1:1"}).lineage()["aspect_ratio"] is None
+
+
+# -- abandoned requests are cancelled at fal ----------------------------------------------
+
+QUEUED = Behaviour(latency_s=30.0, queued_s=30.0)  # waits in fal's queue far beyond any test
+
+
+def test_a_timed_out_queued_request_is_cancelled_unbilled_and_resubmitted_as_the_same_attempt(server):
+    server.behave("make the person 0", QUEUED)
+    journal = MemoryJournal()
+    [first] = _editor(timeout_s=0.3).edit_many(_requests(1), journal)
+    cancelled_id = first.metadata["request_id"]
+    assert first.reason.startswith("fal_timeout:") and first.metadata["cancelled"] is True
+    # fal stopped it in its queue: it holds no slot and will never bill
+    assert server.cancelled == {cancelled_id} and server.stats()["in_flight"] == 0
+    assert server.billed_usd() == 0
+    assert journal.load("att-0")["state"] == "cancelled"
+    assert journal.spent_usd() == pytest.approx(PRICE)  # still committed until fal's word on it
+
+    server.behave("make the person 0", Behaviour(latency_s=0.05))
+    [again] = _editor().edit_many(_requests(1), journal)
+    # fal reports the cancelled job as ended without a result: the same attempt (same seed)
+    # is submitted again, and it is bought once in all
+    assert again.status == "ok" and again.metadata["lost_request_ids"] == [cancelled_id]
+    assert again.metadata["seed"] == 0 and again.metadata["submit_tries"] == 1
+    assert np.array_equal(again.image, 255 - _image(0))
+    assert list(server.billed_per_payload().values()) == [1]
+    assert journal.spent_usd() == pytest.approx(PRICE) == pytest.approx(server.billed_usd())
+
+
+def test_status_polls_that_give_up_cancel_the_request(server):
+    server.behave("make the person 0", Behaviour(latency_s=30.0, queued_s=30.0, status_errors=(503,) * 5))
+    journal = MemoryJournal()
+    [result] = _editor(max_retries=1).edit_many(_requests(1), journal)
+    assert result.reason.startswith("fal_unavailable: status failed 2 time(s)"), result.reason
+    assert result.metadata["cancelled"] is True and server.cancelled == {result.metadata["request_id"]}
+    assert journal.load("att-0")["state"] == "cancelled" and server.billed_usd() == 0
+
+
+def test_a_cancelled_batch_cancels_its_requests_at_fal(server):
+    from counterfactory.generation.editors.fal_queue import open_requests
+
+    for i in range(3):
+        server.behave(f"make the person {i}", QUEUED)
+    journal = MemoryJournal()
+    editor = _editor(concurrency=3)
+
+    async def give_up() -> None:
+        await asyncio.wait_for(editor.aedit_many(_requests(3), journal), timeout=1.0)
+
+    with pytest.raises(TimeoutError):
+        asyncio.run(give_up())
+    rows = [journal.load(f"att-{i}") for i in range(3)]
+    assert [r["state"] for r in rows] == ["cancelled"] * 3
+    assert {r["cancelled_because"] for r in rows} == {"call_cancelled"}
+    assert server.cancelled == {r["request_id"] for r in rows} and server.billed_usd() == 0
+    assert open_requests() == []
+
+
+_STOPPED_CHILD = """
+import sys
+import numpy as np
+from counterfactory.flows.stopping import install_stop_handlers
+from counterfactory.generation.editors.base import EditRequest
+from counterfactory.generation.editors.fal import FalEditor, FalOptions
+from counterfactory.manifests.ledger import Ledger
+
+install_stop_handlers()  # what the command line installs
+url, n = sys.argv[1], int(sys.argv[2])
+requests = [
+    EditRequest(f"stop-{i}", np.random.default_rng(i).integers(0, 256, (40, 56, 3), dtype=np.uint8),
+                f"stop number {i}", i)
+    for i in range(n)
+]
+editor = FalEditor(FalOptions(concurrency=4, poll_interval_s=0.05, backoff_s=0.05, timeout_s=60))
+results = editor.edit_many(requests, journal=Ledger(url).journal("fal"))
+print("statuses", sorted(r.status for r in results))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGINT], ids=["kill", "int"])
+def test_a_stopped_run_cancels_what_it_left_in_fals_queue(server, tmp_path, how):
+    """SIGKILL is the reproduction (nothing can cancel: the four requests stay in fal's queue,
+    to run and bill for nobody); SIGINT (and SIGTERM: the same handler) cancels them before the
+    process exits, and the next run buys each attempt once: a cancelled job that was already
+    running is fetched."""
+    from counterfactory.manifests.ledger import Ledger
+
+    url, n = f"sqlite:///{tmp_path / 'ledger.sqlite'}", 6
+    journal = Ledger(url).journal("fal")
+    ids = [f"stop-{i}" for i in range(n)]
+    # the first one is running when the stop comes (the cancel cannot stop it), three are queued
+    server.behave("stop number 0", Behaviour(latency_s=2.0, queued_s=0.0))
+    for i in (1, 2, 3):
+        server.behave(f"stop number {i}", QUEUED)
+    env = {**os.environ, **server.env()}
+    command = [sys.executable, "-c", _STOPPED_CHILD, url, str(n)]
+    child = subprocess.Popen(command, env=env, cwd=REPO, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 30
+    while sum(1 for a in ids if (journal.load(a) or {}).get("state") == "submitted") < 4:
+        assert child.poll() is None, child.stderr.read()
+        assert time.monotonic() < deadline, "the child never had four requests in flight"
+        time.sleep(0.05)
+    stopped_at = time.monotonic()
+    child.send_signal(how)
+    _, stderr = child.communicate(timeout=30)
+    assert time.monotonic() - stopped_at < 5
+    submitted = {a: journal.load(a)["request_id"] for a in ids[:4]}
+
+    if how == signal.SIGKILL:
+        assert child.returncode == -signal.SIGKILL
+        assert server.stats()["cancel_calls"] == 0
+        assert not any(server.jobs[r].cancelled for r in submitted.values())  # queued, to be billed
+        assert all(journal.load(a)["state"] == "submitted" for a in ids[:4])
+        return
+    assert child.returncode == 128 + how, stderr
+    assert "cancelled 4 paid fal request(s) in flight" in stderr
+    assert server.cancelled == set(submitted.values())
+    assert all(journal.load(a)["state"] == "cancelled" for a in ids[:4])
+    assert all(server.jobs[submitted[a]].cancelled for a in ids[1:4])  # stopped in the queue
+    assert not server.jobs[submitted["stop-0"]].cancelled  # it was running; it finishes and bills
+
+    for i in range(1, 4):
+        server.behave(f"stop number {i}", Behaviour(latency_s=0.1))
+    time.sleep(max(0.0, 2.2 - (time.monotonic() - stopped_at)))  # the running one has finished
+    resumed = subprocess.run(command, env=env, cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "statuses ['ok', 'ok', 'ok', 'ok', 'ok', 'ok']" in resumed.stdout
+    assert journal.load("stop-0")["request_id"] == submitted["stop-0"]  # fetched, not bought again
+    assert all(journal.load(a)["request_id"] != submitted[a] for a in ids[1:4])  # resubmitted
+    billed = server.billed_per_payload()
+    assert len(billed) == n and set(billed.values()) == {1}
+    assert journal.spent_usd() == pytest.approx(n * PRICE) == pytest.approx(server.billed_usd())

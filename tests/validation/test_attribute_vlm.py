@@ -1,5 +1,6 @@
 """The ``vlm`` attribute backend end to end against the local fake fal queue (real HTTPS, the
-fal editor's own client): scripted answers per image, the journal on resume, the spend cap."""
+shared fal queue transport): scripted answers per image, the router's documented input and
+output, the real ``usage.cost`` in the journal, the journal on resume, the spend cap."""
 
 from __future__ import annotations
 
@@ -15,8 +16,9 @@ pytest.importorskip("fal_client")
 pytest.importorskip("trustme")
 from tests.generation.fal_server import FalServer  # noqa: E402
 
-ENDPOINT = "fal-ai/any-llm/vision"
-PRICE = 0.002
+ENDPOINT = "openrouter/router/vision"
+PRICE = 0.0005595  # usage.cost of the example answer in fal's documentation of the router
+ESTIMATE = 0.002
 LABELS = {"race": ["White", "Black", "East Asian"], "gender": ["female", "male"]}
 ASKED = {"race": "Black", "gender": "female"}
 ANSWERS = {
@@ -49,7 +51,7 @@ def _config(**fal) -> AttributeGateConfig:
         backend="vlm",
         labels=LABELS,
         model="google/gemini-2.5-flash",
-        fal={"endpoint": ENDPOINT, "prices_usd": {ENDPOINT: PRICE}, "poll_interval_s": 0.02, "backoff_s": 0.01, **fal},
+        fal={"estimated_usd_per_question": ESTIMATE, "poll_interval_s": 0.02, "backoff_s": 0.01, **fal},
     )
 
 
@@ -100,14 +102,39 @@ def test_scripted_answers_and_resume_without_paying_again(server):
     assert {n: r.review for n, r in resumed.items()} == {n: r.review for n, r in results.items()}
 
 
-def test_spend_cap_stops_new_questions(server):
-    gate = AttributeGate(_config(spend_cap_usd=PRICE * 1.5), journal=MemoryJournal())
-    first, second = gate(_pair(_image(1))), gate(_pair(_image(2)))
-    assert first.metrics["vlm_status"] == "ok"  # unscripted: the fake's default, White / male
-    assert first.review == ("attribute_mismatch",)
-    assert second.review == ("attribute_vlm_unanswered",)
-    assert "spend_cap" in second.metrics["vlm_reason"]
-    assert server.stats()["paid_submits"] == 1
+def test_spend_cap_checks_the_estimate_and_counts_the_real_cost(server):
+    # By hand: the pre-check adds ESTIMATE (0.002) to what the journal holds, and an answered
+    # question journals its usage.cost (PRICE, 0.00056). With a cap of 0.0035 questions 1-3 fit
+    # (0 / 0.00056 / 0.00112 spent + 0.002 <= 0.0035) and the 4th does not (0.00168 + 0.002).
+    # Counting estimates only, a second question would already be refused (0.004 > 0.0035).
+    journal = MemoryJournal()
+    gate = AttributeGate(_config(spend_cap_usd=0.0035), journal=journal)
+    results = [gate(_pair(_image(i))) for i in range(5)]
+
+    assert [r.metrics["vlm_status"] for r in results] == ["ok"] * 3 + ["failed"] * 2
+    assert results[0].review == ("attribute_mismatch",)  # unscripted: the fake's default, White / male
+    assert results[3].review == ("attribute_vlm_unanswered",)
+    assert "fal_spend_cap_reached" in results[3].metrics["vlm_reason"]
+    assert server.stats()["paid_submits"] == 3
+    assert journal.spent_usd() == pytest.approx(3 * PRICE) == pytest.approx(server.billed_usd())
+
+
+def test_questions_follow_the_routers_schema_and_its_cost(server):
+    image, odd = _image(7), _image(8)
+    server.answer(odd, '{"race": "Black", "gender": "female"}', cost_usd=0.0123)
+    journal = MemoryJournal()
+    gate = AttributeGate(_config(), journal=journal)
+    first, second = gate(_pair(image)), gate(_pair(odd))
+
+    sent = server.jobs[first.metrics["vlm_request_id"]].arguments
+    assert sent["model"] == "google/gemini-2.5-flash" and sent["temperature"] == 0
+    assert sent["reasoning"] is False and '"race": <label>' in sent["prompt"]
+    assert second.metrics["vlm_cost_usd"] == pytest.approx(0.0123)  # usage.cost, not the estimate
+    assert journal.spent_usd() == pytest.approx(PRICE + 0.0123)
+    # the temperature decides the answer, so it is part of the question's id
+    hot = AttributeGate(_config(temperature=1.0), journal=journal)
+    assert hot(_pair(image)).metrics["vlm_request_id"] != first.metrics["vlm_request_id"]
+    assert server.stats()["paid_submits"] == 3
 
 
 def test_parse_answer_and_prompt():
@@ -128,9 +155,14 @@ def test_parse_answer_and_prompt():
 
 
 def test_vlm_config_errors_say_what_to_set():
-    with pytest.raises(ValueError, match="prices_usd"):
-        AttributeGateConfig(backend="vlm", labels=LABELS, model="m")
+    config = AttributeGateConfig(backend="vlm", labels=LABELS, model="m")
+    assert config.fal.endpoint == ENDPOINT and config.fal.temperature == 0
+    assert config.fal.estimated_usd_per_question > PRICE  # conservative by default
     with pytest.raises(ValueError, match="needs model"):
-        AttributeGateConfig(backend="vlm", labels=LABELS, fal={"endpoint": ENDPOINT, "prices_usd": {ENDPOINT: 0.1}})
+        AttributeGateConfig(backend="vlm", labels=LABELS)
+    with pytest.raises(ValueError, match="deprecated.*openrouter/router/vision"):
+        AttributeGateConfig(backend="vlm", labels=LABELS, model="m", fal={"endpoint": "fal-ai/any-llm/vision"})
+    with pytest.raises(ValueError, match="estimated_usd_per_question"):
+        AttributeGateConfig(backend="vlm", labels=LABELS, model="m", fal={"estimated_usd_per_question": -1})
     with pytest.raises(ValueError, match=r"labels.race lacks \['Latino'\]"):
         check_label_map(_config(), {"race": ["White", "Latino"], "gender": ["female"]})

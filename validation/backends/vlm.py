@@ -1,17 +1,29 @@
 """Perceived race and gender from a vision-language model hosted on fal, asked for strict JSON.
 
-The transport is the ``fal`` editor's own (:class:`~counterfactory.generation.editors.fal.FalEditor`):
-the same queue client, retries, concurrency bound, spend cap and request journal, so a
-question already paid for is fetched by its journaled request id on resume, never asked again.
-Only what differs from an edit is replaced: the request body (the prompt, the image as a PNG
-data URI, the chosen ``model``) and the reading of the answer (text, not an image).
+The model is reached through fal's vision router (``openrouter/router/vision``; the older
+``fal-ai/any-llm/vision`` is deprecated by fal), as one client of the shared fal queue
+transport (:mod:`counterfactory.generation.editors.fal_queue`): the same queue client,
+retries, cancellation, concurrency bound, spend cap and request journal as the ``fal``
+editor, so a question already paid for is fetched by its journaled request id on resume,
+never asked again. A question sends ``image_urls`` (the candidate as a PNG data URI),
+``prompt``, ``model`` (e.g. ``google/gemini-2.5-flash``), ``temperature`` (0 by default, so
+that the same question gets the same answer as far as the model allows), ``reasoning`` and,
+when set, ``system_prompt`` and ``max_tokens``; the answer is ``{"output": <text>, "usage":
+{..., "cost": <USD>}}``.
+
+Money. The router bills actual token usage; ``usage.cost`` is the USD charged, and it is what
+the journal (and so the spend cap) records for an answered question. Before a question is
+sent, the cap is checked against ``estimated_usd_per_question``, a conservative figure the
+user can set (default 0.01 USD, about 18 times the 0.00056 USD fal's documentation shows for a
+Gemini 2.5 Flash answer about one image); an answer without ``usage.cost`` is recorded at that
+estimate.
 
 The prompt is a versioned template in ``assets/prompts/`` (``attribute_vlm_v1.txt``) with
 ``{LABELS}`` filled from the spec's label set; its version and text are part of every
 question's id, so a changed prompt asks again. The answer must be exactly one JSON object
 ``{"race": <label>, "gender": <label>}`` with labels from that set (a code fence around it is
 tolerated); anything else is recorded raw and classified as ``malformed``, ``invalid_label`` or
-``refused`` (the same refusal wording the editor recognises).
+``refused`` (the refusal wording the editor recognises, or fal's content-policy answer).
 
 Reference: FOCUS (Dehdashtian et al., 2025) checked its edits' labels with a VLM: race
 97.9 %, gender 100 %, joint 97.9 %, coverage 1.0.
@@ -27,13 +39,26 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import numpy as np
+from pydantic import Field, field_validator
 
 from counterfactory.assets import PROMPTS_DIR
-from counterfactory.generation.editors.base import EditJournal, EditRequest, MemoryJournal
-from counterfactory.generation.editors.fal import _REFUSAL_TEXT, FalEditor, FalOptions, _encode_png, _Outcome
+from counterfactory.generation.editors.base import EditJournal
+from counterfactory.generation.editors.fal_queue import (
+    REFUSAL_TEXT,
+    FalCall,
+    FalQueue,
+    FalQueueOptions,
+    FalReading,
+    FalTransfer,
+    check_rgb,
+    png_data_uri,
+)
 
 AnswerStatus = Literal["ok", "malformed", "invalid_label", "refused", "failed"]
-DEFAULT_ENDPOINT = "fal-ai/any-llm/vision"
+DEFAULT_ENDPOINT = "openrouter/router/vision"
+DEPRECATED_ENDPOINTS = {"fal-ai/any-llm/vision": DEFAULT_ENDPOINT}
+#: USD assumed per question before its real cost is known (see the module docstring).
+DEFAULT_ESTIMATE_USD = 0.01
 _FENCE = re.compile(r"^\s*```(?:json)?\s*(.*?)\s*```\s*$", re.DOTALL)
 
 
@@ -48,8 +73,8 @@ class VisionAnswer:
         labels: axis -> label for ``ok`` answers, else empty.
         raw: the model's text exactly as returned (None when nothing came back).
         reason: why it is not ``ok``.
-        cost_usd: money this question cost (0 when fetched again from the journal's id
-            after a resume is still billed once, by fal, and recorded once).
+        cost_usd: USD this question cost (``usage.cost``; a question fetched again by its
+            journaled id after a resume was billed once, by fal, and is recorded once).
         request_id: fal's request id.
         resumed: fetched by a journaled request id instead of asked anew.
     """
@@ -92,7 +117,7 @@ def parse_answer(
     try:
         data = json.loads(body)
     except json.JSONDecodeError as exc:
-        if _REFUSAL_TEXT.search(text):
+        if REFUSAL_TEXT.search(text):
             return "refused", {}, f"attribute_vlm: refused: {text.strip()[:200]}"
         return "malformed", {}, f"attribute_vlm: not JSON ({exc.msg} at {exc.pos})"
     if not isinstance(data, dict) or set(data) != set(labels):
@@ -104,95 +129,143 @@ def parse_answer(
     return "ok", {k: str(v) for k, v in data.items()}, None
 
 
-class FalVisionClient(FalEditor):
-    """Questions to a fal-hosted VLM through :class:`FalEditor`'s queue machinery.
+class FalVisionOptions(FalQueueOptions):
+    """``gates.face.attribute.fal`` in the spec: the transport's options
+    (:class:`~counterfactory.generation.editors.fal_queue.FalQueueOptions`) and the router's.
+
+    Attributes:
+        endpoint: fal endpoint id of the vision router.
+        estimated_usd_per_question: USD the spend cap assumes for a question before fal
+            reports its real ``usage.cost``; set it above what your model costs per image.
+        temperature: sampling temperature, 0..2 (fal's default is 1; 0 for reproducible answers).
+        max_tokens: the most tokens the model may answer with; ``None`` leaves fal's default.
+        reasoning: ask the model to reason first (costs more tokens; the answer must still be
+            one JSON object).
+        system_prompt: optional system prompt.
+    """
+
+    endpoint: str = DEFAULT_ENDPOINT
+    estimated_usd_per_question: float = Field(DEFAULT_ESTIMATE_USD, ge=0)
+    temperature: float = Field(0.0, ge=0, le=2)
+    max_tokens: int | None = Field(None, ge=1)
+    reasoning: bool = False
+    system_prompt: str | None = None
+
+    @field_validator("endpoint")
+    @classmethod
+    def _not_deprecated(cls, value: str) -> str:
+        if value in DEPRECATED_ENDPOINTS:
+            raise ValueError(
+                f"fal has deprecated {value!r}; set endpoint: {DEPRECATED_ENDPOINTS[value]} "
+                "(the same image_urls, prompt and model inputs)"
+            )
+        return value
+
+
+class FalVisionClient:
+    """Questions about images to a fal-hosted VLM, one call each on a :class:`FalQueue`.
 
     Args:
-        options: the fal transport options; ``endpoint`` is the VLM endpoint and
-            ``prices_usd[endpoint]`` its USD per question (required: fal's LLM prices vary by
-            model, so the spend cap needs the user's figure).
-        model: the ``model`` argument the endpoint routes to (e.g. ``google/gemini-2.5-flash``).
+        options: the router and transport options.
+        model: the ``model`` the router sends the question to (e.g. ``google/gemini-2.5-flash``).
     """
 
     name = "fal_vlm"
 
-    def __init__(self, options: FalOptions, *, model: str) -> None:
-        super().__init__(options)
+    def __init__(self, options: FalVisionOptions, *, model: str) -> None:
+        self.options = options
         self.model = model
+        self.queue = FalQueue(
+            options.endpoint,
+            options,
+            estimate_usd=options.estimated_usd_per_question,
+            known_endpoints=(DEFAULT_ENDPOINT,),
+            client_name="gates.face.attribute.fal",
+        )
 
     def lineage(self) -> dict[str, Any]:
-        return {"backend": self.name, "endpoint": self.options.endpoint, "model": self.model}
+        """Everything that decides an answer but the prompt and the image."""
+        o = self.options
+        return {
+            "backend": self.name,
+            "endpoint": o.endpoint,
+            "model": self.model,
+            "temperature": o.temperature,
+            "max_tokens": o.max_tokens,
+            "reasoning": o.reasoning,
+            "system_prompt": o.system_prompt,
+            "input_encoding": "png_data_uri",
+        }
+
+    def prepare(self) -> None:
+        """Checks fal-client, the key and the endpoint (see :meth:`FalQueue.prepare`)."""
+        self.queue.prepare()
 
     def question_id(self, image: np.ndarray, prompt: str) -> str:
-        """Hash of everything deciding the answer: endpoint, model, prompt text, image pixels."""
+        """Hash of everything deciding the answer: the lineage, prompt text, image pixels."""
         digest = hashlib.sha256()
         digest.update(json.dumps({**self.lineage(), "prompt": prompt}, sort_keys=True).encode())
         digest.update(repr((image.shape, str(image.dtype))).encode())
         digest.update(np.ascontiguousarray(image).tobytes())
         return "vlm-" + digest.hexdigest()
 
+    def arguments(self, image: np.ndarray, prompt: str) -> dict[str, Any]:
+        """The router's input for one question.
+
+        Raises:
+            FalCallFailed: ``attribute_vlm_bad_input`` unless ``image`` is ``(H, W, 3)`` uint8.
+        """
+        check_rgb(image, "attribute_vlm_bad_input")
+        o = self.options
+        body: dict[str, Any] = {
+            "image_urls": [png_data_uri(image)],
+            "prompt": prompt,
+            "model": self.model,
+            "temperature": o.temperature,
+            "reasoning": o.reasoning,
+        }
+        if o.system_prompt is not None:
+            body["system_prompt"] = o.system_prompt
+        if o.max_tokens is not None:
+            body["max_tokens"] = o.max_tokens
+        return body
+
     def ask_many(
         self, images: Sequence[np.ndarray], prompt: str, journal: EditJournal | None = None
     ) -> list[tuple[str, VisionAnswer]]:
-        """Ask ``prompt`` about each image, at most ``concurrency`` in flight; returns
-        ``(question id, answer)`` in order. Parsing is left to the caller (it knows the labels)."""
-        requests = [EditRequest(self.question_id(im, prompt), im, prompt, seed=0) for im in images]
-        answers = self.edit_many(requests, journal if journal is not None else MemoryJournal())
-        return [(r.attempt_id, a) for r, a in zip(requests, answers, strict=True)]
-
-    # -- the two places a question differs from an edit -----------------------------------
-
-    def _arguments(self, request: EditRequest) -> dict[str, Any]:
-        image = request.image
-        if not (isinstance(image, np.ndarray) and image.dtype == np.uint8 and image.ndim == 3 and image.shape[2] == 3):
-            raise _Outcome(
-                "failed",
-                f"attribute_vlm_bad_input: image must be (H, W, 3) uint8 RGB, got {getattr(image, 'shape', None)}",
+        """Ask ``prompt`` about each ``(H, W, 3)`` uint8 image, at most ``concurrency`` in
+        flight; returns ``(question id, answer)`` in order, the answer's ``raw`` text unparsed
+        (the caller knows the labels)."""
+        calls = [FalCall(self.question_id(im, prompt), lambda im=im: self.arguments(im, prompt)) for im in images]
+        answers = self.queue.run_many(calls, self._read, journal)
+        out = []
+        for call, a in zip(calls, answers, strict=True):
+            kind: AnswerStatus = a.status if a.status in ("ok", "refused") else "failed"
+            out.append(
+                (
+                    call.key,
+                    VisionAnswer(
+                        kind,
+                        raw=a.value if a.status == "ok" else None,
+                        reason=a.reason,
+                        cost_usd=a.cost_usd,
+                        request_id=a.request_id,
+                        resumed=a.resumed,
+                    ),
+                )
             )
-        return {
-            **self.options.arguments,
-            "model": self.model,
-            "prompt": request.prompt,
-            "image_urls": [self._fal.encode(_encode_png(image), "image/png")],
-        }
+        return out
 
-    async def _finish(self, request: EditRequest, progress: Any, payload: dict[str, Any], batch: Any) -> VisionAnswer:
-        from counterfactory.generation.editors.fal import _row
-
-        price = float(self._price(progress.endpoint or self.options.endpoint) or 0.0)
+    async def _read(self, call: FalCall, payload: dict[str, Any], transfer: FalTransfer) -> FalReading:
+        """The router's answer -> (its text, ``usage.cost`` in USD)."""
+        usage = payload.get("usage") if isinstance(payload.get("usage"), Mapping) else {}
+        cost = usage.get("cost")
+        measured = isinstance(cost, (int, float)) and not isinstance(cost, bool) and cost >= 0
         text = payload.get("output")
-        error = payload.get("error")
-        batch.journal.save(request.attempt_id, _row(progress, "completed"), cost_usd=price)
-        if error and not text:
-            return VisionAnswer(
-                "failed",
-                raw=None,
-                reason=f"attribute_vlm: {error}",
-                cost_usd=price,
-                request_id=progress.request_id,
-                resumed=progress.resumed,
-            )
-        return VisionAnswer(
-            "ok",
-            raw=None if text is None else str(text),
-            cost_usd=price,
-            request_id=progress.request_id,
-            resumed=progress.resumed,
-        )
-
-    def _result(
-        self,
-        request: EditRequest,
-        progress: Any,
-        status: str,
-        *,
-        reason: str | None = None,
-        cost_usd: float = 0.0,
-        **_: Any,
-    ) -> VisionAnswer:  # type: ignore[override]
-        kind: AnswerStatus = "refused" if status == "refused" else "failed"
-        return VisionAnswer(
-            kind, reason=reason, cost_usd=cost_usd, request_id=progress.request_id, resumed=progress.resumed
+        return FalReading(
+            None if text is None else str(text),
+            float(cost) if measured else self.options.estimated_usd_per_question,
+            {"usage": dict(usage), "cost_source": "usage" if measured else "estimate"},
         )
 
 

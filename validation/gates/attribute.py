@@ -27,7 +27,6 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from counterfactory.generation.editors.base import EditJournal, MemoryJournal
-from counterfactory.generation.editors.fal import FalOptions
 from counterfactory.manifests.registry import GATES
 from counterfactory.validation.backends.attributes import (
     FAIRFACE_HEADS,
@@ -36,6 +35,7 @@ from counterfactory.validation.backends.attributes import (
     GenderAgeClassifier,
     Perceived,
 )
+from counterfactory.validation.backends.vlm import FalVisionOptions
 from counterfactory.validation.gates.base import GateResult, PairContext
 
 BACKEND_THRESHOLDS: tuple[str, ...] = ()
@@ -59,6 +59,12 @@ class AttributeGateConfig(BaseModel):
         sha256: its hex sha256 (required with ``weights``).
         insightface_pack: the buffalo_l folder (``insightface`` only; default as the other
             InsightFace backends).
+        labels: axis -> the labels a ``vlm`` may answer with.
+        model: the model fal's vision router asks (``vlm`` only), e.g. ``google/gemini-2.5-flash``.
+        prompt: the versioned prompt in ``assets/prompts/`` (``vlm`` only).
+        fal: the router and transport options (``vlm`` only): endpoint, concurrency,
+            spend_cap_usd, estimated_usd_per_question, temperature, ... (see
+            :class:`~counterfactory.validation.backends.vlm.FalVisionOptions`).
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -71,7 +77,7 @@ class AttributeGateConfig(BaseModel):
     labels: dict[str, list[str]] = Field(default_factory=dict)
     model: str | None = None
     prompt: str = "attribute_vlm_v1"
-    fal: FalOptions = Field(default_factory=lambda: FalOptions(endpoint="fal-ai/any-llm/vision", concurrency=4))
+    fal: FalVisionOptions = Field(default_factory=FalVisionOptions)
 
     @model_validator(mode="after")
     def _consistent(self) -> AttributeGateConfig:
@@ -82,11 +88,9 @@ class AttributeGateConfig(BaseModel):
                     "labels, e.g. {race: [White, Black], gender: [female, male]}) and no label_map"
                 )
             if not self.model:
-                raise ValueError("backend 'vlm' needs model: the model the fal endpoint routes to")
-            if self.fal.endpoint not in self.fal.prices_usd:
                 raise ValueError(
-                    f"backend 'vlm' needs fal.prices_usd[{self.fal.endpoint!r}], the USD per question, "
-                    "so that the spend cap can account for it"
+                    "backend 'vlm' needs model: the model fal's vision router sends the question to, "
+                    "e.g. google/gemini-2.5-flash"
                 )
             return self
         if not self.label_map:
