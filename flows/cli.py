@@ -39,7 +39,22 @@ def main() -> None:
 @click.option(
     "--allow-incomplete", is_flag=True, help="With --publish: seal even if cells, sources or strata are missing."
 )
-def run(spec_path: Path, out: Path, workers: int, no_progress: bool, publish: bool, allow_incomplete: bool) -> None:
+@click.option(
+    "--ray",
+    "ray_address",
+    metavar="ADDRESS",
+    help="Run edits and gates on a Ray cluster: HOST:PORT, ray://HOST:PORT, auto, or local "
+    "(a Ray instance on this machine for the run). Default: the spec's run.ray.",
+)
+def run(
+    spec_path: Path,
+    out: Path,
+    workers: int,
+    no_progress: bool,
+    publish: bool,
+    allow_incomplete: bool,
+    ray_address: str | None,
+) -> None:
     """Run SPEC_PATH: edit, align, measure and judge every cell into OUT (resumable).
 
     With --publish, also seal the release (as `counterfactory publish OUT` would).
@@ -67,11 +82,14 @@ def run(spec_path: Path, out: Path, workers: int, no_progress: bool, publish: bo
         )
         if conflict:
             _fail(conflict)
+    on_ray = ray_address is not None or spec.run.ray is not None
     try:
         # Fail on a missing model, key or GPU before the flow starts or anything is paid for.
+        # On Ray the editor loads on a GPU node of the cluster, which checks it there before any work.
         from counterfactory.flows.steps import build_editor, build_gate_stack
 
-        build_editor(spec)
+        if not on_ray:
+            build_editor(spec)
     except SetupError as exc:
         _fail(f"editor backend {spec.editor.backend!r} cannot run: {exc}")
     try:
@@ -90,6 +108,7 @@ def run(spec_path: Path, out: Path, workers: int, no_progress: bool, publish: bo
             progress=not no_progress,
             publish=publish,
             allow_incomplete=allow_incomplete,
+            ray=ray_address,
         )
     except (
         ReleaseExistsError,

@@ -7,6 +7,7 @@ with tens of thousands of task runs, and the ledger already holds the per-image 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ from tqdm.auto import tqdm  # noqa: E402
 
 from counterfactory.flows import steps  # noqa: E402
 from counterfactory.flows.publish import publish_release, remember_spec  # noqa: E402
+from counterfactory.flows.ray import check_ray_target, process_templates_on_ray, ray_cluster, ray_target  # noqa: E402
 from counterfactory.flows.server import prefect_api  # noqa: E402
 from counterfactory.flows.stopping import reinstall_stop_handlers  # noqa: E402
 from counterfactory.manifests.release import ReleaseExistsError, existing_release_conflict  # noqa: E402
@@ -71,12 +73,20 @@ def _template_key(cell) -> str:
 
 @flow(name="counterfactory-run", log_prints=True)
 def run_flow(
-    spec_path: str, out: str, progress: bool = True, publish: bool = False, allow_incomplete: bool = False
+    spec_path: str,
+    out: str,
+    progress: bool = True,
+    publish: bool = False,
+    allow_incomplete: bool = False,
+    ray_address: str | None = None,
+    workers: int = 2,
 ) -> RunSummary:
     """Run one spec end to end into ``out``; with ``publish``, seal its release too.
 
     Templates run concurrently on the flow's task runner (see :func:`run_spec`). A release
-    version that is already taken by another spec is refused before any editing.
+    version that is already taken by another spec is refused before any editing. With Ray
+    (``ray_address`` or the spec's ``run.ray``), the flow's task runner is prefect-ray's and
+    edits and judgements run as tasks on the cluster (:mod:`counterfactory.flows.ray`).
     """
     reinstall_stop_handlers()
     spec = load_spec(spec_path)
@@ -91,8 +101,10 @@ def run_flow(
     run_id = os.urandom(8).hex()
     ws.ledger.start_run(run_id, spec_name=spec.name, spec_hash=spec.spec_hash())
     ws.run_id = run_id
-    editor = steps.build_editor(spec)
-    stack = steps.build_gate_stack(spec, journal=ws.ledger.journal("fal_vlm"))
+    on_ray = ray_target(spec, ray_address)
+    if on_ray is None:
+        editor = steps.build_editor(spec)
+        stack = steps.build_gate_stack(spec, journal=ws.ledger.journal("fal_vlm"))
 
     prepared, failed = prepare_sources_task(spec, ws)
     grid = grid_task(spec, prepared)
@@ -101,13 +113,17 @@ def run_flow(
         cells_by_template.setdefault(_template_key(cell), []).append(cell)
     by_id = {p.id: p for p in prepared}
 
-    futures = [
-        template_task.submit(spec, ws, by_id[tid], cells, editor, stack) for tid, cells in cells_by_template.items()
-    ]
+    if on_ray is None:
+        futures = [
+            template_task.submit(spec, ws, by_id[tid], cells, editor, stack) for tid, cells in cells_by_template.items()
+        ]
+        finished = (future.result() for future in as_completed(futures))
+    else:
+        templates = [(by_id[tid], cells) for tid, cells in cells_by_template.items()]
+        finished = process_templates_on_ray(spec, ws, templates, on_ray, workers=workers)
     outcomes = []
     with tqdm(total=len(grid.cells), desc="cells", unit="cell", disable=not progress) as bar:
-        for future in as_completed(futures):
-            outcome = future.result()
+        for outcome in finished:
             outcomes.append(outcome)
             bar.update(len(outcome.cells))
     outcomes.sort(key=lambda o: o.template_id)
@@ -140,9 +156,15 @@ def run_spec(
     progress: bool = True,
     publish: bool = False,
     allow_incomplete: bool = False,
+    ray: str | None = None,
 ) -> RunSummary:
     """Run the flow with ``workers`` templates at a time (threads on this machine); with
     ``publish``, seal the release at the end (refused up front when its version is taken).
+
+    ``ray`` (a Ray address, or ``"local"``; default the spec's ``run.ray``) runs the edits and
+    judgements as tasks on a Ray cluster; the cluster is checked before anything else
+    (:func:`~counterfactory.flows.ray.check_ray_target`: a remote cluster needs a PostgreSQL
+    ledger, and an address that does not answer stops the run).
 
     The run holds ``out``'s lock throughout, so a second run on the same folder is refused
     (:class:`~counterfactory.manifests.runlock.RunFolderError`) before it pays for anything; the
@@ -150,14 +172,31 @@ def run_spec(
     (:class:`~counterfactory.manifests.ledger.LedgerError`). Prefect's API is served from this
     process (:func:`~counterfactory.flows.server.prefect_api`), so no server outlives the run.
     """
+    from prefect.settings import PREFECT_API_URL
+
+    spec = load_spec(spec_path)
+    on_ray = ray_target(spec, ray)
+    user_api = PREFECT_API_URL.value() or None
+    # before the folder lock or the ledger: a cluster that cannot run this costs nothing
+    address = check_ray_target(on_ray, spec, prefect_api_url=user_api) if on_ray else None
     with RunFolderLock(out):
         spec = load_spec(spec_path)
         ws = steps.open_workspace(spec, out)
         missing = steps.count_missing_outputs(ws)
         ws.ledger.close()
-        configured = run_flow.with_options(task_runner=ThreadPoolTaskRunner(max_workers=max(1, workers)))
-        with prefect_api():
-            summary = configured(
-                str(spec_path), str(out), progress=progress, publish=publish, allow_incomplete=allow_incomplete
+        with contextlib.ExitStack() as stack:
+            if on_ray is None:
+                runner = ThreadPoolTaskRunner(max_workers=max(1, workers))
+            else:
+                runner = stack.enter_context(ray_cluster(on_ray, address, spec, ws.out, prefect_api_url=user_api))
+            stack.enter_context(prefect_api())
+            summary = run_flow.with_options(task_runner=runner)(
+                str(spec_path),
+                str(out),
+                progress=progress,
+                publish=publish,
+                allow_incomplete=allow_incomplete,
+                ray_address=ray,
+                workers=workers,
             )
         return dataclasses.replace(summary, missing_outputs=missing)

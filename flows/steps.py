@@ -24,7 +24,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -324,13 +324,23 @@ def process_template(
     prepared: PreparedSource,
     cells: Sequence[Cell],
     editor: Editor,
-    stack: GateStack,
+    stack: GateStack | None,
+    *,
+    edit: Callable[..., int] | None = None,
+    judge: Callable[..., list[tuple[str, list[str]]]] | None = None,
 ) -> TemplateOutcome:
     """Fill every cell of one template: plan, edit, judge, and retry the open cells with the next seed.
 
     Finished attempts (``ok`` or ``refused`` in the ledger) are never run again; their stored
     output is re-judged only when the alignment or gate settings changed.
+
+    ``edit`` and ``judge`` replace :func:`run_edits` and :func:`judge_attempts` (same
+    arguments and results) where the work runs elsewhere: on a Ray cluster they send each
+    batch of attempts to a GPU task and each judgement to a CPU task
+    (:mod:`counterfactory.flows.ray`), and ``stack`` may then be None.
     """
+    edit = edit or run_edits
+    judge = judge or judge_attempts
     lineage = editor.lineage()
     jkey = judge_key(spec)
     outcomes = {c.cell_id: CellOutcome(cell=c) for c in cells}
@@ -340,7 +350,7 @@ def process_template(
         if not open_cells:
             break
         plans = plan_attempts(spec, prepared, open_cells, editor, lineage, attempt_no)
-        calls += run_edits(ws, editor, plans, lineage)
+        calls += edit(ws, editor, plans, lineage)
         # a paid remote request that failed to come back (status outage, download error) is
         # fetched again, never replaced by the next seed: that would pay twice
         for wait_s in RESUME_WAITS_S:
@@ -348,8 +358,8 @@ def process_template(
             if not pending:
                 break
             time.sleep(wait_s)
-            calls += run_edits(ws, editor, pending, lineage)
-        verdicts = judge_attempts(spec, ws, prepared, plans, stack, jkey)
+            calls += edit(ws, editor, pending, lineage)
+        verdicts = judge(spec, ws, prepared, plans, stack, jkey)
         open_cells = []
         for plan, (verdict, reasons) in zip(plans, verdicts, strict=True):
             out = outcomes[plan.cell.cell_id]

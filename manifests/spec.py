@@ -153,6 +153,36 @@ class ReleaseConfig(BaseModel):
         return value
 
 
+class RayConfig(BaseModel):
+    """``run.ray``: run the flow's tasks on a Ray cluster (``counterfactory run --ray`` overrides).
+
+    Attributes:
+        address: ``local`` starts a Ray instance on this machine for the run; ``auto`` joins
+            the one ``RAY_ADDRESS`` or ``ray start`` on this machine names; ``HOST:PORT`` is a
+            head node's GCS address; ``ray://HOST:PORT`` goes through Ray Client.
+        num_gpus: GPUs each editing task asks for; default 1 for a backend that runs on CUDA
+            (``qwen`` with a ``cuda`` device), 0 otherwise (``classical``, ``fal``).
+        num_cpus: CPUs each alignment-and-gates task asks for.
+        connect_timeout_s: how long a head node has to answer before the run stops, unpaid.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    address: str = Field("local", min_length=1)
+    num_gpus: float | None = Field(None, ge=0)
+    num_cpus: float = Field(1.0, gt=0)
+    connect_timeout_s: float = Field(5.0, gt=0, le=600)
+
+
+class RunConfig(BaseModel):
+    """``run``: where the run executes. Never part of the spec's hash: moving a study between
+    machines or clusters changes no output."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    ray: RayConfig | None = None
+
+
 class Spec(BaseModel):
     """A whole study design."""
 
@@ -177,6 +207,8 @@ class Spec(BaseModel):
     robustness: RobustnessConfig = Field(default_factory=RobustnessConfig)
     #: SQLAlchemy URL of the ledger; default ``sqlite:///<out>/ledger.sqlite``.
     ledger_url: str | None = None
+    #: where the tasks execute (this machine's threads, or a Ray cluster)
+    run: RunConfig = Field(default_factory=RunConfig)
     #: the spec file's text as the user wrote it (set by :func:`load_spec`)
     _written: str | None = PrivateAttr(default=None)
     #: the spec file it was loaded from (set by :func:`load_spec`)
@@ -250,7 +282,7 @@ class Spec(BaseModel):
         Source paths are as written (relative to the spec file, never resolved); ``editor``
         holds the active backend's options only; ``gates`` and ``prompts`` the active kind's
         only; the limb-mask growth (``masks``) only for limb designs; ``ledger_url`` (where the
-        run kept its state, possibly with a password) is left out. This is what
+        run kept its state, possibly with a password) and ``run`` (where it executed) are left out. This is what
         :meth:`spec_hash` hashes and what :meth:`to_yaml` writes.
         (:meth:`as_written` is the file's own text, which a release ships.)
         """
@@ -274,6 +306,7 @@ class Spec(BaseModel):
             for unused in ("target_group", "gender_nouns"):
                 data["prompts"].pop(unused, None)
         data.pop("ledger_url", None)
+        data.pop("run", None)
         return data
 
     def canonical_json(self) -> str:
