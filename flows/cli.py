@@ -60,7 +60,6 @@ def run(
     With --publish, also seal the release (as `counterfactory publish OUT` would).
     """
     from counterfactory.flows.publish import PublishError
-    from counterfactory.generation.editors import EditorSetupError
     from counterfactory.generation.sources import MetadataError, load_metadata
     from counterfactory.manifests.errors import SetupError
     from counterfactory.manifests.ledger import LedgerError
@@ -113,7 +112,7 @@ def run(
     except (
         ReleaseExistsError,
         ReleaseIntegrityError,
-        EditorSetupError,
+        SetupError,
         SpecError,
         PublishError,
         LedgerError,

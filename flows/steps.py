@@ -32,12 +32,13 @@ from typing import Any
 import numpy as np
 
 from counterfactory.generation.align import AlignConfig, align_candidate
-from counterfactory.generation.editors import Editor, EditorSetupError, EditRequest, EditResult, make_editor
+from counterfactory.generation.editors import Editor, EditRequest, EditResult, make_editor
 from counterfactory.generation.editors.base import EditJournal
 from counterfactory.generation.masks import apply_mask_options, mask_from_record
 from counterfactory.generation.prompts import RenderedPrompt, render_prompt
 from counterfactory.generation.sampling import Cell, Grid, expand_grid
 from counterfactory.generation.sources import FailedSource, Source, load_sources
+from counterfactory.manifests.errors import SetupError
 from counterfactory.manifests.ledger import Ledger
 from counterfactory.manifests.spec import Spec
 from counterfactory.manifests.store import ImageStore
@@ -491,7 +492,7 @@ def _edit_safely(editor: Editor, requests: list[EditRequest], journal) -> list[E
     """Run a batch; a per-item exception a backend let through becomes that item's failure."""
     try:
         results = editor.edit_many(requests, journal)
-    except EditorSetupError:
+    except SetupError:
         # a key rejected mid-run, an unknown endpoint or model: no item can succeed, so the
         # whole run stops here with the backend's one message, before anything is sealed
         raise

@@ -53,11 +53,6 @@ CHECKPOINT_FILES = {
 }
 
 
-#: SAM cannot run here (segment-anything, torch or the checkpoint missing): the project's one
-#: :class:`~counterfactory.manifests.errors.SetupError`.
-MaskSetupError = SetupError
-
-
 @dataclass
 class _Predictor:
     predictor: Any
@@ -110,7 +105,7 @@ def sam_mask(
 
     Raises:
         MaskError: a malformed image or prompt.
-        MaskSetupError: segment-anything or torch missing, checkpoint missing or not of
+        SetupError: segment-anything or torch missing, checkpoint missing or not of
             ``model_type``, CUDA asked for but absent.
     """
     _check_image(image)
@@ -150,18 +145,18 @@ def load_sam_predictor(checkpoint: str | Path, *, model_type: str = "vit_b", dev
     """The cached ``SamPredictor`` for a checkpoint (loaded on first use in this process).
 
     Raises:
-        MaskSetupError: see :func:`sam_mask`.
+        SetupError: see :func:`sam_mask`.
     """
     torch = _import_torch()
     sam = import_segment_anything()
     device = _resolve_device(torch, device)
     registry = sam.sam_model_registry
     if model_type not in registry:
-        raise MaskSetupError(f"unknown SAM model_type {model_type!r}; valid: {', '.join(sorted(registry))}")
+        raise SetupError(f"unknown SAM model_type {model_type!r}; valid: {', '.join(sorted(registry))}")
     path = Path(checkpoint).expanduser()
     if not path.is_file():
         wanted = CHECKPOINT_FILES.get(model_type, "the checkpoint")
-        raise MaskSetupError(
+        raise SetupError(
             f"the SAM checkpoint {str(checkpoint)!r} does not exist; download {wanted} from "
             "https://github.com/facebookresearch/segment-anything#model-checkpoints and pass its path"
         )
@@ -172,12 +167,12 @@ def load_sam_predictor(checkpoint: str | Path, *, model_type: str = "vit_b", dev
             try:
                 model = registry[model_type](checkpoint=str(path))
             except RuntimeError as exc:  # load_state_dict: missing/unexpected keys, shapes
-                raise MaskSetupError(
+                raise SetupError(
                     f"{path} is not a {model_type} SAM checkpoint ({str(exc).splitlines()[0]}); "
                     f"check model_type (valid: {', '.join(sorted(registry))})"
                 ) from exc
             except Exception as exc:  # noqa: BLE001 - torch.load's errors vary by version
-                raise MaskSetupError(f"could not read the SAM checkpoint {path}: {type(exc).__name__}: {exc}") from exc
+                raise SetupError(f"could not read the SAM checkpoint {path}: {type(exc).__name__}: {exc}") from exc
             model.to(device).eval()
             entry = _Predictor(predictor=sam.SamPredictor(model))
             _PREDICTORS[key] = entry
@@ -188,12 +183,12 @@ def import_segment_anything() -> types.ModuleType:
     """``segment_anything``, imported without torchvision where that is missing.
 
     Raises:
-        MaskSetupError: segment-anything is not installed.
+        SetupError: segment-anything is not installed.
     """
     if "segment_anything" in sys.modules and sys.modules["segment_anything"] is not None:
         return sys.modules["segment_anything"]
     if _find_spec("segment_anything") is None:
-        raise MaskSetupError(f"SAM masks need segment-anything, which is not installed: {_INSTALL_HINT}")
+        raise SetupError(f"SAM masks need segment-anything, which is not installed: {_INSTALL_HINT}")
     with _IMPORT_LOCK:
         if _find_spec("torchvision") is not None:
             return importlib.import_module("segment_anything")
@@ -215,7 +210,7 @@ def _import_torch() -> Any:
     try:
         import torch
     except ImportError as exc:
-        raise MaskSetupError(f"SAM masks need torch, which is not installed: {_INSTALL_HINT}") from exc
+        raise SetupError(f"SAM masks need torch, which is not installed: {_INSTALL_HINT}") from exc
     return torch
 
 
@@ -223,7 +218,7 @@ def _resolve_device(torch: Any, device: str | None) -> str:
     if device is None:
         return "cuda" if torch.cuda.is_available() else "cpu"
     if device.split(":")[0] == "cuda" and not torch.cuda.is_available():
-        raise MaskSetupError(f"device {device!r} asked for but torch sees no CUDA GPU; use device='cpu'")
+        raise SetupError(f"device {device!r} asked for but torch sees no CUDA GPU; use device='cpu'")
     return device
 
 
@@ -324,7 +319,6 @@ def _torchvision_stand_in() -> Iterator[None]:
 
 __all__ = [
     "CHECKPOINT_FILES",
-    "MaskSetupError",
     "box_region",
     "clear_sam_cache",
     "import_segment_anything",

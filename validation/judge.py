@@ -18,8 +18,8 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic_core import PydanticCustomError
 
+from counterfactory.manifests.errors import SetupError
 from counterfactory.manifests.registry import GATES, GatePlugin
-from counterfactory.validation.backends import BackendUnavailable
 from counterfactory.validation.faces import FaceLandmarker, MaskMode, face_mask, get_face_landmarker
 from counterfactory.validation.gates.base import Gate, GateResult, Judgement, PairContext, combine, not_finite_metrics
 from counterfactory.validation.gates.inputs import input_gate
@@ -201,7 +201,7 @@ class GateStack:
     def from_config(cls, config: GatesConfig, kind: Kind) -> GateStack:
         """Build the gates for ``kind``, loading each backend (once per process).
 
-        Raises :class:`~counterfactory.validation.backends.BackendUnavailable` when a chosen backend cannot
+        Raises :class:`~counterfactory.validation.backends.SetupError` when a chosen backend cannot
         run here (missing optional dependency or weights), before any pair is judged.
         """
         gates: list[Gate] = [plugin.factory(options) for plugin, options in config.for_kind(kind).enabled()]
@@ -310,7 +310,7 @@ class GateStack:
         for gate in self.gates:
             try:
                 result = gate(pair)
-            except BackendUnavailable:
+            except SetupError:
                 raise
             except Exception as exc:
                 result = GateResult(gate.name, False, reasons=(f"{gate.name}_error",), error=_describe(exc))

@@ -14,7 +14,6 @@ from typing import Any
 from counterfactory.generation.editors.base import (
     EditJournal,
     Editor,
-    EditorSetupError,
     EditRequest,
     EditResult,
     MemoryJournal,
@@ -42,7 +41,6 @@ __all__ = [
     "EditRequest",
     "EditResult",
     "Editor",
-    "EditorSetupError",
     "MemoryJournal",
     "SetupError",
     "make_editor",

@@ -7,7 +7,7 @@ or judge: the factory does that to every result the same way, whatever produced 
 Per-item problems (a safety refusal, an empty output, a decode error) are *values*: an
 ``EditResult`` with ``status`` ``"refused"`` or ``"failed"`` and a reason. Only problems that
 make the whole batch impossible (a missing model, no GPU, a bad API key) raise
-:class:`EditorSetupError`, and they do so from ``prepare()``, before any work is paid for.
+:class:`~counterfactory.manifests.errors.SetupError`, and they do so from ``prepare()``, before any work is paid for.
 """
 
 from __future__ import annotations
@@ -19,14 +19,7 @@ from typing import Any, Literal, Protocol, runtime_checkable
 
 import numpy as np
 
-from counterfactory.manifests.errors import SetupError
-
 EditStatus = Literal["ok", "refused", "failed"]
-
-
-#: A backend cannot run at all here (missing weights, dependency, key, device): the project's
-#: one :class:`~counterfactory.manifests.errors.SetupError`, under the name backends raise.
-EditorSetupError = SetupError
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,6 @@ from pydantic import Field, field_validator
 
 from counterfactory.generation.editors.base import (
     EditJournal,
-    EditorSetupError,
     EditRequest,
     EditResult,
 )
@@ -43,6 +42,7 @@ from counterfactory.generation.editors.fal_queue import (
     png_data_uri,
     run_sync,
 )
+from counterfactory.manifests.errors import SetupError
 from counterfactory.manifests.registry import EDITORS
 
 #: USD per output image, as listed on fal's model pages when this was written (Nano Banana
@@ -171,7 +171,7 @@ class FalEditor:
         """Checks the dependency, key and endpoint (:meth:`FalQueue.prepare`), then the price.
 
         Raises:
-            EditorSetupError: with one message saying what is wrong and how to fix it.
+            SetupError: with one message saying what is wrong and how to fix it.
         """
         run_sync(self._aprepare())
 
@@ -179,7 +179,7 @@ class FalEditor:
         await self.queue.aprepare()
         endpoint = self.options.endpoint
         if self._price(endpoint) is None:
-            raise EditorSetupError(
+            raise SetupError(
                 f"no price known for fal endpoint {endpoint!r}, so spend cannot be "
                 f"accounted: set editor.fal.prices_usd[{endpoint!r}] to its USD per image"
             )
@@ -198,7 +198,7 @@ class FalEditor:
         Without a journal the batch keeps an in-memory one (no resume across processes).
 
         Raises:
-            EditorSetupError: the key or endpoint is rejected; nothing was billed for it.
+            SetupError: the key or endpoint is rejected; nothing was billed for it.
         """
         await self._aprepare()
         calls = [FalCall(r.attempt_id, _Arguments(self, r)) for r in requests]

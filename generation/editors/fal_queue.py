@@ -36,7 +36,7 @@ Errors. HTTP 408/409/429/5xx, connection errors and network time-outs are transi
 retried with exponential backoff, ``max_retries`` times per call (``fal-client`` itself
 already retries 408/409/429 and connection errors up to 10 times before we see them). Other
 4xx answers are per-item results. A rejected key (401/403) or an app fal does not know (404
-on submit) raises :class:`EditorSetupError`.
+on submit) raises :class:`SetupError`.
 
 Key check. :meth:`FalQueue.prepare` asks the queue for the status of a random, never-issued
 request id of the endpoint's app: free, authenticated, no model runs. A 401/403 answer means
@@ -64,7 +64,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from counterfactory.generation.editors.base import EditJournal, EditorSetupError, MemoryJournal
+from counterfactory.generation.editors.base import EditJournal, MemoryJournal
+from counterfactory.manifests.errors import SetupError
 
 logger = logging.getLogger(__name__)
 
@@ -312,7 +313,7 @@ class FalQueue:
         """Checks the dependency, key and endpoint, then the key against fal.
 
         Raises:
-            EditorSetupError: with one message saying what is wrong and how to fix it.
+            SetupError: with one message saying what is wrong and how to fix it.
         """
         if not self._prepared:
             run_sync(self.aprepare())
@@ -325,7 +326,7 @@ class FalQueue:
             import fal_client
             import httpx
         except ImportError as exc:
-            raise EditorSetupError(
+            raise SetupError(
                 f"the {self.client_name} backend needs the fal-client package: "
                 f"pip install 'counterfactory[remote]' ({exc})"
             ) from None
@@ -333,13 +334,13 @@ class FalQueue:
         if not key and os.environ.get("FAL_KEY_ID") and os.environ.get("FAL_KEY_SECRET"):
             key = f"{os.environ['FAL_KEY_ID']}:{os.environ['FAL_KEY_SECRET']}"
         if not key:
-            raise EditorSetupError(
+            raise SetupError(
                 "FAL_KEY is not set: create a key at https://fal.ai/dashboard/keys and run "
                 "`export FAL_KEY=<key_id>:<key_secret>` (or set FAL_KEY_ID and FAL_KEY_SECRET)"
             )
         if self.endpoint not in self.known_endpoints and not ENDPOINT_SHAPE.match(self.endpoint):
             known = f"; known endpoints: {', '.join(self.known_endpoints)}" if self.known_endpoints else ""
-            raise EditorSetupError(
+            raise SetupError(
                 f"unknown fal endpoint {self.endpoint!r} in {self.client_name}.endpoint: "
                 f"expected <owner>/<app>[/<path>]{known}"
             )
@@ -351,9 +352,9 @@ class FalQueue:
                 await client.status(self.endpoint, str(uuid.uuid4()))
         except fal_client.FalClientHTTPError as exc:
             if exc.status_code in (401, 403):
-                raise EditorSetupError(_key_message(exc)) from None
+                raise SetupError(_key_message(exc)) from None
         except (httpx.TransportError, httpx.TimeoutException, TimeoutError, OSError) as exc:
-            raise EditorSetupError(
+            raise SetupError(
                 f"cannot reach fal's queue at {host} ({type(exc).__name__}: {exc}); check the "
                 "network, or FAL_QUEUE_RUN_HOST if it is set"
             ) from None
@@ -391,7 +392,7 @@ class FalQueue:
         keeps an in-memory one (no resume across processes).
 
         Raises:
-            EditorSetupError: the key or endpoint is rejected; nothing was billed for it.
+            SetupError: the key or endpoint is rejected; nothing was billed for it.
         """
         if not self._prepared:
             await self.aprepare()
@@ -406,7 +407,7 @@ class FalQueue:
                 for key, call in unique.items():
                     tasks[key] = group.create_task(self._one(call, batch))
         except BaseExceptionGroup as errors:
-            setup = errors.subgroup(EditorSetupError)
+            setup = errors.subgroup(SetupError)
             if setup is not None:
                 raise _first_leaf(setup) from None
             raise
@@ -450,7 +451,7 @@ class FalQueue:
             if progress.request_id is not None:
                 await asyncio.shield(self._abandon(call, progress, batch, "call_cancelled"))
             raise
-        except EditorSetupError:
+        except SetupError:
             raise
         except Exception as exc:  # a bug or a surprise must not sink the other calls
             logger.exception("fal request for %s failed", call.key)
@@ -520,10 +521,10 @@ class FalQueue:
                 except Exception as exc:
                     kind = self._classify(exc)
                     if kind == "auth":
-                        raise EditorSetupError(_key_message(exc)) from None
+                        raise SetupError(_key_message(exc)) from None
                     if kind == "not_found":
                         known = f"; known endpoints: {', '.join(self.known_endpoints)}" if self.known_endpoints else ""
-                        raise EditorSetupError(
+                        raise SetupError(
                             f"fal has no app at endpoint {endpoint!r} (HTTP 404: {_detail(exc)}); "
                             f"set {self.client_name}.endpoint to one it serves{known}"
                         ) from None
@@ -630,7 +631,7 @@ class FalQueue:
                 if what == "download" and kind == "not_found":
                     kind = "transient"  # a CDN may answer 404 until the file has propagated
                 if kind == "auth":
-                    raise EditorSetupError(_key_message(exc)) from None
+                    raise SetupError(_key_message(exc)) from None
                 if kind == "not_found":
                     raise _Lost() from None
                 if kind == "transient" and transient_ok and failures < self.options.max_retries:

@@ -13,7 +13,7 @@ that size; this backend hands the image back as returned (``counterfactory.gener
 
 The pipeline is loaded once per worker process (a module-level cache keyed by everything
 that identifies the loaded object) in :meth:`QwenEditor.prepare`, which also raises
-:class:`EditorSetupError` for everything that would make the whole batch fail: missing
+:class:`SetupError` for everything that would make the whole batch fail: missing
 packages, no GPU, weights not downloaded. Problems with one image (out of memory, NaN
 output, a malformed request) come back as ``EditResult(status="failed")``.
 
@@ -40,7 +40,8 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from counterfactory.generation.editors.base import EditJournal, EditorSetupError, EditRequest, EditResult
+from counterfactory.generation.editors.base import EditJournal, EditRequest, EditResult
+from counterfactory.manifests.errors import SetupError
 from counterfactory.manifests.registry import EDITORS
 
 PipelineName = Literal["edit", "edit_plus", "inpaint"]
@@ -203,7 +204,7 @@ class QwenEditor:
         """Check the machine and load the pipeline once per process.
 
         Raises:
-            EditorSetupError: torch/diffusers missing, CUDA asked for but absent, weights or
+            SetupError: torch/diffusers missing, CUDA asked for but absent, weights or
                 LoRA not on this machine, or a model directory diffusers cannot load.
         """
         if self._loaded is not None:
@@ -417,22 +418,22 @@ def _optional_import(name: str) -> Any:
 
 
 def _import_backend() -> tuple[Any, Any]:
-    """``(torch, diffusers)`` or an :class:`EditorSetupError` naming the fix."""
+    """``(torch, diffusers)`` or an :class:`SetupError` naming the fix."""
     try:
         import torch
     except ImportError as exc:
-        raise EditorSetupError(f"the qwen editor needs torch, which is not installed: {_INSTALL_HINT}") from exc
+        raise SetupError(f"the qwen editor needs torch, which is not installed: {_INSTALL_HINT}") from exc
     try:
         import diffusers
     except ImportError as exc:
-        raise EditorSetupError(f"the qwen editor needs diffusers, which is not installed: {_INSTALL_HINT}") from exc
+        raise SetupError(f"the qwen editor needs diffusers, which is not installed: {_INSTALL_HINT}") from exc
     if importlib.util.find_spec("transformers") is None:
-        raise EditorSetupError(
+        raise SetupError(
             f"the qwen editor needs transformers (its text encoder), which is not installed: {_INSTALL_HINT}"
         )
     missing = [c for c in PIPELINE_CLASSES.values() if not hasattr(diffusers, c)]
     if missing:
-        raise EditorSetupError(
+        raise SetupError(
             f"diffusers {getattr(diffusers, '__version__', '?')} lacks {', '.join(missing)}; "
             f"upgrade it: {_INSTALL_HINT}"
         )
@@ -444,18 +445,18 @@ def _check_device(torch: Any, options: QwenOptions) -> None:
     kind = device.split(":")[0]
     if kind == "cuda":
         if not torch.cuda.is_available():
-            raise EditorSetupError(
+            raise SetupError(
                 f"editor.qwen.device is {device!r} but torch sees no CUDA GPU on this machine "
                 f"(torch.cuda.is_available() is False, torch {torch.__version__}); run on a GPU "
                 "machine, or set editor.qwen.device: cpu for tiny test models"
             )
         index = int(device.split(":")[1]) if ":" in device else 0
         if index >= torch.cuda.device_count():
-            raise EditorSetupError(
+            raise SetupError(
                 f"editor.qwen.device is {device!r} but this machine has {torch.cuda.device_count()} CUDA device(s)"
             )
     if options.cpu_offload and kind == "cpu":
-        raise EditorSetupError("editor.qwen.cpu_offload needs a CUDA device; it means nothing with device: cpu")
+        raise SetupError("editor.qwen.cpu_offload needs a CUDA device; it means nothing with device: cpu")
 
 
 def _looks_like_path(name: str) -> bool:
@@ -482,13 +483,13 @@ def _resolve_model(options: QwenOptions) -> tuple[Path, str | None]:
     path = Path(model_id).expanduser()
     if path.is_dir():
         if not (path / "model_index.json").is_file():
-            raise EditorSetupError(
+            raise SetupError(
                 f"{path} has no model_index.json: editor.qwen.model_id must be a diffusers "
                 "pipeline folder (save_pretrained output) or a hub id"
             )
         return path, folder_fingerprint(path)
     if _looks_like_path(model_id):
-        raise EditorSetupError(
+        raise SetupError(
             f"the model directory {model_id!r} does not exist (editor.qwen.model_id must be an "
             "existing save_pretrained folder or a hub id such as Qwen/Qwen-Image-Edit-2509)"
         )
@@ -499,14 +500,12 @@ def _resolve_model(options: QwenOptions) -> tuple[Path, str | None]:
     except Exception as exc:  # noqa: BLE001 - hub errors have many types; all mean "not here"
         rev = f" --revision {revision}" if revision else ""
         how = "is not in the Hugging Face cache on this machine" if not options.download else "could not be downloaded"
-        raise EditorSetupError(
+        raise SetupError(
             f"{model_id}{'@' + revision if revision else ''} {how} ({type(exc).__name__}); "
             f"run `hf download {model_id}{rev}` first, or set editor.qwen.download: true"
         ) from exc
     if not (folder / "model_index.json").is_file():
-        raise EditorSetupError(
-            f"{model_id} in the Hugging Face cache has no model_index.json: not a diffusers pipeline"
-        )
+        raise SetupError(f"{model_id} in the Hugging Face cache has no model_index.json: not a diffusers pipeline")
     return folder, folder.name
 
 
@@ -516,21 +515,19 @@ def _resolve_lora(options: QwenOptions) -> Path | None:
     if not name:
         return None
     if importlib.util.find_spec("peft") is None:
-        raise EditorSetupError(f"editor.qwen.lightning_lora needs peft, which is not installed: {_INSTALL_HINT}")
+        raise SetupError(f"editor.qwen.lightning_lora needs peft, which is not installed: {_INSTALL_HINT}")
     path = Path(name).expanduser()
     if path.is_file():
         return path
     if path.is_dir():
         candidate = path / (weight or "pytorch_lora_weights.safetensors")
         if not candidate.is_file():
-            raise EditorSetupError(
-                f"LoRA folder {path} has no {candidate.name}; set editor.qwen.lightning_lora_weight_name"
-            )
+            raise SetupError(f"LoRA folder {path} has no {candidate.name}; set editor.qwen.lightning_lora_weight_name")
         return candidate
     if _looks_like_path(name) or name.endswith(".safetensors"):
-        raise EditorSetupError(f"the LoRA file {name!r} does not exist (editor.qwen.lightning_lora)")
+        raise SetupError(f"the LoRA file {name!r} does not exist (editor.qwen.lightning_lora)")
     if not weight:
-        raise EditorSetupError(
+        raise SetupError(
             f"editor.qwen.lightning_lora {name!r} is a hub repo: set lightning_lora_weight_name to "
             "the .safetensors file in it (e.g. Qwen-Image-Edit-2509-Lightning-8steps-V1.0-bf16.safetensors)"
         )
@@ -539,7 +536,7 @@ def _resolve_lora(options: QwenOptions) -> Path | None:
     try:
         return Path(hf_hub_download(name, weight, local_files_only=not options.download))
     except Exception as exc:  # noqa: BLE001
-        raise EditorSetupError(
+        raise SetupError(
             f"LoRA {name}/{weight} is not in the Hugging Face cache ({type(exc).__name__}); "
             f"run `hf download {name} {weight}` first, or set editor.qwen.download: true"
         ) from exc
@@ -584,7 +581,7 @@ def _load(
     try:
         class_name = json.loads((model_dir / "model_index.json").read_text()).get("_class_name", "")
     except (OSError, ValueError, AttributeError) as exc:
-        raise EditorSetupError(f"{model_dir / 'model_index.json'} is unreadable: {exc}") from exc
+        raise SetupError(f"{model_dir / 'model_index.json'} is unreadable: {exc}") from exc
     by_class = {v: k for k, v in PIPELINE_CLASSES.items()}
     base_name: PipelineName = by_class.get(class_name, "edit")  # type: ignore[assignment]
     face_pipeline: PipelineName = "edit_plus" if class_name == PIPELINE_CLASSES["edit_plus"] else "edit"
@@ -596,7 +593,7 @@ def _load(
         pipe = cls.from_pretrained(model_dir, local_files_only=True, **dtype_kwarg, **overrides)
     except (OSError, ValueError, KeyError, json.JSONDecodeError) as exc:
         rev = f" --revision {options.revision}" if options.revision else ""
-        raise EditorSetupError(
+        raise SetupError(
             f"diffusers could not load {where}: {type(exc).__name__}: {exc}. If the download is "
             f"incomplete, run `hf download {options.model_id}{rev}` again"
         ) from exc
@@ -605,7 +602,7 @@ def _load(
         unknown = sorted(set(options.scheduler_overrides) - set(pipe.scheduler.config))
         if unknown:
             valid = ", ".join(sorted(pipe.scheduler.config))
-            raise EditorSetupError(
+            raise SetupError(
                 f"editor.qwen.scheduler_overrides has keys {unknown} that "
                 f"{type(pipe.scheduler).__name__} does not have; valid: {valid}"
             )
@@ -614,7 +611,7 @@ def _load(
         try:
             pipe.load_lora_weights(str(lora_file), adapter_name="lightning")
         except (OSError, ValueError, KeyError, RuntimeError) as exc:
-            raise EditorSetupError(f"could not load the LoRA {lora_file}: {type(exc).__name__}: {exc}") from exc
+            raise SetupError(f"could not load the LoRA {lora_file}: {type(exc).__name__}: {exc}") from exc
         # fused and unloaded: the LoRA costs nothing per step afterwards
         pipe.fuse_lora(lora_scale=options.lora_scale, adapter_names=["lightning"])
         pipe.unload_lora_weights()

@@ -284,7 +284,7 @@ def test_sigkill_during_an_80_cell_template_loses_only_the_edit_in_flight(specs_
 
 
 def test_a_key_rejected_mid_run_stops_the_template_with_one_error(spec, prepared, stack, tmp_path, monkeypatch):
-    from counterfactory.generation.editors import EditorSetupError
+    from counterfactory.manifests.errors import SetupError
     from tests.generation.fal_server import FalServer
 
     source = prepared["grace_hopper"]
@@ -295,7 +295,7 @@ def test_a_key_rejected_mid_run_stops_the_template_with_one_error(spec, prepared
         editor = FalEditor(FalEditor().options.model_copy(update={"backoff_s": 0.01, "poll_interval_s": 0.01}))
         editor.prepare()
         ws = steps.open_workspace(spec, tmp_path)
-        with pytest.raises(EditorSetupError, match="HTTP 403"):
+        with pytest.raises(SetupError, match="HTTP 403"):
             steps.process_template(spec, ws, source, cells, editor, stack)
         # reproduction: every item used to end as a `failed` row and the next seed was tried
         attempts = ws.ledger.attempts()

@@ -6,8 +6,9 @@ import cv2
 import numpy as np
 import pytest
 
-from counterfactory.generation.editors import EditorSetupError, EditRequest, make_editor
+from counterfactory.generation.editors import EditRequest, make_editor
 from counterfactory.generation.editors.classical import ClassicalEditor, ClassicalOptions
+from counterfactory.manifests.errors import SetupError
 from counterfactory.validation.faces import face_mask, get_face_landmarker
 
 
@@ -64,5 +65,5 @@ def test_no_mask_is_a_failed_result_not_a_crash(grace):
 
 
 def test_unknown_backend_lists_the_valid_ones():
-    with pytest.raises(EditorSetupError, match="classical, fal, qwen"):
+    with pytest.raises(SetupError, match="classical, fal, qwen"):
         make_editor("dalle", None)

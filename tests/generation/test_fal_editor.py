@@ -22,8 +22,9 @@ import pydantic
 import pytest
 
 from counterfactory.generation.editors import make_editor
-from counterfactory.generation.editors.base import EditorSetupError, EditRequest, MemoryJournal
+from counterfactory.generation.editors.base import EditRequest, MemoryJournal
 from counterfactory.generation.editors.fal import DEFAULT_PRICES_USD, FalEditor, FalOptions
+from counterfactory.manifests.errors import SetupError
 from tests.generation.fal_server import Behaviour, FalServer
 
 PRICE = DEFAULT_PRICES_USD["fal-ai/nano-banana/edit"]
@@ -271,13 +272,13 @@ def test_duplicates_bad_inputs_and_running_event_loops(server):
 def test_setup_error_without_key(server, monkeypatch):
     for name in ("FAL_KEY", "FAL_KEY_ID", "FAL_KEY_SECRET"):
         monkeypatch.delenv(name, raising=False)
-    with pytest.raises(EditorSetupError, match=r"FAL_KEY is not set.*export FAL_KEY="):
+    with pytest.raises(SetupError, match=r"FAL_KEY is not set.*export FAL_KEY="):
         _editor().prepare()
 
 
 def test_setup_error_for_a_rejected_key(server, monkeypatch):
     monkeypatch.setenv("FAL_KEY", "wrong:key")
-    with pytest.raises(EditorSetupError, match=r"fal rejected the key in FAL_KEY \(HTTP 401"):
+    with pytest.raises(SetupError, match=r"fal rejected the key in FAL_KEY \(HTTP 401"):
         _editor().edit_many(_requests(1))
     assert not server.submit_attempts
 
@@ -285,7 +286,7 @@ def test_setup_error_for_a_rejected_key(server, monkeypatch):
 def test_setup_error_when_the_account_may_not_submit(server, monkeypatch):
     # The key passes the probe in prepare(); the first submission's 403 stops the batch.
     monkeypatch.setenv("FAL_KEY", server.locked_keys[0])
-    with pytest.raises(EditorSetupError, match=r"HTTP 403: User is locked. Reason: Exhausted"):
+    with pytest.raises(SetupError, match=r"HTTP 403: User is locked. Reason: Exhausted"):
         _editor(concurrency=4).edit_many(_requests(6))
     assert not server.paid_submits
 
@@ -295,28 +296,28 @@ def test_setup_error_when_fal_cannot_be_reached(server):
         probe.bind(("127.0.0.1", 0))
         closed = f"127.0.0.1:{probe.getsockname()[1]}"
     with server.patch_environment(host=closed):
-        with pytest.raises(EditorSetupError, match=f"cannot reach fal's queue at https://{closed}/"):
+        with pytest.raises(SetupError, match=f"cannot reach fal's queue at https://{closed}/"):
             _editor(timeout_s=1.5).prepare()
 
 
 def test_setup_error_for_an_unknown_endpoint(server):
-    with pytest.raises(EditorSetupError) as error:
+    with pytest.raises(SetupError) as error:
         _editor(endpoint="nano banana").prepare()
     assert "fal-ai/nano-banana/edit" in str(error.value)
     assert "fal-ai/nano-banana-pro/edit" in str(error.value)
 
-    with pytest.raises(EditorSetupError, match="no price known"):
+    with pytest.raises(SetupError, match="no price known"):
         _editor(endpoint="fal-ai/flux-pro/kontext").prepare()
 
     ghost = _editor(endpoint="fal-ai/no-such-app/edit", prices_usd={"fal-ai/no-such-app/edit": 0.01})
-    with pytest.raises(EditorSetupError, match=r"no app at endpoint 'fal-ai/no-such-app/edit' \(HTTP 404"):
+    with pytest.raises(SetupError, match=r"no app at endpoint 'fal-ai/no-such-app/edit' \(HTTP 404"):
         ghost.edit_many(_requests(3))
     assert not server.paid_submits
 
 
 def test_setup_error_without_fal_client(monkeypatch):
     monkeypatch.setitem(sys.modules, "fal_client", None)
-    with pytest.raises(EditorSetupError, match=r"pip install 'counterfactory\[remote\]'"):
+    with pytest.raises(SetupError, match=r"pip install 'counterfactory\[remote\]'"):
         _editor().prepare()
 
 

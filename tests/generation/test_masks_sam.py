@@ -17,13 +17,13 @@ import pytest
 
 from counterfactory.generation.masks import MaskError
 from counterfactory.generation.masks_sam import (
-    MaskSetupError,
     box_region,
     clear_sam_cache,
     import_segment_anything,
     load_sam_predictor,
     sam_mask,
 )
+from counterfactory.manifests.errors import SetupError
 from tests.conftest import read_rgb
 
 TINY = "tiny_test"
@@ -205,17 +205,17 @@ def test_bad_image_raises_mask_error(tiny_checkpoint, photo):
 
 
 def test_missing_checkpoint_is_a_setup_error(tmp_path, tiny_checkpoint):
-    with pytest.raises(MaskSetupError, match="does not exist.*sam_vit_b_01ec64.pth"):
+    with pytest.raises(SetupError, match="does not exist.*sam_vit_b_01ec64.pth"):
         sam_mask(np.zeros((8, 8, 3), np.uint8), box=[0, 0, 4, 4], checkpoint=tmp_path / "sam.pth", device="cpu")
 
 
 def test_unknown_model_type_lists_the_valid_ones(tiny_checkpoint):
-    with pytest.raises(MaskSetupError, match="vit_b"):
+    with pytest.raises(SetupError, match="vit_b"):
         load_sam_predictor(tiny_checkpoint, model_type="vit_xl", device="cpu")
 
 
 def test_checkpoint_of_another_model_type_is_a_setup_error(tiny_checkpoint):
-    with pytest.raises(MaskSetupError, match="is not a vit_b SAM checkpoint"):
+    with pytest.raises(SetupError, match="is not a vit_b SAM checkpoint"):
         load_sam_predictor(tiny_checkpoint, model_type="vit_b", device="cpu")
 
 
@@ -223,14 +223,14 @@ def test_cuda_without_gpu_is_a_setup_error(monkeypatch, tiny_checkpoint):
     import torch
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    with pytest.raises(MaskSetupError, match="no CUDA GPU"):
+    with pytest.raises(SetupError, match="no CUDA GPU"):
         load_sam_predictor(tiny_checkpoint, model_type=TINY, device="cuda")
 
 
 @pytest.mark.parametrize("module", ["torch", "segment_anything"])
 def test_missing_package_names_the_extra(monkeypatch, module):
     monkeypatch.setitem(sys.modules, module, None)  # makes `import module` fail
-    with pytest.raises(MaskSetupError, match=r"pip install 'counterfactory\[sam\]'"):
+    with pytest.raises(SetupError, match=r"pip install 'counterfactory\[sam\]'"):
         load_sam_predictor("any.pth", device="cpu")
 
 

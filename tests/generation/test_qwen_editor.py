@@ -22,8 +22,9 @@ import pytest
 
 from counterfactory.generation.align import AlignConfig, align_candidate
 from counterfactory.generation.editors import make_editor
-from counterfactory.generation.editors.base import EditorSetupError, EditRequest
+from counterfactory.generation.editors.base import EditRequest
 from counterfactory.generation.editors.qwen import QwenEditor, QwenOptions
+from counterfactory.manifests.errors import SetupError
 from tests.conftest import read_rgb
 from tests.generation.conftest_qwen import build_tiny_qwen_pipeline, write_tiny_lora
 
@@ -167,7 +168,7 @@ def test_cuda_without_gpu_is_a_setup_error(monkeypatch, tiny):
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     editor = QwenEditor(tiny_options(tiny[0], device="cuda"))
-    with pytest.raises(EditorSetupError) as info:
+    with pytest.raises(SetupError) as info:
         editor.prepare()
     message = str(info.value)
     assert "torch.cuda.is_available() is False" in message
@@ -176,18 +177,18 @@ def test_cuda_without_gpu_is_a_setup_error(monkeypatch, tiny):
 
 def test_missing_model_directory_is_a_setup_error(tmp_path):
     editor = QwenEditor(tiny_options(tmp_path / "no-such-model"))
-    with pytest.raises(EditorSetupError, match="does not exist"):
+    with pytest.raises(SetupError, match="does not exist"):
         editor.prepare()
 
 
 def test_folder_without_model_index_is_a_setup_error(tmp_path):
-    with pytest.raises(EditorSetupError, match="model_index.json"):
+    with pytest.raises(SetupError, match="model_index.json"):
         QwenEditor(tiny_options(tmp_path)).prepare()
 
 
 def test_model_not_in_cache_names_the_download_command():
     options = QwenOptions(model_id="counterfactory-tests/not-a-model", revision="v9", device="cpu")
-    with pytest.raises(EditorSetupError) as info:
+    with pytest.raises(SetupError) as info:
         QwenEditor(options).prepare()
     assert "hf download counterfactory-tests/not-a-model --revision v9" in str(info.value)
     assert "download: true" in str(info.value)
@@ -196,24 +197,24 @@ def test_model_not_in_cache_names_the_download_command():
 @pytest.mark.parametrize("module", ["torch", "diffusers", "transformers"])
 def test_missing_package_names_the_extra(monkeypatch, tiny, module):
     monkeypatch.setitem(sys.modules, module, None)  # makes `import module` raise ImportError
-    with pytest.raises(EditorSetupError, match=r"pip install 'counterfactory\[gpu\]'"):
+    with pytest.raises(SetupError, match=r"pip install 'counterfactory\[gpu\]'"):
         QwenEditor(tiny_options(tiny[0])).prepare()
 
 
 def test_cpu_offload_on_cpu_is_a_setup_error(tiny):
-    with pytest.raises(EditorSetupError, match="cpu_offload"):
+    with pytest.raises(SetupError, match="cpu_offload"):
         QwenEditor(tiny_options(tiny[0], cpu_offload=True)).prepare()
 
 
 def test_unknown_scheduler_override_is_a_setup_error(tiny):
-    with pytest.raises(EditorSetupError, match="shfit"):
+    with pytest.raises(SetupError, match="shfit"):
         QwenEditor(tiny_options(tiny[0], scheduler_overrides={"shfit": 3.0})).prepare()
 
 
 def test_missing_lora_is_a_setup_error(tiny, tmp_path):
-    with pytest.raises(EditorSetupError, match="does not exist"):
+    with pytest.raises(SetupError, match="does not exist"):
         QwenEditor(tiny_options(tiny[0], lightning_lora=str(tmp_path / "lora.safetensors"))).prepare()
-    with pytest.raises(EditorSetupError, match="lightning_lora_weight_name"):
+    with pytest.raises(SetupError, match="lightning_lora_weight_name"):
         QwenEditor(tiny_options(tiny[0], lightning_lora="lightx2v/Qwen-Image-Lightning")).prepare()
 
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from counterfactory.assets import PHOTOS_DIR
-from counterfactory.validation.backends import BackendUnavailable
+from counterfactory.manifests.errors import SetupError
 from counterfactory.validation.backends.attributes import FAIRFACE_RACES, FairFaceClassifier, GenderAgeClassifier
 from counterfactory.validation.calibrate import load_rgb
 from counterfactory.validation.faces import get_face_landmarker
@@ -167,9 +167,9 @@ def test_insightface_genderage_standin_for_gender_only(buffalo, portrait):
 
 
 def test_weights_sha256_mismatch_is_a_clear_setup_error(fairface_file):
-    with pytest.raises(BackendUnavailable, match="sha256 .* but the spec expects"):
+    with pytest.raises(SetupError, match="sha256 .* but the spec expects"):
         FairFaceClassifier(fairface_file, "0" * 64)
-    with pytest.raises(BackendUnavailable, match="not found"):
+    with pytest.raises(SetupError, match="not found"):
         FairFaceClassifier(fairface_file.parent / "missing.onnx", "0" * 64)
 
 

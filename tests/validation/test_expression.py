@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from counterfactory.validation.backends import BackendUnavailable, load_au_model
+from counterfactory.manifests.errors import SetupError
+from counterfactory.validation.backends import load_au_model
 from counterfactory.validation.backends.libreface import DISFA_AUS, LibreFaceAUs, build_libreface_resnet, ffhq_align
 from counterfactory.validation.backends.mediapipe import BLENDSHAPE_AUS, blendshapes_to_aus
 from counterfactory.validation.gates.expression import au_changes, expression_gate
@@ -157,9 +158,9 @@ def test_libreface_needs_its_own_thresholds():
 
 
 def test_missing_libreface_weights_name_the_fix(tmp_path):
-    with pytest.raises(BackendUnavailable, match="resnet.pt"):
+    with pytest.raises(SetupError, match="resnet.pt"):
         LibreFaceAUs(tmp_path / "missing.pt")
-    with pytest.raises(BackendUnavailable, match="libreface_weights"):
+    with pytest.raises(SetupError, match="libreface_weights"):
         load_au_model("libreface")
     with pytest.raises(ValueError, match="valid: mediapipe, libreface"):
         load_au_model("openface")
@@ -169,5 +170,5 @@ def test_missing_torch_names_the_extra(libreface_weights, monkeypatch):
     import sys
 
     monkeypatch.setitem(sys.modules, "torch", None)  # as if not installed
-    with pytest.raises(BackendUnavailable, match=r"pip install 'counterfactory\[libreface\]'"):
+    with pytest.raises(SetupError, match=r"pip install 'counterfactory\[libreface\]'"):
         LibreFaceAUs(libreface_weights)

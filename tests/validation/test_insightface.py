@@ -11,7 +11,8 @@ import math
 import numpy as np
 import pytest
 
-from counterfactory.validation.backends import BackendUnavailable, load_detector, load_embedder
+from counterfactory.manifests.errors import SetupError
+from counterfactory.validation.backends import load_detector, load_embedder
 from counterfactory.validation.backends.base import align_face_112, l2_normalise
 from counterfactory.validation.backends.insightface import ArcFaceEmbedder, SCRFDDetector, nms
 from counterfactory.validation.judge import GatesConfig, GateStack
@@ -104,12 +105,12 @@ def test_insightface_identity_needs_its_own_band():
 
 def test_missing_pack_names_the_fix(tmp_path, monkeypatch):
     monkeypatch.delenv("COUNTERFACTORY_INSIGHTFACE_PACK", raising=False)
-    with pytest.raises(BackendUnavailable, match=r"det_10g\.onnx.*buffalo_l"):
+    with pytest.raises(SetupError, match=r"det_10g\.onnx.*buffalo_l"):
         load_detector("insightface", insightface_pack=tmp_path / "nowhere")
-    with pytest.raises(BackendUnavailable, match=r"w600k_r50\.onnx"):
+    with pytest.raises(SetupError, match=r"w600k_r50\.onnx"):
         load_embedder("insightface", insightface_pack=tmp_path / "nowhere")
     monkeypatch.setenv("COUNTERFACTORY_INSIGHTFACE_PACK", str(tmp_path / "from_env"))
-    with pytest.raises(BackendUnavailable, match="from_env"):
+    with pytest.raises(SetupError, match="from_env"):
         load_embedder("insightface")
     with pytest.raises(ValueError, match="valid: sface, insightface"):
         load_embedder("facenet")
@@ -139,5 +140,5 @@ def test_missing_onnxruntime_names_the_extra(pack, monkeypatch):
     import sys
 
     monkeypatch.setitem(sys.modules, "onnxruntime", None)  # as if not installed
-    with pytest.raises(BackendUnavailable, match=r"pip install 'counterfactory\[insightface\]'"):
+    with pytest.raises(SetupError, match=r"pip install 'counterfactory\[insightface\]'"):
         SCRFDDetector(pack)

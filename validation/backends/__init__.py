@@ -3,7 +3,7 @@
 ``load_detector("mediapipe" | "insightface", ...)``, ``load_embedder("sface" | "insightface",
 ...)`` and ``load_au_model("mediapipe" | "libreface", ...)`` return the process-wide instance
 for those settings, building it on first use. An unknown name raises ``ValueError`` listing
-the valid ones; a backend that cannot run here raises :class:`BackendUnavailable` saying how to
+the valid ones; a backend that cannot run here raises :class:`~counterfactory.manifests.errors.SetupError` saying how to
 fix it. Call :func:`set_worker_threads` at the start of a worker so that N processes use N
 cores rather than N x all of them.
 """
@@ -18,7 +18,6 @@ from typing import Any
 from counterfactory.validation.backends.base import (
     ARCFACE_TEMPLATE_112,
     AUEstimator,
-    BackendUnavailable,
     DetectedFace,
     FaceDetector,
     FaceEmbedder,
@@ -114,7 +113,6 @@ __all__ = [
     "ARCFACE_TEMPLATE_112",
     "AUEstimator",
     "AU_MODELS",
-    "BackendUnavailable",
     "DETECTORS",
     "DetectedFace",
     "EMBEDDERS",

@@ -23,7 +23,8 @@ from pathlib import Path
 import cv2
 import numpy as np
 
-from counterfactory.validation.backends.base import ARCFACE_TEMPLATE_112, BackendUnavailable, similarity_transform
+from counterfactory.manifests.errors import SetupError
+from counterfactory.validation.backends.base import ARCFACE_TEMPLATE_112, similarity_transform
 
 FAIRFACE_RACES = ("White", "Black", "Latino_Hispanic", "East Asian", "Southeast Asian", "Indian", "Middle Eastern")
 FAIRFACE_GENDERS = ("Male", "Female")
@@ -63,7 +64,7 @@ def _session(path: Path, threads: int | None):
     try:
         import onnxruntime as ort
     except ImportError as exc:
-        raise BackendUnavailable(f"the attribute classifiers need onnxruntime: {INSTALL_HINT}") from exc
+        raise SetupError(f"the attribute classifiers need onnxruntime: {INSTALL_HINT}") from exc
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads or 0
     options.inter_op_num_threads = 1
@@ -71,7 +72,7 @@ def _session(path: Path, threads: int | None):
     try:
         return ort.InferenceSession(str(path), sess_options=options, providers=["CPUExecutionProvider"])
     except Exception as exc:
-        raise BackendUnavailable(f"cannot load ONNX model {path}: {exc}; give an ONNX export of the model") from None
+        raise SetupError(f"cannot load ONNX model {path}: {exc}; give an ONNX export of the model") from None
 
 
 def _softmax(x: np.ndarray) -> np.ndarray:
@@ -88,7 +89,7 @@ class FairFaceClassifier:
         threads: onnxruntime intra-op threads (0 or None: its default).
 
     Raises:
-        BackendUnavailable: the file is missing, its sha256 differs, or it is not a model of
+        SetupError: the file is missing, its sha256 differs, or it is not a model of
             the expected shapes.
     """
 
@@ -97,13 +98,13 @@ class FairFaceClassifier:
     def __init__(self, weights: str | Path, sha256: str, *, threads: int | None = None) -> None:
         path = Path(weights).expanduser()
         if not path.is_file():
-            raise BackendUnavailable(
+            raise SetupError(
                 f"FairFace weights not found at {path}: export the FairFace model to ONNX and set "
                 "gates.<kind>.attribute.weights to its path (and .sha256 to its checksum)"
             )
         actual = sha256_of(path)
         if actual != sha256.lower():
-            raise BackendUnavailable(
+            raise SetupError(
                 f"FairFace weights {path} have sha256 {actual}, but the spec expects {sha256}: "
                 "the file is not the one the spec was written for; fix the path or the sha256"
             )
@@ -111,11 +112,11 @@ class FairFaceClassifier:
         inputs = self._session.get_inputs()
         shape = inputs[0].shape
         if len(shape) != 4 or shape[1] != 3 or shape[2] != 224 or shape[3] != 224:
-            raise BackendUnavailable(f"FairFace model {path} takes input {shape}, expected (N, 3, 224, 224)")
+            raise SetupError(f"FairFace model {path} takes input {shape}, expected (N, 3, 224, 224)")
         self._input = inputs[0].name
         widths = [o.shape[-1] for o in self._session.get_outputs()]
         if widths not in ([18], [7, 2, 9]):
-            raise BackendUnavailable(
+            raise SetupError(
                 f"FairFace model {path} has outputs of widths {widths}; expected one (N, 18) "
                 "(7 race, 2 gender, 9 age logits) or three (N, 7), (N, 2), (N, 9)"
             )
@@ -155,7 +156,7 @@ class GenderAgeClassifier:
         folder = resolve_pack(pack)
         path = folder / GENDERAGE_FILE
         if not path.is_file():
-            raise BackendUnavailable(
+            raise SetupError(
                 f"InsightFace model {GENDERAGE_FILE} not found in {folder}: unzip the buffalo_l pack "
                 f"there, or set gates.<kind>.attribute.insightface_pack / ${PACK_ENV} to its folder"
             )

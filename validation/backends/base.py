@@ -6,7 +6,7 @@
 
 Each backend is one module under ``validation/backends/`` that imports its heavy dependency
 inside and loads its model once per worker process (:mod:`counterfactory.validation.backends` keeps the
-cache). A backend that cannot run here raises :class:`BackendUnavailable` with the fix.
+cache). A backend that cannot run here raises :class:`~counterfactory.manifests.errors.SetupError` with the fix.
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ from typing import Protocol, runtime_checkable
 import cv2
 import numpy as np
 
-from counterfactory.manifests.errors import SetupError
 from counterfactory.validation.faces import FaceObservation
 
 #: ArcFace's 112 x 112 five-point template (insightface ``face_align.arcface_dst``; OpenCV's
@@ -34,11 +33,6 @@ ARCFACE_TEMPLATE_112 = np.array(
     ],
     dtype=np.float32,
 )
-
-
-#: A gate backend cannot run here (a missing optional dependency or model file; the message
-#: names the fix): the project's one :class:`~counterfactory.manifests.errors.SetupError`.
-BackendUnavailable = SetupError
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,8 @@ from pathlib import Path
 import cv2
 import numpy as np
 
-from counterfactory.validation.backends.base import BackendUnavailable, DetectedFace, align_face_112, l2_normalise
+from counterfactory.manifests.errors import SetupError
+from counterfactory.validation.backends.base import DetectedFace, align_face_112, l2_normalise
 
 PACK_ENV = "COUNTERFACTORY_INSIGHTFACE_PACK"
 DEFAULT_PACK = Path("~/.insightface/models/buffalo_l")
@@ -42,7 +43,7 @@ def _pack_file(pack: str | Path | None, filename: str) -> Path:
     folder = resolve_pack(pack)
     path = folder / filename
     if not path.is_file():
-        raise BackendUnavailable(
+        raise SetupError(
             f"InsightFace model {filename} not found in {folder}: download the buffalo_l pack "
             f"(insightface model zoo, non-commercial research licence), unzip it there, or set "
             f"gates.<kind>.<gate>.insightface_pack / ${PACK_ENV} to the folder holding "
@@ -55,7 +56,7 @@ def _session(path: Path, threads: int):
     try:
         import onnxruntime as ort
     except ImportError as exc:
-        raise BackendUnavailable(f"the InsightFace backends need onnxruntime: {INSTALL_HINT}") from exc
+        raise SetupError(f"the InsightFace backends need onnxruntime: {INSTALL_HINT}") from exc
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
@@ -113,7 +114,7 @@ class SCRFDDetector:
     ) -> None:
         path = Path(model_path) if model_path is not None else _pack_file(pack, DETECTOR_FILE)
         if not path.is_file():
-            raise BackendUnavailable(f"SCRFD model not found at {path}")
+            raise SetupError(f"SCRFD model not found at {path}")
         self.session = _session(path, threads)
         inp = self.session.get_inputs()[0]
         self.input_name = inp.name
@@ -130,7 +131,7 @@ class SCRFDDetector:
             15: ((8, 16, 32, 64, 128), 1, True),
         }
         if n not in layouts:
-            raise BackendUnavailable(f"{path} has {n} outputs; an SCRFD model has 6, 9, 10 or 15")
+            raise SetupError(f"{path} has {n} outputs; an SCRFD model has 6, 9, 10 or 15")
         self.strides, self.num_anchors, self.use_kps = layouts[n]
         self.min_score = min_score
         self.nms_iou = nms_iou
@@ -198,7 +199,7 @@ class ArcFaceEmbedder:
     ) -> None:
         path = Path(model_path) if model_path is not None else _pack_file(pack, RECOGNISER_FILE)
         if not path.is_file():
-            raise BackendUnavailable(f"ArcFace model not found at {path}")
+            raise SetupError(f"ArcFace model not found at {path}")
         self.session = _session(path, threads)
         inp = self.session.get_inputs()[0]
         self.input_name = inp.name
@@ -206,7 +207,7 @@ class ArcFaceEmbedder:
         self.input_side = int(side)
         out = self.session.get_outputs()
         if len(out) != 1:
-            raise BackendUnavailable(f"{path} has {len(out)} outputs; an ArcFace model has one")
+            raise SetupError(f"{path} has {len(out)} outputs; an ArcFace model has one")
         self.output_name = out[0].name
         dim = out[0].shape[-1]
         self.dim = int(dim) if isinstance(dim, int) else 512

@@ -18,7 +18,7 @@ from pathlib import Path
 import cv2
 import numpy as np
 
-from counterfactory.validation.backends.base import BackendUnavailable
+from counterfactory.manifests.errors import SetupError
 from counterfactory.validation.faces import LEFT_EYE, LIPS, RIGHT_EYE, FaceObservation
 
 INSTALL_HINT = "pip install 'counterfactory[libreface]'"
@@ -34,7 +34,7 @@ def _torch():
     try:
         import torch
     except ImportError as exc:
-        raise BackendUnavailable(f"the LibreFace backend needs torch: {INSTALL_HINT}") from exc
+        raise SetupError(f"the LibreFace backend needs torch: {INSTALL_HINT}") from exc
     return torch
 
 
@@ -150,7 +150,7 @@ class LibreFaceAUs:
     def __init__(self, weights: str | Path | None, *, device: str = "cpu", threads: int | None = None) -> None:
         torch = _torch()
         if weights is None:
-            raise BackendUnavailable(
+            raise SetupError(
                 "the LibreFace backend needs its AU-intensity weights: set "
                 "gates.<kind>.expression.libreface_weights to LibreFace's "
                 "resnet_disfa_all/DISFA/all/resnet.pt (USC research licence, from the "
@@ -158,7 +158,7 @@ class LibreFaceAUs:
             )
         path = Path(weights).expanduser()
         if not path.is_file():
-            raise BackendUnavailable(
+            raise SetupError(
                 f"LibreFace weights not found at {path}; download LibreFace's "
                 "resnet_disfa_all/DISFA/all/resnet.pt and pass its path as libreface_weights"
             )

@@ -19,7 +19,8 @@ from pathlib import Path
 import numpy as np
 
 from counterfactory.assets import FACE_DETECTOR
-from counterfactory.validation.backends.base import BackendUnavailable, DetectedFace
+from counterfactory.manifests.errors import SetupError
+from counterfactory.validation.backends.base import DetectedFace
 from counterfactory.validation.faces import FaceObservation, register_close_at_exit
 
 
@@ -39,7 +40,7 @@ class BlazeFaceDetector:
 
         path = Path(model_path)
         if not path.is_file():
-            raise BackendUnavailable(
+            raise SetupError(
                 f"BlazeFace model not found at {path}; pass the path of "
                 "face_detection_short_range.tflite (the package ships one in assets/models/)"
             )

@@ -14,7 +14,8 @@ import cv2
 import numpy as np
 
 from counterfactory.assets import SFACE
-from counterfactory.validation.backends.base import BackendUnavailable, align_face_112, l2_normalise
+from counterfactory.manifests.errors import SetupError
+from counterfactory.validation.backends.base import align_face_112, l2_normalise
 
 #: Same-identity cosine threshold documented for SFace by OpenCV (``face_recognition_sface``
 #: in OpenCV Zoo and the ``FaceRecognizerSF`` tutorial).
@@ -34,14 +35,12 @@ class SFaceEmbedder:
     def __init__(self, model_path: str | Path = SFACE) -> None:
         path = Path(model_path)
         if not path.is_file():
-            raise BackendUnavailable(
+            raise SetupError(
                 f"SFace model not found at {path}; pass the path of "
                 "face_recognition_sface_2021dec.onnx (the package ships one in assets/models/)"
             )
         if not hasattr(cv2, "FaceRecognizerSF"):
-            raise BackendUnavailable(
-                "this OpenCV build has no FaceRecognizerSF; pip install 'opencv-python-headless>=4.9'"
-            )
+            raise SetupError("this OpenCV build has no FaceRecognizerSF; pip install 'opencv-python-headless>=4.9'")
         self._model = cv2.FaceRecognizerSF.create(str(path), "")
         self._lock = threading.Lock()
 
