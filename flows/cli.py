@@ -215,6 +215,58 @@ def publish(out: Path, version: str | None, spec_path: Path | None, allow_incomp
 
 
 @main.command()
+@click.argument("spec_path", type=click.Path(path_type=Path))
+@click.option(
+    "--sam",
+    "checkpoint",
+    required=True,
+    type=click.Path(path_type=Path),
+    help="Segment Anything checkpoint (.pth), e.g. sam_vit_b_01ec64.pth.",
+)
+@click.option("--model-type", default="vit_b", show_default=True, help="SAM model type matching the checkpoint.")
+@click.option("--device", default=None, help="cuda, cuda:N or cpu [default: CUDA when available].")
+@click.option("--force", is_flag=True, help="Redraw masks already stored (hand corrections are lost).")
+def masks(spec_path: Path, checkpoint: Path, model_type: str, device: str | None, force: bool) -> None:
+    """Draw the limb masks SPEC_PATH's metadata asks SAM for, and store them for runs.
+
+    A source record asks with `limb_mask: {sam: {box: [x0, y0, x1, y1]}}` (and/or `points` and
+    `point_labels`). Each mask is written once as a PNG under the photos folder's sam_masks/,
+    which runs read like a mask file: edits depend on the stored pixels, not on SAM. Stored
+    masks are kept (correct them by hand if needed) unless --force.
+    """
+    from counterfactory.generation.masks_sam import store_sam_masks
+    from counterfactory.generation.sources import MetadataError
+    from counterfactory.manifests.errors import SetupError
+    from counterfactory.manifests.spec import SpecError, load_spec
+
+    try:
+        spec = load_spec(spec_path)
+        stored = store_sam_masks(
+            spec.sources.photos,
+            spec.sources.metadata,
+            checkpoint=checkpoint,
+            model_type=model_type,
+            device=device,
+            force=force,
+            max_pixels=spec.sources.max_pixels,
+        )
+    except (SpecError, MetadataError, SetupError) as exc:
+        _fail(str(exc))
+    if not stored:
+        _fail(f"{spec.sources.metadata}: no source asks for a SAM mask (limb_mask: {{sam: {{box: [x0, y0, x1, y1]}}}})")
+    for item in stored:
+        if item.status == "failed":
+            click.echo(f"{item.source_id}: failed: {item.reason}")
+            continue
+        warn = "  (empty: check the prompt)" if not item.inside_share else ""
+        click.echo(f"{item.source_id}: {item.status} {item.path} ({item.inside_share:.1%} of the photo){warn}")
+    failed = sum(item.status == "failed" for item in stored)
+    click.echo(f"SAM masks: {len(stored) - failed} stored, {failed} failed")
+    if failed:
+        sys.exit(1)
+
+
+@main.command()
 @click.argument("source", type=click.Path(path_type=Path))
 @click.argument("candidate", type=click.Path(path_type=Path))
 @click.option("--mask", type=click.Path(path_type=Path), help="Edit mask (limb region) image; makes this a limb pair.")

@@ -30,7 +30,7 @@ from PIL import Image, ImageOps
 from pydantic import BaseModel, ConfigDict, Field
 
 from counterfactory.generation.images import scale_16bit_to_8bit
-from counterfactory.generation.records import RLE, FileMask, PolygonMask, RLEMask
+from counterfactory.generation.records import RLE, FileMask, PolygonMask, RLEMask, SamMask, sam_mask_file
 
 
 class MaskError(ValueError):
@@ -241,12 +241,14 @@ def mask_from_record(record: Any, photos_dir: str | Path, shape: Sequence[int]) 
     if isinstance(spec, PolygonMask):
         return polygon_mask(spec.polygons, (h, w))
     if isinstance(spec, FileMask):
-        folder = Path(photos_dir).resolve()
-        target = (folder / spec.file).resolve()
-        if not target.is_relative_to(folder):
+        return load_mask_file(_inside(photos_dir, spec.file), (h, w))
+    if isinstance(spec, SamMask):
+        # the mask SAM drew once and `counterfactory masks` stored: the run depends on its pixels
+        target = _inside(photos_dir, sam_mask_file(record.id, spec.sam))
+        if not target.is_file():
             raise MaskError(
-                f"{folder / spec.file}: leads to {target}, outside the photos folder {folder}; copy the mask "
-                "into the folder instead of linking to it"
+                f"{target}: no stored SAM mask for source {record.id!r} with this prompt; make it with "
+                "`counterfactory masks SPEC --sam CHECKPOINT` (or draw it and save it under that name)"
             )
         return load_mask_file(target, (h, w))
     if isinstance(spec, RLEMask):
@@ -260,6 +262,18 @@ def mask_from_record(record: Any, photos_dir: str | Path, shape: Sequence[int]) 
             )
         return rle_decode(spec.rle)
     raise MaskError(f"unknown limb_mask kind {type(spec).__name__}")
+
+
+def _inside(photos_dir: str | Path, relative: str) -> Path:
+    """``photos_dir / relative``, refused when it leads outside the photos folder."""
+    folder = Path(photos_dir).resolve()
+    target = (folder / relative).resolve()
+    if not target.is_relative_to(folder):
+        raise MaskError(
+            f"{folder / relative}: leads to {target}, outside the photos folder {folder}; copy the mask "
+            "into the folder instead of linking to it"
+        )
+    return target
 
 
 def dilate(mask: np.ndarray, px: int) -> np.ndarray:

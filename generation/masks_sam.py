@@ -18,6 +18,13 @@ is missing (CPU machines with the CPU build of torch), the import runs with a te
 module giving the same two PIL operations; it is removed from ``sys.modules`` right after,
 so nothing else ever sees it. With torchvision installed the real one is used.
 
+Masks a study uses are drawn once and stored (:func:`store_sam_masks`, the ``counterfactory masks``
+command): a source record asks for one with ``limb_mask: {sam: {box: [x0, y0, x1, y1]}}``, the
+mask is written as a PNG under the photos folder's ``sam_masks/`` (with a JSON note of the
+prompt, checkpoint sha256 and model type beside it), and a run reads that PNG like any mask
+file. Attempt ids hash the mask's pixels, so a run never depends on a SAM call, its device or
+its version, and a person may correct a stored mask by hand.
+
 Checkpoints (download once, pass the path): ``vit_h`` sam_vit_h_4b8939.pth, ``vit_l``
 sam_vit_l_0b3195.pth, ``vit_b`` sam_vit_b_01ec64.pth, from
 https://github.com/facebookresearch/segment-anything#model-checkpoints.
@@ -30,17 +37,24 @@ import hashlib
 import importlib
 import importlib.machinery
 import importlib.util
+import json
+import os
 import sys
 import threading
 import types
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
+from PIL import Image
 
-from counterfactory.generation.masks import MaskError
+from counterfactory.generation.errors import SourceError
+from counterfactory.generation.images import DEFAULT_MAX_PIXELS, load_image
+from counterfactory.generation.masks import MaskError, load_mask_file
+from counterfactory.generation.metadata import load_metadata
+from counterfactory.generation.records import SamMask, sam_mask_file
 from counterfactory.manifests.errors import SetupError
 
 _INSTALL_HINT = "pip install 'counterfactory[sam]'"
@@ -130,6 +144,142 @@ def sam_mask(
     if clip_to_box and box_arr is not None:
         out &= box_region(box_arr, (h, w))
     return out
+
+
+@dataclass(frozen=True)
+class StoredSamMask:
+    """What :func:`store_sam_masks` did for one source whose record asks SAM for its limb mask.
+
+    Attributes:
+        source_id: the record's id.
+        path: the stored mask PNG (absolute), where runs read it.
+        status: ``written`` (drawn now), ``kept`` (already stored for this prompt and photo:
+            left as it is, hand corrections included) or ``failed`` (see ``reason``).
+        inside_share: share of the photo's pixels inside the mask, in [0, 1] (None if failed).
+        reason: why it failed and how to fix it.
+    """
+
+    source_id: str
+    path: Path
+    status: Literal["written", "kept", "failed"]
+    inside_share: float | None = None
+    reason: str | None = None
+
+
+def store_sam_masks(
+    photos_dir: str | Path,
+    metadata_path: str | Path,
+    *,
+    checkpoint: str | Path,
+    model_type: str = "vit_b",
+    device: str | None = None,
+    force: bool = False,
+    max_pixels: int = DEFAULT_MAX_PIXELS,
+) -> list[StoredSamMask]:
+    """Draw and store the limb mask of every record with ``limb_mask: {sam: ...}``.
+
+    Each mask is SAM's answer to the record's prompt on the upright photo, clipped to the box
+    (:func:`sam_mask`), written as an 8-bit PNG (255 inside) to
+    ``photos_dir / sam_mask_file(id, prompt)``, with a JSON note beside it (``.json``: source
+    sha256, prompt, checkpoint path and sha256, model type, mask sha256). The note is written
+    first and the PNG renamed into place last, so a crash leaves no half mask. A PNG already
+    stored is kept (a person may have corrected it) unless ``force``, or unless its note says
+    it was drawn on another photo.
+
+    Args:
+        photos_dir: the spec's photos folder (record paths and mask files are relative to it).
+        metadata_path: the spec's metadata file.
+        checkpoint, model_type, device: as for :func:`sam_mask`.
+        force: redraw masks that are already stored.
+        max_pixels: as for :func:`~counterfactory.generation.images.load_image`.
+
+    Returns:
+        One :class:`StoredSamMask` per record that asks for a SAM mask, in metadata order; a
+        photo that cannot be read or a prompt outside it is a ``failed`` item, not an error.
+
+    Raises:
+        MetadataError: the metadata file is broken.
+        SetupError: SAM cannot run here (segment-anything or torch missing, bad checkpoint).
+    """
+    folder = Path(photos_dir).resolve()
+    out: list[StoredSamMask] = []
+    checkpoint_sha: str | None = None
+    for record in load_metadata(metadata_path):
+        if not isinstance(record.limb_mask, SamMask):
+            continue
+        prompt = record.limb_mask.sam
+        target = (folder / sam_mask_file(record.id, prompt)).resolve()
+        photo = (folder / record.path).resolve()
+        if not photo.is_relative_to(folder) or not target.is_relative_to(folder):
+            out.append(StoredSamMask(record.id, target, "failed", reason=f"{record.path}: outside {folder}"))
+            continue
+        try:
+            loaded = load_image(photo, max_pixels=max_pixels)
+        except SourceError as exc:
+            out.append(StoredSamMask(record.id, target, "failed", reason=exc.reason))
+            continue
+        note_path = target.with_suffix(".json")
+        if target.is_file() and not force and _drawn_on(note_path) in (None, loaded.sha256):
+            try:
+                kept = load_mask_file(target, loaded.pixels.shape[:2])
+            except MaskError as exc:
+                out.append(StoredSamMask(record.id, target, "failed", reason=f"{exc}; delete it or use --force"))
+                continue
+            out.append(StoredSamMask(record.id, target, "kept", float((kept > 0).mean())))
+            continue
+        try:
+            mask = sam_mask(
+                loaded.pixels,
+                box=prompt.box,
+                points=prompt.points,
+                point_labels=prompt.point_labels,
+                checkpoint=checkpoint,
+                model_type=model_type,
+                device=device,
+            )
+        except MaskError as exc:
+            out.append(StoredSamMask(record.id, target, "failed", reason=f"SAM prompt: {exc}"))
+            continue
+        if checkpoint_sha is None:
+            checkpoint_sha = _file_sha256(Path(checkpoint))
+        note = {
+            "source_id": record.id,
+            "source_sha256": loaded.sha256,
+            "prompt": prompt.model_dump(mode="json"),
+            "checkpoint": Path(checkpoint).name,
+            "checkpoint_sha256": checkpoint_sha,
+            "model_type": model_type,
+            "mask_sha256": hashlib.sha256(np.ascontiguousarray(mask).data).hexdigest(),
+        }
+        _write_mask(target, note_path, mask, note)
+        out.append(StoredSamMask(record.id, target, "written", float((mask > 0).mean())))
+    return out
+
+
+def _drawn_on(note_path: Path) -> str | None:
+    """The source sha256 a stored mask's note names (None: no readable note, a hand-made mask)."""
+    try:
+        return json.loads(note_path.read_text())["source_sha256"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _write_mask(target: Path, note_path: Path, mask: np.ndarray, note: dict[str, Any]) -> None:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp_note = note_path.with_name(f".{note_path.name}.tmp")
+    tmp_note.write_text(json.dumps(note, indent=2, sort_keys=True) + "\n")
+    os.replace(tmp_note, note_path)
+    tmp = target.with_name(f".{target.name}.tmp")
+    Image.fromarray(np.ascontiguousarray(mask, dtype=np.uint8)).save(tmp, format="PNG")
+    os.replace(tmp, target)
 
 
 def box_region(box: Sequence[float] | np.ndarray, shape: tuple[int, int]) -> np.ndarray:
@@ -320,8 +470,10 @@ def _torchvision_stand_in() -> Iterator[None]:
 __all__ = [
     "CHECKPOINT_FILES",
     "box_region",
+    "StoredSamMask",
     "clear_sam_cache",
     "import_segment_anything",
     "load_sam_predictor",
     "sam_mask",
+    "store_sam_masks",
 ]

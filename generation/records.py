@@ -6,6 +6,7 @@ turning a mask record into pixels is :mod:`counterfactory.generation.masks`'s.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import re
@@ -99,23 +100,84 @@ class RLEMask(_Strict):
     rle: RLE
 
 
+class SamPrompt(_Strict):
+    """What SAM is shown to segment a limb: a box and/or clicks, in pixels of the upright photo.
+
+    ``box`` is ``[x0, y0, x1, y1]`` (x right, y down, ``x0 < x1``, ``y0 < y1``); ``points`` are
+    ``[x, y]`` clicks and ``point_labels`` their labels (1 on the limb, 0 on the background;
+    all 1 when left out).
+    """
+
+    box: tuple[float, float, float, float] | None = None
+    points: list[tuple[float, float]] | None = None
+    point_labels: list[int] | None = None
+
+    @model_validator(mode="after")
+    def _check(self) -> SamPrompt:
+        if self.box is None and not self.points:
+            raise ValueError("a box [x0, y0, x1, y1], points [[x, y], ...], or both")
+        values = list(self.box or ()) + [v for point in self.points or () for v in point]
+        if not all(math.isfinite(v) for v in values):
+            raise ValueError("finite coordinates (the prompt has NaN or infinity)")
+        if self.box is not None and not (self.box[0] < self.box[2] and self.box[1] < self.box[3]):
+            raise ValueError(f"a box [x0, y0, x1, y1] with x0 < x1 and y0 < y1 (got {list(self.box)})")
+        if self.point_labels is not None:
+            if self.points is None or len(self.point_labels) != len(self.points):
+                raise ValueError("one point label per point")
+            if any(label not in (0, 1) for label in self.point_labels):
+                raise ValueError("point labels of 1 (on the limb) or 0 (background)")
+        return self
+
+    def key(self) -> str:
+        """12 hex digits of the prompt's sha256: a changed box or click names another mask file."""
+        text = json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+class SamMask(_Strict):
+    """Limb mask drawn by SAM from a prompt (``limb_mask: {sam: {box: [x0, y0, x1, y1]}}``).
+
+    ``counterfactory masks SPEC --sam CHECKPOINT`` runs SAM once per such record and stores the
+    mask as a PNG in the photos folder (:func:`sam_mask_file`); a run reads that file, so the
+    edits depend on the stored pixels (which a person may correct by hand), never on a SAM call.
+    """
+
+    sam: SamPrompt
+
+
+#: where :class:`SamMask` files live, relative to the photos folder
+SAM_MASK_DIR = "sam_masks"
+
+
+def sam_mask_file(source_id: str, prompt: SamPrompt) -> str:
+    """The stored SAM mask of ``source_id`` for ``prompt``, relative to the photos folder."""
+    return f"{SAM_MASK_DIR}/{source_id}-{prompt.key()}.png"
+
+
+_MASK_KINDS = ((PolygonMask, "polygons"), (FileMask, "file"), (RLEMask, "rle"), (SamMask, "sam"))
+
+
 def _limb_mask_kind(value: Any) -> str | None:
     if isinstance(value, dict):
-        keys = [k for k in ("polygons", "file", "rle") if k in value]
+        keys = [tag for _, tag in _MASK_KINDS if tag in value]
         return keys[0] if len(keys) == 1 else None
-    for cls, tag in ((PolygonMask, "polygons"), (FileMask, "file"), (RLEMask, "rle")):
+    for cls, tag in _MASK_KINDS:
         if isinstance(value, cls):
             return tag
     return None
 
 
 LimbMask = Annotated[
-    Annotated[PolygonMask, Tag("polygons")] | Annotated[FileMask, Tag("file")] | Annotated[RLEMask, Tag("rle")],
+    Annotated[PolygonMask, Tag("polygons")]
+    | Annotated[FileMask, Tag("file")]
+    | Annotated[RLEMask, Tag("rle")]
+    | Annotated[SamMask, Tag("sam")],
     Discriminator(
         _limb_mask_kind,
         custom_error_type="limb_mask_kind",
         custom_error_message=(
-            "a mapping with exactly one of 'polygons', 'file' or 'rle' (or, as a shorthand, the mask file's path)"
+            "a mapping with exactly one of 'polygons', 'file', 'rle' or 'sam' (or, as a shorthand, the mask "
+            "file's path)"
         ),
     ),
 ]
@@ -142,8 +204,8 @@ class SourceRecord(BaseModel):
         occupation, context, presented_gender: stratification metadata; empty means unknown
             (``None``). ``presented_gender`` is compared case-insensitively with a design's
             ``gender`` axis values (``"male"``, ``"female"``).
-        limb_mask: optional limb region: :class:`PolygonMask`, :class:`FileMask` or
-            :class:`RLEMask`. A bare string is read as a mask file path, and a string starting
+        limb_mask: optional limb region: :class:`PolygonMask`, :class:`FileMask`,
+            :class:`RLEMask` or :class:`SamMask`. A bare string is read as a mask file path, and a string starting
             with ``{`` as JSON (that is how CSV cells carry it).
         notes: free text for people.
         extra: free-form metadata (any keys); CSV columns named ``extra.<key>`` land here.

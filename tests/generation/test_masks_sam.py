@@ -9,12 +9,19 @@ directly (the second implementation), the box clipping, caching and the errors.
 
 from __future__ import annotations
 
+import hashlib
+import json
+import shutil
 import sys
 from functools import partial
+from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
+from PIL import Image
 
+from counterfactory.assets import PHOTOS_DIR
 from counterfactory.generation.masks import MaskError
 from counterfactory.generation.masks_sam import (
     box_region,
@@ -254,3 +261,127 @@ def test_real_vit_b_checkpoint_loads_through_the_registry(tmp_path):
     entry = load_sam_predictor(path, model_type="vit_b", device="cpu")
     assert entry.predictor.model.image_encoder.img_size == 1024
     clear_sam_cache()
+
+
+# --- a study's SAM masks: drawn once by `counterfactory masks`, stored, read by runs ------------
+
+SPEC_BOX = [100.0, 300.0, 400.0, 590.0]
+
+
+def _sam_study(tmp_path, specs_dir, limb_mask) -> tuple[Path, Path]:
+    """A limb study over one bundled photo whose record asks SAM for its mask: (spec, photos)."""
+    photos = tmp_path / "photos"
+    photos.mkdir(parents=True)
+    shutil.copy(PHOTOS_DIR / "grace_hopper.jpg", photos / "grace_hopper.jpg")
+    record = {"id": "grace", "path": "grace_hopper.jpg", "licence": "public domain (U.S. Navy)", "context": "portrait"}
+    (photos / "meta.yaml").write_text(yaml.safe_dump({"sources": [{**record, "limb_mask": limb_mask}]}))
+    data = yaml.safe_load((specs_dir / "demo-limb.yaml").read_text())
+    data["sources"] = {"photos": str(photos), "metadata": str(photos / "meta.yaml")}
+    data["editor"]["max_attempts"] = 1
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(yaml.safe_dump(data))
+    return spec, photos
+
+
+def _masks_cli(spec, checkpoint, *extra):
+    from click.testing import CliRunner
+
+    from counterfactory.flows.cli import main
+
+    args = ["masks", str(spec), "--sam", str(checkpoint), "--model-type", TINY, "--device", "cpu", *extra]
+    return CliRunner().invoke(main, args)
+
+
+@pytest.mark.slow
+def test_masks_command_stores_the_sam_mask_a_run_then_edits_inside(tiny_checkpoint, tmp_path, specs_dir):
+    from counterfactory.flows import steps
+    from counterfactory.generation.masks import apply_mask_options
+    from counterfactory.generation.records import SamPrompt, sam_mask_file
+    from counterfactory.manifests.spec import load_spec
+
+    spec_path, photos = _sam_study(tmp_path, specs_dir, {"sam": {"box": SPEC_BOX}})
+    stored = photos / sam_mask_file("grace", SamPrompt(box=SPEC_BOX))
+    # before the command, the source names the missing mask and the fix
+    spec = load_spec(spec_path)
+    ws = steps.open_workspace(spec, tmp_path / "before")
+    prepared, failed = steps.prepare_sources(spec, ws.ledger)
+    ws.ledger.close()
+    assert not prepared and "counterfactory masks" in failed[0].reason and str(stored) in failed[0].reason
+
+    result = _masks_cli(spec_path, tiny_checkpoint)
+    assert result.exit_code == 0, result.output
+    assert "grace: written" in result.output and "1 stored, 0 failed" in result.output
+    # the stored pixels are SAM's answer (the predictor called directly) clipped to the box
+    masks, _ = direct_masks(
+        tiny_checkpoint, read_rgb("grace_hopper.jpg"), box=np.array(SPEC_BOX), multimask_output=False
+    )
+    expected = (masks[0].astype(np.uint8) * 255) & box_region(SPEC_BOX, masks[0].shape)
+    np.testing.assert_array_equal(np.asarray(Image.open(stored)), expected)
+    note = json.loads(stored.with_suffix(".json").read_text())
+    assert note["checkpoint_sha256"] == hashlib.sha256(tiny_checkpoint.read_bytes()).hexdigest()
+    assert note["model_type"] == TINY and note["prompt"]["box"] == SPEC_BOX
+    first_bytes = stored.read_bytes()
+
+    # a second call keeps what is stored (a person may have corrected it)
+    again = _masks_cli(spec_path, tiny_checkpoint)
+    assert again.exit_code == 0 and "grace: kept" in again.output and stored.read_bytes() == first_bytes
+
+    # a run reads the stored file: no SAM call (the checkpoint may be gone), and attempt ids
+    # follow the mask's pixels
+    def attempt_ids(out):
+        spec = load_spec(spec_path)
+        ws = steps.open_workspace(spec, out)
+        prepared, failed = steps.prepare_sources(spec, ws.ledger)
+        assert not failed
+        (source,) = prepared
+        np.testing.assert_array_equal(source.region, apply_mask_options(np.asarray(Image.open(stored)), spec.masks))
+        editor = steps.build_editor(spec)
+        grid = steps.plan_grid(spec, prepared)
+        outcome = steps.process_template(
+            spec, ws, source, grid.cells_of(source.id), editor, steps.build_gate_stack(spec)
+        )
+        ids = sorted(a for c in outcome.cells for a in c.attempt_ids)
+        assert len(ids) == 2 and outcome.editor_calls == 2
+        ws.ledger.close()
+        return ids
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr("counterfactory.generation.masks_sam.load_sam_predictor", _no_sam)
+        before = attempt_ids(tmp_path / "run1")
+        corrected = np.asarray(Image.open(stored)).copy()
+        corrected[: corrected.shape[0] // 2 + 100] = 0  # a hand correction: the top part was not the limb
+        assert corrected.any()
+        Image.fromarray(corrected).save(stored)
+        after = attempt_ids(tmp_path / "run2")
+    assert set(before).isdisjoint(after)
+
+
+def _no_sam(*_args, **_kwargs):
+    raise AssertionError("a run must not call SAM")
+
+
+def test_masks_command_reports_bad_prompts_and_studies_without_sam(tiny_checkpoint, tmp_path, specs_dir):
+    spec_path, _ = _sam_study(tmp_path, specs_dir, {"sam": {"box": [600.0, 700.0, 900.0, 800.0]}})
+    result = _masks_cli(spec_path, tiny_checkpoint)
+    assert result.exit_code == 1 and "grace: failed: SAM prompt" in result.output
+    plain, _ = _sam_study(tmp_path / "plain", specs_dir, {"polygons": [[[10, 10], [60, 10], [60, 60]]]})
+    result = _masks_cli(plain, tiny_checkpoint)
+    assert result.exit_code == 2 and "no source asks for a SAM mask" in result.output
+
+
+@pytest.mark.parametrize(
+    "prompt, match",
+    [
+        ({}, "a box"),
+        ({"box": [50, 10, 40, 90]}, "x0 < x1"),
+        ({"points": [[1, 2]], "point_labels": [1, 0]}, "one point label per point"),
+        ({"box": [0, 0, 10, 10], "checkpoint": "x.pth"}, "checkpoint"),
+    ],
+)
+def test_bad_sam_prompt_names_the_problem(prompt, match):
+    from pydantic import ValidationError
+
+    from counterfactory.generation.records import SourceRecord
+
+    with pytest.raises(ValidationError, match=match):
+        SourceRecord(id="a", path="a.jpg", licence="cc0", limb_mask={"sam": prompt})
