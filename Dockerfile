@@ -6,7 +6,7 @@
 #
 # Both install exactly the versions CI tested (docker/constraints.txt, from
 # docker/freeze_constraints.py), run as the non-root user `app` (uid 10001), carry the bundled
-# offline models (assets/models: MediaPipe, YuNet, SFace) inside the package, and keep the
+# offline models (assets/models: MediaPipe, SFace) inside the package, and keep the
 # ledger, the image store, the releases and Prefect's home on the /data volume.
 # Qwen-Image-Edit's weights (~60 GB) are not baked in: mount a Hugging Face cache.
 
