@@ -22,8 +22,12 @@ from prefect.task_runners import ThreadPoolTaskRunner  # noqa: E402
 from tqdm.auto import tqdm  # noqa: E402
 
 from counterfactory.flows import steps  # noqa: E402
+from counterfactory.flows.artifacts import ProgressArtifact, publish_artifacts  # noqa: E402
+from counterfactory.flows.keys import template_key  # noqa: E402
+from counterfactory.flows.limits import apply_limits, limited_editor, spec_limits  # noqa: E402
 from counterfactory.flows.publish import publish_release, remember_spec  # noqa: E402
 from counterfactory.flows.ray import check_ray_target, process_templates_on_ray, ray_cluster, ray_target  # noqa: E402
+from counterfactory.flows.retries import RETRIES, RETRY_DELAYS_S, retry_transient  # noqa: E402
 from counterfactory.flows.server import prefect_api  # noqa: E402
 from counterfactory.flows.stopping import reinstall_stop_handlers  # noqa: E402
 from counterfactory.manifests.release import ReleaseExistsError, existing_release_conflict  # noqa: E402
@@ -45,7 +49,14 @@ class RunSummary:
     missing_outputs: int = 0
 
 
-@task(name="prepare-sources", cache_policy=NONE)
+# Prefect's caching stays off (cache_policy=NONE: it would hash photos as arrays, and the ledger,
+# not a cached task result, decides what is done); template tasks are named by their content key
+# (flows/keys.py). Retries are for transient failures only (flows/retries.py): a retried task
+# pays for nothing twice, its finished attempts are in the ledger.
+_TRANSIENT_RETRIES = {"retries": RETRIES, "retry_delay_seconds": RETRY_DELAYS_S, "retry_condition_fn": retry_transient}
+
+
+@task(name="prepare-sources", cache_policy=NONE, **_TRANSIENT_RETRIES)
 def prepare_sources_task(spec, ws):
     return steps.prepare_sources(spec, ws.ledger)
 
@@ -55,16 +66,23 @@ def grid_task(spec, prepared):
     return steps.plan_grid(spec, prepared)
 
 
-@task(name="template", cache_policy=NONE, task_run_name="template-{prepared.id}")
-def template_task(spec, ws, prepared, cells, editor, stack):
+@task(name="template", cache_policy=NONE, task_run_name="template-{prepared.id}-{key:.16}", **_TRANSIENT_RETRIES)
+def template_task(spec, ws, prepared, cells, editor, stack, key):
     return steps.process_template(spec, ws, prepared, cells, editor, stack)
 
 
-@task(name="release", cache_policy=NONE)
+@task(name="release", cache_policy=NONE, **_TRANSIENT_RETRIES)
 def release_task(spec, ws, prepared, failed, outcomes, grid, editor_calls, allow_incomplete):
     return publish_release(
         spec, ws, prepared, failed, outcomes, grid, editor_calls=editor_calls, allow_incomplete=allow_incomplete
     )
+
+
+def _flow_run_id() -> str | None:
+    from prefect.runtime import flow_run
+
+    run_id = flow_run.id
+    return str(run_id).replace("-", "") if run_id else None
 
 
 def _template_key(cell) -> str:
@@ -98,12 +116,14 @@ def run_flow(
             raise ReleaseExistsError(conflict)
     ws = steps.open_workspace(spec, out)
     remember_spec(ws.out, spec_path)
-    run_id = os.urandom(8).hex()
+    # the ledger's run is Prefect's flow run: the same id in both views
+    run_id = _flow_run_id() or os.urandom(8).hex()
     ws.ledger.start_run(run_id, spec_name=spec.name, spec_hash=spec.spec_hash())
     ws.run_id = run_id
+    apply_limits(spec_limits(spec))
     on_ray = ray_target(spec, ray_address)
     if on_ray is None:
-        editor = steps.build_editor(spec)
+        editor = limited_editor(steps.build_editor(spec), spec)
         stack = steps.build_gate_stack(spec, journal=ws.ledger.journal("fal_vlm"))
 
     prepared, failed = prepare_sources_task(spec, ws)
@@ -115,21 +135,27 @@ def run_flow(
 
     if on_ray is None:
         futures = [
-            template_task.submit(spec, ws, by_id[tid], cells, editor, stack) for tid, cells in cells_by_template.items()
+            template_task.submit(
+                spec, ws, by_id[tid], cells, editor, stack, template_key(spec, by_id[tid], cells, editor)
+            )
+            for tid, cells in cells_by_template.items()
         ]
         finished = (future.result() for future in as_completed(futures))
     else:
         templates = [(by_id[tid], cells) for tid, cells in cells_by_template.items()]
         finished = process_templates_on_ray(spec, ws, templates, on_ray, workers=workers)
     outcomes = []
+    shown = ProgressArtifact(spec.name, len(grid.cells))
     with tqdm(total=len(grid.cells), desc="cells", unit="cell", disable=not progress) as bar:
         for outcome in finished:
             outcomes.append(outcome)
             bar.update(len(outcome.cells))
+            shown.advance(len(outcome.cells))
     outcomes.sort(key=lambda o: o.template_id)
     calls = sum(o.editor_calls for o in outcomes)
     ws.ledger.finish_run(run_id, editor_calls=calls)
     sealed = release_task(spec, ws, prepared, failed, outcomes, grid, calls, allow_incomplete) if publish else None
+    publish_artifacts(spec.name, outcomes, editor_calls=calls, release_path=sealed.path if sealed else None)
 
     counts: dict[str, int] = {}
     for o in outcomes:

@@ -175,12 +175,37 @@ class RayConfig(BaseModel):
 
 
 class RunConfig(BaseModel):
-    """``run``: where the run executes. Never part of the spec's hash: moving a study between
-    machines or clusters changes no output."""
+    """``run``: where the run executes and how runs share machines. Never part of the spec's
+    hash: moving a study between machines or clusters changes no output.
+
+    Each limit is a Prefect global concurrency limit, shared by every run against the same
+    Prefect server (parallel templates, other specs, scheduled runs): a run sets the server's
+    limit to the spec's value when it starts (:mod:`counterfactory.flows.limits`). ``None``
+    sets no limit.
+
+    Attributes:
+        ray: run the tasks on a Ray cluster (:class:`RayConfig`); None: this machine's threads.
+        gpu_slots: editor batches on the GPU at once (backends that run on one: ``qwen``),
+            Prefect limit ``counterfactory-gpu``; one slot per batch.
+        fal_max_concurrency: fal requests in flight at once, the account's concurrency,
+            Prefect limit ``counterfactory-fal``; one slot per request.
+    """
 
     model_config = ConfigDict(extra="forbid")
 
     ray: RayConfig | None = None
+    gpu_slots: int | None = None
+    fal_max_concurrency: int | None = None
+
+    @field_validator("gpu_slots", "fal_max_concurrency")
+    @classmethod
+    def _at_least_one(cls, value: int | None) -> int | None:
+        if value is not None and value < 1:
+            raise ValueError(
+                f"a concurrency limit of at least 1 (a limit of {value} lets no edit start, so the run would "
+                "wait for ever); set 1 or more, or remove the field for no limit"
+            )
+        return value
 
 
 class Spec(BaseModel):
@@ -207,7 +232,8 @@ class Spec(BaseModel):
     robustness: RobustnessConfig = Field(default_factory=RobustnessConfig)
     #: SQLAlchemy URL of the ledger; default ``sqlite:///<out>/ledger.sqlite``.
     ledger_url: str | None = None
-    #: where the tasks execute (this machine's threads, or a Ray cluster)
+    #: where the tasks execute (this machine's threads, or a Ray cluster) and how runs share
+    #: machines (concurrency limits); not part of the study
     run: RunConfig = Field(default_factory=RunConfig)
     #: the spec file's text as the user wrote it (set by :func:`load_spec`)
     _written: str | None = PrivateAttr(default=None)
@@ -282,7 +308,8 @@ class Spec(BaseModel):
         Source paths are as written (relative to the spec file, never resolved); ``editor``
         holds the active backend's options only; ``gates`` and ``prompts`` the active kind's
         only; the limb-mask growth (``masks``) only for limb designs; ``ledger_url`` (where the
-        run kept its state, possibly with a password) and ``run`` (where it executed) are left out. This is what
+        run kept its state, possibly with a password) and ``run`` (where it executed and how runs
+        share machines) are left out. This is what
         :meth:`spec_hash` hashes and what :meth:`to_yaml` writes.
         (:meth:`as_written` is the file's own text, which a release ships.)
         """

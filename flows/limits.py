@@ -1,0 +1,125 @@
+"""Global concurrency limits: GPU slots and fal's account concurrency, shared by every run.
+
+Templates run concurrently inside one run (``--workers``), and several runs (other specs,
+scheduled regenerations, Ray workers) can share one GPU or one fal account. A limit inside one
+process cannot see the others, so each is a Prefect global concurrency limit on the Prefect
+server the runs report to: the spec's ``run`` section sets its value when a run starts
+(:func:`apply_limits`), and the editor holds a slot for each batch it sends
+(:class:`LimitedEditor`).
+
+| limit | set from | held |
+|---|---|---|
+| ``counterfactory-gpu`` | ``run.gpu_slots`` | one slot per batch, by GPU backends (``qwen``) |
+| ``counterfactory-fal`` | ``run.fal_max_concurrency`` | one slot per request in flight, by ``fal`` |
+
+A limit of zero is refused when the spec loads (:class:`~counterfactory.manifests.spec.RunConfig`):
+it would let no edit start and the run would wait for ever.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from counterfactory.generation.editors.base import EditJournal, EditRequest, EditResult
+from counterfactory.manifests.spec import Spec
+
+GPU_LIMIT = "counterfactory-gpu"
+FAL_LIMIT = "counterfactory-fal"
+#: which limit a backend's batches hold, by backend name
+BACKEND_LIMITS = {"qwen": GPU_LIMIT, "fal": FAL_LIMIT}
+#: seconds a held slot stays leased without renewal (Prefect renews it while the batch runs);
+#: a killed run's slots come back after this long
+LEASE_S = 300.0
+
+
+def spec_limits(spec: Spec) -> dict[str, int]:
+    """``{limit name: slots}`` the spec sets (empty when its ``run`` section sets none)."""
+    limits = {}
+    if spec.run.gpu_slots is not None:
+        limits[GPU_LIMIT] = spec.run.gpu_slots
+    if spec.run.fal_max_concurrency is not None:
+        limits[FAL_LIMIT] = spec.run.fal_max_concurrency
+    return limits
+
+
+def apply_limits(limits: dict[str, int]) -> None:
+    """Create or update each global concurrency limit on the current Prefect server (active,
+    with the given number of slots). Needs ``PREFECT_API_URL`` (a run sets it).
+
+    Raises:
+        ValueError: a limit below 1 (a spec refuses it earlier; this guards the Python API).
+    """
+    if not limits:
+        return
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate, GlobalConcurrencyLimitUpdate
+    from prefect.exceptions import ObjectNotFound
+
+    for name, slots in limits.items():
+        if slots < 1:
+            raise ValueError(f"concurrency limit {name}: {slots} slots would let nothing run; set at least 1")
+    with get_client(sync_client=True) as client:
+        for name, slots in sorted(limits.items()):
+            try:
+                existing = client.read_global_concurrency_limit_by_name(name)
+            except ObjectNotFound:
+                client.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(name=name, limit=slots))
+                continue
+            if existing.limit != slots or not existing.active:
+                client.update_global_concurrency_limit(name, GlobalConcurrencyLimitUpdate(limit=slots, active=True))
+
+
+class LimitedEditor:
+    """An editor whose batches hold slots of a global concurrency limit while they run.
+
+    Everything else (name, lineage, options) is the wrapped editor's, so attempt ids do not
+    change. ``occupy_per_request`` holds one slot per request of a batch (fal's account
+    counts requests in flight); otherwise a batch holds one slot (a GPU runs one batch).
+    """
+
+    def __init__(self, editor: Any, limit: str, slots: int, *, occupy_per_request: bool) -> None:
+        self.inner = editor
+        self.limit = limit
+        self.slots = slots
+        self.occupy_per_request = occupy_per_request
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    @property
+    def batch_size(self) -> int:
+        """The wrapped editor's batch size, at most the limit's slots when each request holds one."""
+        size = max(1, int(getattr(self.inner, "batch_size", 1) or 1))
+        return min(size, self.slots) if self.occupy_per_request else size
+
+    def _occupy(self, n_requests: int) -> int:
+        return min(max(1, n_requests), self.slots) if self.occupy_per_request else 1
+
+    def _held(self, n_requests: int):
+        from prefect.concurrency.sync import concurrency
+
+        return concurrency(self.limit, occupy=self._occupy(n_requests), lease_duration=LEASE_S)
+
+    def edit(self, request: EditRequest) -> EditResult:
+        with self._held(1):
+            return self.inner.edit(request)
+
+    def edit_many(self, requests: Sequence[EditRequest], journal: EditJournal | None = None) -> list[EditResult]:
+        results: list[EditResult] = []
+        # a batch larger than the limit runs in slices of at most `slots` requests
+        step = self.slots if self.occupy_per_request else max(1, len(requests))
+        for start in range(0, len(requests), step):
+            chunk = list(requests[start : start + step])
+            with self._held(len(chunk)):
+                results.extend(self.inner.edit_many(chunk, journal))
+        return results
+
+
+def limited_editor(editor: Any, spec: Spec) -> Any:
+    """``editor`` holding the spec's limit for its backend, or ``editor`` itself when none applies."""
+    name = BACKEND_LIMITS.get(spec.editor.backend)
+    slots = spec_limits(spec).get(name) if name else None
+    if slots is None:
+        return editor
+    return LimitedEditor(editor, name, slots, occupy_per_request=name == FAL_LIMIT)
