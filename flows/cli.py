@@ -155,6 +155,63 @@ def run(
 
 
 @main.command()
+@click.argument("spec_path", type=click.Path(path_type=Path))
+@click.option(
+    "--out", "out", required=True, type=click.Path(path_type=Path), help="Output folder (ledger, store, releases)."
+)
+@click.option("--cron", metavar="EXPRESSION", help="When to run: a cron expression, e.g. '0 3 * * *' (03:00 daily).")
+@click.option("--interval", type=float, metavar="SECONDS", help="When to run: every SECONDS seconds.")
+@click.option("--timezone", metavar="IANA_NAME", help="The cron's timezone, e.g. Europe/Berlin (default UTC).")
+@click.option("--workers", default=2, show_default=True, help="Templates processed at a time in each run.")
+@click.option("--allow-incomplete", is_flag=True, help="Publish even if cells, sources or strata are missing.")
+@click.option("--name", "name", help="Deployment name (default: the spec's name).")
+def schedule(
+    spec_path: Path,
+    out: Path,
+    cron: str | None,
+    interval: float | None,
+    timezone: str | None,
+    workers: int,
+    allow_incomplete: bool,
+    name: str | None,
+) -> None:
+    """Regenerate SPEC_PATH into OUT on a schedule, served by this command until Ctrl-C.
+
+    Each run resumes the spec (an attempt whose inputs did not change is not paid for again),
+    then publishes the next release version only if something changed, with diff.json against
+    the previous version inside it, and appends a line to OUT/schedule.jsonl. Uses the Prefect
+    server PREFECT_API_URL names, or runs one in this process.
+    """
+    from counterfactory.flows.schedule import ScheduleError, make_schedule
+    from counterfactory.generation.sources import MetadataError, load_metadata
+    from counterfactory.manifests.errors import SetupError
+    from counterfactory.manifests.spec import SpecError, load_spec
+
+    try:
+        when = make_schedule(cron=cron, interval=interval, timezone=timezone)
+    except ScheduleError as exc:
+        _fail(str(exc))
+    try:
+        spec = load_spec(spec_path)
+        load_metadata(spec.sources.metadata)
+    except (SpecError, MetadataError) as exc:
+        _fail(str(exc))
+    try:
+        # a missing model, key or GPU stops here, not at the first tick
+        from counterfactory.flows.steps import build_editor, build_gate_stack
+
+        build_editor(spec)
+        build_gate_stack(spec)
+    except SetupError as exc:
+        _fail(f"the spec cannot run here: {exc}")
+
+    from counterfactory.flows.schedule import serve_schedule
+
+    click.echo(f"scheduled runs of {spec_path} into {out}; log: {out / 'schedule.jsonl'} (Ctrl-C stops)")
+    serve_schedule(spec_path, out, when, workers=workers, allow_incomplete=allow_incomplete, name=name)
+
+
+@main.command()
 @click.argument("out", type=click.Path(path_type=Path, exists=True, file_okay=False))
 @click.option("--version", "version", help="Release version X.Y.Z (default: the spec's release.version).")
 @click.option(

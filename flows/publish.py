@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 import shutil
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -566,8 +566,12 @@ def publish_release(
     *,
     editor_calls: int,
     allow_incomplete: bool = False,
+    before_seal: Callable[[Path], None] | None = None,
 ) -> SealedRelease:
     """Check, stage and seal one release; see the module docstring for what it holds.
+
+    ``before_seal`` is called with the staging folder once every file is written, to add
+    files the checksums then cover (a scheduled run's ``diff.json``).
 
     Raises:
         ReleaseExistsError: the version exists, made from another spec (before any staging).
@@ -659,6 +663,8 @@ def publish_release(
         plot_attrition(stats["attrition"], stage.dir / "attrition.png")
         write_json(stage.dir / RELEASE_JSON, release_info)
         write_report(stage.dir, spec=spec, items=items, stats=stats)
+        if before_seal is not None:
+            before_seal(stage.dir)
         sealed = stage.seal()
     except BaseException:
         stage.discard()

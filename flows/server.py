@@ -7,10 +7,16 @@ problems: the server cannot outlive the process, however it dies, and start-up w
 as the server thread is alive and making progress.
 
 A user who points ``PREFECT_API_URL`` at a server of their own keeps it: nothing starts then.
+
+``services=True`` (``counterfactory schedule``) also runs the server's background services, the
+scheduler among them, which turns a deployment's schedule into flow runs; the served flow runs
+are child processes that reach this server through ``PREFECT_API_URL`` in their environment.
 """
 
 from __future__ import annotations
 
+import contextvars
+import os
 import socket
 import threading
 import time
@@ -21,17 +27,33 @@ from contextlib import contextmanager
 STARTUP_TIMEOUT_S = 600.0
 
 
+def _service_settings() -> dict:
+    from prefect.settings import (
+        PREFECT_SERVER_SERVICES_FOREMAN_ENABLED,
+        PREFECT_SERVER_SERVICES_LATE_RUNS_ENABLED,
+        PREFECT_UI_ENABLED,
+    )
+
+    return {
+        PREFECT_UI_ENABLED: False,
+        PREFECT_SERVER_SERVICES_LATE_RUNS_ENABLED: False,
+        PREFECT_SERVER_SERVICES_FOREMAN_ENABLED: False,
+    }
+
+
 class PrefectServerError(RuntimeError):
     """The in-process Prefect API server could not start."""
 
 
 @contextmanager
-def prefect_api(*, startup_timeout_s: float = STARTUP_TIMEOUT_S) -> Iterator[str | None]:
+def prefect_api(*, startup_timeout_s: float = STARTUP_TIMEOUT_S, services: bool = False) -> Iterator[str | None]:
     """Serve Prefect's API from a daemon thread on ``127.0.0.1`` and point Prefect's clients at it.
 
     Yields the API URL (``None`` when the user configured ``PREFECT_API_URL`` themselves, which
     is then used as it is). The server stops when the block ends; as a daemon thread it also
-    ends with the process on any signal.
+    ends with the process on any signal. ``services`` also runs Prefect's background services
+    (the scheduler, late runs, ...), without the UI, and exports the URL to this process's
+    environment for the child processes it starts.
     """
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
@@ -42,14 +64,25 @@ def prefect_api(*, startup_timeout_s: float = STARTUP_TIMEOUT_S) -> Iterator[str
     import uvicorn
     from prefect.server.api.server import create_app
 
-    # ephemeral: no UI and no background services, as Prefect's own temporary server
-    app = create_app(ephemeral=True, final=True)
+    context = contextvars.copy_context()
+    if services:
+        # the scheduler, no UI; the late-runs and foreman services only relabel runs and
+        # workers, and their writes contend for the SQLite database with the runs themselves.
+        # The server thread runs in this context, so it sees these settings.
+        with temporary_settings(updates=_service_settings()):
+            app = create_app(ephemeral=False, webserver_only=False, final=True, ignore_cache=True)
+            context = contextvars.copy_context()
+    else:
+        # ephemeral: no UI and no background services, as Prefect's own temporary server
+        app = create_app(ephemeral=True, final=True)
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
     server = uvicorn.Server(uvicorn.Config(app, log_level="error", lifespan="on"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="prefect-api", daemon=True)
+    thread = threading.Thread(
+        target=context.run, args=(server.run,), kwargs={"sockets": [sock]}, name="prefect-api", daemon=True
+    )
     thread.start()
     deadline = time.monotonic() + startup_timeout_s
     while not server.started:
@@ -64,10 +97,15 @@ def prefect_api(*, startup_timeout_s: float = STARTUP_TIMEOUT_S) -> Iterator[str
             raise PrefectServerError(f"Prefect's API server did not start within {startup_timeout_s:.0f} s")
         time.sleep(0.05)
     url = f"http://127.0.0.1:{port}/api"
+    exported = services and "PREFECT_API_URL" not in os.environ
+    if exported:
+        os.environ["PREFECT_API_URL"] = url
     try:
         with temporary_settings(updates={PREFECT_API_URL: url}):
             yield url
     finally:
+        if exported:
+            os.environ.pop("PREFECT_API_URL", None)
         server.should_exit = True
         thread.join(timeout=10)
         sock.close()

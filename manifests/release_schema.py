@@ -23,6 +23,7 @@ SCHEMA_FOR = {
     "left_out.jsonl": "left_out.schema.json",
     "stats.json": "stats.schema.json",
     "release.json": "release.schema.json",
+    "diff.json": "diff.schema.json",
 }
 #: how many problems one file reports before the rest are summarised
 _MAX_PER_FILE = 20

@@ -1,0 +1,66 @@
+"""The schedule command's checks and version rules, without a server (the served runs are in
+test_prefect_server.py)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from datetime import timedelta
+
+import pytest
+
+from counterfactory.flows.schedule import ScheduleError, latest_release, make_schedule, next_version
+from tests.conftest import REPO
+
+
+@pytest.mark.parametrize(
+    "cron",
+    ["61 * * * *", "* * * *", "every day", "0 3 32 * *", "H 3 * * *", ""],
+)
+def test_a_cron_that_does_not_parse_is_refused_with_how_to_write_one(cron):
+    with pytest.raises(ScheduleError, match=r"does not parse .*five fields: minute hour day-of-month month"):
+        make_schedule(cron=cron)
+
+
+def test_schedule_arguments():
+    assert make_schedule(cron="0 3 * * *").cron == "0 3 * * *"
+    assert make_schedule(cron="*/15 * * * *", timezone="Europe/Berlin").timezone == "Europe/Berlin"
+    assert make_schedule(interval=3).interval == timedelta(seconds=3)
+    with pytest.raises(ScheduleError, match="exactly one"):
+        make_schedule()
+    with pytest.raises(ScheduleError, match="exactly one"):
+        make_schedule(cron="0 3 * * *", interval=60)
+    with pytest.raises(ScheduleError, match="positive number of seconds"):
+        make_schedule(interval=0)
+    with pytest.raises(ScheduleError, match="IANA name"):
+        make_schedule(cron="0 3 * * *", timezone="Mars/Olympus")
+
+
+def test_next_version_counts_patches_and_follows_a_raised_spec_version():
+    assert next_version(None, "0.1.0") == "0.1.0"
+    assert next_version("0.1.0", "0.1.0") == "0.1.1"
+    assert next_version("0.1.9", "0.1.0") == "0.1.10"
+    assert next_version("0.1.3", "0.2.0") == "0.2.0"  # the author raised the spec's version
+    assert next_version("1.0.0", "0.2.0") == "1.0.1"
+
+
+def test_latest_release_is_the_newest_sealed_version(tmp_path):
+    for version in ("0.1.2", "0.1.10", "0.1.9", ".0.2.0.staging-1-x", "notes"):
+        (tmp_path / "study" / version).mkdir(parents=True)
+    for version in ("0.1.2", "0.1.10", "0.1.9"):
+        (tmp_path / "study" / version / "release.json").write_text(json.dumps({"version": version}))
+    assert latest_release(tmp_path, "study").name == "0.1.10"
+    assert latest_release(tmp_path, "other") is None
+
+
+def test_the_command_stops_on_a_bad_cron_before_anything_starts(tmp_path, specs_dir):
+    out = tmp_path / "out"
+    result = subprocess.run(
+        [sys.executable, "-m", "counterfactory.flows.cli", "schedule", str(specs_dir / "demo-face.yaml"),
+         "--out", str(out), "--cron", "0 25 * * *"],
+        cwd=REPO, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert "--cron '0 25 * * *' does not parse" in result.stderr and "e.g. '0 3 * * *'" in result.stderr
+    assert not out.exists()
