@@ -44,6 +44,7 @@ from prefect import task
 from prefect.cache_policies import NONE
 
 from counterfactory.flows import steps
+from counterfactory.flows.limits import limited_editor
 from counterfactory.generation.editors.base import EditRequest, EditResult
 from counterfactory.manifests.errors import SetupError
 from counterfactory.manifests.spec import RayConfig, Spec
@@ -413,7 +414,8 @@ def _worker_state(target: WorkerTarget) -> _WorkerState:
 def _worker_editor(target: WorkerTarget) -> tuple[_WorkerState, Any]:
     state = _worker_state(target)
     if state.editor is None:
-        state.editor = steps.build_editor(target.spec)
+        # the spec's GPU / fal limits hold here too: they are global on the Prefect server
+        state.editor = limited_editor(steps.build_editor(target.spec), target.spec)
     return state, state.editor
 
 

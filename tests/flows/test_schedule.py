@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from datetime import timedelta
 
 import pytest
@@ -64,3 +65,34 @@ def test_the_command_stops_on_a_bad_cron_before_anything_starts(tmp_path, specs_
     assert result.returncode == 2
     assert "--cron '0 25 * * *' does not parse" in result.stderr and "e.g. '0 3 * * *'" in result.stderr
     assert not out.exists()
+
+
+@pytest.mark.slow
+def test_without_a_server_the_command_runs_one_with_its_scheduler(monkeypatch):
+    """`schedule` without PREFECT_API_URL serves Prefect's API with its scheduler in-process:
+    a deployment's schedule turns into flow runs, and the flow runs' processes find the server."""
+    import os
+
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.actions import DeploymentScheduleCreate
+    from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
+    from prefect.client.schemas.schedules import IntervalSchedule
+
+    from counterfactory.flows.server import prefect_api
+
+    monkeypatch.delenv("PREFECT_API_URL", raising=False)
+    with prefect_api(services=True) as url:
+        assert url and os.environ["PREFECT_API_URL"] == url  # child processes inherit it
+        with get_client(sync_client=True) as client:
+            flow_id = client.create_flow_from_name("scheduler-probe")
+            schedule = DeploymentScheduleCreate(schedule=IntervalSchedule(interval=timedelta(minutes=10)))
+            deployment = client.create_deployment(flow_id, "probe", schedules=[schedule])
+            runs = []
+            deadline = time.monotonic() + 120
+            while not runs and time.monotonic() < deadline:
+                time.sleep(1)
+                runs = client.read_flow_runs(
+                    deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[deployment]))
+                )
+    assert runs and all(r.state.is_scheduled() for r in runs)
+    assert "PREFECT_API_URL" not in os.environ
