@@ -21,7 +21,8 @@ Each scheduled run:
    newest), with ``diff.json`` inside it: why it was published and the items added, removed and
    changed since the previous version (:func:`~counterfactory.manifests.release_diff.diff_releases`);
 4. appends one line to ``OUT/schedule.jsonl`` (run id, times, editor calls, version published or
-   none, the changes) and shows the same as a Prefect markdown artifact.
+   none, the changes; or the error of a run that failed) and shows the same as a Prefect
+   markdown artifact.
 
 Runs never overlap: the deployment allows one run at a time and a tick that comes while one is
 running is cancelled by the server (the next tick catches up), and the run holds ``OUT``'s lock.
@@ -289,15 +290,21 @@ def regenerate_flow(spec_path: str, out: str, workers: int = 2, allow_incomplete
 
     started = datetime.now(UTC).isoformat()
     spec = load_spec(spec_path)
-    with RunFolderLock(out):
-        summary = run_flow.with_options(task_runner=ThreadPoolTaskRunner(max_workers=max(1, workers)))(
-            spec_path, out, progress=False, publish=False
-        )
-        result = publish_if_changed_task(spec_path, out, allow_incomplete)
+    base = {"flow_run_id": str(flow_run.id) if flow_run.id else None, "started_at": started}
+    try:
+        with RunFolderLock(out):
+            summary = run_flow.with_options(task_runner=ThreadPoolTaskRunner(max_workers=max(1, workers)))(
+                spec_path, out, progress=False, publish=False
+            )
+            result = publish_if_changed_task(spec_path, out, allow_incomplete)
+    except Exception as exc:
+        # a failed run is a line too (an incomplete grid, a folder another run holds, ...)
+        _log_line(Path(out), {**base, "finished_at": datetime.now(UTC).isoformat(), "published": None,
+                              "error": f"{type(exc).__name__}: {exc}"[:2000]})  # fmt: skip
+        raise
     result = Regeneration(**{**asdict(result), "editor_calls": summary.editor_calls})
     record = {
-        "flow_run_id": str(flow_run.id) if flow_run.id else None,
-        "started_at": started,
+        **base,
         "finished_at": datetime.now(UTC).isoformat(),
         "spec_sha256": spec.as_written()[1],
         **asdict(result),

@@ -96,3 +96,17 @@ def test_without_a_server_the_command_runs_one_with_its_scheduler(monkeypatch):
                 )
     assert runs and all(r.state.is_scheduled() for r in runs)
     assert "PREFECT_API_URL" not in os.environ
+
+
+def test_a_failed_scheduled_run_is_logged_with_its_error(tmp_path, specs_dir):
+    from counterfactory.flows.schedule import SCHEDULE_LOG, regenerate_flow
+    from counterfactory.manifests.runlock import RunFolderError, RunFolderLock
+
+    out = tmp_path / "out"
+    out.mkdir()
+    with RunFolderLock(out), pytest.raises(RunFolderError):
+        # another run holds the folder: this one stops before any work, and says so in the log
+        regenerate_flow.fn(str(specs_dir / "demo-face.yaml"), str(out))
+    (line,) = [json.loads(x) for x in (out / SCHEDULE_LOG).read_text().splitlines()]
+    assert line["published"] is None and line["error"].startswith("RunFolderError")
+    assert not (out / "releases").exists() and not (out / "ledger.sqlite").exists()
