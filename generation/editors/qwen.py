@@ -11,6 +11,11 @@ Three diffusers pipelines share one set of weights (text encoder, MMDiT transfor
 All of them resize the source to about one megapixel in multiples of 16 or 32 and return
 that size; this backend hands the image back as returned (``counterfactory.generation.align`` resizes it).
 
+Every call goes through the loaded pipeline's batch worker
+(:mod:`counterfactory.generation.editors.qwen_batch`): one thread that feeds the pipeline
+batches from a bounded queue, so template threads align and judge on the CPU while it
+generates, and their requests share batches.
+
 The pipeline is loaded once per worker process (a module-level cache keyed by everything
 that identifies the loaded object) in :meth:`QwenEditor.prepare`, which also raises
 :class:`SetupError` for everything that would make the whole batch fail: missing
@@ -41,6 +46,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from counterfactory.generation.editors.base import EditJournal, EditRequest, EditResult
+from counterfactory.generation.editors.qwen_batch import BatchWorker
 from counterfactory.manifests.errors import SetupError
 from counterfactory.manifests.registry import EDITORS
 
@@ -84,8 +90,10 @@ class QwenOptions(BaseModel):
             their own shift settings).
         cpu_offload: keep each model on the CPU until it runs (``enable_model_cpu_offload``).
         compile: ``torch.compile`` the transformer's repeated blocks.
-        batch_size: requests of the same pipeline and source size denoised together;
-            ``edit_plus`` only runs one at a time (a diffusers limit).
+        batch_size: requests of the same pipeline and source size denoised together, from
+            one call or from several threads (templates) through the batch worker
+            (:mod:`counterfactory.generation.editors.qwen_batch`); ``edit_plus`` only runs one
+            at a time (a diffusers limit).
         dtype: weights and activations.
         device: ``cuda``, ``cuda:N`` or ``cpu`` (tiny test pipelines only).
         download: fetch missing weights from the hub; by default only local files and the
@@ -128,7 +136,36 @@ class _Loaded:
     pipelines: dict[str, Any] = field(default_factory=dict)
     #: diffusers pipelines keep per-call state (timesteps, progress): one call at a time
     lock: threading.Lock = field(default_factory=threading.Lock)
+    #: the thread that feeds these weights batches (:meth:`batch_worker`)
+    worker: BatchWorker | None = None
+    worker_lock: threading.Lock = field(default_factory=threading.Lock)
 
+    def batch_worker(self) -> BatchWorker:
+        """The one :class:`~counterfactory.generation.editors.qwen_batch.BatchWorker` of these
+        weights, started on first use: every editor and thread of the process edits through it."""
+        with self.worker_lock:
+            if self.worker is None or not self.worker.alive:
+                self.worker = BatchWorker(
+                    _run_batch, max_queue=WORKER_QUEUE_CHUNKS, name=f"qwen-batch-{self.model_dir.name}"
+                )
+            return self.worker
+
+    def close_worker(self) -> None:
+        with self.worker_lock:
+            if self.worker is not None:
+                self.worker.close()
+
+
+def _run_batch(key: tuple, requests: list[EditRequest]) -> list[EditResult]:
+    """The batch worker's call: ``key`` is ``(editor, pipeline name, h, w)``."""
+    editor, name = key[0], key[1]
+    return editor._run(name, requests)
+
+
+#: Chunks of requests that may wait for the batch worker at once: with a running batch, at
+#: most ``(WORKER_QUEUE_CHUNKS + 1) * batch_size`` requests are in flight, however many
+#: threads submit, so memory stays flat.
+WORKER_QUEUE_CHUNKS = 4
 
 #: Loaded pipelines of this worker process, keyed by :meth:`QwenEditor._cache_key`.
 _PIPELINES: dict[tuple, _Loaded] = {}
@@ -220,6 +257,8 @@ class QwenEditor:
                 if self.options.device != "cpu":
                     # A second 20B-parameter pipeline rarely fits beside the first: a worker
                     # serves one configuration at a time.
+                    for old in _PIPELINES.values():
+                        old.close_worker()
                     _PIPELINES.clear()
                     if torch.cuda.is_available():
                         torch.cuda.empty_cache()
@@ -258,13 +297,19 @@ class QwenEditor:
     def edit_many(self, requests: Sequence[EditRequest], journal: EditJournal | None = None) -> list[EditResult]:
         """Edit requests in batches of ``batch_size`` (same pipeline and source size).
 
+        The requests go to the loaded pipeline's batch worker
+        (:mod:`counterfactory.generation.editors.qwen_batch`) in chunks of ``batch_size``;
+        chunks of other threads with the same pipeline, size and settings may fill a batch
+        that one call leaves short. A call returns when all its requests are done.
+
         ``journal`` is not used: local generation costs nothing to repeat, so there is no
         remote request id worth keeping before the answer.
 
         Returns:
             One :class:`EditResult` per request, in order. ``metadata`` holds ``pipeline``
             (diffusers class), ``seed``, ``seconds`` (this item's share of its batch's wall
-            time), ``batch_size``, ``output_size`` ``[w, h]``, ``input_size`` ``[w, h]``,
+            time), ``gpu_seconds`` (its share of the batch's GPU-stream time between CUDA
+            events, ``None`` on a CPU), ``batch_size``, ``output_size`` ``[w, h]``, ``input_size`` ``[w, h]``,
             ``negative_prompt`` (``None`` without guidance), ``model_commit``, ``device``,
             ``processor_backend`` and library ``versions``.
         """
@@ -279,12 +324,18 @@ class QwenEditor:
                 continue
             h, w = request.image.shape[:2]
             groups.setdefault((name, h, w), []).append(i)
-        for (name, _, _), indices in groups.items():
+        assert self._loaded is not None
+        worker = self._loaded.batch_worker()
+        submitted = []
+        for (name, h, w), indices in groups.items():
             size = 1 if name == "edit_plus" else self.options.batch_size
             for start in range(0, len(indices), size):
                 chunk = indices[start : start + size]
-                for i, result in zip(chunk, self._run(name, [requests[i] for i in chunk]), strict=True):
-                    results[i] = result
+                future = worker.submit((self, name, h, w), [requests[i] for i in chunk], max_batch=size)
+                submitted.append((chunk, future))
+        for chunk, future in submitted:
+            for i, result in zip(chunk, future.result(), strict=True):
+                results[i] = result
         return [r for r in results if r is not None]
 
     def _run(self, name: PipelineName, requests: list[EditRequest]) -> list[EditResult]:
@@ -353,16 +404,27 @@ class QwenEditor:
             masks = [Image.fromarray(np.ascontiguousarray(r.mask)) for r in requests]  # (H, W) uint8 -> L
             kwargs["mask_image"] = masks if len(masks) > 1 else masks[0]
             kwargs["strength"] = o.strength
+        cuda = o.device.startswith("cuda")
         with loaded.lock:
+            if cuda:
+                # the GPU stream's time from the call's first kernel to its last
+                events = [torch.cuda.Event(enable_timing=True) for _ in range(2)]
+                events[0].record()
             start = time.perf_counter()
             output = pipe(**kwargs).images
             seconds = time.perf_counter() - start
+            gpu_seconds = None
+            if cuda:
+                events[1].record()
+                events[1].synchronize()
+                gpu_seconds = events[0].elapsed_time(events[1]) / 1000.0
         results = []
         for request, negative, array in zip(requests, negatives, output, strict=True):
             meta = {
                 "pipeline": type(pipe).__name__,
                 "seed": int(request.seed),
                 "seconds": round(seconds / len(requests), 4),
+                "gpu_seconds": None if gpu_seconds is None else round(gpu_seconds / len(requests), 4),
                 "batch_size": len(requests),
                 "input_size": [int(w), int(h)],
                 "output_size": [int(array.shape[1]), int(array.shape[0])],

@@ -4,6 +4,7 @@ machine, and a cluster that cannot run the spec stopped before any work."""
 from __future__ import annotations
 
 import json
+import shutil
 import socket
 import subprocess
 import sys
@@ -15,7 +16,7 @@ import pytest
 
 from counterfactory.flows.ray import RayTargetError, check_ray_target, is_remote_address, ray_target
 from counterfactory.manifests.ledger import Ledger
-from counterfactory.manifests.spec import load_spec
+from counterfactory.manifests.spec import SpecError, load_spec
 from tests.conftest import REPO
 from tests.flows.review_setup import write_spec
 
@@ -179,3 +180,24 @@ def test_a_run_on_ray_matches_the_local_run(local_ray, tmp_path):
 
     again = run_spec(spec, tmp_path / "ray", workers=2, progress=False, ray=local_ray)
     assert again.editor_calls == 0 and again.counts == local.counts  # resumes from the ledger
+
+
+def test_run_ray_in_the_spec_file_is_read_and_left_out_of_the_hash(tmp_path):
+    import yaml
+
+    plain = write_spec(tmp_path / "plain")
+    data = yaml.safe_load(plain.read_text())
+    data["run"] = {"ray": {"address": "10.0.0.5:6379", "num_cpus": 2, "connect_timeout_s": 3}}
+    on_ray = tmp_path / "ray.yaml"
+    on_ray.write_text(yaml.safe_dump(data))
+    shutil.copy(tmp_path / "plain" / "meta.yaml", tmp_path / "meta.yaml")
+    spec = load_spec(on_ray)
+    target = ray_target(spec)
+    assert (target.address, target.num_cpus, target.connect_timeout_s) == ("10.0.0.5:6379", 2.0, 3.0)
+    assert ray_target(spec, "local").address == "local"  # --ray wins over the spec
+    # where a study runs decides none of its outputs
+    assert spec.spec_hash() == load_spec(plain).spec_hash()
+    data["run"] = {"ray": {"adress": "local"}}
+    on_ray.write_text(yaml.safe_dump(data))
+    with pytest.raises(SpecError, match="adress"):
+        load_spec(on_ray)
