@@ -83,6 +83,7 @@ def test_missing_fal_key_stops_before_any_work(tmp_path):
     assert not out.exists()
 
 
+@pytest.mark.slow
 def test_unknown_fal_endpoint_is_one_clear_message(tmp_path):
     out = tmp_path / "out"
     spec = _demo_with(tmp_path, "fal", endpoint="not an endpoint")
@@ -99,6 +100,7 @@ def test_unknown_fal_endpoint_is_one_clear_message(tmp_path):
     assert not out.exists()
 
 
+@pytest.mark.slow
 def test_qwen_without_a_gpu_stops_before_any_work(tmp_path):
     out = tmp_path / "out"
     result = _run(["run", str(_demo_with(tmp_path, "qwen")), "--out", str(out)])
@@ -107,6 +109,7 @@ def test_qwen_without_a_gpu_stops_before_any_work(tmp_path):
     assert "Traceback" not in result.stderr and not out.exists()
 
 
+@pytest.mark.slow
 def test_qwen_model_not_downloaded_is_named(tmp_path):
     out = tmp_path / "out"
     spec = _demo_with(tmp_path, "qwen", device="cpu", model_id="Qwen/Qwen-Image-Edit-2509")
@@ -128,6 +131,7 @@ def pair(tmp_path_factory):
     return folder / "source.png", folder / "candidate.png"
 
 
+@pytest.mark.slow
 def test_measure_prints_every_gate_as_json(pair):
     source, candidate = pair
     result = _run(["measure", str(source), str(candidate), "--json"])
@@ -142,6 +146,7 @@ def test_measure_prints_every_gate_as_json(pair):
     assert report["gates"]["identity"]["review"] == []
 
 
+@pytest.mark.slow
 def test_measure_text_output_and_bad_file(pair, tmp_path):
     source, candidate = pair
     text = _run(["measure", str(source), str(candidate)])
@@ -160,6 +165,7 @@ def test_measure_text_output_and_bad_file(pair, tmp_path):
     assert refused.returncode == 2 and "33000x900" in refused.stderr and "Traceback" not in refused.stderr
 
 
+@pytest.mark.slow
 def test_measure_limb_pair_with_mask(tmp_path):
     source = read_rgb("grace_hopper.jpg")
     mask = np.zeros(source.shape[:2], np.uint8)
@@ -177,6 +183,7 @@ def test_measure_limb_pair_with_mask(tmp_path):
     assert report["gates"]["locality"]["metrics"]["diff_outside_edit"] == 0.0
 
 
+@pytest.mark.slow
 def test_calibrate_reproduces_the_shipped_thresholds(tmp_path):
     result = _run(["calibrate", "--out", str(tmp_path)])
     assert result.returncode == 0, result.stderr[-2000:]

@@ -84,6 +84,7 @@ def test_judge_key_hashes_only_the_active_kind(spec):
     assert steps.judge_key(spec.model_copy(update={"masks": masks})) == steps.judge_key(spec)
 
 
+@pytest.mark.slow
 def test_process_template_runs_each_cell_once_and_never_again(spec, prepared, stack, tmp_path):
     ws = steps.open_workspace(spec, tmp_path)
     source = prepared["grace_hopper"]
@@ -104,6 +105,7 @@ def test_process_template_runs_each_cell_once_and_never_again(spec, prepared, st
     ws.ledger.close()
 
 
+@pytest.mark.slow
 def test_refused_and_failed_attempts_are_retried_with_the_next_seed(spec, prepared, stack, tmp_path):
     ws = steps.open_workspace(spec, tmp_path)
     source = prepared["grace_hopper"]
@@ -143,6 +145,7 @@ def test_unregistrable_output_still_gets_face_metrics(spec, prepared, stack):
     assert "face" in judged.gates and "identity" in judged.gates
 
 
+@pytest.mark.slow
 def test_a_status_poll_outage_buys_zero_extra_requests(spec, prepared, stack, tmp_path, monkeypatch):
     from tests.generation.fal_server import Behaviour, FalServer
 
@@ -172,6 +175,7 @@ def test_a_status_poll_outage_buys_zero_extra_requests(spec, prepared, stack, tm
         ws.ledger.close()
 
 
+@pytest.mark.slow
 def test_a_request_still_out_after_the_waits_is_fetched_by_the_next_run(spec, prepared, stack, tmp_path, monkeypatch):
     from tests.generation.fal_server import Behaviour, FalServer
 
@@ -221,6 +225,7 @@ print("calls", steps.run_edits(ws, editor, plans, editor.lineage()), flush=True)
 """
 
 
+@pytest.mark.slow
 def test_sigkill_during_an_80_cell_template_loses_only_the_edit_in_flight(specs_dir, tmp_path):
     import sqlite3
     import subprocess

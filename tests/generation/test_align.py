@@ -34,7 +34,8 @@ def _max_error(estimate: np.ndarray, truth: np.ndarray, shape) -> float:
     return float(np.abs(a - b).max())
 
 
-@pytest.mark.parametrize("photo", ["grace_hopper.jpg", "obama_portrait.jpg"])
+# the second photo (larger, slower) runs in the full suite only
+@pytest.mark.parametrize("photo", ["grace_hopper.jpg", pytest.param("obama_portrait.jpg", marks=pytest.mark.slow)])
 @pytest.mark.parametrize(
     "motion",
     [
@@ -80,6 +81,7 @@ def test_undoes_editor_resizes(size):
     assert _max_error(result.transform, np.eye(2, 3), source.shape) < TOLERANCE_PX
 
 
+@pytest.mark.slow
 def test_resize_and_shift_together():
     source = read_rgb("biden_portrait.jpg")
     shifted, truth = _apply(source, dx=6.0, dy=-3.0, scale=1.02)
@@ -91,6 +93,7 @@ def test_resize_and_shift_together():
     assert scale == pytest.approx(1.02, abs=2e-3) and rotation == pytest.approx(0.0, abs=0.1)
 
 
+@pytest.mark.slow
 def test_limb_composite_is_bit_identical_outside_mask():
     source = read_rgb("biden_blue_room.jpg")
     h, w = source.shape[:2]
@@ -146,6 +149,7 @@ def test_unusable_candidates_are_reasons_not_crashes(grace, candidate, code):
     assert not result.ok and result.reason.startswith(code)
 
 
+@pytest.mark.slow
 def test_a_different_photo_fails_registration(grace, astronaut):
     result = align_candidate(grace, astronaut)
     assert not result.ok
@@ -198,7 +202,7 @@ def _overlap_error(alignment, truth, shape) -> float:
     ("photo", "face_box", "shift"),
     [
         ("grace_hopper.jpg", (90, 330, 140, 370), (3.4, -2.6)),  # 512x600 -> 896x1152, 8 % cropped
-        ("biden_portrait.jpg", None, (-5.2, 4.1)),
+        pytest.param("biden_portrait.jpg", None, (-5.2, 4.1), marks=pytest.mark.slow),
     ],
 )
 def test_nano_banana_crop_to_fill_registers_within_half_a_pixel(photo, face_box, shift):

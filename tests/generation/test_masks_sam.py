@@ -114,6 +114,7 @@ def direct_masks(checkpoint, image, **prompt):
 BOX = [40.0, 60.0, 220.0, 330.0]
 
 
+@pytest.mark.slow
 def test_box_mask_matches_sam_predictor(tiny_checkpoint, photo):
     got = sam_mask(photo, box=BOX, checkpoint=tiny_checkpoint, model_type=TINY, clip_to_box=False, device="cpu")
     assert got.shape == photo.shape[:2] and got.dtype == np.uint8
@@ -122,6 +123,7 @@ def test_box_mask_matches_sam_predictor(tiny_checkpoint, photo):
     np.testing.assert_array_equal(got, masks[0].astype(np.uint8) * 255)
 
 
+@pytest.mark.slow
 def test_points_are_x_then_y(tiny_checkpoint, photo):
     points, labels = [[120.0, 80.0], [30.0, 350.0]], [1, 0]
     got = sam_mask(photo, points=points, point_labels=labels, checkpoint=tiny_checkpoint, model_type=TINY, device="cpu")
@@ -135,6 +137,7 @@ def test_points_are_x_then_y(tiny_checkpoint, photo):
     np.testing.assert_array_equal(got, masks[0].astype(np.uint8) * 255)
 
 
+@pytest.mark.slow
 def test_multimask_keeps_the_best_scored(tiny_checkpoint, photo):
     got = sam_mask(
         photo, points=[[150, 200]], checkpoint=tiny_checkpoint, model_type=TINY, multimask=True, device="cpu"
@@ -150,6 +153,7 @@ def test_multimask_keeps_the_best_scored(tiny_checkpoint, photo):
     np.testing.assert_array_equal(got, masks[int(np.argmax(scores))].astype(np.uint8) * 255)
 
 
+@pytest.mark.slow
 def test_box_clipping_zeroes_only_the_outside(tiny_checkpoint, photo):
     kwargs = {"box": BOX, "checkpoint": tiny_checkpoint, "model_type": TINY, "device": "cpu"}
     free = sam_mask(photo, clip_to_box=False, **kwargs)
@@ -167,6 +171,7 @@ def test_box_region_uses_pixel_centres():
     np.testing.assert_array_equal(region, expected)
 
 
+@pytest.mark.slow
 def test_cached_embedding_follows_the_image(tiny_checkpoint, photo):
     kwargs = {
         "box": BOX,
@@ -188,6 +193,7 @@ def test_cached_embedding_follows_the_image(tiny_checkpoint, photo):
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("prompt", "message"),
     [
@@ -206,26 +212,31 @@ def test_bad_prompts_raise_mask_errors(tiny_checkpoint, photo, prompt, message):
         sam_mask(photo, checkpoint=tiny_checkpoint, model_type=TINY, device="cpu", **prompt)
 
 
+@pytest.mark.slow
 def test_bad_image_raises_mask_error(tiny_checkpoint, photo):
     with pytest.raises(MaskError, match="uint8"):
         sam_mask(photo.astype(np.float32), box=BOX, checkpoint=tiny_checkpoint, model_type=TINY)
 
 
+@pytest.mark.slow
 def test_missing_checkpoint_is_a_setup_error(tmp_path, tiny_checkpoint):
     with pytest.raises(SetupError, match="does not exist.*sam_vit_b_01ec64.pth"):
         sam_mask(np.zeros((8, 8, 3), np.uint8), box=[0, 0, 4, 4], checkpoint=tmp_path / "sam.pth", device="cpu")
 
 
+@pytest.mark.slow
 def test_unknown_model_type_lists_the_valid_ones(tiny_checkpoint):
     with pytest.raises(SetupError, match="vit_b"):
         load_sam_predictor(tiny_checkpoint, model_type="vit_xl", device="cpu")
 
 
+@pytest.mark.slow
 def test_checkpoint_of_another_model_type_is_a_setup_error(tiny_checkpoint):
     with pytest.raises(SetupError, match="is not a vit_b SAM checkpoint"):
         load_sam_predictor(tiny_checkpoint, model_type="vit_b", device="cpu")
 
 
+@pytest.mark.slow
 def test_cuda_without_gpu_is_a_setup_error(monkeypatch, tiny_checkpoint):
     import torch
 
@@ -234,6 +245,7 @@ def test_cuda_without_gpu_is_a_setup_error(monkeypatch, tiny_checkpoint):
         load_sam_predictor(tiny_checkpoint, model_type=TINY, device="cuda")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("module", ["torch", "segment_anything"])
 def test_missing_package_names_the_extra(monkeypatch, module):
     monkeypatch.setitem(sys.modules, module, None)  # makes `import module` fail
@@ -241,6 +253,7 @@ def test_missing_package_names_the_extra(monkeypatch, module):
         load_sam_predictor("any.pth", device="cpu")
 
 
+@pytest.mark.slow
 def test_import_leaves_no_torchvision_stand_in_behind(tiny_checkpoint):
     import importlib.machinery
 
@@ -360,12 +373,14 @@ def _no_sam(*_args, **_kwargs):
     raise AssertionError("a run must not call SAM")
 
 
-def test_masks_command_reports_bad_prompts_and_studies_without_sam(tiny_checkpoint, tmp_path, specs_dir):
+def test_masks_command_reports_bad_prompts_and_studies_without_sam(tmp_path, specs_dir):
+    # both are found before any model is loaded (the checkpoint need not exist)
+    checkpoint = tmp_path / "never-loaded.pth"
     spec_path, _ = _sam_study(tmp_path, specs_dir, {"sam": {"box": [600.0, 700.0, 900.0, 800.0]}})
-    result = _masks_cli(spec_path, tiny_checkpoint)
+    result = _masks_cli(spec_path, checkpoint)
     assert result.exit_code == 1 and "grace: failed: SAM prompt" in result.output
     plain, _ = _sam_study(tmp_path / "plain", specs_dir, {"polygons": [[[10, 10], [60, 10], [60, 60]]]})
-    result = _masks_cli(plain, tiny_checkpoint)
+    result = _masks_cli(plain, checkpoint)
     assert result.exit_code == 2 and "no source asks for a SAM mask" in result.output
 
 

@@ -163,6 +163,7 @@ def test_options_reject_unknown_fields_and_devices():
 # -- set-up errors ------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_cuda_without_gpu_is_a_setup_error(monkeypatch, tiny):
     import torch
 
@@ -194,6 +195,7 @@ def test_model_not_in_cache_names_the_download_command():
     assert "download: true" in str(info.value)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("module", ["torch", "diffusers", "transformers"])
 def test_missing_package_names_the_extra(monkeypatch, tiny, module):
     monkeypatch.setitem(sys.modules, module, None)  # makes `import module` raise ImportError
@@ -201,16 +203,19 @@ def test_missing_package_names_the_extra(monkeypatch, tiny, module):
         QwenEditor(tiny_options(tiny[0])).prepare()
 
 
+@pytest.mark.slow
 def test_cpu_offload_on_cpu_is_a_setup_error(tiny):
     with pytest.raises(SetupError, match="cpu_offload"):
         QwenEditor(tiny_options(tiny[0], cpu_offload=True)).prepare()
 
 
+@pytest.mark.slow
 def test_unknown_scheduler_override_is_a_setup_error(tiny):
     with pytest.raises(SetupError, match="shfit"):
         QwenEditor(tiny_options(tiny[0], scheduler_overrides={"shfit": 3.0})).prepare()
 
 
+@pytest.mark.slow
 def test_missing_lora_is_a_setup_error(tiny, tmp_path):
     with pytest.raises(SetupError, match="does not exist"):
         QwenEditor(tiny_options(tiny[0], lightning_lora=str(tmp_path / "lora.safetensors"))).prepare()
@@ -221,6 +226,7 @@ def test_missing_lora_is_a_setup_error(tiny, tmp_path):
 # -- editing ------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_face_edit_output_contract(face_runs, source):
     result = face_runs["a"]
     assert result.status == "ok", result.reason
@@ -233,6 +239,7 @@ def test_face_edit_output_contract(face_runs, source):
     assert meta["negative_prompt"] is None  # true_cfg_scale 1: no guidance, no negative prompt
 
 
+@pytest.mark.slow
 def test_same_seed_matches_a_plain_diffusers_call_and_other_seeds_differ(face_runs, tiny, source):
     import torch
     from diffusers import QwenImageEditPipeline
@@ -258,6 +265,7 @@ def test_same_seed_matches_a_plain_diffusers_call_and_other_seeds_differ(face_ru
     assert np.abs(face_runs["a"].image.astype(int) - face_runs["b"].image.astype(int)).mean() > 5
 
 
+@pytest.mark.slow
 def test_batches_compute_what_one_by_one_calls_compute(tiny, source, face_mask, face_runs):
     editor = QwenEditor(tiny_options(tiny[0], batch_size=2))
     batch = editor.edit_many(
@@ -275,6 +283,7 @@ def test_batches_compute_what_one_by_one_calls_compute(tiny, source, face_mask, 
         assert diff.max() <= 1 and (diff > 0).mean() < 1e-3
 
 
+@pytest.mark.slow
 def test_limb_cells_inpaint_and_align_bit_exact_outside_the_mask(limb_run, face_runs, source, limb_mask):
     assert limb_run.status == "ok", limb_run.reason
     assert limb_run.metadata["pipeline"] == "QwenImageEditInpaintPipeline"
@@ -291,6 +300,7 @@ def test_limb_cells_inpaint_and_align_bit_exact_outside_the_mask(limb_run, face_
     assert np.abs(alignment.image[~outside].astype(int) - source[~outside].astype(int)).mean() > 5
 
 
+@pytest.mark.slow
 def test_face_candidates_align_to_the_source_frame(face_runs, source, face_mask):
     alignment = align_candidate(
         source, face_runs["a"].image, mask=face_mask, kind="face", config=AlignConfig(method="none")
@@ -301,6 +311,7 @@ def test_face_candidates_align_to_the_source_frame(face_runs, source, face_mask)
     assert not alignment.composited
 
 
+@pytest.mark.slow
 def test_per_item_problems_are_values_and_spare_the_batch(tiny, source, limb_mask, limb_run):
     editor = QwenEditor(tiny_options(tiny[0], pipeline="inpaint", batch_size=4))
     # torch refuses to seed a generator with 2**70: a per-item error inside the pipeline call
@@ -323,6 +334,7 @@ def test_per_item_problems_are_values_and_spare_the_batch(tiny, source, limb_mas
     assert by_id["grey"].status == "failed" and by_id["grey"].reason.startswith("qwen_bad_request")
 
 
+@pytest.mark.slow
 def test_nan_output_is_a_failed_result(tiny, tmp_path, source, face_mask):
     import torch
 
@@ -377,6 +389,7 @@ def test_auto_uses_edit_plus_for_2509_models_with_guidance(tmp_path, tiny, sourc
     assert result.image.shape == (*expected_size(*source.shape[:2]), 3)
 
 
+@pytest.mark.slow
 def test_pipeline_output_with_qwen_like_drift_is_registered_and_composited(limb_run, source, limb_mask):
     """What the real inpaint pipeline returns: the whole image re-decoded at its ~1 MP size,
     content drifted by a few pixels (QwenLM/Qwen-Image issues 160, 229), new pixels in the
@@ -404,6 +417,7 @@ def test_pipeline_output_with_qwen_like_drift_is_registered_and_composited(limb_
     np.testing.assert_array_equal(alignment.image[outside], source[outside])
 
 
+@pytest.mark.slow
 def test_lineage_carries_the_resolved_revision_of_what_was_loaded(tiny, tmp_path):
     editor = QwenEditor(tiny_options(tiny[0]))
     editor.prepare()  # the module's pipeline is already loaded: this resolves, it does not reload

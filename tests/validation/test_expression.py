@@ -114,6 +114,7 @@ def test_libreface_network_matches_the_published_architecture():
     assert "classifier.2.running_mean" in state
 
 
+@pytest.mark.slow
 def test_libreface_adapter_loads_weights_and_estimates(libreface_weights, face_stack, photo):
     model = LibreFaceAUs(libreface_weights)
     image = photo("grace_hopper.jpg")
@@ -139,6 +140,7 @@ def test_libreface_alignment_centres_the_face(face_stack, photo):
     assert 64 < eye_mid[1] < 128  # eyes in the upper half, as FFHQ crops put them
 
 
+@pytest.mark.slow
 def test_libreface_backend_through_the_gate_stack(libreface_weights, photo):
     config = GatesConfig(
         face={"expression": {"backend": "libreface", "libreface_weights": str(libreface_weights), "max_au_change": 0.2}}
@@ -166,6 +168,7 @@ def test_missing_libreface_weights_name_the_fix(tmp_path):
         load_au_model("openface")
 
 
+@pytest.mark.slow
 def test_missing_torch_names_the_extra(libreface_weights, monkeypatch):
     import sys
 

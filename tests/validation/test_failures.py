@@ -19,6 +19,7 @@ from counterfactory.validation.thresholds import calibrated_gates, load_calibrat
 TWO = [PHOTOS_DIR / "grace_hopper.jpg", PHOTOS_DIR / "astronaut.png"]
 
 
+@pytest.mark.slow
 def test_corpus_is_seeded_labelled_and_split():
     kw = dict(per_class=2, max_side=256, classes=(GOOD, "text_added", "global_colour"))
     a = list(build_corpus(TWO, seed=3, **kw))
