@@ -176,17 +176,21 @@ def test_cuda_without_gpu_is_a_setup_error(monkeypatch, tiny):
     assert "editor.qwen.device: cpu" in message and "GPU machine" in message
 
 
+# prepare() imports torch and diffusers (tens of seconds on a busy CPU)
+@pytest.mark.slow
 def test_missing_model_directory_is_a_setup_error(tmp_path):
     editor = QwenEditor(tiny_options(tmp_path / "no-such-model"))
     with pytest.raises(SetupError, match="does not exist"):
         editor.prepare()
 
 
+@pytest.mark.slow
 def test_folder_without_model_index_is_a_setup_error(tmp_path):
     with pytest.raises(SetupError, match="model_index.json"):
         QwenEditor(tiny_options(tmp_path)).prepare()
 
 
+@pytest.mark.slow
 def test_model_not_in_cache_names_the_download_command():
     options = QwenOptions(model_id="counterfactory-tests/not-a-model", revision="v9", device="cpu")
     with pytest.raises(SetupError) as info:
