@@ -323,6 +323,19 @@ class ClusterEditor:
         raise RuntimeError("a ClusterEditor edits through edit tasks on the Ray cluster, not in the driver")
 
 
+def task_resources(target: RayTarget) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The ``ray.remote`` options (prefect-ray's ``remote_options``) of edit and judge tasks.
+
+    Edit tasks ask for ``num_gpus``; a GPU task also sets ``max_calls=0``, since Ray otherwise
+    gives every GPU task a fresh worker process (``max_calls`` defaults to 1 for them) and the
+    editor's loaded pipeline must stay for the run. Judge tasks ask for ``num_cpus``.
+    """
+    edit: dict[str, Any] = {"num_gpus": target.num_gpus}
+    if target.num_gpus > 0:
+        edit["max_calls"] = 0
+    return edit, {"num_cpus": target.num_cpus}
+
+
 def process_templates_on_ray(
     spec: Spec,
     ws: steps.Workspace,
@@ -340,12 +353,7 @@ def process_templates_on_ray(
 
     marker = (ws.out / OUT_MARKER).read_text()
     wt = WorkerTarget(spec=spec, out=str(ws.out), run_id=ws.run_id or "", marker=marker)
-    # Ray gives a GPU task a fresh worker process each time unless told otherwise (max_calls
-    # defaults to 1 for GPU tasks); the editor's loaded pipeline must stay for the run
-    edit_options: dict[str, Any] = {"num_gpus": target.num_gpus}
-    if target.num_gpus > 0:
-        edit_options["max_calls"] = 0
-    judge_options = {"num_cpus": target.num_cpus}
+    edit_options, judge_options = task_resources(target)
     with remote_options(**edit_options):
         facts = editor_facts_task.submit(wt).result()
     editor = ClusterEditor(facts)
@@ -467,4 +475,5 @@ __all__ = [
     "process_templates_on_ray",
     "ray_cluster",
     "ray_target",
+    "task_resources",
 ]

@@ -14,7 +14,13 @@ from pathlib import Path
 import psutil
 import pytest
 
-from counterfactory.flows.ray import RayTargetError, check_ray_target, is_remote_address, ray_target
+from counterfactory.flows.ray import (
+    RayTargetError,
+    check_ray_target,
+    is_remote_address,
+    ray_target,
+    task_resources,
+)
 from counterfactory.manifests.ledger import Ledger
 from counterfactory.manifests.spec import SpecError, load_spec
 from tests.conftest import REPO
@@ -76,6 +82,9 @@ def test_num_gpus_follow_the_backend(tmp_path):
     assert ray_target(gpu, "local").num_gpus == 1
     explicit = spec.model_copy(update={"run": type(spec.run).model_validate({"ray": {"num_gpus": 0.5}})})
     assert ray_target(explicit).num_gpus == 0.5 and ray_target(explicit).address == "local"
+    # what the tasks ask Ray for: GPU edit tasks keep their worker process (the loaded pipeline)
+    assert task_resources(ray_target(spec, "local")) == ({"num_gpus": 0.0}, {"num_cpus": 1.0})
+    assert task_resources(ray_target(gpu, "local")) == ({"num_gpus": 1.0, "max_calls": 0}, {"num_cpus": 1.0})
 
 
 def test_sqlite_with_remote_workers_is_refused(tmp_path):
