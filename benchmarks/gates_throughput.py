@@ -2,21 +2,26 @@
 
 Runs ``GateStack.evaluate`` over a folder of pairs and reports, in one run:
 
-1. overhead: per pair, the models the stack calls (landmarker on both images, the face
-   detector, the identity embedder and the AU model on both, the selfie segmenter of the
-   skin gate and of the locality gate's body-skin measure on the source) are timed alone, interleaved
-   with the full stack on the same pair; the ratio is total stack time / total model time
-   (target: <= 1.3);
+1. overhead: the models the stack calls are timed alone, interleaved with the full stack on
+   the same pairs; the ratio is total stack time / total model time (target: <= 1.3). As in a
+   run, where every cell of a template is judged against one source, consecutive pairs of the
+   same source share its analysis: the source's models (landmarker, face detector, identity
+   embedder, AU model, the selfie segmenter of the skin-tone and body-skin measures) run
+   once per source, the candidate's (landmarker, detector, embedder, AU model) once per pair,
+   on both sides of the ratio;
 2. throughput of one worker process (pairs/s, images/s), stack only;
 3. throughput of ``--workers`` processes over the same pairs (target with 2: >= 1.7 x one).
 
 Each worker uses one intra-op thread per library and loads its models once before the
-clock starts. Image decoding is not timed (the stack receives arrays).
+clock starts. Image decoding is not timed (the stack receives arrays); as a run does, the
+stack finds a source's cached analysis by the sha256 of the source file.
 
 A pairs folder holds ``<id>_source.<ext>`` and ``<id>_candidate.<ext>`` (and, for limb
-pairs, ``<id>_mask.png``). Without ``--pairs`` a demo folder is built from the bundled photos:
-face-only edits (another person's features blended into the face mask, a skin-tone shift),
-a JPEG re-encode and an exact copy of each.
+pairs, ``<id>_mask.png``); pairs whose source files are byte-identical share one source.
+Without ``--pairs`` a demo folder is built from the bundled photos: ``--per-source`` candidates
+of each photo (default 8, the cells of a template), cycling through face-only edits (another
+person's features blended into the face mask, a skin-tone shift), a JPEG re-encode and an
+exact copy.
 
     .venv/bin/python benchmarks/gates_throughput.py --workers 2 --repeat 3
     .venv/bin/python benchmarks/gates_throughput.py --pairs PAIRS_DIR --kind limb --json out.json
@@ -57,7 +62,7 @@ def find_pairs(folder: Path) -> list[tuple[str, Path, Path, Path | None]]:
     return pairs
 
 
-def build_demo_pairs(folder: Path) -> Path:
+def build_demo_pairs(folder: Path, per_source: int = 8) -> Path:
     """Face-edit demo pairs from the bundled single-face photos (see the module docstring)."""
     import cv2
 
@@ -82,24 +87,30 @@ def build_demo_pairs(folder: Path) -> Path:
     for i, name in enumerate(names):
         image, face = photos[name]
         alpha = feather(face_mask(face.landmarks, image.shape[:2], mode="skin"), 8)[..., None]
-        donor_image, donor_face = photos[names[(i + 1) % len(names)]]
-        m = similarity_transform(donor_face.keypoints5(), face.keypoints5())
-        pasted = cv2.warpAffine(donor_image, m, image.shape[1::-1], flags=cv2.INTER_LINEAR)
-        hsv = cv2.cvtColor(image, cv2.COLOR_RGB2HSV).astype(np.int16)
-        hsv[..., 2] = np.clip(hsv[..., 2] - 40, 0, 255)
-        toned = cv2.cvtColor(hsv.astype(np.uint8), cv2.COLOR_HSV2RGB)
-        ok, buf = cv2.imencode(".jpg", image[:, :, ::-1], [cv2.IMWRITE_JPEG_QUALITY, 75])
-        jpeg = cv2.imdecode(buf, cv2.IMREAD_COLOR)[:, :, ::-1]
-        candidates = {
-            "paste": alpha * pasted + (1 - alpha) * image,
-            "tone": alpha * toned + (1 - alpha) * image,
-            "jpeg75": jpeg,
-            "copy": image,
-        }
-        for kind, cand in candidates.items():
-            pid = f"{name}-{kind}"
-            save(f"{pid}_source.png", image)
+        save(f"{name}_source.png", image)
+        for j in range(per_source):
+            kind = ("paste", "tone", "jpeg", "copy")[j % 4]
+            variant = j // 4
+            if kind == "paste":
+                donor_image, donor_face = photos[names[(i + 1 + variant) % len(names)]]
+                m = similarity_transform(donor_face.keypoints5(), face.keypoints5())
+                pasted = cv2.warpAffine(donor_image, m, image.shape[1::-1], flags=cv2.INTER_LINEAR)
+                cand = alpha * pasted + (1 - alpha) * image
+            elif kind == "tone":
+                hsv = cv2.cvtColor(image, cv2.COLOR_RGB2HSV).astype(np.int16)
+                hsv[..., 2] = np.clip(hsv[..., 2] - 40 + 25 * variant, 0, 255)
+                toned = cv2.cvtColor(hsv.astype(np.uint8), cv2.COLOR_HSV2RGB)
+                cand = alpha * toned + (1 - alpha) * image
+            elif kind == "jpeg":
+                ok, buf = cv2.imencode(".jpg", image[:, :, ::-1], [cv2.IMWRITE_JPEG_QUALITY, 75 + 10 * variant])
+                cand = cv2.imdecode(buf, cv2.IMREAD_COLOR)[:, :, ::-1]
+            else:
+                cand = image
+            pid = f"{name}-{j:02d}{kind}"
+            # the source is written once and linked: pairs of one source share its file
+            os.link(folder / f"{name}_source.png", folder / f"{pid}_source.png")
             save(f"{pid}_candidate.png", np.round(cand).astype(np.uint8))
+        (folder / f"{name}_source.png").unlink()
     return folder
 
 
@@ -110,8 +121,11 @@ _pairs: list = []
 
 
 def _init_worker(pair_files, kind: str, face_mask_mode: str) -> None:
-    """Load the models and the images once, one intra-op thread per library."""
+    """Load the models and the images once, one intra-op thread per library; pairs whose
+    source files hold the same bytes share one source array, as a template's cells do."""
     global _stack, _pairs
+    import hashlib
+
     from counterfactory.validation.backends import set_worker_threads
 
     set_worker_threads(1)
@@ -120,65 +134,106 @@ def _init_worker(pair_files, kind: str, face_mask_mode: str) -> None:
 
     _stack = GateStack.from_config(GatesConfig(face_mask=face_mask_mode), kind)
     _pairs = []
+    sources: dict[str, np.ndarray] = {}
     for _, src, cand, mask in pair_files:
         edit = None
         if mask is not None:
             import cv2
 
             edit = cv2.imread(str(mask), cv2.IMREAD_GRAYSCALE)
-        _pairs.append((load_rgb(src), load_rgb(cand), edit))
-    for source, candidate, edit in _pairs[:2]:  # warm up every model
+        digest = hashlib.sha256(src.read_bytes()).hexdigest()
+        if digest not in sources:
+            sources[digest] = load_rgb(src)
+        _pairs.append((sources[digest], load_rgb(cand), edit, digest))
+    for source, candidate, edit, _ in _pairs[:2]:  # warm up every model
         _stack.evaluate(source, candidate, edit_mask=edit)
+        _source_models(source)
+        _candidate_models(candidate, _source_face(source))
+    _stack.sources.clear()
 
 
-def _models_alone(source: np.ndarray, candidate: np.ndarray) -> None:
-    """Exactly the model calls ``GateStack.evaluate`` makes on one pair, and nothing else."""
+def _source_face(source: np.ndarray):
+    faces = _stack.landmarker.detect(source)
+    return faces[0] if faces else None
+
+
+def _source_models(source: np.ndarray):
+    """The model calls :meth:`GateStack.prepare_source` makes, once per source; returns its face."""
+    from counterfactory.validation.gates.expression import ExpressionGate
+    from counterfactory.validation.gates.face import FaceGate
+    from counterfactory.validation.gates.identity import IdentityGate
+    from counterfactory.validation.segment import work_stride
+
+    face = _source_face(source)
+    if face is not None and _stack.wants_person_mask():
+        k = work_stride(source.shape)  # the segmenter sees the strided working copy
+        _stack.segmenter.segment(np.ascontiguousarray(source[::k, ::k]))
+    for gate in _stack.gates:
+        if isinstance(gate, FaceGate):
+            gate.detector.detect(source)
+        elif isinstance(gate, IdentityGate) and face is not None:
+            gate.embedder.embed(source, face.keypoints5())
+        elif isinstance(gate, ExpressionGate) and face is not None:
+            gate.au_model.estimate(source, face)
+    return face
+
+
+def _candidate_models(candidate: np.ndarray, src_face) -> None:
+    """The model calls ``GateStack.evaluate`` makes on one candidate, and nothing else."""
     from counterfactory.validation.faces import nearest_face
     from counterfactory.validation.gates.expression import ExpressionGate
     from counterfactory.validation.gates.face import FaceGate
     from counterfactory.validation.gates.identity import IdentityGate
-    from counterfactory.validation.gates.skin import SkinGate
-    from counterfactory.validation.skin import work_stride
 
-    src_faces = _stack.landmarker.detect(source)
     cand_faces = _stack.landmarker.detect(candidate)
-    src_face = src_faces[0] if src_faces else None
     cand_face = nearest_face(src_face, cand_faces) if src_face is not None else None
-    if src_face is not None and _stack.wants_person_mask():
-        _stack.segmenter.person_mask(source)
     for gate in _stack.gates:
         if isinstance(gate, FaceGate):
             gate.detector.detect(candidate)
-            gate.detector.detect(source)
         elif isinstance(gate, IdentityGate) and src_face is not None and cand_face is not None:
-            gate.embedder.embed(source, src_face.keypoints5())
             gate.embedder.embed(candidate, cand_face.keypoints5())
         elif isinstance(gate, ExpressionGate) and src_face is not None and cand_face is not None:
-            gate.au_model.estimate(source, src_face)
             gate.au_model.estimate(candidate, cand_face)
-        elif isinstance(gate, SkinGate) and src_face is not None:
-            k = work_stride(source.shape)  # the segmenter sees the gate's strided working copy
-            gate.segmenter.segment(np.ascontiguousarray(source[::k, ::k]))
 
 
 def _overhead(repeat: int) -> dict:
-    """Interleave models-alone and whole-stack timings over every pair, ``repeat`` times."""
+    """Interleave models-alone and whole-stack timings over every pair, ``repeat`` times.
+
+    A source's models run (and its analysis is made) when a pair's source differs from the
+    previous pair's, on both sides: the stack's cache is emptied at the same moment.
+    """
     models = stack = 0.0
     verdicts: dict[str, int] = {}
+    sources = 0
     for r in range(repeat):
-        for i, (source, candidate, edit) in enumerate(_pairs):
+        previous = None
+        src_face = None
+        for i, (source, candidate, edit, digest) in enumerate(_pairs):
+            new_source = digest != previous
+            previous = digest
+            if new_source:
+                sources += 1
+                _stack.sources.clear()
             order = (r + i) % 2  # alternate which goes first, so neither gets a warmer cache
             for step in (0, 1) if order == 0 else (1, 0):
                 t = time.perf_counter()
                 if step == 0:
-                    _models_alone(source, candidate)
+                    if new_source:
+                        src_face = _source_models(source)
+                    _candidate_models(candidate, src_face)
                     models += time.perf_counter() - t
                 else:
-                    judgement = _stack.evaluate(source, candidate, edit_mask=edit)
+                    judgement = _stack.evaluate(source, candidate, edit_mask=edit, source_key=digest)
                     stack += time.perf_counter() - t
                     if r == 0:
                         verdicts[judgement.verdict] = verdicts.get(judgement.verdict, 0) + 1
-    return {"models_s": models, "stack_s": stack, "pairs": repeat * len(_pairs), "verdicts": verdicts}
+    return {
+        "models_s": models,
+        "stack_s": stack,
+        "pairs": repeat * len(_pairs),
+        "sources": sources,
+        "verdicts": verdicts,
+    }
 
 
 def _throughput(args) -> dict:
@@ -189,8 +244,8 @@ def _throughput(args) -> dict:
     cpu = time.process_time()
     wall_start = time.time()
     for i in indices:
-        source, candidate, edit = _pairs[i]
-        _stack.evaluate(source, candidate, edit_mask=edit)
+        source, candidate, edit, digest = _pairs[i]
+        _stack.evaluate(source, candidate, edit_mask=edit, source_key=digest)
     return {
         "start": wall_start,
         "end": wall_start + (time.perf_counter() - start),
@@ -203,7 +258,9 @@ def _run_pool(workers: int, pair_files, kind: str, mode: str, total: int) -> dic
     ctx = mp.get_context("spawn")  # MediaPipe's threads do not survive fork
     manager = ctx.Manager()
     barrier = manager.Barrier(workers)
-    shares = [list(range(total))[w::workers] for w in range(workers)]
+    # contiguous shares: each worker judges whole templates, as a run's tasks do
+    per = -(-total // workers)
+    shares = [list(range(total))[w * per : (w + 1) * per] for w in range(workers)]
     shares = [[i % len(pair_files) for i in share] for share in shares]
     with ctx.Pool(workers, initializer=_init_worker, initargs=(pair_files, kind, mode)) as pool:
         results = pool.map(_throughput, [(share, barrier) for share in shares], chunksize=1)
@@ -237,17 +294,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--face-mask", choices=["oval", "skin"], default="oval")
     parser.add_argument("--workers", type=int, default=2, help="processes for the scaling run")
     parser.add_argument("--repeat", type=int, default=3, help="passes over the pairs per measurement")
+    parser.add_argument("--per-source", type=int, default=8, help="demo candidates per source photo")
     parser.add_argument("--json", type=Path, help="also write the numbers here")
     args = parser.parse_args(argv)
 
     with tempfile.TemporaryDirectory(prefix="cf-bench-") as tmp:
-        folder = args.pairs or build_demo_pairs(Path(tmp) / "pairs")
+        folder = args.pairs or build_demo_pairs(Path(tmp) / "pairs", args.per_source)
         pair_files = find_pairs(folder)
         if not pair_files:
             parser.error(f"no <id>_source / <id>_candidate pairs in {folder}")
         total = len(pair_files) * args.repeat
         print(
-            f"{len(pair_files)} pairs from {'bundled-photo demo' if args.pairs is None else folder}, "
+            f"{len(pair_files)} pairs ({len({p[1].stat().st_ino for p in pair_files})} source files) from {'bundled-photo demo' if args.pairs is None else folder}, "
             f"kind={args.kind}, {args.repeat} passes"
         )
         over = _run_overhead(pair_files, args.kind, args.face_mask, args.repeat)
@@ -259,6 +317,7 @@ def main(argv: list[str] | None = None) -> int:
     report = {
         "pairs": len(pair_files),
         "repeat": args.repeat,
+        "sources_per_pass": over["sources"] // args.repeat,
         "kind": args.kind,
         "verdicts": over["verdicts"],
         "models_alone_ms_per_pair": 1000 * over["models_s"] / over["pairs"],

@@ -553,6 +553,7 @@ def _judge_attempt(
             stack=stack,
             store=ws.store,
             extras={"condition": dict(cell.condition), "source": prepared.meta},
+            source_key=prepared.source.sha256,
         )
     ws.ledger.record_candidate(
         aid,
@@ -583,6 +584,7 @@ def judge_output(
     stack: GateStack,
     store: ImageStore | None = None,
     extras: Mapping[str, Any] | None = None,
+    source_key: str | None = None,
 ) -> Judged:
     """Align one editor output to its source and run the gates on it: the one judging path of
     ``run`` and ``measure``.
@@ -598,6 +600,9 @@ def judge_output(
         store: where the aligned image is put (None: not stored).
         extras: the cell's ``condition`` (axis -> value) and the ``source`` metadata record,
             for the gates that judge the requested change (skin tone).
+        source_key: names the source's pixels (the photo file's sha256) for the stack's
+            source cache, so every cell of a template reuses one analysis of its source
+            (:meth:`~counterfactory.validation.judge.GateStack.analysis_for`); None: hashed.
 
     When registration fails the verdict is ``rejected`` with the ``align_...`` reason, and the
     gates that do not need pixel registration (face, identity, expression) still measure the
@@ -612,7 +617,7 @@ def judge_output(
         if alignment.image is not None and alignment.image.shape == source.shape:
             gates = (
                 stack.without(*PIXEL_GATES)
-                .evaluate(source, alignment.image, edit_mask=edit_mask, extras=extras)
+                .evaluate(source, alignment.image, edit_mask=edit_mask, extras=extras, source_key=source_key)
                 .to_dict()["gates"]
             )
         for name in PIXEL_GATES:
@@ -636,6 +641,7 @@ def judge_output(
         covered=alignment.covered,
         raw_candidate=alignment.raw,
         unregistered=output,
+        source_key=source_key,
     )
     return Judged(judgement.verdict, list(judgement.reasons), sha, record, judgement.to_dict()["gates"])
 

@@ -7,10 +7,21 @@ with reason codes; only a backend that cannot load raises, when the stack is bui
 
 Thresholds a spec leaves out come from the shipped calibration
 (:mod:`counterfactory.validation.thresholds`), per edit kind and for the backend they were measured with.
+
+Every cell of a template is judged against the same source photo, so what the gates measure
+on the source alone is computed once per source (:meth:`GateStack.prepare_source`, a
+:class:`~counterfactory.validation.gates.base.SourceAnalysis`) and kept in the stack's
+:class:`SourceCache`, keyed by the sha256 of the source's pixels: ``evaluate`` finds it there
+for every further candidate of that source. A caller that already knows a key for the source
+(the image store's sha256) passes ``source_key`` and saves the hashing; one that handles a
+template at a time may pass the analysis itself (``analysis=``).
 """
 
 from __future__ import annotations
 
+import hashlib
+import threading
+from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any, Literal
 
@@ -21,9 +32,18 @@ from pydantic_core import PydanticCustomError
 from counterfactory.manifests.errors import SetupError
 from counterfactory.manifests.registry import GATES, GatePlugin
 from counterfactory.validation.faces import FaceLandmarker, MaskMode, face_mask, get_face_landmarker
-from counterfactory.validation.gates.base import Gate, GateResult, Judgement, PairContext, combine, not_finite_metrics
+from counterfactory.validation.gates.base import (
+    Gate,
+    GateResult,
+    Judgement,
+    PairContext,
+    PreparingGate,
+    SourceAnalysis,
+    combine,
+    not_finite_metrics,
+)
 from counterfactory.validation.gates.inputs import input_gate
-from counterfactory.validation.segment import PersonSegmenter, get_person_segmenter
+from counterfactory.validation.segment import PersonSegmenter, get_person_segmenter, work_stride
 from counterfactory.validation.thresholds import RECALIBRATE, calibrated_gates
 
 Kind = Literal["face", "limb"]
@@ -167,8 +187,63 @@ class GatesConfig(BaseModel):
         return self.face if kind == "face" else self.limb
 
 
+def pixel_key(image: np.ndarray) -> str:
+    """sha256 (hex) of an array's shape, dtype and bytes: names exactly these pixels."""
+    a = np.ascontiguousarray(image)
+    digest = hashlib.sha256(f"{a.shape}|{a.dtype.str}|".encode())
+    digest.update(memoryview(a).cast("B"))
+    return digest.hexdigest()
+
+
+class SourceCache:
+    """The last ``max_items`` source analyses of one :class:`GateStack`, by key.
+
+    A run judges every cell of a template against one source, so a few entries serve it; the
+    analyses hold a few full-size masks each (about 3 bytes a pixel), so keep ``max_items``
+    small. Thread-safe; ``hits`` and ``misses`` count lookups.
+    """
+
+    def __init__(self, max_items: int = 4) -> None:
+        if max_items < 0:
+            raise ValueError(f"SourceCache max_items must be >= 0, got {max_items}")
+        self.max_items = max_items
+        self._items: OrderedDict[str, SourceAnalysis] = OrderedDict()
+        self._lock = threading.Lock()
+        self.hits = 0
+        self.misses = 0
+
+    def get(self, key: str) -> SourceAnalysis | None:
+        with self._lock:
+            found = self._items.get(key)
+            if found is None:
+                self.misses += 1
+                return None
+            self.hits += 1
+            self._items.move_to_end(key)
+            return found
+
+    def put(self, analysis: SourceAnalysis) -> None:
+        if self.max_items == 0:
+            return
+        with self._lock:
+            self._items[analysis.key] = analysis
+            self._items.move_to_end(analysis.key)
+            while len(self._items) > self.max_items:
+                self._items.popitem(last=False)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._items.clear()
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+
 class GateStack:
-    """The configured gates for one edit kind, with the models they share loaded once."""
+    """The configured gates for one edit kind, with the models they share loaded once.
+
+    ``sources`` is its :class:`SourceCache` (shared with :meth:`without`'s stacks).
+    """
 
     def __init__(
         self,
@@ -178,12 +253,14 @@ class GateStack:
         face_mask_mode: MaskMode = "oval",
         landmarker: FaceLandmarker | None = None,
         segmenter: PersonSegmenter | None = None,
+        sources: SourceCache | None = None,
     ) -> None:
         self.gates = gates
         self.kind = kind
         self.face_mask_mode = face_mask_mode
         self.landmarker = landmarker or get_face_landmarker()
         self._segmenter = segmenter
+        self.sources = sources if sources is not None else SourceCache()
 
     @property
     def segmenter(self) -> PersonSegmenter:
@@ -193,9 +270,9 @@ class GateStack:
         return self._segmenter
 
     def wants_person_mask(self) -> bool:
-        """Whether :meth:`context` segments the source's person (the locality gate judges body skin)."""
-        config = getattr(next((g for g in self.gates if g.name == "locality"), None), "config", None)
-        return getattr(config, "max_body_skin_delta_e", None) is not None
+        """Whether :meth:`prepare_source` segments the source's person (a gate measures body
+        skin: the skin-tone gate, or the locality gate judging body-skin drift)."""
+        return any(getattr(g, "needs_person", False) for g in self.gates)
 
     @classmethod
     def from_config(cls, config: GatesConfig, kind: Kind) -> GateStack:
@@ -210,17 +287,94 @@ class GateStack:
     def without(self, *names: str) -> GateStack:
         """The same stack minus the gates called ``names`` (models stay shared)."""
         kept = [g for g in self.gates if g.name not in names]
+        # the analyses stay valid: a gate's source data is read only by that gate
         return GateStack(
             kept,
             kind=self.kind,
             face_mask_mode=self.face_mask_mode,
             landmarker=self.landmarker,
             segmenter=self._segmenter,
+            sources=self.sources,
         )
 
     def has(self, name: str) -> bool:
         """Whether a gate called ``name`` is in the stack."""
         return any(g.name == name for g in self.gates)
+
+    def prepare_source(
+        self, source: np.ndarray, *, key: str | None = None, base: SourceAnalysis | None = None
+    ) -> SourceAnalysis:
+        """Measure what the gates need from ``source`` alone, once for all its candidates.
+
+        Runs the landmarker, draws the face mask, segments the person at the working
+        resolution when a gate measures body skin (one segmentation serves the skin-tone and
+        the locality gates), and calls every gate's ``prepare`` (detector faces, identity
+        embedding, AUs, locality regions and body skin, skin tones). Does not touch the cache.
+
+        Args:
+            source: ``(H, W, 3)`` uint8 RGB.
+            key: what names these pixels (default: :func:`pixel_key`).
+            base: an analysis of the same pixels by a stack with fewer gates (:meth:`without`):
+                what it holds is kept and only what this stack's gates lack is measured.
+
+        A gate whose ``prepare`` raises gets no entry: it measures the source itself when
+        called, and its error is then that pair's ``<gate>_error``.
+        """
+        if source.ndim != 3 or source.shape[2] != 3 or source.dtype != np.uint8:
+            raise ValueError(f"source must be (H, W, 3) uint8 RGB, got {source.shape} {source.dtype}")
+        if base is not None:
+            faces, fmask, person, data = base.faces, base.face_mask, base.person, dict(base.gate_data)
+        else:
+            faces = tuple(self.landmarker.detect(source))
+            fmask = face_mask(faces[0].landmarks, source.shape[:2], mode=self.face_mask_mode) if faces else None
+            person, data = None, {}
+        k = work_stride(source.shape)
+        work = base.work_image if base is not None else None
+        if work is None:
+            # a copy: the cache outlives the caller's array, which the caller may reuse
+            work = source.copy() if k == 1 else np.ascontiguousarray(source[::k, ::k])
+        if person is None and faces and self.wants_person_mask():
+            person = self.segmenter.segment(work)
+        analysis = SourceAnalysis(
+            key=key if key is not None else pixel_key(source),
+            shape=tuple(source.shape),
+            faces=faces,
+            face_mask=fmask,
+            face_mask_mode=self.face_mask_mode,
+            stride=k,
+            work_image=work,
+            person=person,
+            gate_data=data,
+        )
+        for gate in self.gates:
+            if isinstance(gate, PreparingGate) and gate.name not in data:
+                try:
+                    data[gate.name] = gate.prepare(source, analysis)
+                except SetupError:
+                    raise
+                except Exception:  # noqa: BLE001 - the gate meets the same error per pair, as a value
+                    continue
+        return analysis
+
+    def _complete(self, analysis: SourceAnalysis) -> bool:
+        """Whether ``analysis`` holds everything this stack's gates prepare."""
+        if analysis.faces and analysis.person is None and self.wants_person_mask():
+            return False
+        return all(g.name in analysis.gate_data for g in self.gates if isinstance(g, PreparingGate))
+
+    def analysis_for(self, source: np.ndarray, *, key: str | None = None) -> SourceAnalysis:
+        """The cached :class:`SourceAnalysis` of ``source`` (``(H, W, 3)`` uint8), prepared and
+        cached on a miss. ``key`` names the pixels (default: :func:`pixel_key`, about 2 ms per
+        megapixel); a caller-given key must change whenever the pixels do."""
+        key = key if key is not None else pixel_key(source)
+        found = self.sources.get(key)
+        if found is not None and (found.shape != tuple(source.shape) or found.face_mask_mode != self.face_mask_mode):
+            found = None
+        if found is not None and self._complete(found):
+            return found
+        analysis = self.prepare_source(source, key=key, base=found)
+        self.sources.put(analysis)
+        return analysis
 
     def context(
         self,
@@ -232,9 +386,10 @@ class GateStack:
         covered: np.ndarray | None = None,
         raw_candidate: np.ndarray | None = None,
         unregistered: np.ndarray | None = None,
+        analysis: SourceAnalysis | None = None,
     ) -> PairContext:
-        """Analyse both images once and draw the source's face mask (and, when the locality
-        gate judges body skin, the source's person mask).
+        """Analyse the candidate, take the source's analysis (``analysis``, or prepared here),
+        and bundle the pair for the gates.
 
         ``source`` and ``candidate`` are ``(H, W, 3)`` uint8 RGB of the same shape (raises
         ``ValueError`` otherwise; :meth:`evaluate` turns that into a rejection first).
@@ -243,21 +398,23 @@ class GateStack:
         """
         if source.shape != candidate.shape:
             raise ValueError(f"candidate {candidate.shape} is not aligned to source {source.shape}")
-        src_faces = self.landmarker.detect(source)
+        if analysis is None:
+            analysis = self.prepare_source(source)
+        elif analysis.shape != tuple(source.shape):
+            raise ValueError(f"the source analysis is of a {analysis.shape} image, the source is {source.shape}")
         cand_faces = self.landmarker.detect(candidate)
-        fmask = face_mask(src_faces[0].landmarks, source.shape[:2], mode=self.face_mask_mode) if src_faces else None
         return PairContext(
             source=source,
             candidate=candidate,
             kind=self.kind,
-            face_mask=fmask,
+            face_mask=analysis.face_mask,
             edit_mask=edit_mask,
-            source_faces=src_faces,
+            source_faces=analysis.faces,
             candidate_faces=cand_faces,
             face_mask_mode=self.face_mask_mode,
             extras=dict(extras or {}),
             covered=None if covered is None or covered.all() else covered,
-            person_mask=self.segmenter.person_mask(source) if src_faces and self.wants_person_mask() else None,
+            analysis=analysis,
             raw_candidate=raw_candidate,
             unregistered=unregistered,
         )
@@ -272,6 +429,8 @@ class GateStack:
         covered: np.ndarray | None = None,
         raw_candidate: np.ndarray | None = None,
         unregistered: np.ndarray | None = None,
+        source_key: str | None = None,
+        analysis: SourceAnalysis | None = None,
     ) -> Judgement:
         """Judge one aligned pair: ``accepted``, ``rejected`` (with reasons),
         ``needs_review`` or ``failed`` (a gate could not measure; the error is recorded).
@@ -289,11 +448,17 @@ class GateStack:
                 ``locality.raw_*``); None when there was no composite.
             unregistered: the editor's output as returned, uint8 RGB of any size (reported
                 as ``locality.focus_*``, FOCUS's figures without registration).
+            source_key: a key naming the source's pixels (e.g. its sha256 in the image store)
+                for the :attr:`sources` cache; None: the pixels are hashed (:func:`pixel_key`).
+            analysis: the source's analysis (:meth:`prepare_source`) to use as it is,
+                bypassing the cache; it must be of this source.
         """
         checked, src, cand = input_gate(source, candidate, edit_mask=edit_mask)
         if src is None or cand is None:
             return combine([checked])
         try:
+            if analysis is None:
+                analysis = self.analysis_for(src, key=source_key)
             pair = self.context(
                 src,
                 cand,
@@ -302,6 +467,7 @@ class GateStack:
                 covered=covered,
                 raw_candidate=raw_candidate,
                 unregistered=unregistered,
+                analysis=analysis,
             )
         except Exception as exc:  # a per-item analysis error is a value, not a crash
             failed = GateResult("input", False, dict(checked.metrics), ("input_analysis_error",), error=_describe(exc))

@@ -8,6 +8,7 @@ person* outside the head (neck, hands, arms): the bundled selfie segmenter
 
 from __future__ import annotations
 
+import math
 import threading
 from pathlib import Path
 
@@ -20,6 +21,18 @@ from counterfactory.validation.faces import register_close_at_exit
 
 #: Person probability at or above which a pixel belongs to the person.
 PERSON_THRESHOLD = 0.5
+#: Pixel measures that summarise a region (medians and means over skin, changed area after
+#: smoothing) run on every k-th pixel of each row and column, k the smallest integer that
+#: brings the long side to at most this many pixels: they do not need full resolution, and a
+#: strided view costs nothing where a resize of a large photo costs more than the models.
+WORK_SIDE = 512
+
+
+def work_stride(shape: tuple[int, ...]) -> int:
+    """The stride k of :data:`WORK_SIDE` for an image of ``shape`` ``(H, W, ...)``."""
+    return max(int(math.ceil(max(shape[0], shape[1]) / WORK_SIDE)), 1)
+
+
 #: :meth:`PersonSegmenter.segment` runs the model on a copy whose long side is at most this
 #: (its own input is 256 x 256, so a larger copy only costs time)
 SEGMENT_SIDE = 512

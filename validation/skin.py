@@ -38,7 +38,7 @@ import cv2
 import numpy as np
 
 from counterfactory.validation.faces import FACE_OVAL, face_mask
-from counterfactory.validation.segment import PersonSegmenter
+from counterfactory.validation.segment import PersonSegmenter, work_stride
 
 #: Chai & Ngan (1999) skin chroma box in YCrCb (OpenCV's 8-bit Cr, Cb).
 GENERIC_CR = (133, 173)
@@ -106,19 +106,44 @@ def _masked_pixels(image: np.ndarray, mask: np.ndarray) -> np.ndarray:
 
 def _erode(mask: np.ndarray, px: int) -> np.ndarray:
     """Keep pixels at least ``px`` (Euclidean) inside ``mask``; a distance transform costs the
-    same for any ``px``, where a morphological kernel grows with its area."""
+    same for any ``px``, where a morphological kernel grows with its area. Computed inside the
+    mask's bounding box grown by one pixel (every pixel of that ring is outside the mask, so
+    no distance changes)."""
     if px <= 0:
         return mask
-    inside = cv2.distanceTransform((mask > 0).astype(np.uint8), cv2.DIST_L2, 3)
-    return ((inside > px) * 255).astype(np.uint8)
+    binary = (mask > 0).astype(np.uint8)
+    out = np.zeros(mask.shape, np.uint8)
+    y0, y1, x0, x1 = _box(binary, 1)
+    if y1 <= y0:
+        return out
+    inside = cv2.distanceTransform(np.ascontiguousarray(binary[y0:y1, x0:x1]), cv2.DIST_L2, 3)
+    out[y0:y1, x0:x1] = (inside > px) * np.uint8(255)
+    return out
 
 
 def _dilate(mask: np.ndarray, px: int) -> np.ndarray:
-    """Grow ``mask`` by ``px`` pixels (Euclidean), via a distance transform of its outside."""
+    """Grow ``mask`` by ``px`` pixels (Euclidean), via a distance transform of its outside,
+    computed inside the mask's bounding box grown by ``px`` + 1 (nothing further can join)."""
     if px <= 0:
         return mask
-    outside = cv2.distanceTransform((mask == 0).astype(np.uint8), cv2.DIST_L2, 3)
-    return ((outside <= px) * 255).astype(np.uint8)
+    binary = (mask > 0).astype(np.uint8)
+    out = np.zeros(mask.shape, np.uint8)
+    y0, y1, x0, x1 = _box(binary, px + 1)
+    if y1 <= y0:
+        return out
+    outside = cv2.distanceTransform(np.ascontiguousarray(1 - binary[y0:y1, x0:x1]), cv2.DIST_L2, 3)
+    out[y0:y1, x0:x1] = (outside <= px) * np.uint8(255)
+    return out
+
+
+def _box(binary: np.ndarray, margin: int) -> tuple[int, int, int, int]:
+    """``(y0, y1, x0, x1)`` of the nonzero pixels' bounding box grown by ``margin``, clipped
+    to the image; empty (``y1 <= y0``) when there are none."""
+    x, y, w, h = cv2.boundingRect(binary)
+    if w == 0 or h == 0:
+        return 0, 0, 0, 0
+    rows, cols = binary.shape[:2]
+    return max(y - margin, 0), min(y + h + margin, rows), max(x - margin, 0), min(x + w + margin, cols)
 
 
 def _face_size(landmarks: np.ndarray) -> float:
@@ -324,23 +349,97 @@ def measure_tones(
     )
 
 
-#: Skin is measured on every k-th pixel of each row and column, k the smallest integer that
-#: brings the long side to at most this many pixels: a median over skin pixels does not need
-#: full resolution, and a strided view costs nothing where a resize costs more than the model.
-WORK_SIDE = 512
-
-
-def work_stride(shape: tuple[int, ...]) -> int:
-    """The k of :data:`WORK_SIDE` for an image of ``shape`` ``(H, W, ...)``."""
-    return max(int(math.ceil(max(shape[0], shape[1]) / WORK_SIDE)), 1)
-
-
 def _scaled(landmarks: np.ndarray | None, stride: int) -> np.ndarray | None:
     if landmarks is None:
         return None
     out = np.array(landmarks, dtype=np.float32, copy=True)
     out[:, :2] /= stride
     return out
+
+
+@dataclass(frozen=True)
+class SourceSkin:
+    """The source side of :func:`measure_pair`, measured once per source at the working
+    resolution (every ``stride``-th pixel, :func:`~counterfactory.validation.segment.work_stride`).
+
+    Attributes:
+        image: the strided source, ``(h, w, 3)`` uint8.
+        stride: k.
+        landmarks: the subject's landmarks scaled to the strided image, or None.
+        body: ``(h, w)`` uint8 {0, 255} body skin (:func:`body_skin_mask`, no edit mask left
+            out), or None without a face.
+        tones: the source's :class:`SkinTones` over ``body``.
+        person: the person probability the body mask was drawn from, or None.
+        other_faces: the other faces' landmarks, scaled.
+    """
+
+    image: np.ndarray
+    stride: int
+    landmarks: np.ndarray | None
+    body: np.ndarray | None
+    tones: SkinTones
+    person: np.ndarray | None = None
+    other_faces: tuple[np.ndarray, ...] = ()
+
+
+def prepare_source_skin(
+    source: np.ndarray,
+    person: np.ndarray | None,
+    *,
+    source_landmarks: np.ndarray | None,
+    other_faces: Sequence[np.ndarray] = (),
+    work_source: np.ndarray | None = None,
+) -> SourceSkin:
+    """Measure the source's skin once, for every candidate of that source.
+
+    Args:
+        source: ``(H, W, 3)`` uint8 RGB.
+        person: the person probability of the strided source (``PersonSegmenter.segment`` of
+            ``source[::k, ::k]``), or None when there is no face (not needed then).
+        source_landmarks, other_faces: as in :func:`measure_pair`, full-resolution pixels.
+        work_source: ``source[::k, ::k]`` when the caller has it already.
+    """
+    k = work_stride(source.shape)
+    src = work_source if work_source is not None else np.ascontiguousarray(source[::k, ::k])
+    src_lm = _scaled(source_landmarks, k)
+    others = tuple(_scaled(o, k) for o in other_faces)
+    body = None
+    if src_lm is not None and person is not None:
+        body = body_skin_mask(src, person, src_lm, other_faces=others)
+    return SourceSkin(src, k, src_lm, body, measure_tones(src, src_lm, body), person, others)
+
+
+def measure_candidate_skin(
+    prepared: SourceSkin,
+    candidate: np.ndarray,
+    *,
+    candidate_landmarks: np.ndarray | None,
+    edit_mask: np.ndarray | None = None,
+    covered: np.ndarray | None = None,
+    work_candidate: np.ndarray | None = None,
+) -> tuple[SkinTones, SkinTones]:
+    """``(source tones, candidate tones)`` of one candidate against a :class:`SourceSkin`.
+
+    The source's tones are re-measured only where this pair needs it: with an edit mask (left
+    out of the body skin, and its own inside measured) or a ``covered`` part (body skin only
+    there). Arguments as in :func:`measure_pair`; ``work_candidate`` is ``candidate[::k, ::k]``
+    when the caller has it already.
+    """
+    k = prepared.stride
+    src = prepared.image
+    cand = work_candidate if work_candidate is not None else np.ascontiguousarray(candidate[::k, ::k])
+    emask = np.ascontiguousarray(np.asarray(edit_mask)[::k, ::k]) if edit_mask is not None else None
+    cand_lm = _scaled(candidate_landmarks, k) if candidate_landmarks is not None else prepared.landmarks
+    body = prepared.body
+    src_tones = prepared.tones
+    if emask is not None and prepared.landmarks is not None and prepared.person is not None:
+        body = body_skin_mask(src, prepared.person, prepared.landmarks, exclude=emask, other_faces=prepared.other_faces)
+    if body is not None and covered is not None:
+        body = body.copy()
+        body[~np.ascontiguousarray(np.asarray(covered, dtype=bool)[::k, ::k])] = 0
+    if body is not prepared.body or emask is not None:
+        src_tones = measure_tones(src, prepared.landmarks, body, edit_mask=emask)
+    return src_tones, measure_tones(cand, cand_lm, body, edit_mask=emask)
 
 
 def measure_pair(
@@ -360,6 +459,8 @@ def measure_pair(
     face), and applied to both images: the body is not what a face edit changes, and
     measuring the candidate on its own (possibly recoloured) face's colour model would move
     the mask with the edit. Each image's face skin comes from its own landmarks.
+    (:func:`prepare_source_skin` then :func:`measure_candidate_skin`, which a gate stack
+    splits to measure a source once for all its candidates.)
 
     Args:
         source, candidate: ``(H, W, 3)`` uint8 RGB, aligned.
@@ -374,22 +475,11 @@ def measure_pair(
 
     Returns:
         ``(source tones, candidate tones)``; pixel counts are at the working resolution
-        (every k-th pixel, see :data:`WORK_SIDE`).
+        (every k-th pixel, see :func:`~counterfactory.validation.segment.work_stride`).
     """
     k = work_stride(source.shape)
-    src = np.ascontiguousarray(source[::k, ::k])
-    cand = np.ascontiguousarray(candidate[::k, ::k])
-    emask = np.ascontiguousarray(np.asarray(edit_mask)[::k, ::k]) if edit_mask is not None else None
-    src_lm = _scaled(source_landmarks, k)
-    cand_lm = _scaled(candidate_landmarks, k) if candidate_landmarks is not None else src_lm
-    body = None
-    if src_lm is not None:
-        person = segmenter.segment(src)
-        others = [_scaled(o, k) for o in other_faces]
-        body = body_skin_mask(src, person, src_lm, exclude=emask, other_faces=others)
-        if covered is not None:
-            body[~np.ascontiguousarray(np.asarray(covered, dtype=bool)[::k, ::k])] = 0
-    return (
-        measure_tones(src, src_lm, body, edit_mask=emask),
-        measure_tones(cand, cand_lm, body, edit_mask=emask),
+    person = segmenter.segment(np.ascontiguousarray(source[::k, ::k])) if source_landmarks is not None else None
+    prepared = prepare_source_skin(source, person, source_landmarks=source_landmarks, other_faces=other_faces)
+    return measure_candidate_skin(
+        prepared, candidate, candidate_landmarks=candidate_landmarks, edit_mask=edit_mask, covered=covered
     )

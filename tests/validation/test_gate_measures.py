@@ -11,9 +11,9 @@ import cv2
 import numpy as np
 import pytest
 
-from counterfactory.validation.faces import FaceObservation, face_mask
+from counterfactory.validation.faces import LEFT_BROW, RIGHT_BROW, FaceObservation, face_mask
 from counterfactory.validation.gates.base import PairContext
-from counterfactory.validation.gates.expression import expression_geometry, geometry_changes
+from counterfactory.validation.gates.expression import brow_shifts, expression_geometry, geometry_changes
 from counterfactory.validation.gates.face import face_placement_change
 from counterfactory.validation.gates.locality import (
     LOCAL_CHANGE_LEVEL,
@@ -115,13 +115,54 @@ def test_mouth_corner_lift_of_k_pixels_is_k_over_iod(photo, landmarker, roll_deg
     src, cand = lm @ rot.T, lifted @ rot.T
     change = geometry_changes(src, cand)
     assert change["mouth_corner_change_iod"] == pytest.approx(k / iod, rel=1e-9)
-    assert change["brow_change_iod"] == pytest.approx(0.0, abs=1e-9)
     assert change["mouth_open_change_iod"] == pytest.approx(0.0, abs=1e-9)
     g0, g1 = expression_geometry(src), expression_geometry(cand)
     assert g1["mouth_corner_right"] - g0["mouth_corner_right"] == pytest.approx(k / iod, rel=1e-9)  # up is positive
-    raised = lm.copy()
-    raised[[70, 63, 105, 66, 107], 1] -= k
-    assert geometry_changes(lm, raised)["brow_change_iod"] == pytest.approx(k / iod, rel=1e-9)
+
+
+def _rotated(image: np.ndarray, landmarks: np.ndarray, deg: float) -> tuple[np.ndarray, np.ndarray]:
+    h, w = image.shape[:2]
+    m = cv2.getRotationMatrix2D((w / 2, h / 2), deg, 1.0)
+    out = cv2.warpAffine(image, m, (w, h), flags=cv2.INTER_LINEAR, borderMode=cv2.BORDER_REFLECT)
+    return out, np.c_[landmarks[:, :2], np.ones(len(landmarks))] @ m.T
+
+
+@pytest.mark.parametrize("roll_deg", [0.0, 20.0])
+@pytest.mark.parametrize("k", [-3, 4, 7])
+def test_brow_region_moved_k_pixels_gives_k_over_iod(photo, landmarker, roll_deg, k):
+    """The brows and the skin around them moved up (k > 0) or down by k pixels, in the pixels:
+    each brow's measured shift is k / iod; the same face tilted gives the same (face frame)."""
+    image = photo("obama_portrait.jpg")
+    face = landmarker.detect(image)[0]
+    image, lm = _rotated(image, face.landmarks, -face.pose_deg()[2])  # upright: brows move along y
+    iod = float(np.hypot(*(lm[473] - lm[468])))
+    brows = lm[list(RIGHT_BROW + LEFT_BROW)]
+    x0, x1 = int(brows[:, 0].min() - 0.3 * iod), int(brows[:, 0].max() + 0.3 * iod)
+    y0, y1 = int(brows[:, 1].min() - 0.5 * iod), int(brows[:, 1].max() + 0.5 * iod)
+    moved = image.copy()
+    moved[y0 - k : y1 - k, x0:x1] = image[y0:y1, x0:x1]  # content at row y now at y - k: up by k
+    src, cand = image, moved
+    if roll_deg:
+        cand, _ = _rotated(moved, lm, roll_deg)
+        src, lm = _rotated(image, lm, roll_deg)
+    right, left = brow_shifts(src, cand, lm)
+    assert right == pytest.approx(k / iod, abs=0.25 / iod)  # a quarter of a pixel
+    assert left == pytest.approx(k / iod, abs=0.25 / iod)
+
+
+def test_brows_of_a_feature_transplant_do_not_move(photo, landmarker):
+    """Another person's skin and features blended around unmoved brows: no brow shift, where the
+    mesh's brow points (which follow the whole face) rose by 0.067 iod."""
+    from counterfactory.generation.masks import feather
+    from counterfactory.validation.backends.base import similarity_transform
+
+    source, donor = photo("obama_portrait.jpg"), photo("biden_portrait.jpg")
+    face, donor_face = landmarker.detect(source)[0], landmarker.detect(donor)[0]
+    m = similarity_transform(donor_face.keypoints5(), face.keypoints5())
+    warped = cv2.warpAffine(donor, m, source.shape[1::-1], flags=cv2.INTER_LINEAR)
+    alpha = feather(face_mask(face.landmarks, source.shape[:2], mode="skin"), 8)[..., None]
+    candidate = np.round(alpha * warped + (1 - alpha) * source).astype(np.uint8)
+    assert max(abs(v) for v in brow_shifts(source, candidate, face.landmarks)) < 0.015
 
 
 def test_face_moved_by_d_pixels_and_scaled(photo, landmarker):

@@ -12,11 +12,13 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from functools import cached_property
+from typing import Any, Literal, Protocol, runtime_checkable
 
 import numpy as np
 
 from counterfactory.validation.faces import FaceObservation, nearest_face
+from counterfactory.validation.segment import work_stride
 
 Verdict = Literal["accepted", "rejected", "needs_review", "failed"]
 #: every verdict, in report order
@@ -56,6 +58,41 @@ class GateResult:
 
 
 @dataclass(frozen=True)
+class SourceAnalysis:
+    """What the gates measure on a source alone, computed once and shared by every candidate.
+
+    In a run every cell of a template is judged against the same source photo, so the
+    source's landmarks, face mask, person segmentation and each gate's source-side work
+    (detector faces, identity embedding, AUs, locality regions, skin tones) are computed once
+    (:meth:`~counterfactory.validation.judge.GateStack.prepare_source`) and reused.
+
+    Attributes:
+        key: what names the source's pixels (the sha256 of shape, dtype and bytes, or a key
+            the caller vouches for, such as the image store's sha256).
+        shape: ``(H, W, 3)`` of the source.
+        faces: landmarker observations of the source, largest first.
+        face_mask: ``(H, W)`` uint8 {0, 255} face region drawn in ``face_mask_mode``, or None.
+        face_mask_mode: ``oval`` or ``skin``.
+        stride: the working resolution's stride k (every k-th pixel of each row and column,
+            :func:`~counterfactory.validation.segment.work_stride`).
+        work_image: ``source[::k, ::k]``, contiguous ``(ceil(H / k), ceil(W / k), 3)`` uint8.
+        person: ``(ceil(H / k), ceil(W / k))`` float32 person probability in [0, 1] of
+            ``work_image`` (the selfie segmenter), or None when no gate needs it.
+        gate_data: gate name -> what that gate's ``prepare`` computed (read-only by contract).
+    """
+
+    key: str
+    shape: tuple[int, ...]
+    faces: tuple[FaceObservation, ...]
+    face_mask: np.ndarray | None
+    face_mask_mode: str
+    stride: int = 1
+    work_image: np.ndarray | None = None
+    person: np.ndarray | None = None
+    gate_data: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class PairContext:
     """Everything a gate may look at for one source/candidate pair.
 
@@ -72,8 +109,8 @@ class PairContext:
         covered: ``(H, W)`` bool, where the editor's output covers the source frame (an output
             of another aspect ratio, cropped); None when it covers all of it. Pixel
             measurements read only the covered part.
-        person_mask: ``(H, W)`` uint8 {0, 255} where the source shows a person (selfie
-            segmenter), or None; the locality gate's body-skin drift reads it.
+        analysis: the source's :class:`SourceAnalysis` (shared by every candidate of that
+            source), or None: a gate then measures the source itself, where it can.
         raw_candidate: ``(H, W, 3)`` uint8 the registered editor output *before* any composite
             (None when the caller has none, or it equals ``candidate``); locality reports it.
         unregistered: the editor output as returned (any size, uint8 RGB), or None; locality
@@ -90,7 +127,7 @@ class PairContext:
     face_mask_mode: str = "oval"
     extras: dict[str, Any] = field(default_factory=dict)
     covered: np.ndarray | None = None
-    person_mask: np.ndarray | None = None
+    analysis: SourceAnalysis | None = None
     raw_candidate: np.ndarray | None = None
     unregistered: np.ndarray | None = None
 
@@ -107,11 +144,58 @@ class PairContext:
             return self.candidate_faces[0] if self.candidate_faces else None
         return nearest_face(src, self.candidate_faces)
 
+    @property
+    def stride(self) -> int:
+        """The working grid's stride k (:func:`~counterfactory.validation.segment.work_stride`)."""
+        return self.analysis.stride if self.analysis is not None else work_stride(self.source.shape)
+
+    @cached_property
+    def work_source(self) -> np.ndarray:
+        """``source[::k, ::k]`` contiguous: the working grid the summarising measures read."""
+        if self.analysis is not None and self.analysis.work_image is not None:
+            return self.analysis.work_image
+        k = self.stride
+        return self.source if k == 1 else np.ascontiguousarray(self.source[::k, ::k])
+
+    @cached_property
+    def work_candidate(self) -> np.ndarray:
+        """``candidate[::k, ::k]`` contiguous (computed once per pair, shared by the gates)."""
+        k = self.stride
+        return self.candidate if k == 1 else np.ascontiguousarray(self.candidate[::k, ::k])
+
+    @cached_property
+    def work_covered(self) -> np.ndarray | None:
+        """``covered[::k, ::k]`` (bool), or None when the output covers the whole frame."""
+        if self.covered is None:
+            return None
+        k = self.stride
+        return np.ascontiguousarray(np.asarray(self.covered, dtype=bool)[::k, ::k])
+
+    def source_data(self, gate: str) -> Any:
+        """What ``gate``'s ``prepare`` computed on this pair's source, or None."""
+        return None if self.analysis is None else self.analysis.gate_data.get(gate)
+
 
 class Gate(Protocol):
     """A configured gate: thresholds and model handles bound, pure in the pair."""
 
     name: str
+
+    def __call__(self, pair: PairContext) -> GateResult: ...
+
+
+@runtime_checkable
+class PreparingGate(Protocol):
+    """A gate with source-side work worth doing once per source.
+
+    ``prepare`` sees only the source (never a candidate, ``covered`` or an edit mask) and
+    returns what its ``__call__`` later reads back with ``pair.source_data(name)``; a gate
+    called on a pair without an analysis does that work itself.
+    """
+
+    name: str
+
+    def prepare(self, source: np.ndarray, analysis: SourceAnalysis) -> Any: ...
 
     def __call__(self, pair: PairContext) -> GateResult: ...
 

@@ -11,36 +11,44 @@ Blendshapes react to texture as well as to expression (a recoloured face moves t
 ~0.4 with no change of expression), so the gate also measures expression geometry from the
 MediaPipe mesh, in inter-ocular units (the distance between the iris centres) in the face's
 own upright frame (x along the eye line, y down): the height of each mouth corner above the
-lip midline, the height of each brow above its eye, and the mouth opening. A smile lifts the
-corners, a frown lowers them, raised brows rise; recolouring and plausible feature morphs
-move none of them by much.
+lip midline and the mouth opening. A smile lifts the corners, a frown lowers them;
+recolouring and plausible feature morphs move neither by much.
+
+Brows are measured in the pixels, not on the mesh: the mesh's brow points follow the shape of
+the whole face (another person's features blended into the face move them by up to 0.08
+iod with the brows' pixels untouched), while brows raised in the pixels by 0.15 iod move
+them by 0.02 at most. :func:`brow_shifts` finds how far each brow's patch moved along the
+face's vertical axis between the aligned images (normalised cross-correlation, Lewis 1995):
+brows raised or lowered move their patch; a recoloured face, another person's skin or
+changed features around unmoved brows do not.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Literal
 
+import cv2
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from counterfactory.manifests.registry import GATES
 from counterfactory.validation.backends import AUEstimator, load_au_model
 from counterfactory.validation.faces import (
+    LEFT_BROW,
     LEFT_IRIS_CENTER,
     MOUTH_LEFT_CORNER,
     MOUTH_RIGHT_CORNER,
+    RIGHT_BROW,
     RIGHT_IRIS_CENTER,
 )
-from counterfactory.validation.gates.base import GateResult, PairContext
+from counterfactory.validation.gates.base import GateResult, PairContext, SourceAnalysis
 
 BACKEND_THRESHOLDS = ("max_au_change", "max_mean_au_change")
 
-#: Mesh points: inner upper and lower lip at the midline, and the upper contour of each brow
-#: (the subject's right brow is image-left).
+#: Mesh points: inner upper and lower lip at the midline.
 UPPER_LIP, LOWER_LIP = 13, 14
-RIGHT_BROW_TOP = (70, 63, 105, 66, 107)
-LEFT_BROW_TOP = (300, 293, 334, 296, 336)
 
 
 def expression_geometry(landmarks: np.ndarray) -> dict[str, float]:
@@ -50,9 +58,8 @@ def expression_geometry(landmarks: np.ndarray) -> dict[str, float]:
         landmarks: ``(478, >=2)`` MediaPipe mesh, pixels.
 
     Returns: ``mouth_corner_right`` / ``mouth_corner_left`` (height of the subject's right /
-    left mouth corner above the midpoint of the inner lips; up is positive),
-    ``brow_right`` / ``brow_left`` (height of the brow's upper contour above the eye line),
-    ``mouth_open`` (inner-lip gap), all divided by the iris-centre distance. Lifting a
+    left mouth corner above the midpoint of the inner lips; up is positive) and
+    ``mouth_open`` (inner-lip gap), divided by the iris-centre distance. Lifting a
     corner by ``k`` pixels in an upright face raises its value by ``k / iod``.
     """
     lm = np.asarray(landmarks, dtype=np.float64)[:, :2]
@@ -72,22 +79,93 @@ def expression_geometry(landmarks: np.ndarray) -> dict[str, float]:
     return {
         "mouth_corner_right": up(lm[MOUTH_RIGHT_CORNER]) - up(mid),
         "mouth_corner_left": up(lm[MOUTH_LEFT_CORNER]) - up(mid),
-        "brow_right": up(lm[list(RIGHT_BROW_TOP)].mean(axis=0)),
-        "brow_left": up(lm[list(LEFT_BROW_TOP)].mean(axis=0)),
         "mouth_open": up(lm[UPPER_LIP]) - up(lm[LOWER_LIP]),
     }
 
 
 def geometry_changes(source: np.ndarray, candidate: np.ndarray) -> dict[str, float]:
-    """``mouth_corner_change_iod``, ``brow_change_iod`` (largest |change| of either side) and
+    """``mouth_corner_change_iod`` (largest |change| of either side) and
     ``mouth_open_change_iod`` (|change|) between two meshes, inter-ocular units."""
     s, c = expression_geometry(source), expression_geometry(candidate)
     d = {k: c[k] - s[k] for k in s}
     return {
         "mouth_corner_change_iod": max(abs(d["mouth_corner_right"]), abs(d["mouth_corner_left"])),
-        "brow_change_iod": max(abs(d["brow_right"]), abs(d["brow_left"])),
         "mouth_open_change_iod": abs(d["mouth_open"]),
     }
+
+
+#: The brow patch, in inter-ocular units of the face frame: this wide and tall, centred on the
+#: brow's mesh points (it holds the brow and the skin around it, not the eye's iris).
+BROW_PATCH_IOD = (0.9, 0.75)
+#: Patches are resampled to this many pixels across (the measure is in iod, not pixels).
+BROW_PATCH_PX = 64
+
+
+def _brow_patches(image: np.ndarray, landmarks: np.ndarray) -> list[np.ndarray]:
+    """Grey float32 patches of the subject's right and left brow in the upright face frame."""
+    lm = np.asarray(landmarks, dtype=np.float64)[:, :2]
+    eye_r, eye_l = lm[RIGHT_IRIS_CENTER], lm[LEFT_IRIS_CENTER]
+    axis = eye_l - eye_r
+    iod = float(np.hypot(*axis))
+    if iod <= 1e-6:
+        raise ValueError("eye centres coincide: no inter-ocular distance")
+    ex = axis / iod
+    ey = np.array([-ex[1], ex[0]])  # "down" in the face frame (image y points down)
+    width, height = BROW_PATCH_IOD
+    scale = BROW_PATCH_PX / (width * iod)
+    w_px, h_px = BROW_PATCH_PX, int(round(BROW_PATCH_PX * height / width))
+    grey = cv2.cvtColor(image, cv2.COLOR_RGB2GRAY)
+    patches = []
+    for brow in (RIGHT_BROW, LEFT_BROW):
+        centre = lm[list(brow)].mean(axis=0)
+        # patch pixel (u, v) -> image point centre + ((u - w/2) ex + (v - h/2) ey) / scale
+        m = np.column_stack([ex / scale, ey / scale, centre - (ex * w_px / 2 + ey * h_px / 2) / scale])
+        patch = cv2.warpAffine(
+            grey,
+            m.astype(np.float64),
+            (w_px, h_px),
+            flags=cv2.INTER_LINEAR | cv2.WARP_INVERSE_MAP,
+            borderMode=cv2.BORDER_REPLICATE,
+        )
+        patches.append(patch.astype(np.float32))
+    return patches
+
+
+#: How far, in patch pixels, :func:`brow_shifts` searches each way (0.17 iod); a brow moved
+#: further reads as this far, still far beyond any threshold.
+BROW_SEARCH_PX = 12
+
+
+def brow_shifts(source: np.ndarray, candidate: np.ndarray, landmarks: np.ndarray) -> tuple[float, float]:
+    """How far each brow moved UP from ``source`` to ``candidate``, inter-ocular units.
+
+    Args:
+        source, candidate: ``(H, W, 3)`` uint8 RGB, aligned (the same frame).
+        landmarks: ``(478, >=2)`` the source's mesh, pixels (the patches sit on its brows,
+            in both images).
+
+    Returns: ``(right, left)`` (the subject's right brow is image-left): where the inner part
+    of each source brow patch matches the candidate's patch best (normalised
+    cross-correlation, sub-pixel by a parabola through the peak), the vertical offset in the
+    upright face frame, positive up. Moving a brow region up by ``k`` pixels gives
+    ``k / iod``; offsets beyond :data:`BROW_SEARCH_PX` read as that bound.
+    """
+    m = BROW_SEARCH_PX
+    out = []
+    for a, b in zip(_brow_patches(source, landmarks), _brow_patches(candidate, landmarks)):
+        score = cv2.matchTemplate(b, np.ascontiguousarray(a[m:-m, m:-m]), cv2.TM_CCOEFF_NORMED)
+        score = np.nan_to_num(score, nan=-1.0)
+        py, px = np.unravel_index(int(np.argmax(score)), score.shape)
+        dy = float(py - m)
+        if 0 < py < score.shape[0] - 1:
+            lo, mid, hi = score[py - 1, px], score[py, px], score[py + 1, px]
+            curve = lo - 2.0 * mid + hi
+            if curve < 0:
+                dy += float(0.5 * (lo - hi) / curve)
+        # dy > 0: the brow sits lower in the candidate (face-frame y points down); a patch is
+        # BROW_PATCH_PX pixels across BROW_PATCH_IOD[0] inter-ocular distances
+        out.append(-dy * BROW_PATCH_IOD[0] / BROW_PATCH_PX)
+    return out[0], out[1]
 
 
 class ExpressionGateConfig(BaseModel):
@@ -106,7 +184,9 @@ class ExpressionGateConfig(BaseModel):
     max_mouth_corner_change_iod: float | None = Field(
         None, gt=0.0, description="largest change of a mouth corner's height, inter-ocular units"
     )
-    max_brow_change_iod: float | None = Field(None, gt=0.0, description="largest change of a brow's height, iod")
+    max_brow_change_iod: float | None = Field(
+        None, gt=0.0, description="largest |shift| of a brow up or down in the pixels (brow_shifts), iod"
+    )
     max_mouth_open_change_iod: float | None = Field(None, gt=0.0, description="change of the mouth opening, iod")
 
     def load(self) -> AUEstimator:
@@ -132,6 +212,7 @@ def expression_gate(
     max_mouth_corner_change_iod: float | None = None,
     max_brow_change_iod: float | None = None,
     max_mouth_open_change_iod: float | None = None,
+    source_aus: Mapping[str, float] | None = None,
 ) -> GateResult:
     """AU change from the source's largest face to the candidate's face at its place.
 
@@ -142,6 +223,8 @@ def expression_gate(
         max_mean_au_change: bound on ``au_change_mean``; None: not judged.
         max_mouth_corner_change_iod, max_brow_change_iod, max_mouth_open_change_iod: bounds
             on :func:`geometry_changes`, inter-ocular units; None: not judged.
+        source_aus: ``au_model``'s AUs of the source's subject when already known (the
+            source is shared by all its candidates); None: estimated here.
 
     Metrics: ``au_change_max``, ``au_change_mean``, ``au_change_argmax`` (which AU), and
     ``delta_<AU>`` (signed, candidate minus source) for every AU of the backend.
@@ -176,7 +259,7 @@ def expression_gate(
     if reasons:
         return GateResult("expression", False, metrics, tuple(reasons), thresholds=thresholds)
 
-    src = dict(au_model.estimate(pair.source, pair.source_face))
+    src = dict(au_model.estimate(pair.source, pair.source_face) if source_aus is None else source_aus)
     cand = dict(au_model.estimate(pair.candidate, pair.candidate_face))
     deltas = au_changes(src, cand)
     for au, d in deltas.items():
@@ -195,6 +278,8 @@ def expression_gate(
     src_face, cand_face = pair.source_face, pair.candidate_face
     if src_face.landmarks.shape[0] > LEFT_IRIS_CENTER and cand_face.landmarks.shape[0] > LEFT_IRIS_CENTER:
         metrics.update(geometry_changes(src_face.landmarks, cand_face.landmarks))
+        right, left = brow_shifts(pair.source, pair.candidate, src_face.landmarks)
+        metrics.update(brow_shift_right_iod=right, brow_shift_left_iod=left, brow_change_iod=max(abs(right), abs(left)))
         for key, bound in (
             ("mouth_corner_change_iod", max_mouth_corner_change_iod),
             ("brow_change_iod", max_brow_change_iod),
@@ -214,10 +299,15 @@ class ExpressionGate:
         self.config = config
         self.au_model = au_model if au_model is not None else config.load()
 
+    def prepare(self, source: np.ndarray, analysis: SourceAnalysis) -> dict[str, float] | None:
+        """The AUs of the source's subject (its largest face), once per source."""
+        return dict(self.au_model.estimate(source, analysis.faces[0])) if analysis.faces else None
+
     def __call__(self, pair: PairContext) -> GateResult:
         return expression_gate(
             pair,
             au_model=self.au_model,
+            source_aus=pair.source_data(self.name),
             max_au_change=self.config.max_au_change,
             max_mean_au_change=self.config.max_mean_au_change,
             max_mouth_corner_change_iod=self.config.max_mouth_corner_change_iod,

@@ -19,7 +19,7 @@ from counterfactory.manifests.registry import GATES
 from counterfactory.validation.backends import FaceDetector, load_detector
 from counterfactory.validation.backends.base import DetectedFace
 from counterfactory.validation.faces import FaceObservation
-from counterfactory.validation.gates.base import GateResult, PairContext
+from counterfactory.validation.gates.base import GateResult, PairContext, SourceAnalysis
 
 #: Thresholds whose calibrated value depends on the detector (a score scale is per model).
 BACKEND_THRESHOLDS = ("min_detection_score",)
@@ -93,6 +93,7 @@ def face_gate(
     max_pose_change_deg: float | None = None,
     max_position_change: float | None = None,
     max_scale_change: float | None = None,
+    source_detections: Sequence[DetectedFace] | None = None,
 ) -> GateResult:
     """Judge faces and pose of ``pair.candidate`` against ``pair.source``.
 
@@ -105,6 +106,8 @@ def face_gate(
         max_pose_change_deg: bound on the largest absolute change of yaw, pitch and roll
             between the source's largest face and the candidate's face at its place, degrees.
         max_position_change, max_scale_change: bounds on :func:`face_placement_change`.
+        source_detections: ``detector``'s faces in ``pair.source`` when already known (the
+            source is shared by all its candidates); None: detected here.
 
     Metrics: ``faces``, ``source_faces`` (counted faces), ``mesh_faces`` (landmarker),
     ``detection_score`` / ``source_detection_score`` (best face, None without a detector or
@@ -120,7 +123,8 @@ def face_gate(
     reasons: list[str] = []
     if detector is not None:
         cand = _counted(detector.detect(pair.candidate), detection_threshold)
-        src = _counted(detector.detect(pair.source), detection_threshold)
+        found = detector.detect(pair.source) if source_detections is None else source_detections
+        src = _counted(found, detection_threshold)
         metrics["faces"] = len(cand)
         metrics["source_faces"] = len(src)
         metrics["detection_score"] = max((f.score for f in cand), default=None)
@@ -204,11 +208,17 @@ class FaceGate:
         self.config = config
         self.detector = detector if detector is not None else config.load()
 
+    def prepare(self, source: np.ndarray, analysis: SourceAnalysis) -> list[DetectedFace] | None:
+        """The detector's faces in the source, once per source."""
+        del analysis
+        return self.detector.detect(source) if self.detector is not None else None
+
     def __call__(self, pair: PairContext) -> GateResult:
         c = self.config
         return face_gate(
             pair,
             detector=self.detector,
+            source_detections=pair.source_data(self.name),
             expected_faces=c.expected_faces,
             detection_threshold=c.detection_threshold,
             min_detection_score=c.min_detection_score,

@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from counterfactory.manifests.registry import GATES
 from counterfactory.validation.backends import FaceEmbedder, load_embedder
-from counterfactory.validation.gates.base import GateResult, PairContext, finite_or_none
+from counterfactory.validation.gates.base import GateResult, PairContext, SourceAnalysis, finite_or_none
 
 BACKEND_THRESHOLDS = ("min_cosine", "max_cosine")
 
@@ -65,6 +65,7 @@ def identity_gate(
     embedder: FaceEmbedder,
     min_cosine: float,
     max_cosine: float | None = None,
+    source_embedding: np.ndarray | None = None,
 ) -> GateResult:
     """Cosine of the embeddings of the source's largest face and the candidate's face at its place.
 
@@ -73,6 +74,8 @@ def identity_gate(
         embedder: an identity model (:class:`~counterfactory.validation.backends.FaceEmbedder`).
         min_cosine: reject below this (``identity_below_band``).
         max_cosine: send to review at or above this (``identity_above_band``); None: no bound.
+        source_embedding: ``embedder``'s embedding of the source's subject when already known
+            (the source is shared by all its candidates); None: computed here.
 
     Metrics: ``cosine`` in [-1, 1] (None when it cannot be measured), ``embedding_dim``.
     Reasons: ``identity_source_no_face``, ``identity_candidate_no_face``,
@@ -88,7 +91,7 @@ def identity_gate(
     if reasons:
         return GateResult("identity", False, metrics, tuple(reasons), thresholds=thresholds)
 
-    src = embedder.embed(pair.source, pair.source_face.keypoints5())
+    src = embedder.embed(pair.source, pair.source_face.keypoints5()) if source_embedding is None else source_embedding
     cand = embedder.embed(pair.candidate, pair.candidate_face.keypoints5())
     cosine = finite_or_none(cosine_similarity(src, cand))
     metrics["cosine"] = cosine
@@ -111,10 +114,15 @@ class IdentityGate:
         self.config = config
         self.embedder = embedder if embedder is not None else config.load()
 
+    def prepare(self, source: np.ndarray, analysis: SourceAnalysis) -> np.ndarray | None:
+        """The embedding of the source's subject (its largest face), once per source."""
+        return self.embedder.embed(source, analysis.faces[0].keypoints5()) if analysis.faces else None
+
     def __call__(self, pair: PairContext) -> GateResult:
         return identity_gate(
             pair,
             embedder=self.embedder,
+            source_embedding=pair.source_data(self.name),
             min_cosine=self.config.min_cosine,
             max_cosine=self.config.max_cosine,
         )

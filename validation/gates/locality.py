@@ -36,6 +36,7 @@ release can be set beside FOCUS's 0.141 / 0.022 / 8.16.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import cv2
 import numpy as np
@@ -44,7 +45,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from counterfactory.generation.masks import dilate
 from counterfactory.manifests.registry import GATES
 from counterfactory.validation.faces import face_mask as draw_face_mask
-from counterfactory.validation.gates.base import GateResult, PairContext, finite_or_none
+from counterfactory.validation.gates.base import GateResult, PairContext, SourceAnalysis, finite_or_none
+from counterfactory.validation.segment import PERSON_THRESHOLD, work_stride
 
 #: Denominator floor of ``ratio``: 1e-4 is a fortieth of one grey level (1/255) on average,
 #: so a composite that leaves every non-face pixel untouched still has a finite ratio.
@@ -52,7 +54,8 @@ RATIO_FLOOR = 1e-4
 #: A pixel is "changed" when its smoothed mean absolute difference exceeds this, in [0, 1]
 #: (20 grey levels): far above JPEG and resampling noise once smoothed, below a pasted object.
 LOCAL_CHANGE_LEVEL = 20.0 / 255.0
-#: Gaussian smoothing of the difference, sigma as a fraction of sqrt(H * W) (5 px at 1 MP).
+#: Gaussian smoothing of the difference, sigma as a fraction of sqrt(H * W) (5 px at 1 MP;
+#: on a working grid of every k-th pixel, the same width in grid pixels).
 SMOOTH_FRAC = 0.005
 #: The face region grown by this fraction of the face size before measuring outside it:
 #: face edits are feathered across the oval's edge.
@@ -124,6 +127,26 @@ def mean_abs_diff(diff: np.ndarray, mask: np.ndarray | None = None) -> float:
     return float(sum(means) / 3.0 / 255.0)
 
 
+def _region_sum(diff: np.ndarray, mask: np.ndarray | None) -> tuple[float, int]:
+    """``(sum of all channels, pixel count)`` of ``(H, W, 3)`` uint8 ``diff`` over ``mask``
+    ({0, 255}, None: everywhere), read inside the mask's bounding box."""
+    if mask is None:
+        return float(round(sum(cv2.sumElems(diff)[:3]))), diff.shape[0] * diff.shape[1]
+    x, y, w, h = cv2.boundingRect(mask)
+    if w == 0 or h == 0:
+        return 0.0, 0
+    crop = mask[y : y + h, x : x + w]
+    count = cv2.countNonZero(crop)
+    means = cv2.mean(diff[y : y + h, x : x + w], mask=crop)[:3]
+    # the sum is an integer: round away the division cv2.mean did
+    return float(round(sum(m * count for m in means))), count
+
+
+def _mean_of(total: float, count: int) -> float:
+    """FOCUS's mean absolute difference in [0, 1] from a channel sum; NaN for no pixels."""
+    return total / (3.0 * 255.0 * count) if count > 0 else float("nan")
+
+
 def resize_to(image: np.ndarray, shape: tuple[int, int]) -> np.ndarray:
     """``image`` resized to ``shape`` ``(H, W)`` as FOCUS compared outputs with sources (area
     averaging when shrinking, bicubic when enlarging); unchanged when already that size."""
@@ -134,13 +157,29 @@ def resize_to(image: np.ndarray, shape: tuple[int, int]) -> np.ndarray:
     return cv2.resize(image, (w, h), interpolation=cv2.INTER_AREA if shrinking else cv2.INTER_CUBIC)
 
 
+def grow_face(face_mask: np.ndarray, face_size_px: float) -> np.ndarray:
+    """``(H, W)`` uint8 {0, 255}: ``face_mask`` grown by :data:`FACE_MARGIN_FRAC` of
+    ``face_size_px`` (Euclidean, :func:`~counterfactory.generation.masks.dilate`), computed
+    inside the mask's bounding box grown by the margin (nothing further can join)."""
+    px = int(round(FACE_MARGIN_FRAC * face_size_px))
+    x, y, w, h = cv2.boundingRect(face_mask)
+    if px <= 0 or w == 0 or h == 0:
+        return binary_mask(face_mask)
+    rows, cols = face_mask.shape[:2]
+    y0, y1 = max(y - px - 1, 0), min(y + h + px + 1, rows)
+    x0, x1 = max(x - px - 1, 0), min(x + w + px + 1, cols)
+    out = np.zeros((rows, cols), np.uint8)
+    out[y0:y1, x0:x1] = dilate(np.ascontiguousarray(face_mask[y0:y1, x0:x1]), px)
+    return out
+
+
 def away_from_face(face_mask: np.ndarray | None, shape: tuple[int, int], face_size_px: float) -> np.ndarray:
     """``(H, W)`` uint8 {0, 255}: outside the face grown by :data:`FACE_MARGIN_FRAC` of
     ``face_size_px`` and at least :data:`BORDER_FRAC` of the shorter side from the image edge."""
     h, w = shape
     region = np.full((h, w), 255, np.uint8)
     if face_mask is not None:
-        region[dilate(face_mask, int(round(FACE_MARGIN_FRAC * face_size_px))) > 0] = 0
+        region[grow_face(face_mask, face_size_px) > 0] = 0
     b = int(math.ceil(BORDER_FRAC * min(h, w)))
     if b > 0:
         region[:b] = 0
@@ -150,26 +189,87 @@ def away_from_face(face_mask: np.ndarray | None, shape: tuple[int, int], face_si
     return region
 
 
-def smoothed_diff(source: np.ndarray, candidate: np.ndarray) -> np.ndarray:
-    """``(H, W)`` float32: mean absolute difference over channels in [0, 1], Gaussian-smoothed
-    with sigma ``SMOOTH_FRAC * sqrt(H * W)`` pixels."""
-    diff = cv2.absdiff(source, candidate).astype(np.float32).mean(axis=2) / 255.0
-    sigma = SMOOTH_FRAC * math.sqrt(diff.shape[0] * diff.shape[1])
-    return cv2.GaussianBlur(diff, (0, 0), sigmaX=max(sigma, 0.5))
+def smoothed_diff(source: np.ndarray, candidate: np.ndarray, stride: int = 1) -> np.ndarray:
+    """Mean absolute difference over channels in [0, 1], Gaussian-smoothed with sigma
+    ``SMOOTH_FRAC * sqrt(h * w)`` pixels of the ``(h, w)`` grid it is measured on.
+
+    With ``stride`` k > 1 that grid is every k-th pixel of each row and column (shape
+    ``(ceil(H / k), ceil(W / k))``): the same physical smoothing width, averaging fewer
+    samples, for a fraction of the cost. Returns float32 of the grid's shape.
+    """
+    if stride > 1:
+        source = np.ascontiguousarray(source[::stride, ::stride])
+        candidate = np.ascontiguousarray(candidate[::stride, ::stride])
+    h, w = source.shape[:2]
+    # the channel mean as a 1 x 3 matrix product: numpy's mean over a 3-wide last axis is slow
+    grey = cv2.transform(cv2.absdiff(source, candidate).astype(np.float32), _CHANNEL_MEAN)
+    return cv2.GaussianBlur(grey, (0, 0), sigmaX=max(SMOOTH_FRAC * math.sqrt(h * w), 0.5))
 
 
-def changed_share(source: np.ndarray, candidate: np.ndarray, region: np.ndarray) -> float | None:
+_CHANNEL_MEAN = np.full((1, 3), 1.0 / (3.0 * 255.0), np.float32)
+
+
+def _work_region(region: np.ndarray, stride: int) -> np.ndarray:
+    """``region`` on the grid :func:`smoothed_diff` measures for ``stride``."""
+    return region if stride <= 1 else np.ascontiguousarray(region[::stride, ::stride])
+
+
+def changed_share(
+    source: np.ndarray, candidate: np.ndarray, region: np.ndarray, *, stride: int | None = None
+) -> float | None:
     """Share in [0, 1] of ``region``'s pixels whose :func:`smoothed_diff` exceeds
     :data:`LOCAL_CHANGE_LEVEL`; None when the region is empty.
 
-    A pasted square of side ``a`` (well above the smoothing sigma) whose difference is twice
-    the level crosses it at its own edge: the share is ``a**2 / area(region)``.
+    Measured at the working resolution (``stride`` k, by default
+    :func:`~counterfactory.validation.segment.work_stride`: long side at most 512 pixels), which
+    keeps areas: a pasted square of side ``a`` (well above the smoothing sigma) whose difference
+    is twice the level crosses it at its own edge, so the share is ``a**2 / area(region)``.
     """
+    k = work_stride(source.shape) if stride is None else stride
+    return _changed_share_at(smoothed_diff(source, candidate, k), _work_region(region, k))
+
+
+def _changed_share_at(smoothed: np.ndarray, region: np.ndarray) -> float | None:
     n = cv2.countNonZero(region)
     if n == 0:
         return None
-    changed = (smoothed_diff(source, candidate) > LOCAL_CHANGE_LEVEL) & (region > 0)
+    changed = (smoothed > LOCAL_CHANGE_LEVEL) & (region > 0)
     return float(np.count_nonzero(changed) / n)
+
+
+@dataclass(frozen=True)
+class RegionSample:
+    """An even sample of a region's pixels and the source's values there.
+
+    Attributes:
+        rows, cols: ``(N,)`` intp full-resolution coordinates (every ``step``-th row and column).
+        source: ``(N, 3)`` float32 source values there.
+    """
+
+    rows: np.ndarray
+    cols: np.ndarray
+    source: np.ndarray
+
+    def covered_by(self, covered: np.ndarray | None) -> RegionSample:
+        """The samples where ``covered`` (``(H, W)`` bool) is True; self for None."""
+        if covered is None:
+            return self
+        keep = covered[self.rows, self.cols]
+        return RegionSample(self.rows[keep], self.cols[keep], self.source[keep])
+
+
+#: :func:`global_change` reads about this many pixels of its region (an even stride).
+GLOBAL_SAMPLES = 40_000
+
+
+def sample_region(source: np.ndarray, region: np.ndarray) -> RegionSample:
+    """The :class:`RegionSample` :func:`global_change` reads: every ``step``-th pixel of each row
+    and column inside ``region``, ``step`` bringing the count to about :data:`GLOBAL_SAMPLES`."""
+    keep = region > 0
+    step = max(1, int(math.ceil(math.sqrt(np.count_nonzero(keep) / GLOBAL_SAMPLES))))
+    rows, cols = np.nonzero(keep[::step, ::step])
+    rows, cols = rows * step, cols * step
+    return RegionSample(rows, cols, source[rows, cols].astype(np.float32))
 
 
 def global_change(source: np.ndarray, candidate: np.ndarray, region: np.ndarray) -> tuple[float | None, float | None]:
@@ -177,26 +277,99 @@ def global_change(source: np.ndarray, candidate: np.ndarray, region: np.ndarray)
     channel in [0, 1], and the largest ``|std(candidate) / std(source) - 1|`` of one channel.
 
     A constant offset of ``d`` grey levels in one channel gives ``shift == d / 255``; scaling
-    a channel's contrast by ``g`` about its mean gives ``gain_change == |g - 1|``.
+    a channel's contrast by ``g`` about its mean gives ``gain_change == |g - 1|``. Read on an
+    even sample of the region (:func:`sample_region`); the statistics are global.
     """
-    keep = region > 0
-    if not keep.any():
+    return _global_change_at(sample_region(source, region), candidate)
+
+
+def _global_change_at(sample: RegionSample, candidate: np.ndarray) -> tuple[float | None, float | None]:
+    if sample.rows.size == 0:
         return None, None
-    # a fixed stride keeps this linear and cheap on large photos; the statistics are global
-    step = max(1, int(math.ceil(math.sqrt(np.count_nonzero(keep) / 40_000))))
-    src = source[::step, ::step][keep[::step, ::step]].astype(np.float32)
-    cand = candidate[::step, ::step][keep[::step, ::step]].astype(np.float32)
-    shift = float(np.max(np.abs(np.median(cand - src, axis=0)))) / 255.0
-    s_std = src.std(axis=0)
-    c_std = cand.std(axis=0)
+    src = sample.source
+    cand = candidate[sample.rows, sample.cols].astype(np.float32)
+    # per channel on contiguous rows: numpy reduces a 3-wide last axis slowly
+    diff = np.ascontiguousarray((cand - src).T)
+    shift = float(max(abs(float(np.median(ch))) for ch in diff)) / 255.0
+    s_std = _channel_std(src)
+    c_std = _channel_std(cand)
     ok = s_std > 1.0
     gain = float(np.max(np.abs(c_std[ok] / s_std[ok] - 1.0))) if ok.any() else None
     return shift, gain
 
 
+def _channel_std(values: np.ndarray) -> np.ndarray:
+    """``(3,)`` float64 population standard deviation of ``(N, 3)`` values, per channel."""
+    _, std = cv2.meanStdDev(np.ascontiguousarray(values).reshape(-1, 1, 3))
+    return std.reshape(3)
+
+
 def to_lab(image: np.ndarray) -> np.ndarray:
     """``(H, W, 3)`` float32 CIELAB (L* in [0, 100], a* b* signed) of uint8 sRGB (D65)."""
     return cv2.cvtColor(image.astype(np.float32) / 255.0, cv2.COLOR_RGB2Lab)
+
+
+@dataclass(frozen=True)
+class BodySkin:
+    """The source side of :func:`body_skin_drift`: where the person's skin outside the head is.
+
+    Attributes:
+        rows, cols: ``(N,)`` coordinates of the body-skin pixels in the image they were
+            found in (the working grid, in a gate stack).
+        source_lab: ``(N, 3)`` float32 CIELAB of the source there.
+        grid_pixels: pixels of that image (the denominator of ``area_frac``).
+    """
+
+    rows: np.ndarray
+    cols: np.ndarray
+    source_lab: np.ndarray
+    grid_pixels: int
+
+
+def _person_binary(person: np.ndarray) -> np.ndarray:
+    """bool from a {0, 255} uint8 person mask or a [0, 1] float probability."""
+    if person.dtype == np.uint8:
+        return person > 127
+    return person >= PERSON_THRESHOLD
+
+
+def body_skin_reference(source: np.ndarray, face_mask: np.ndarray, person: np.ndarray, face_size_px: float) -> BodySkin:
+    """Find the person's skin outside the head in ``source`` (see :func:`body_skin_drift`).
+
+    Args:
+        source: ``(H, W, 3)`` uint8 RGB.
+        face_mask: ``(H, W)`` {0, 255} face oval.
+        person: ``(H, W)`` uint8 {0, 255} person mask or float person probability in [0, 1].
+        face_size_px: face size in pixels of ``source``.
+    """
+    core = cv2.erode(face_mask, _DISC3, iterations=max(1, int(face_size_px * 0.05)))
+    if cv2.countNonZero(core) == 0:
+        core = face_mask
+    ref = np.median(_lab_at(source, core > 0), axis=0)
+    grown = grow_face(face_mask, face_size_px)
+    rows, cols = np.nonzero(_person_binary(person) & (grown == 0))
+    # only the person's pixels are converted: CIELAB of a whole photo costs more than the rest
+    src_lab = _lab_of(source[rows, cols])
+    ab = np.linalg.norm(src_lab[:, 1:] - ref[1:], axis=1)
+    skin = (ab <= SKIN_AB_DISTANCE) & (np.abs(src_lab[:, 0] - ref[0]) <= SKIN_L_RANGE)
+    return BodySkin(rows[skin], cols[skin], src_lab[skin], int(source.shape[0] * source.shape[1]))
+
+
+def body_skin_change(
+    body: BodySkin, candidate: np.ndarray, covered: np.ndarray | None = None
+) -> tuple[float | None, float]:
+    """``(delta_e, area_frac)`` of ``candidate`` (same grid as the source ``body`` was found
+    in) over the body-skin pixels where ``covered`` (bool, same grid; None: all) holds; see
+    :func:`body_skin_drift`."""
+    rows, cols, lab = body.rows, body.cols, body.source_lab
+    if covered is not None:
+        keep = covered[rows, cols]
+        rows, cols, lab = rows[keep], cols[keep], lab[keep]
+    frac = float(rows.size / body.grid_pixels)
+    if frac < MIN_BODY_SKIN_FRAC:
+        return None, frac
+    change = (_lab_of(candidate[rows, cols]) - lab).mean(axis=0)
+    return float(np.linalg.norm(change)), frac
 
 
 def body_skin_drift(
@@ -205,43 +378,50 @@ def body_skin_drift(
     face_mask: np.ndarray,
     person_mask: np.ndarray,
     face_size_px: float,
+    *,
+    covered: np.ndarray | None = None,
 ) -> tuple[float | None, float]:
     """``(delta_e, area_frac)``: CIELAB change of the person's skin outside the head.
 
-    Skin reference: the median L*a*b* of the source inside ``face_mask`` (eroded by a tenth
-    of the face to keep off hair and background). Body skin: pixels of ``person_mask``
-    outside the face grown by :data:`FACE_MARGIN_FRAC` whose source a*b* lie within
-    :data:`SKIN_AB_DISTANCE` of the reference and L* within :data:`SKIN_L_RANGE`.
+    Skin reference: the median L*a*b* of the source inside ``face_mask`` (eroded by a
+    twentieth of the face to keep off hair and background). Body skin: pixels of
+    ``person_mask`` outside the face grown by :data:`FACE_MARGIN_FRAC` whose source a*b* lie
+    within :data:`SKIN_AB_DISTANCE` of the reference and L* within :data:`SKIN_L_RANGE`.
     ``delta_e`` is the Euclidean norm of the mean ``candidate - source`` L*a*b* over them
-    (CIE76 of the average change); None when they cover less than :data:`MIN_BODY_SKIN_FRAC`.
+    (CIE76 of the average change); None when they cover less than :data:`MIN_BODY_SKIN_FRAC`
+    of the image. Measured on the working grid (every k-th pixel of each row and column,
+    :func:`~counterfactory.validation.segment.work_stride`): a mean over thousands of skin
+    pixels does not need every one of them.
+
+    Args:
+        source, candidate: ``(H, W, 3)`` uint8 RGB, aligned.
+        face_mask: ``(H, W)`` {0, 255} face oval of the source.
+        person_mask: ``(H, W)`` uint8 {0, 255} person mask or float probability in [0, 1].
+        face_size_px: face size in pixels.
+        covered: ``(H, W)`` bool, where the candidate is the editor's (None: everywhere).
     """
-    h, w = source.shape[:2]
-    core = cv2.erode(face_mask, _DISC3, iterations=max(1, int(face_size_px * 0.05)))
-    if cv2.countNonZero(core) == 0:
-        core = face_mask
-    ref = np.median(_lab_at(source, core > 0), axis=0)
-    grown = dilate(face_mask, int(round(FACE_MARGIN_FRAC * face_size_px)))
-    body = (person_mask > 0) & (grown == 0)
-    # only the person's pixels are converted: CIELAB of a whole photo costs more than the rest
-    src_lab = _lab_at(source, body)
-    ab = np.linalg.norm(src_lab[:, 1:] - ref[1:], axis=1)
-    skin = (ab <= SKIN_AB_DISTANCE) & (np.abs(src_lab[:, 0] - ref[0]) <= SKIN_L_RANGE)
-    frac = float(np.count_nonzero(skin) / (h * w))
-    if frac < MIN_BODY_SKIN_FRAC:
-        return None, frac
-    change = (_lab_at(candidate, body)[skin] - src_lab[skin]).mean(axis=0)
-    return float(np.linalg.norm(change)), frac
+    k = work_stride(source.shape)
+
+    def grid(a: np.ndarray | None) -> np.ndarray | None:
+        return a if a is None or k == 1 else np.ascontiguousarray(a[::k, ::k])
+
+    body = body_skin_reference(grid(source), grid(face_mask), grid(person_mask), face_size_px / k)
+    return body_skin_change(body, grid(candidate), grid(covered))
 
 
 _DISC3 = cv2.getStructuringElement(cv2.MORPH_ELLIPSE, (3, 3))
 
 
-def _lab_at(image: np.ndarray, where: np.ndarray) -> np.ndarray:
-    """``(N, 3)`` float32 CIELAB of ``image``'s pixels where ``where`` is True."""
-    pixels = image[where].reshape(-1, 1, 3)
+def _lab_of(pixels: np.ndarray) -> np.ndarray:
+    """``(N, 3)`` float32 CIELAB of ``(N, 3)`` uint8 RGB pixels."""
     if pixels.shape[0] == 0:
         return np.zeros((0, 3), np.float32)
-    return to_lab(pixels).reshape(-1, 3)
+    return to_lab(np.ascontiguousarray(pixels).reshape(-1, 1, 3)).reshape(-1, 3)
+
+
+def _lab_at(image: np.ndarray, where: np.ndarray) -> np.ndarray:
+    """``(N, 3)`` float32 CIELAB of ``image``'s pixels where ``where`` is True."""
+    return _lab_of(image[where])
 
 
 def locality_metrics(
@@ -281,21 +461,28 @@ def locality_metrics(
     def outside(mask: np.ndarray) -> np.ndarray:
         return within(cv2.bitwise_not(mask))
 
+    # sums over regions, each read inside its bounding box: the face is a small part of the
+    # image, and non-face = all minus the oval (exact: sums of whole grey levels)
+    total, n_total = _region_sum(diff, cov)
     out: dict[str, float | None] = {
-        "diff_all": finite_or_none(mean_abs_diff(diff, cov)),
-        "covered_share": 1.0 if cov is None else cv2.countNonZero(cov) / n,
+        "diff_all": finite_or_none(_mean_of(total, n_total)),
+        "covered_share": 1.0 if cov is None else n_total / n,
     }
     if face_mask is not None:
-        nonface = outside(oval_mask if oval_mask is not None else face_mask)
         face_mask = within(face_mask)
-        d_face = mean_abs_diff(diff, face_mask)
-        d_non = mean_abs_diff(diff, nonface)
+        face_sum, n_face = _region_sum(diff, face_mask)
+        if oval_mask is None:
+            oval_sum, n_oval = face_sum, n_face
+        else:
+            oval_sum, n_oval = _region_sum(diff, within(oval_mask))
+        d_face = _mean_of(face_sum, n_face)
+        d_non = _mean_of(total - oval_sum, n_total - n_oval)
         out["diff_face"] = finite_or_none(d_face)
         out["diff_nonface"] = finite_or_none(d_non)
         out["ratio"] = (
             finite_or_none(d_face / max(d_non, RATIO_FLOOR)) if math.isfinite(d_face) and math.isfinite(d_non) else None
         )
-        out["face_area_frac"] = cv2.countNonZero(face_mask) / n
+        out["face_area_frac"] = n_face / n
     else:
         out.update(diff_face=None, diff_nonface=None, ratio=None, face_area_frac=0.0)
     if edit_mask is not None:
@@ -310,29 +497,65 @@ def locality_metrics(
     return out
 
 
+@dataclass(frozen=True)
+class LocalitySource:
+    """The source side of a face pair's locality measures, computed once per source.
+
+    Attributes:
+        oval: ``(H, W)`` {0, 255} the full face oval (FOCUS's face / non-face split).
+        stride: the working grid's k (:func:`~counterfactory.validation.segment.work_stride`).
+        work_region: :func:`away_from_face` on the working grid.
+        sample: the :func:`global_change` sample of ``work_region`` (working-grid coordinates).
+        body: the person's skin outside the head on the working grid, or None without a
+            person segmentation.
+    """
+
+    oval: np.ndarray
+    stride: int
+    work_region: np.ndarray
+    sample: RegionSample
+    body: BodySkin | None
+
+
+def prepare_locality_source(
+    work_source: np.ndarray, oval: np.ndarray, face_size_px: float, stride: int, person: np.ndarray | None
+) -> LocalitySource:
+    """:class:`LocalitySource` of a source.
+
+    Args:
+        work_source: the source on the working grid, ``source[::stride, ::stride]``, uint8.
+        oval: ``(H, W)`` {0, 255} the full-size face oval.
+        face_size_px: face size in full-size pixels.
+        stride: the working grid's k.
+        person: person mask or probability on the working grid, or None.
+    """
+    work_oval = oval if stride == 1 else np.ascontiguousarray(oval[::stride, ::stride])
+    size = face_size_px / stride
+    region = away_from_face(work_oval, work_source.shape[:2], size)
+    body = body_skin_reference(work_source, work_oval, person, size) if person is not None else None
+    return LocalitySource(oval, stride, region, sample_region(work_source, region), body)
+
+
 def _face_measures(
-    source: np.ndarray,
-    candidate: np.ndarray,
-    oval: np.ndarray | None,
-    person_mask: np.ndarray | None,
-    face_size_px: float,
+    prepared: LocalitySource,
+    work_source: np.ndarray,
+    work_candidate: np.ndarray,
     prefix: str = "",
-    covered: np.ndarray | None = None,
+    work_covered: np.ndarray | None = None,
 ) -> dict[str, float | None]:
-    region = away_from_face(oval, source.shape[:2], face_size_px)
-    if covered is not None:
-        region[~covered] = 0
-        if person_mask is not None:
-            person_mask = np.where(covered, person_mask, np.uint8(0))
-    shift, gain = global_change(source, candidate, region)
+    region = prepared.work_region
+    if work_covered is not None:
+        region = np.where(work_covered, region, np.uint8(0))
+    shift, gain = _global_change_at(prepared.sample.covered_by(work_covered), work_candidate)
+    share = _changed_share_at(smoothed_diff(work_source, work_candidate), region)
     out: dict[str, float | None] = {
-        f"{prefix}changed_share": finite_or_none(changed_share(source, candidate, region)),
+        f"{prefix}changed_share": finite_or_none(share),
         f"{prefix}global_shift": finite_or_none(shift),
         f"{prefix}global_gain_change": finite_or_none(gain),
     }
     skin, frac = (None, 0.0)
-    if oval is not None and person_mask is not None:
-        skin, frac = body_skin_drift(source, candidate, oval, person_mask, face_size_px)
+    if prepared.body is not None:
+        skin, frac = body_skin_change(prepared.body, work_candidate, work_covered)
     out[f"{prefix}body_skin_delta_e"] = finite_or_none(skin)
     if not prefix:
         out["body_skin_area_frac"] = frac
@@ -400,26 +623,24 @@ def locality_gate(
     elif edit_mask is not None:
         edit_mask = binary_mask(edit_mask)
     face = pair.source_face
-    oval = None
-    if pair.face_mask is not None:
-        oval = (
-            draw_face_mask(face.landmarks, pair.source.shape[:2], mode="oval")
-            if pair.face_mask_mode != "oval" and face is not None
-            else pair.face_mask
-        )
+    prepared = pair.source_data("locality")
+    if prepared is None and face is not None and pair.face_mask is not None:
+        prepared = _prepare(pair.work_source, face, pair.face_mask, pair.face_mask_mode, pair.stride, None)
+    oval = prepared.oval if prepared is not None else pair.face_mask
     # the stack draws face masks as {0, 255} already; only caller-given edit masks are coerced
     m = locality_metrics(pair.source, pair.candidate, pair.face_mask, edit_mask, pair.covered, oval_mask=oval)
     metrics: dict = {"mask_mode": pair.face_mask_mode, **m}
-    size = face.size_px if face is not None else 0.0
-    if face is not None:
-        metrics.update(_face_measures(pair.source, pair.candidate, oval, pair.person_mask, size, covered=pair.covered))
+    if prepared is not None:
+        metrics.update(_face_measures(prepared, pair.work_source, pair.work_candidate, work_covered=pair.work_covered))
     raw = pair.raw_candidate
     if raw is not None and raw.shape == pair.source.shape:
         r = locality_metrics(pair.source, raw, pair.face_mask, edit_mask, pair.covered, oval_mask=oval)
         metrics.update({f"raw_{k}": r.get(k) for k in ("diff_face", "diff_nonface", "ratio", "diff_outside_edit")})
-        if face is not None:
+        if prepared is not None:
+            k = prepared.stride
+            work_raw = raw if k == 1 else np.ascontiguousarray(raw[::k, ::k])
             metrics.update(
-                _face_measures(pair.source, raw, oval, pair.person_mask, size, prefix="raw_", covered=pair.covered)
+                _face_measures(prepared, pair.work_source, work_raw, prefix="raw_", work_covered=pair.work_covered)
             )
     un = pair.unregistered
     if un is not None and pair.face_mask is not None and getattr(un, "ndim", 0) == 3 and un.shape[2] == 3:
@@ -479,6 +700,14 @@ def locality_gate(
     return GateResult("locality", not reasons, metrics, tuple(reasons), tuple(review), thresholds)
 
 
+def _prepare(
+    work_source: np.ndarray, face, face_mask: np.ndarray, mode: str, stride: int, person: np.ndarray | None
+) -> LocalitySource:
+    shape = (face_mask.shape[0], face_mask.shape[1])
+    oval = draw_face_mask(face.landmarks, shape, mode="oval") if mode != "oval" else face_mask
+    return prepare_locality_source(work_source, oval, face.size_px, stride, person)
+
+
 class LocalityGate:
     """:func:`locality_gate` with its thresholds bound (no model: masks come with the pair)."""
 
@@ -486,6 +715,20 @@ class LocalityGate:
 
     def __init__(self, config: LocalityGateConfig) -> None:
         self.config = config
+
+    @property
+    def needs_person(self) -> bool:
+        """Whether body skin is judged, which needs the source's person segmentation."""
+        return self.config.max_body_skin_delta_e is not None
+
+    def prepare(self, source: np.ndarray, analysis: SourceAnalysis) -> LocalitySource | None:
+        """The source's :class:`LocalitySource` (None without a face), once per source."""
+        if not analysis.faces or analysis.face_mask is None:
+            return None
+        person = analysis.person if self.needs_person else None
+        k = analysis.stride
+        work = analysis.work_image if analysis.work_image is not None else np.ascontiguousarray(source[::k, ::k])
+        return _prepare(work, analysis.faces[0], analysis.face_mask, analysis.face_mask_mode, k, person)
 
     def __call__(self, pair: PairContext) -> GateResult:
         return locality_gate(pair, **self.config.model_dump())

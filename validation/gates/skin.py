@@ -32,12 +32,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from counterfactory.manifests.registry import GATES
-from counterfactory.validation.gates.base import GateResult, PairContext, finite_or_none
-from counterfactory.validation.segment import PersonSegmenter, get_person_segmenter
-from counterfactory.validation.skin import measure_pair
+from counterfactory.validation.gates.base import GateResult, PairContext, SourceAnalysis, finite_or_none
+from counterfactory.validation.segment import PersonSegmenter, get_person_segmenter, work_stride
+from counterfactory.validation.skin import SourceSkin, measure_candidate_skin, prepare_source_skin
 
 #: No thresholds here depend on a model backend (ITA is a colour formula).
 BACKEND_THRESHOLDS: tuple[str, ...] = ()
@@ -110,10 +111,28 @@ class SkinGate:
     """The configured skin-tone gate; the selfie segmenter is loaded once per process."""
 
     name = "skin"
+    #: the stack segments the source's person once for every gate that sets this
+    needs_person = True
 
     def __init__(self, config: SkinGateConfig, segmenter: PersonSegmenter | None = None) -> None:
         self.config = config
         self.segmenter = segmenter if segmenter is not None else get_person_segmenter()
+
+    def prepare(self, source: np.ndarray, analysis: SourceAnalysis) -> SourceSkin:
+        """The source's skin (:func:`~counterfactory.validation.skin.prepare_source_skin`), once per source."""
+        faces = analysis.faces
+        person = analysis.person
+        if faces and person is None:
+            k = analysis.stride
+            work = analysis.work_image if analysis.work_image is not None else source[::k, ::k]
+            person = self.segmenter.segment(np.ascontiguousarray(work))
+        return prepare_source_skin(
+            source,
+            person,
+            source_landmarks=faces[0].landmarks if faces else None,
+            other_faces=[f.landmarks for f in faces[1:]],
+            work_source=analysis.work_image,
+        )
 
     def __call__(self, pair: PairContext) -> GateResult:
         c = self.config
@@ -122,18 +141,22 @@ class SkinGate:
             "max_face_body_gap_growth_deg": c.max_face_body_gap_growth_deg,
             "max_inpaint_gap_deg": c.max_inpaint_gap_deg,
         }
-        src_face = pair.source_face
         cand_face = pair.candidate_face
-        others = [f.landmarks for f in pair.source_faces[1:]]
-        src, cand = measure_pair(
-            pair.source,
+        prepared = pair.source_data(self.name)
+        if prepared is None:
+            faces = tuple(pair.source_faces)
+            k = work_stride(pair.source.shape)
+            analysis = SourceAnalysis(
+                "", pair.source.shape, faces, pair.face_mask, pair.face_mask_mode, k, pair.work_source
+            )
+            prepared = self.prepare(pair.source, analysis)
+        src, cand = measure_candidate_skin(
+            prepared,
             pair.candidate,
-            self.segmenter,
-            source_landmarks=src_face.landmarks if src_face is not None else None,
             candidate_landmarks=cand_face.landmarks if cand_face is not None else None,
-            other_faces=others,
             edit_mask=pair.edit_mask if pair.kind == "limb" else None,
             covered=pair.covered,
+            work_candidate=pair.work_candidate,
         )
         control = is_control(
             pair.extras.get("condition"),
