@@ -27,7 +27,10 @@ exception.
 
 from __future__ import annotations
 
+import hashlib
 import math
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -232,9 +235,9 @@ def _shrink_uniformly(image: np.ndarray, factor: float) -> tuple[np.ndarray, np.
     return small, _axis_scale(nw / w, nh / h)
 
 
-def _detect(grey: np.ndarray, mask: np.ndarray | None) -> tuple[list, np.ndarray | None, float]:
-    """SIFT keypoints on a copy of at most ``FEATURE_MAX_SIDE`` px; returns (keypoints,
-    descriptors, factor) with keypoint positions in the copy's pixels."""
+def _detect(grey: np.ndarray, mask: np.ndarray | None) -> tuple[np.ndarray, np.ndarray | None, float]:
+    """SIFT keypoints on a copy of at most ``FEATURE_MAX_SIDE`` px; returns (keypoint
+    positions ``(N, 2)`` float32, descriptors, factor) with positions in the copy's pixels."""
     f = min(1.0, FEATURE_MAX_SIDE / max(grey.shape))
     if f < 1.0:
         size = (round(grey.shape[1] * f), round(grey.shape[0] * f))
@@ -242,7 +245,36 @@ def _detect(grey: np.ndarray, mask: np.ndarray | None) -> tuple[list, np.ndarray
         if mask is not None:
             mask = cv2.resize(mask, size, interpolation=cv2.INTER_NEAREST)
     keypoints, descriptors = cv2.SIFT_create(nfeatures=2000).detectAndCompute(grey, mask)
-    return keypoints, descriptors, f
+    points = np.float32([k.pt for k in keypoints]).reshape(-1, 2)
+    return points, descriptors, f
+
+
+#: The source's keypoints of the last few (source, region) pairs: every cell of a template
+#: registers its output to the same source on the same region, and SIFT on the source costs
+#: as much as on the output.
+_SOURCE_FEATURES: OrderedDict[str, tuple[np.ndarray, np.ndarray | None, float]] = OrderedDict()
+_SOURCE_FEATURES_MAX = 4
+_SOURCE_FEATURES_LOCK = threading.Lock()
+
+
+def _source_features(grey: np.ndarray, region: np.ndarray) -> tuple[np.ndarray, np.ndarray | None, float]:
+    """:func:`_detect` of the source on ``region``, cached by the sha256 of exactly what
+    decides it (both arrays' shapes and bytes); callers must not modify the returned arrays."""
+    digest = hashlib.sha256(f"{grey.shape}|{region.shape}|{FEATURE_MAX_SIDE}|".encode())
+    digest.update(np.ascontiguousarray(grey).tobytes())
+    digest.update(np.ascontiguousarray(region).tobytes())
+    key = digest.hexdigest()
+    with _SOURCE_FEATURES_LOCK:
+        found = _SOURCE_FEATURES.get(key)
+        if found is not None:
+            _SOURCE_FEATURES.move_to_end(key)
+            return found
+    found = _detect(grey, region)
+    with _SOURCE_FEATURES_LOCK:
+        _SOURCE_FEATURES[key] = found
+        while len(_SOURCE_FEATURES) > _SOURCE_FEATURES_MAX:
+            _SOURCE_FEATURES.popitem(last=False)
+    return found
 
 
 def _fit_scale_translation(p_src: np.ndarray, p_cand: np.ndarray, *, per_axis: bool) -> np.ndarray:
@@ -274,7 +306,7 @@ def _feature_estimate(
 
     Returns ``(transform or None, source points, candidate points)`` of the inliers.
     """
-    kp1, d1, f1 = _detect(src_grey, region)
+    kp1, d1, f1 = _source_features(src_grey, region)
     kp2, d2, f2 = _detect(cand_grey, None)
     empty = np.zeros((0, 2), np.float32)
     if d1 is None or d2 is None or len(kp1) < 8 or len(kp2) < 8:
@@ -284,8 +316,8 @@ def _feature_estimate(
     if len(good) < 8:
         return None, empty, empty
     # back to full-resolution pixel centres
-    p1 = (np.float32([kp1[m.queryIdx].pt for m in good]) + 0.5) / f1 - 0.5
-    p2 = (np.float32([kp2[m.trainIdx].pt for m in good]) + 0.5) / f2 - 0.5
+    p1 = (kp1[[m.queryIdx for m in good]] + 0.5) / f1 - 0.5
+    p2 = (kp2[[m.trainIdx for m in good]] + 0.5) / f2 - 0.5
     scale_guess = max(cand_grey.shape) / max(src_grey.shape)
     t, inliers = cv2.estimateAffine2D(
         p1, p2, method=cv2.RANSAC, ransacReprojThreshold=3.0 * max(1.0, scale_guess), maxIters=4000

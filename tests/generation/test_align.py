@@ -293,3 +293,29 @@ def test_zoom_then_diffusers_resize_registers_within_half_a_pixel(photo, zoom, s
     assert result.frame == "stretch"
     assert _max_error(result.transform, motion, source.shape) < TOLERANCE_PX
     assert result.residual_px < 1.0
+
+
+def test_the_source_keypoints_are_found_once_per_source_and_region(monkeypatch):
+    """Every cell of a template registers to one source: SIFT runs on the source once, and
+    the cached keypoints give exactly the registration found without them."""
+    from counterfactory.generation import align
+
+    src = read_rgb("grace_hopper.jpg")
+    cands = [_apply(src, dx=dx, dy=1.0)[0] for dx in (2.0, -1.5)]
+    align._SOURCE_FEATURES.clear()
+    uncached = []
+    for cand in cands:
+        align._SOURCE_FEATURES.clear()
+        uncached.append(align_candidate(src, cand).transform)
+    align._SOURCE_FEATURES.clear()
+    calls = []
+    real = align._detect
+    monkeypatch.setattr(align, "_detect", lambda grey, mask: calls.append(mask is not None) or real(grey, mask))
+    cached = [align_candidate(src, cand).transform for cand in cands]
+    assert calls.count(True) == 1 and calls.count(False) == 2  # the source once, each output once
+    for a, b in zip(uncached, cached):
+        np.testing.assert_array_equal(a, b)
+    other = src.copy()
+    other[:8, :8] = 255 - other[:8, :8]  # other pixels (and so another grey image): another key
+    align_candidate(other, cands[0])
+    assert calls.count(True) == 2

@@ -61,6 +61,46 @@ def test_in_plane_rotation_is_measured_as_roll(face_stack, photo, angle):
     assert fallback == pytest.approx(angle, abs=1.5)
 
 
+def _rotation(yaw: float, pitch: float, roll: float) -> np.ndarray:
+    """R = Ry(yaw) Rx(pitch) Rz(roll), degrees: the intrinsic y-x-z order pose_deg reads."""
+    y, p, r = np.radians([yaw, pitch, roll])
+    ry = np.array([[np.cos(y), 0, np.sin(y)], [0, 1, 0], [-np.sin(y), 0, np.cos(y)]])
+    rx = np.array([[1, 0, 0], [0, np.cos(p), -np.sin(p)], [0, np.sin(p), np.cos(p)]])
+    rz = np.array([[np.cos(r), -np.sin(r), 0], [np.sin(r), np.cos(r), 0], [0, 0, 1]])
+    return ry @ rx @ rz
+
+
+@pytest.mark.parametrize(("yaw", "pitch", "roll"), [(25.0, 0.0, 0.0), (0.0, -15.0, 0.0), (-30.0, 12.0, 8.0)])
+def test_yaw_pitch_roll_of_a_known_rotation(photo, landmarker, yaw, pitch, roll):
+    """A facial transformation matrix of known angles (with MediaPipe's scale and translation)
+    gives those angles back, and the gate reports their change between two faces."""
+    face = landmarker.detect(photo("grace_hopper.jpg"))[0]
+
+    def observed(y: float, p: float, r: float) -> FaceObservation:
+        m = np.eye(4, dtype=np.float32)
+        m[:3, :3] = 1.7 * _rotation(y, p, r)
+        m[:3, 3] = (3.0, -2.0, -60.0)
+        return FaceObservation(landmarks=face.landmarks, transform=m)
+
+    assert observed(yaw, pitch, roll).pose_deg() == pytest.approx((yaw, pitch, roll), abs=1e-4)
+    assert pose_change_deg(observed(0, 0, 0).pose_deg(), observed(yaw, pitch, roll).pose_deg()) == pytest.approx(
+        (yaw, pitch, roll), abs=1e-4
+    )
+
+
+def test_a_mirrored_face_turns_the_other_way(face_stack, photo):
+    """Mirroring a face that looks aside flips the sign of its yaw and roll and keeps its pitch
+    (the real landmarker on a real photo: the angles are the model's, their symmetry is known)."""
+    image = photo("biden_blue_room.jpg")
+    face = face_stack.landmarker.detect(image)[0]
+    mirrored = face_stack.landmarker.detect(np.ascontiguousarray(image[:, ::-1]))[0]
+    (y0, p0, r0), (y1, p1, r1) = face.pose_deg(), mirrored.pose_deg()
+    assert abs(y0) > 5.0  # the photo looks aside: a real test of yaw's sign
+    assert y1 == pytest.approx(-y0, abs=2.0)
+    assert r1 == pytest.approx(-r0, abs=2.0)
+    assert p1 == pytest.approx(p0, abs=2.0)
+
+
 def test_two_faces_when_one_is_expected(face_stack, photo):
     image = photo("two_people.jpg")
     pair = face_stack.context(image, image.copy())
