@@ -9,6 +9,8 @@ from counterfactory.flows.keys import template_key
 from counterfactory.manifests.spec import RunConfig, load_spec
 from tests.flows.fake_editor import FakeEditor
 
+pytestmark = pytest.mark.slow  # the real face model checks the sources
+
 
 @pytest.fixture(scope="module")
 def spec(specs_dir):

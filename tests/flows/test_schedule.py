@@ -55,6 +55,7 @@ def test_latest_release_is_the_newest_sealed_version(tmp_path):
     assert latest_release(tmp_path, "other") is None
 
 
+@pytest.mark.slow
 def test_the_command_stops_on_a_bad_cron_before_anything_starts(tmp_path, specs_dir):
     out = tmp_path / "out"
     result = subprocess.run(
@@ -98,6 +99,7 @@ def test_without_a_server_the_command_runs_one_with_its_scheduler(monkeypatch):
     assert "PREFECT_API_URL" not in os.environ
 
 
+@pytest.mark.slow
 def test_a_failed_scheduled_run_is_logged_with_its_error(tmp_path, specs_dir):
     from counterfactory.flows.schedule import SCHEDULE_LOG, regenerate_flow
     from counterfactory.manifests.runlock import RunFolderError, RunFolderLock
