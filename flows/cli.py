@@ -122,7 +122,7 @@ def run(
         _fail(str(exc))
     if summary.missing_outputs:
         click.echo(
-            f"note: {summary.missing_outputs} finished edit(s) had lost their image from {out / 'store'}; "
+            f"note: {summary.missing_outputs} finished edit(s) had lost their image from the image store; "
             "only those attempts were run again",
             err=True,
         )

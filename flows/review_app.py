@@ -92,7 +92,7 @@ class ReviewSite:
     def __init__(self, out: Path, spec: Spec, ledger: Ledger) -> None:
         self.out, self.spec, self.ledger = Path(out), spec, ledger
         self.options = spec.review
-        self.store = ImageStore(self.out / "store")
+        self.store = ImageStore(spec.store_dir if spec.store_dir is not None else self.out / "store")
         self.secret = secrets.token_bytes(32)
         self._lock = threading.Lock()
         self._views: dict[str, TemplateView] = {}

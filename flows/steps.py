@@ -77,7 +77,13 @@ def open_workspace(spec: Spec, out: str | Path) -> Workspace:
     out = Path(out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     url = spec.ledger_url or f"sqlite:///{out / 'ledger.sqlite'}"
-    return Workspace(out=out, ledger=Ledger(url), store=ImageStore(out / "store"))
+    return Workspace(out=out, ledger=Ledger(url), store=ImageStore(store_dir(spec, out)))
+
+
+def store_dir(spec: Spec, out: str | Path) -> Path:
+    """The image store's folder: the spec's ``store_dir`` (shared by workers on one ledger),
+    else ``<out>/store``."""
+    return spec.store_dir if spec.store_dir is not None else Path(out).resolve() / "store"
 
 
 def count_missing_outputs(ws: Workspace) -> int:
@@ -423,37 +429,51 @@ def run_edits(ws: Workspace, editor: Editor, plans: Sequence[PlannedAttempt], li
 
     Returns the number of editor calls made (0 when every attempt was already finished).
     """
-    to_run = []
-    for plan in plans:
-        done = ws.ledger.attempt(plan.attempt_id)
-        if done is not None and done.status == "ok" and not ws.store.has(done.output_sha256):
-            # the store lost this output (deleted blob or store): rebuild only this attempt
-            ws.ledger.reopen_attempt(plan.attempt_id, reason="store_blob_missing")
-            done = None
-        if done is not None and done.status in FINISHED_ATTEMPT:
-            continue
-        claimed = ws.ledger.start_attempt(
-            plan.attempt_id,
-            cell_id=plan.cell.cell_id,
-            attempt_no=plan.attempt_no,
-            seed=plan.request.seed,
-            backend=editor.name,
-            lineage=lineage,
-            prompt=plan.prompt.text,
-            run_id=ws.run_id,
-        )
-        if claimed:  # else another live run on the same database is editing it right now
-            to_run.append(plan.request)
-    if not to_run:
-        return 0
-    # one backend batch at a time, each result committed as soon as its batch returns: a kill
-    # loses only the batch in flight, and memory holds one batch of outputs, not a template's
+    # Claimed one backend batch at a time, just before it is edited: a worker sharing the
+    # ledger takes the attempts this one has not reached yet instead of waiting for them. Each
+    # result is committed as soon as its batch returns: a kill loses only the batch in flight,
+    # and memory holds one batch of outputs, not a template's.
     size = editor_batch_size(editor)
     journal = ws.ledger.journal(editor.name)
-    for start in range(0, len(to_run), size):
-        for result in _edit_safely(editor, to_run[start : start + size], journal):
-            _store_result(ws, result)
-    return len(to_run)
+    calls = 0
+    batch: list[EditRequest] = []
+    for plan in plans:
+        if _claim(ws, editor, plan, lineage):
+            batch.append(plan.request)
+        if len(batch) == size:
+            calls += _edit_batch(ws, editor, batch, journal)
+            batch = []
+    if batch:
+        calls += _edit_batch(ws, editor, batch, journal)
+    return calls
+
+
+def _claim(ws: Workspace, editor: Editor, plan: PlannedAttempt, lineage: dict[str, Any]) -> bool:
+    """Whether this run is to edit ``plan`` now: unfinished, and claimed in the ledger."""
+    done = ws.ledger.attempt(plan.attempt_id)
+    if done is not None and done.status == "ok" and not ws.store.has(done.output_sha256):
+        # the store lost this output (deleted blob or store): rebuild only this attempt
+        ws.ledger.reopen_attempt(plan.attempt_id, reason="store_blob_missing")
+        done = None
+    if done is not None and done.status in FINISHED_ATTEMPT:
+        return False
+    # False when another live run on the same database is editing it right now, or finished it
+    return ws.ledger.start_attempt(
+        plan.attempt_id,
+        cell_id=plan.cell.cell_id,
+        attempt_no=plan.attempt_no,
+        seed=plan.request.seed,
+        backend=editor.name,
+        lineage=lineage,
+        prompt=plan.prompt.text,
+        run_id=ws.run_id,
+    )
+
+
+def _edit_batch(ws: Workspace, editor: Editor, batch: list[EditRequest], journal) -> int:
+    for result in _edit_safely(editor, batch, journal):
+        _store_result(ws, result)
+    return len(batch)
 
 
 def editor_batch_size(editor: Editor) -> int:

@@ -364,8 +364,9 @@ class Ledger:
 
         Returns False, changing nothing, when another run that is still alive holds the claim
         (on PostgreSQL: a row lock decides between simultaneous claims, and a run is alive
-        while its :meth:`start_run` advisory lock is held); the caller must not call the
-        editor then. A dead run's claim is taken over.
+        while its :meth:`start_run` advisory lock is held), or has finished the attempt since
+        the caller last looked; the caller must not call the editor then. A dead run's claim
+        is taken over.
         """
         try:
             with self.session() as s, s.begin():
@@ -405,7 +406,8 @@ class Ledger:
                 calls=0,
             )
         if row.status == "ok":
-            raise RuntimeError(f"attempt {attempt_id} already finished; it must not run again")
+            # another run finished it after the caller looked: its output stands, no new call
+            return False
         row.status, row.reason, row.calls = "running", None, (row.calls or 0) + 1
         row.claimed_by, row.claimed_at = run_id, _now()
         s.add(row)

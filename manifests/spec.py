@@ -235,10 +235,24 @@ class Spec(BaseModel):
     #: where the tasks execute (this machine's threads, or a Ray cluster) and how runs share
     #: machines (concurrency limits); not part of the study
     run: RunConfig = Field(default_factory=RunConfig)
+    #: absolute path of the image store; default ``<out>/store``. Workers that share a
+    #: ``ledger_url`` (a PostgreSQL ledger) share this too, or each would re-run the edits the
+    #: others stored.
+    store_dir: Path | None = None
     #: the spec file's text as the user wrote it (set by :func:`load_spec`)
     _written: str | None = PrivateAttr(default=None)
     #: the spec file it was loaded from (set by :func:`load_spec`)
     _path: Path | None = PrivateAttr(default=None)
+
+    @field_validator("store_dir")
+    @classmethod
+    def _absolute_store(cls, value: Path | None) -> Path | None:
+        if value is not None and not value.is_absolute():
+            raise ValueError(
+                f"an absolute path, received {str(value)!r}: every worker sharing the ledger must "
+                "name the same folder, wherever it is started from"
+            )
+        return value
 
     @field_validator("ledger_url")
     @classmethod
@@ -307,9 +321,9 @@ class Spec(BaseModel):
 
         Source paths are as written (relative to the spec file, never resolved); ``editor``
         holds the active backend's options only; ``gates`` and ``prompts`` the active kind's
-        only; the limb-mask growth (``masks``) only for limb designs; ``ledger_url`` (where the
-        run kept its state, possibly with a password) and ``run`` (where it executed and how runs
-        share machines) are left out. This is what
+        only; the limb-mask growth (``masks``) only for limb designs; ``ledger_url`` and
+        ``store_dir`` (where the run kept its state, possibly with a password) and ``run`` (where
+        it executed and how runs share machines) are left out. This is what
         :meth:`spec_hash` hashes and what :meth:`to_yaml` writes.
         (:meth:`as_written` is the file's own text, which a release ships.)
         """
@@ -334,6 +348,7 @@ class Spec(BaseModel):
                 data["prompts"].pop(unused, None)
         data.pop("ledger_url", None)
         data.pop("run", None)
+        data.pop("store_dir", None)
         return data
 
     def canonical_json(self) -> str:

@@ -165,6 +165,7 @@ class FalServer:
         self._lock = threading.Lock()
         self._stopping = threading.Event()
         self._behaviours: dict[str, Behaviour] = {}
+        self._held = False
         self._dir: str | None = None
         self._thread: threading.Thread | None = None
         self._server: Any = None
@@ -290,6 +291,21 @@ class FalServer:
         with ``usage.cost`` ``cost_usd`` (``price_usd`` when ``None``)."""
         with self._lock:
             self._answers[_pixels_key(pixels)] = (text, cost_usd)
+
+    def hold(self) -> None:
+        """Keeps every job ``IN_QUEUE`` until :meth:`release` (e.g. until several clients have
+        submitted, so that they are known to overlap)."""
+        with self._lock:
+            self._held = True
+
+    def release(self) -> None:
+        """Lets held jobs run: each takes its latency from now."""
+        now = time.monotonic()
+        with self._lock:
+            self._held = False
+            for job in self.jobs.values():
+                if not job.cancelled and job.accepted_at < now:
+                    job.accepted_at = now
 
     def behave(self, prompt: str, behaviour: Behaviour) -> None:
         """Requests whose prompt equals ``prompt`` get ``behaviour``."""
@@ -477,8 +493,12 @@ class FalServer:
                 return error(injected, "Service unavailable")
             now = time.monotonic()
             body: dict[str, Any] = {**urls(job.app, job.request_id), "logs": None, "metrics": {}}
+            with self._lock:
+                held = self._held
             if job.cancelled:
                 body.update(status="COMPLETED", error="Request was cancelled", error_type="request_cancelled")
+            elif held:
+                body.update(status="IN_QUEUE", queue_position=0)
             elif job.done(now):
                 body["status"] = "COMPLETED"
                 if job.behaviour.outcome in ("policy", "invalid", "error"):
@@ -505,7 +525,7 @@ class FalServer:
                 return job
             if job.cancelled:
                 return error(400, "Request was cancelled")
-            if not job.done(time.monotonic()):
+            if self._held or not job.done(time.monotonic()):
                 return error(400, "Request is still in progress")
             with self._lock:
                 if not job.collected:

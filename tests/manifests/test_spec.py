@@ -170,6 +170,7 @@ def _demo(specs_dir, tmp_path, edit) -> Path:
         (lambda d: d["editor"].update(seed=2**31 - 1), "seed + max_attempts - 1 at most 2147483647"),
         (lambda d: d.update(ledger_url="postgres-ish://nowhere"), "`ledger_url`: expected an SQLAlchemy URL"),
         (lambda d: d.update(ledger_url="not a url at all"), "`ledger_url`: expected an SQLAlchemy URL"),
+        (lambda d: d.update(store_dir="shared/store"), "`store_dir`: expected an absolute path"),
     ],
 )
 def test_spec_errors_that_used_to_fail_mid_run_stop_at_load(specs_dir, tmp_path, edit, expected):
@@ -236,6 +237,7 @@ def test_spec_hash_covers_only_the_active_backend_and_kind(specs_dir):
     )
     assert changed(masks=spec.masks.model_copy(update={"dilate_px": 9})) == spec.spec_hash()
     assert changed(ledger_url="postgresql+psycopg://user:secret@db/ledger") == spec.spec_hash()
+    assert changed(store_dir=Path("/mnt/lab/store")) == spec.spec_hash()
 
 
 def test_the_spec_module_imports_no_pipeline_layer():

@@ -73,8 +73,11 @@ def test_attempt_lifecycle_and_call_count(ledger_url):
     row = ledger.attempt("a" * 64)
     assert (row.status, row.calls, row.cost_usd) == ("ok", 2, 0.04)
     assert ledger.editor_calls() == 2
-    with pytest.raises(RuntimeError, match="must not run again"):
-        _start(ledger)
+    # a finished attempt is never claimed again: the caller must not call the editor
+    assert not ledger.start_attempt(
+        "a" * 64, cell_id="c", attempt_no=1, seed=0, backend="classical", lineage={}, prompt="p"
+    )
+    assert ledger.attempt("a" * 64).calls == 2 and ledger.editor_calls() == 2
 
 
 def test_state_survives_reopening(ledger_url):
@@ -253,4 +256,21 @@ def test_a_live_runs_claim_keeps_other_runs_off_the_attempt(ledger_url):
     first.close()
     assert second.start_attempt("a" * 64, run_id="run-b", **claim)
     assert second.attempt("a" * 64).calls == 2
+    second.close()
+
+
+@pytest.mark.parametrize("ledger_url", ["postgres"], indirect=True)
+def test_an_attempt_another_run_finished_meanwhile_is_not_claimed(ledger_url):
+    """Two workers: the second saw the attempt running, the first finished it before the
+    second's claim. The claim says no (it used to raise, failing the second worker's template)."""
+    first, second = Ledger(ledger_url), Ledger(ledger_url)
+    first.start_run("run-a", spec_name="s", spec_hash="h")
+    second.start_run("run-b", spec_name="s", spec_hash="h")
+    claim = {"cell_id": "c", "attempt_no": 1, "seed": 0, "backend": "fal", "lineage": {}, "prompt": "p"}
+    assert first.start_attempt("a" * 64, run_id="run-a", **claim)
+    assert second.attempt("a" * 64).status == "running"  # what the second worker saw
+    first.finish_attempt("a" * 64, status="ok", output_sha256="b" * 64)
+    assert not second.start_attempt("a" * 64, run_id="run-b", **claim)
+    assert second.attempt("a" * 64).status == "ok" and second.attempt("a" * 64).calls == 1
+    first.close()
     second.close()
