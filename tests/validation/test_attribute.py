@@ -13,7 +13,13 @@ import pytest
 
 from counterfactory.assets import PHOTOS_DIR
 from counterfactory.manifests.errors import SetupError
-from counterfactory.validation.backends.attributes import FAIRFACE_RACES, FairFaceClassifier, GenderAgeClassifier
+from counterfactory.validation.backends.attributes import (
+    FAIRFACE_RACES,
+    FairFaceClassifier,
+    GenderAgeClassifier,
+    fairface_chip,
+)
+from counterfactory.validation.backends.base import similarity_transform
 from counterfactory.validation.calibrate import load_rgb
 from counterfactory.validation.faces import get_face_landmarker
 from counterfactory.validation.gates.attribute import AttributeGate, AttributeGateConfig, check_label_map
@@ -27,9 +33,16 @@ FAIRFACE_BIAS = np.zeros(18, np.float32)
 FAIRFACE_BIAS[[1, 7, 14]] = [3.0, 2.0, 1.0]
 
 
-def _bias_model(path: Path, input_shape: list, widths: list[int], biases: list[np.ndarray], input_name: str) -> Path:
-    """Global average pool, then per output ``0 * pooled @ W + bias``: constant logits, so the
-    expected probabilities are a softmax of ``bias`` computed by hand."""
+def _bias_model(
+    path: Path,
+    input_shape: list,
+    widths: list[int],
+    biases: list[np.ndarray],
+    input_name: str,
+    weights: list[np.ndarray] | None = None,
+) -> Path:
+    """Global average pool, then per output ``pooled @ W + bias`` with ``W = 0`` unless given:
+    constant logits, so the expected probabilities are a softmax of ``bias`` computed by hand."""
     from onnx import TensorProto, helper, numpy_helper
 
     nodes = [
@@ -40,7 +53,9 @@ def _bias_model(path: Path, input_shape: list, widths: list[int], biases: list[n
     for i, (width, bias) in enumerate(zip(widths, biases, strict=True)):
         nodes.append(helper.make_node("Gemm", ["flat", f"w{i}", f"b{i}"], [f"out{i}"]))
         inits += [
-            numpy_helper.from_array(np.zeros((3, width), np.float32), f"w{i}"),
+            numpy_helper.from_array(
+                np.zeros((3, width), np.float32) if weights is None else np.asarray(weights[i], np.float32), f"w{i}"
+            ),
             numpy_helper.from_array(np.asarray(bias, np.float32), f"b{i}"),
         ]
         outputs.append(helper.make_tensor_value_info(f"out{i}", TensorProto.FLOAT, ["N", width]))
@@ -112,7 +127,7 @@ def _softmax_top(logits) -> float:
 def test_fairface_standin_reads_the_expected_classes(fairface_file, portrait):
     image, faces = portrait
     clf = FairFaceClassifier(fairface_file, _sha(fairface_file))
-    got = clf.classify(image, faces[0].keypoints5())
+    got = clf.classify(image, faces[0].dlib_points5())
     assert got.labels == {"race": "Black", "gender": "Male", "age": "40-49"}
     assert got.probabilities["race"] == pytest.approx(_softmax_top([0, 3, 0, 0, 0, 0, 0]), rel=1e-5)
     assert got.probabilities["gender"] == pytest.approx(1 / (1 + math.exp(-2.0)), rel=1e-5)
@@ -128,7 +143,7 @@ def test_fairface_three_head_layout(tmp_path, portrait):
         [FAIRFACE_BIAS[:7], FAIRFACE_BIAS[7:9], FAIRFACE_BIAS[9:]],
         "input",
     )
-    got = FairFaceClassifier(path, _sha(path)).classify(image, faces[0].keypoints5())
+    got = FairFaceClassifier(path, _sha(path)).classify(image, faces[0].dlib_points5())
     assert got.labels == {"race": "Black", "gender": "Male", "age": "40-49"}
 
 
@@ -195,3 +210,102 @@ def test_stack_runs_the_configured_gate_and_leaves_it_off_otherwise(fairface_fil
     image, _ = portrait
     judgement = stack.evaluate(image, image.copy(), extras={"condition": {"race": "White", "gender": "male"}})
     assert "attribute_mismatch" in judgement.to_dict()["gates"]["attribute"]["review"]
+
+
+# -- FairFace's own face preparation ---------------------------------------------------------
+
+# dlib's 5-point mean face (get_face_chip_details), copied here from dlib, not from the code
+DLIB_MEAN_FACE = [(0.8595674595992, 0.2134981538014), (0.6460604764104, 0.2289674387677)]
+DLIB_MEAN_FACE += [(0.1205750620789, 0.2137274526848), (0.3340850613712, 0.2290642403242)]
+DLIB_MEAN_FACE += [(0.4901123135679, 0.6277975316475)]
+
+
+def _blobs(shape: tuple[int, int], points: np.ndarray, sigma: float) -> np.ndarray:
+    """A black RGB image with a Gaussian white blob at each point."""
+    ys, xs = np.mgrid[: shape[0], : shape[1]]
+    image = np.zeros(shape, np.float64)
+    for x, y in points:
+        image = np.maximum(image, np.exp(-((xs - x) ** 2 + (ys - y) ** 2) / (2 * sigma**2)))
+    return np.repeat((image * 255).round().astype(np.uint8)[..., None], 3, axis=2)
+
+
+@pytest.mark.parametrize("photo_scale", [1.0, 2.0])  # 2.0: an 1600 px photo, which FairFace first resizes to 800
+def test_fairface_chip_puts_the_five_points_where_dlib_and_fairface_put_them(photo_scale):
+    # By hand: a 300 px dlib chip with padding 0.25 has part k at (0.25 + m_k) / 1.5 * 300 px,
+    # and FairFace resizes that chip to 224 px: (0.25 + m_k) / 1.5 * 224, pixel centres mapped
+    # as PIL maps them, ((c + 0.5) * 224 / 300 - 0.5).
+    mean_face = np.array(DLIB_MEAN_FACE)
+    in_chip = (0.25 + mean_face) / 1.5 * 300
+    expected = (in_chip + 0.5) * 224 / 300 - 0.5
+    # the face on the photo: the chip's points turned by 12 degrees, scaled by 1.4, moved
+    angle = np.deg2rad(12)
+    turn = 1.4 * np.array([[np.cos(angle), -np.sin(angle)], [np.sin(angle), np.cos(angle)]])
+    on_photo = (in_chip @ turn.T + [230, 120]) * photo_scale
+    photo = _blobs((int(600 * photo_scale), int(800 * photo_scale)), on_photo, sigma=5 * photo_scale)
+
+    chip = fairface_chip(photo, on_photo)
+
+    assert chip.shape == (224, 224, 3) and chip.dtype == np.uint8
+    grey = chip[..., 0].astype(np.float64)
+    for (ex, ey), k in zip(expected, range(5), strict=True):
+        x0, y0 = int(round(ex)) - 8, int(round(ey)) - 8
+        patch = grey[y0 : y0 + 17, x0 : x0 + 17]
+        ys, xs = np.mgrid[y0 : y0 + 17, x0 : x0 + 17]
+        centre = np.array([(xs * patch).sum(), (ys * patch).sum()]) / patch.sum()
+        assert np.allclose(centre, (ex, ey), atol=0.5), (k, centre, (ex, ey))
+
+
+def test_fairface_chip_samples_the_photo_through_the_fitted_similarity():
+    # a photo whose red and green channels are x / 4 and y / 4: bilinear sampling and resizing
+    # keep a ramp a ramp, so every chip pixel's colour says which photo point it came from
+    ys, xs = np.mgrid[:600, :800]
+    photo = np.stack([xs / 4, ys / 4, np.full_like(xs, 128)], axis=-1).round().astype(np.uint8)
+    in_chip = (0.25 + np.array(DLIB_MEAN_FACE)) / 1.5 * 300
+    to_photo = np.array([[1.1, -0.2], [0.2, 1.1]])
+    chip = fairface_chip(photo, in_chip @ to_photo.T + [250, 140]).astype(np.float64)
+    # output pixel (i, j) <- chip point ((j + 0.5) * 300 / 224 - 0.5, ...) <- photo point
+    rows, cols = np.mgrid[20:204, 20:204]
+    u, v = (cols + 0.5) * 300 / 224 - 0.5, (rows + 0.5) * 300 / 224 - 0.5
+    px = 1.1 * u - 0.2 * v + 250
+    py = 0.2 * u + 1.1 * v + 140
+    assert np.abs(chip[20:204, 20:204, 0] - px / 4).max() < 1.0
+    assert np.abs(chip[20:204, 20:204, 1] - py / 4).max() < 1.0
+
+
+def test_the_mesh_points_are_dlibs_five_points(portrait):
+    """Eye corners and subnasale from the MediaPipe mesh fit dlib's 5-point mean face (its
+    published shape, scaled) within 2.5 % of the eye distance on a real portrait, closer than
+    the nose tip would."""
+    image, faces = portrait
+    points = faces[0].dlib_points5().astype(np.float64)
+    mean_face = np.array(DLIB_MEAN_FACE)
+    eye_distance = np.linalg.norm(points[0] - points[2])
+
+    def residual(pts: np.ndarray) -> float:
+        m = similarity_transform(mean_face, pts)
+        return float(np.sqrt(((mean_face @ m[:, :2].T + m[:, 2] - pts) ** 2).sum(axis=1).mean()))
+
+    assert residual(points) < 0.025 * eye_distance
+    with_nose_tip = points.copy()
+    with_nose_tip[4] = faces[0].landmarks[1, :2]
+    assert residual(points) < residual(with_nose_tip)
+    # dlib's part order: image-right eye (outer, inner), image-left eye (outer, inner), nose below
+    assert points[0, 0] > points[1, 0] > points[3, 0] > points[2, 0]
+    assert points[4, 1] > points[:4, 1].max()
+
+
+def test_fairface_input_is_rgb_with_imagenet_normalisation(tmp_path):
+    # a model whose race logits are the mean of each input channel (then four zeros): for a
+    # uniform photo they are (v_c / 255 - mean_c) / std_c, worked out here from ImageNet's
+    # published mean and std
+    weights = np.zeros((3, 18), np.float32)
+    weights[[0, 1, 2], [0, 1, 2]] = 1.0
+    path = _bias_model(tmp_path / "means.onnx", ["N", 3, 224, 224], [18], [np.zeros(18)], "input", [weights])
+    rgb = (40, 200, 90)
+    photo = np.empty((600, 800, 3), np.uint8)
+    photo[:] = rgb
+    in_chip = (0.25 + np.array(DLIB_MEAN_FACE)) / 1.5 * 300
+    got = FairFaceClassifier(path, _sha(path)).classify(photo, in_chip + [250, 150])
+    logits = [(v / 255 - m) / s for v, m, s in zip(rgb, (0.485, 0.456, 0.406), (0.229, 0.224, 0.225), strict=True)]
+    assert got.labels["race"] == "Black"  # channel 1, green, is the largest
+    assert got.probabilities["race"] == pytest.approx(_softmax_top(logits + [0, 0, 0, 0]), rel=1e-4)

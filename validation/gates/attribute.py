@@ -167,7 +167,7 @@ class AttributeGate:
         if face is None:
             return None
         if self.config.backend == "fairface":
-            return self.classifier.classify(pair.candidate, face.keypoints5())
+            return self.classifier.classify(pair.candidate, face.dlib_points5())
         return self.classifier.classify(pair.candidate, face.box)
 
     def _ask(self, pair: PairContext, axes: list[str]) -> GateResult:
