@@ -59,24 +59,35 @@ def test_two_workers_on_one_postgres_ledger_pay_each_edit_once(tmp_path):
         # Nothing finishes until both workers are editing: one worker has at most 2 requests in
         # flight (concurrency 2), so a third held submission proves the other is submitting too.
         server.hold()
-        workers = [
-            subprocess.Popen(
-                CLI + ["run", str(spec), "--out", str(tmp_path / f"worker-{i}"), "--no-progress"],
-                cwd=REPO,
-                env=env,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-            )
-            for i in range(2)
-        ]
-        deadline = time.monotonic() + 240
-        while server.stats()["paid_submits"] < 3:
-            assert all(w.poll() is None for w in workers), [w.communicate() for w in workers]
-            assert time.monotonic() < deadline, "the two workers never edited at the same time"
-            time.sleep(0.1)
-        server.release()
-        results = [w.communicate(timeout=240) for w in workers]
+        workers = []
+        try:
+            for i in range(2):
+                # each worker its own Prefect home, as on its own machine
+                home = {"PREFECT_HOME": str(tmp_path / f"prefect-{i}")}
+                command = CLI + ["run", str(spec), "--out", str(tmp_path / f"worker-{i}"), "--no-progress"]
+                workers.append(
+                    subprocess.Popen(
+                        command,
+                        cwd=REPO,
+                        env={**env, **home},
+                        stdout=subprocess.PIPE,
+                        stderr=subprocess.PIPE,
+                        text=True,
+                    )
+                )
+            deadline = time.monotonic() + 240
+            while server.stats()["paid_submits"] < 3:
+                ended = [w for w in workers if w.poll() is not None]
+                assert not ended, f"a worker ended early: rc {ended[0].returncode}: {ended[0].stderr.read()[-3000:]}"
+                assert time.monotonic() < deadline, "the two workers never edited at the same time"
+                time.sleep(0.1)
+            server.release()
+            results = [w.communicate(timeout=180) for w in workers]
+        finally:
+            for worker in workers:
+                if worker.poll() is None:
+                    worker.kill()
+                    worker.wait()
         for worker, (out, err) in zip(workers, results, strict=True):
             assert worker.returncode == 0, (out[-2000:], err[-3000:])
         engine = create_engine(url)
