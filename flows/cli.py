@@ -82,21 +82,31 @@ def run(
         if conflict:
             _fail(conflict)
     on_ray = ray_address is not None or spec.run.ray is not None
-    try:
-        # Fail on a missing model, key or GPU before the flow starts or anything is paid for.
-        # On Ray the editor loads on a GPU node of the cluster, which checks it there before any work.
+
+    def check_setup(spec) -> None:
+        # Fail on a missing model, key or GPU before the flow starts or anything is paid for
+        # (a re-run whose cells are all settled needs neither, and skips this). On Ray the
+        # editor loads on a GPU node of the cluster, which checks it there before any work.
         from counterfactory.flows.steps import build_editor, build_gate_stack
 
-        if not on_ray:
-            build_editor(spec)
-    except SetupError as exc:
-        _fail(f"editor backend {spec.editor.backend!r} cannot run: {exc}")
-    try:
-        build_gate_stack(spec)
-    except SetupError as exc:
-        _fail(f"the gates cannot run: {exc}")
+        try:
+            if not on_ray:
+                build_editor(spec)
+        except SetupError as exc:
+            _fail(f"editor backend {spec.editor.backend!r} cannot run: {exc}")
+        try:
+            build_gate_stack(spec)
+        except SetupError as exc:
+            _fail(f"the gates cannot run: {exc}")
 
-    from counterfactory.flows.run import run_spec
+    # a first run is checked before OUT is even created; a re-run only once the ledger says
+    # there is work (a settled re-run loads no model)
+    deferred = check_setup if spec.ledger_url is None and (out / "ledger.sqlite").is_file() else None
+    if deferred is None:
+        check_setup(spec)
+
+    # Prefect is imported only when there is work to do (a settled re-run never starts it)
+    from counterfactory.flows.resume import run_spec
 
     started = time.perf_counter()
     try:
@@ -108,6 +118,7 @@ def run(
             publish=publish,
             allow_incomplete=allow_incomplete,
             ray=ray_address,
+            check_setup=deferred,
         )
     except (
         ReleaseExistsError,
@@ -138,6 +149,8 @@ def run(
         f"templates complete: {summary.complete_templates}/{summary.templates}; failed sources: {summary.failed_sources}"
     )
     click.echo(f"editor calls: {summary.editor_calls}")
+    if summary.settled:
+        click.echo("nothing to run: every cell was already settled in the ledger")
     if summary.release_path is None:
         click.echo(f"not published: seal a release with `counterfactory publish {out}` (or run with --publish)")
     else:

@@ -42,6 +42,7 @@ from counterfactory.manifests.release import (
     ReleaseStage,
     SealedRelease,
     existing_release_conflict,
+    sealed_from,
     write_json,
     write_jsonl,
 )
@@ -257,38 +258,32 @@ def _editor_record(attempt) -> dict[str, Any] | None:
     }
 
 
-def build_items(
+def item_rows(
     spec: Spec,
     ws: Workspace,
     prepared: Sequence[PreparedSource],
     outcomes: Sequence[TemplateOutcome],
-    stage: ReleaseStage,
 ) -> list[dict[str, Any]]:
-    """One row per cell with its final attempt, candidate and verdict; files copied by sha256.
-
-    Every copied file is checked against the sha256 it is addressed by (store images and
-    source photos), so a damaged or edited file stops the publish with its name.
+    """One row per cell with its final attempt, candidate, verdict and review (``items.jsonl``
+    schema, ``expression`` still None); no file is touched. Image and source paths are the
+    ones :func:`stage_item_files` copies them to.
     """
     by_id = {p.id: p for p in prepared}
+    final_ids = [c.final_attempt for o in outcomes for c in o.cells if c.final_attempt]
+    attempts = ws.ledger.attempts_by_id(final_ids)
+    candidates = ws.ledger.candidates_by_id(final_ids)
     rows = []
     for outcome in outcomes:
         src = by_id[outcome.template_id]
-        src_rel = stage.add_file(
-            f"sources/{src.source.sha256}{src.source.path.suffix.lower()}", src.source.path, sha256=src.source.sha256
-        )
+        src_rel = _source_path(src)
         for cell_outcome in outcome.cells:
             cell = cell_outcome.cell
             aid = cell_outcome.final_attempt
-            attempt = ws.ledger.attempt(aid) if aid else None
-            candidate = ws.ledger.candidate(aid) if aid else None
+            attempt = attempts.get(aid) if aid else None
+            candidate = candidates.get(aid) if aid else None
             image = None
             if candidate is not None and candidate.image_sha256:
-                rel = stage.add_file(
-                    f"images/{candidate.image_sha256}.png",
-                    ws.store.verified_path(candidate.image_sha256),
-                    sha256=candidate.image_sha256,
-                )
-                image = {"sha256": candidate.image_sha256, "path": rel}
+                image = {"sha256": candidate.image_sha256, "path": f"images/{candidate.image_sha256}.png"}
             record = src.meta
             rows.append(
                 {
@@ -321,6 +316,78 @@ def build_items(
     # a person's resolved decision is the item's status; the history goes into its row
     apply_reviews(ws.ledger, spec.review, rows)
     return rows
+
+
+def _source_path(src: PreparedSource) -> str:
+    return f"sources/{src.source.sha256}{src.source.path.suffix.lower()}"
+
+
+def stage_item_files(
+    ws: Workspace, prepared: Sequence[PreparedSource], outcomes: Sequence[TemplateOutcome], rows, stage: ReleaseStage
+) -> None:
+    """Copy every row's source photo and image into ``stage``, each checked against the sha256
+    it is addressed by (store images and source photos), so a damaged or edited file stops the
+    publish with its name."""
+    by_id = {p.id: p for p in prepared}
+    for outcome in outcomes:
+        src = by_id[outcome.template_id]
+        stage.add_file(_source_path(src), src.source.path, sha256=src.source.sha256)
+    for row in rows:
+        if row["image"] is not None:
+            sha = row["image"]["sha256"]
+            stage.add_file(row["image"]["path"], ws.store.verified_path(sha), sha256=sha)
+
+
+def build_items(
+    spec: Spec,
+    ws: Workspace,
+    prepared: Sequence[PreparedSource],
+    outcomes: Sequence[TemplateOutcome],
+    stage: ReleaseStage,
+) -> list[dict[str, Any]]:
+    """:func:`item_rows`, with their files copied into ``stage`` (:func:`stage_item_files`)."""
+    rows = item_rows(spec, ws, prepared, outcomes)
+    stage_item_files(ws, prepared, outcomes, rows, stage)
+    return rows
+
+
+#: bump when what a release holds is built differently from the same inputs
+RELEASE_FORMAT = 1
+
+
+def release_inputs_key(
+    spec: Spec,
+    items: Sequence[dict[str, Any]],
+    failed: Sequence[FailedSource],
+    grid: Grid,
+    *,
+    review: dict[str, Any],
+    cost_usd: float,
+) -> str:
+    """sha256 of everything a release is built from, known before a byte is staged.
+
+    The spec as written and its hash, every cell's row (attempt, lineage, image and source
+    sha256, alignment, gate metrics, verdict, review history: :func:`item_rows`), the failed
+    sources, the grid's shortfalls and exclusions, the review statistics (they read the whole
+    ledger: audit and spot-the-edit answers) and this release's cost. The images themselves
+    are named by sha256, and the trials, derived variants and expression labels are functions
+    of these. Not in it: the time of sealing and the editor calls of the run that sealed it,
+    which do not change what the release says about its items.
+    """
+    import json
+
+    payload = {
+        "format": RELEASE_FORMAT,
+        "spec_sha256": spec.as_written()[1],
+        "spec_hash": spec.spec_hash(),
+        "items": items,
+        "failed": [{"id": f.id, "path": f.path.name, "reason": f.reason} for f in failed],
+        "grid": grid_summary(grid),
+        "review": review,
+        "cost_usd": round(cost_usd, 6),
+    }
+    blob = json.dumps(payload, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()
 
 
 def audit_expressions(
@@ -601,19 +668,27 @@ def publish_release(
             f"(the release then lists what was left out).\n{summary}"
         )
     biographies = load_biographies(spec.trials.biographies) if "salary" in spec.trials.protocols else None
+    items = item_rows(spec, ws, prepared, outcomes)
+    review = release_review_stats(ws.ledger, spec.review, items)
+    # this release's attempts only: other specs may share the ledger
+    cost = ws.ledger.cost_usd(a for o in outcomes for c in o.cells for a in c.attempt_ids)
+    inputs_sha256 = release_inputs_key(spec, items, failed, grid, review=review, cost_usd=cost)
+    # an unchanged re-run: the sealed release was built from exactly these inputs, so building
+    # it again (contact sheets, plots, copies) would only be thrown away
+    unchanged = sealed_from(ws.releases, spec.release.name, spec.release.version, inputs_sha256)
+    if unchanged is not None:
+        return unchanged
     stage = ReleaseStage(ws.releases, spec.release.name, spec.release.version)
     try:
-        items = build_items(spec, ws, prepared, outcomes, stage)
+        stage_item_files(ws, prepared, outcomes, items, stage)
         audit_expressions(spec, items, prepared, stage)
         manifest = [r for r in items if r["status"] == "accepted"]
         derived = build_derived(spec, manifest, prepared, stage)
         trials = build_trials(manifest, spec.trials, biographies=biographies)
-        # this release's attempts only: other specs may share the ledger
-        cost = ws.ledger.cost_usd(a for o in outcomes for c in o.cells for a in c.attempt_ids)
         stats = build_stats(
             spec, items, failed, outcomes, grid, editor_calls=editor_calls, total_cost_usd=cost, report=report
         )
-        stats["review"] = release_review_stats(ws.ledger, spec.review, items)
+        stats["review"] = review
         stats["skin"] = skin_tone_stats(items, {p.id: _own_group(spec, p.meta) for p in prepared})
         stats["labels"] = label_consistency(items)
         if stats["skin"]["by_condition"] or stats["skin"]["lightened_by_source_group"]:
@@ -628,6 +703,7 @@ def publish_release(
             "spec_hash": spec.spec_hash(),
             "spec_sha256": text_sha,
             "complete": report["complete"],
+            "inputs_sha256": inputs_sha256,
             "files": {
                 MANIFEST: "accepted items, one JSON object a line (schemas/manifest.schema.json)",
                 MANIFEST_PARQUET: "the same rows, flattened, for dataframes",
@@ -734,7 +810,7 @@ def _publish_locked(spec: Spec, out: Path, *, allow_incomplete: bool) -> Publish
 
     ws = open_workspace(spec, out)
     try:
-        prepared, failed = prepare_sources(spec, ws.ledger)
+        prepared, failed = prepare_sources(spec, ws.ledger, ws.store)
         grid = plan_grid(spec, prepared)
         outcomes = collect_outcomes(spec, ws, prepared, grid)
         report, left_out = completeness(cell_rows(ws, spec, outcomes), failed, grid)

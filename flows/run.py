@@ -10,8 +10,9 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 
@@ -27,27 +28,13 @@ from counterfactory.flows.keys import template_key  # noqa: E402
 from counterfactory.flows.limits import apply_limits, limited_editor, spec_limits  # noqa: E402
 from counterfactory.flows.publish import publish_release, remember_spec  # noqa: E402
 from counterfactory.flows.ray import check_ray_target, process_templates_on_ray, ray_cluster, ray_target  # noqa: E402
+from counterfactory.flows.resume import RunSummary  # noqa: E402
 from counterfactory.flows.retries import RETRIES, RETRY_DELAYS_S, retry_transient  # noqa: E402
 from counterfactory.flows.server import prefect_api  # noqa: E402
 from counterfactory.flows.stopping import reinstall_stop_handlers  # noqa: E402
 from counterfactory.manifests.release import ReleaseExistsError, existing_release_conflict  # noqa: E402
 from counterfactory.manifests.runlock import RunFolderLock  # noqa: E402
 from counterfactory.manifests.spec import load_spec  # noqa: E402
-
-
-@dataclass(frozen=True)
-class RunSummary:
-    #: None when the run did not publish (``publish=False``)
-    release_path: Path | None
-    release_created: bool
-    counts: dict[str, int]
-    failed_sources: int
-    templates: int
-    complete_templates: int
-    editor_calls: int
-    #: finished attempts whose output image was gone from the store when the run started
-    missing_outputs: int = 0
-
 
 # Prefect's caching stays off (cache_policy=NONE: it would hash photos as arrays, and the ledger,
 # not a cached task result, decides what is done); template tasks are named by their content key
@@ -58,7 +45,7 @@ _TRANSIENT_RETRIES = {"retries": RETRIES, "retry_delay_seconds": RETRY_DELAYS_S,
 
 @task(name="prepare-sources", cache_policy=NONE, **_TRANSIENT_RETRIES)
 def prepare_sources_task(spec, ws):
-    return steps.prepare_sources(spec, ws.ledger)
+    return steps.prepare_sources(spec, ws.ledger, ws.store)
 
 
 @task(name="grid", cache_policy=NONE)
@@ -133,16 +120,18 @@ def run_flow(
         cells_by_template.setdefault(_template_key(cell), []).append(cell)
     by_id = {p.id: p for p in prepared}
 
+    # largest templates first, so the last ones to finish are small and the workers end together
+    largest_first = sorted(cells_by_template.items(), key=lambda item: -len(item[1]))
     if on_ray is None:
         futures = [
             template_task.submit(
                 spec, ws, by_id[tid], cells, editor, stack, template_key(spec, by_id[tid], cells, editor)
             )
-            for tid, cells in cells_by_template.items()
+            for tid, cells in largest_first
         ]
         finished = (future.result() for future in as_completed(futures))
     else:
-        templates = [(by_id[tid], cells) for tid, cells in cells_by_template.items()]
+        templates = [(by_id[tid], cells) for tid, cells in largest_first]
         finished = process_templates_on_ray(spec, ws, templates, on_ray, workers=workers)
     outcomes = []
     shown = ProgressArtifact(spec.name, len(grid.cells))
@@ -183,6 +172,7 @@ def run_spec(
     publish: bool = False,
     allow_incomplete: bool = False,
     ray: str | None = None,
+    check_setup: Callable[[Any], None] | None = None,
 ) -> RunSummary:
     """Run the flow with ``workers`` templates at a time (threads on this machine); with
     ``publish``, seal the release at the end (refused up front when its version is taken).
@@ -197,6 +187,8 @@ def run_spec(
     ledger is opened once before the flow starts, so a damaged one is refused with one message
     (:class:`~counterfactory.manifests.ledger.LedgerError`). Prefect's API is served from this
     process (:func:`~counterfactory.flows.server.prefect_api`), so no server outlives the run.
+    :func:`counterfactory.flows.resume.run_spec` (what the command line calls) first settles a
+    finished spec from the ledger without Prefect.
     """
     from prefect.settings import PREFECT_API_URL
 
@@ -206,23 +198,56 @@ def run_spec(
     # before the folder lock or the ledger: a cluster that cannot run this costs nothing
     address = check_ray_target(on_ray, spec, prefect_api_url=user_api) if on_ray else None
     with RunFolderLock(out):
-        spec = load_spec(spec_path)
-        ws = steps.open_workspace(spec, out)
-        missing = steps.count_missing_outputs(ws)
-        ws.ledger.close()
-        with contextlib.ExitStack() as stack:
-            if on_ray is None:
-                runner = ThreadPoolTaskRunner(max_workers=max(1, workers))
-            else:
-                runner = stack.enter_context(ray_cluster(on_ray, address, spec, ws.out, prefect_api_url=user_api))
-            stack.enter_context(prefect_api())
-            summary = run_flow.with_options(task_runner=runner)(
-                str(spec_path),
-                str(out),
-                progress=progress,
-                publish=publish,
-                allow_incomplete=allow_incomplete,
-                ray_address=ray,
-                workers=workers,
-            )
-        return dataclasses.replace(summary, missing_outputs=missing)
+        return run_locked(
+            spec_path,
+            out,
+            workers=workers,
+            progress=progress,
+            publish=publish,
+            allow_incomplete=allow_incomplete,
+            ray=ray,
+            address=address,
+            check_setup=check_setup,
+        )
+
+
+def run_locked(
+    spec_path: str | Path,
+    out: str | Path,
+    *,
+    workers: int = 2,
+    progress: bool = True,
+    publish: bool = False,
+    allow_incomplete: bool = False,
+    ray: str | None = None,
+    address: str | None = None,
+    check_setup: Callable[[Any], None] | None = None,
+) -> RunSummary:
+    """:func:`run_spec` once ``out``'s lock is held (and a Ray target checked, ``address``):
+    ``check_setup(spec)`` (the command line's model checks), then the flow."""
+    from prefect.settings import PREFECT_API_URL
+
+    spec = load_spec(spec_path)
+    on_ray = ray_target(spec, ray)
+    user_api = PREFECT_API_URL.value() or None
+    ws = steps.open_workspace(spec, out)
+    missing = steps.count_missing_outputs(ws)
+    ws.ledger.close()
+    if check_setup is not None:
+        check_setup(spec)
+    with contextlib.ExitStack() as stack:
+        if on_ray is None:
+            runner = ThreadPoolTaskRunner(max_workers=max(1, workers))
+        else:
+            runner = stack.enter_context(ray_cluster(on_ray, address, spec, ws.out, prefect_api_url=user_api))
+        stack.enter_context(prefect_api())
+        summary = run_flow.with_options(task_runner=runner)(
+            str(spec_path),
+            str(out),
+            progress=progress,
+            publish=publish,
+            allow_incomplete=allow_incomplete,
+            ray_address=ray,
+            workers=workers,
+        )
+    return dataclasses.replace(summary, missing_outputs=missing)

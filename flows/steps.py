@@ -21,6 +21,7 @@ codes); only problems that make the whole run impossible raise.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import time
@@ -39,7 +40,7 @@ from counterfactory.generation.prompts import RenderedPrompt, render_prompt
 from counterfactory.generation.sampling import Cell, Grid, expand_grid
 from counterfactory.generation.sources import FailedSource, Source, load_sources
 from counterfactory.manifests.errors import SetupError
-from counterfactory.manifests.ledger import Ledger
+from counterfactory.manifests.ledger import Attempt, Candidate, Ledger
 from counterfactory.manifests.spec import Spec
 from counterfactory.manifests.store import ImageStore
 from counterfactory.validation.faces import face_mask, get_face_landmarker
@@ -115,15 +116,52 @@ def _record_meta(source: Source | FailedSource) -> dict[str, Any]:
     return record.model_dump(mode="json")
 
 
-def prepare_sources(spec: Spec, ledger: Ledger) -> tuple[list[PreparedSource], list[FailedSource]]:
+#: bump when a face source's check (face count, face mask, face size) is computed differently
+SOURCE_CHECK_VERSION = 1
+
+
+@functools.cache
+def _landmarker_identity() -> str:
+    """sha256 of the face landmarker model file: a new model may find other faces and masks."""
+    from counterfactory.manifests.store import sha256_file
+    from counterfactory.validation.faces import FACE_LANDMARKER
+
+    return sha256_file(Path(FACE_LANDMARKER))
+
+
+def source_check_key(spec: Spec, source: Source) -> str | None:
+    """sha256 of what decides a face source's check: the photo's bytes, the face-mask mode and
+    the landmarker model (None for limb designs, whose masks are read from files every run)."""
+    if spec.design.kind != "face":
+        return None
+    payload = {
+        "version": SOURCE_CHECK_VERSION,
+        "photo_sha256": source.sha256,
+        "shape": list(source.pixels.shape),
+        "face_mask": spec.gates.face_mask,
+        "landmarker": _landmarker_identity(),
+    }
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
+
+
+def prepare_sources(
+    spec: Spec, ledger: Ledger, store: ImageStore | None = None
+) -> tuple[list[PreparedSource], list[FailedSource]]:
     """Load every source, check it can serve the design, and record each in the ledger.
 
     Face designs need exactly one face in the source; limb designs need a limb mask.
     A source that cannot serve becomes a :class:`FailedSource` with its reason, and so does a
     second id for the same photo with the same edit region (``source_duplicate``).
+
+    With a ``store``, a face source's check is kept (its face mask in the store, its face size
+    and its reason in the ledger's ``sources`` row, under :func:`source_check_key`), and a later
+    run with the same key reads it back instead of running the face landmarker again: a
+    resumed run then costs what loading the photos and the ledger costs.
     """
     loaded = load_sources(spec.sources.photos, spec.sources.metadata, max_pixels=spec.sources.max_pixels)
-    landmarker = get_face_landmarker()
+    kept = {row.source_id: (row.meta or {}).get("check") for row in ledger.sources()} if store is not None else {}
+    landmarker = None
+    checks: dict[str, dict[str, Any]] = {}
     usable: list[PreparedSource] = []
     failed: list[FailedSource] = []
     # (photo sha256, region sha256) -> first id: two ids with both equal would make the same
@@ -133,7 +171,20 @@ def prepare_sources(spec: Spec, ledger: Ledger) -> tuple[list[PreparedSource], l
         if isinstance(item, FailedSource):
             failed.append(item)
             continue
-        reason, prepared = _check_source(spec, item, landmarker)
+        key = source_check_key(spec, item) if store is not None else None
+        reason, prepared = _kept_check(item, kept.get(item.record.id), key, store)
+        if key is None or reason is _NOT_KEPT:
+            landmarker = landmarker or get_face_landmarker()
+            reason, prepared = _check_source(spec, item, landmarker)
+            if key is not None:
+                checks[item.record.id] = {
+                    "key": key,
+                    "reason": reason,
+                    "region_sha256": store.put(prepared.region) if prepared is not None else None,
+                    "face_size_px": prepared.face_size_px if prepared is not None else None,
+                }
+        elif key is not None:
+            checks[item.record.id] = kept[item.record.id]
         if reason is None:
             key = (item.sha256, hashlib.sha256(np.ascontiguousarray(prepared.region).tobytes()).hexdigest())
             if key in first_by_content:
@@ -148,23 +199,47 @@ def prepare_sources(spec: Spec, ledger: Ledger) -> tuple[list[PreparedSource], l
         else:
             usable.append(prepared)
     for ok in usable:
+        check = {"check": checks[ok.id]} if ok.id in checks else {}
         ledger.record_source(
             ok.id,
             str(ok.source.path),
             sha256=ok.source.sha256,
             status="ok",
-            meta={**ok.meta, "normalisation": list(ok.source.notes)},
+            meta={**ok.meta, "normalisation": list(ok.source.notes), **check},
         )
     for bad in failed:
+        check = {"check": checks[bad.id]} if bad.id in checks else {}
         ledger.record_source(
             bad.id,
             str(bad.path),
             sha256=None,
             status="failed",
             reason=bad.reason,
-            meta=_record_meta(bad),
+            meta={**_record_meta(bad), **check},
         )
     return usable, failed
+
+
+#: :func:`_kept_check`'s answer when there is no usable kept check
+_NOT_KEPT = "not kept"
+
+
+def _kept_check(
+    source: Source, kept: dict[str, Any] | None, key: str | None, store: ImageStore | None
+) -> tuple[str | None, PreparedSource | None]:
+    """A face source's check as an earlier run recorded it under the same ``key``, or
+    ``(_NOT_KEPT, None)`` (no record, another key, or its mask gone from the store)."""
+    if key is None or store is None or not isinstance(kept, dict) or kept.get("key") != key:
+        return _NOT_KEPT, None
+    if kept.get("reason") is not None:
+        return kept["reason"], None
+    sha = kept.get("region_sha256")
+    if not sha or not store.has(sha):
+        return _NOT_KEPT, None
+    region = store.get(sha)
+    if region.shape != source.pixels.shape[:2]:
+        return _NOT_KEPT, None
+    return None, PreparedSource(source, region, kept.get("face_size_px"), _record_meta(source))
 
 
 def _check_source(spec: Spec, source: Source, landmarker) -> tuple[str | None, PreparedSource | None]:
@@ -339,13 +414,16 @@ def process_template(
     """Fill every cell of one template: plan, edit, judge, and retry the open cells with the next seed.
 
     Finished attempts (``ok`` or ``refused`` in the ledger) are never run again; their stored
-    output is re-judged only when the alignment or gate settings changed.
+    output is re-judged only when the alignment or gate settings changed. In this process,
+    each output is judged as soon as it is committed, from the array the editor returned (one
+    template's outputs are never all held, and nothing is read back from the store).
 
     ``edit`` and ``judge`` replace :func:`run_edits` and :func:`judge_attempts` (same
     arguments and results) where the work runs elsewhere: on a Ray cluster they send each
     batch of attempts to a GPU task and each judgement to a CPU task
     (:mod:`counterfactory.flows.ray`), and ``stack`` may then be None.
     """
+    here = edit is None and judge is None
     edit = edit or run_edits
     judge = judge or judge_attempts
     lineage = editor.lineage()
@@ -353,29 +431,54 @@ def process_template(
     outcomes = {c.cell_id: CellOutcome(cell=c) for c in cells}
     open_cells = list(cells)
     calls = 0
+    template_judge = TemplateJudge(spec, ws, prepared, stack, jkey) if here else None
     for attempt_no in range(1, spec.editor.max_attempts + 1):
         if not open_cells:
             break
         plans = plan_attempts(spec, prepared, open_cells, editor, lineage, attempt_no)
-        calls += edit(ws, editor, plans, lineage)
+        judged: dict[str, tuple[str, list[str]]] = {}
+        by_id = {plan.attempt_id: plan for plan in plans}
+
+        def judge_now(aid: str, image: np.ndarray, by_id=by_id, judged=judged) -> None:
+            judged[aid] = template_judge.attempt(by_id[aid].cell, aid, output=image, fresh=True)
+
+        def edit_round(chosen: Sequence[PlannedAttempt]) -> int:
+            if here:
+                return run_edits(ws, editor, chosen, lineage, on_output=judge_now)
+            return edit(ws, editor, chosen, lineage)
+
+        calls += edit_round(plans)
         # a paid remote request that failed to come back (status outage, download error) is
         # fetched again, never replaced by the next seed: that would pay twice
         for wait_s in RESUME_WAITS_S:
-            pending = [plan for plan in plans if is_pending(ws, plan.attempt_id)]
-            if not pending:
+            waiting = pending_ids(ws, [plan.attempt_id for plan in plans if plan.attempt_id not in judged])
+            if not waiting:
                 break
             time.sleep(wait_s)
-            calls += edit(ws, editor, pending, lineage)
-        verdicts = judge(spec, ws, prepared, plans, stack, jkey)
+            calls += edit_round([plan for plan in plans if plan.attempt_id in waiting])
+        # what was finished before this run (or did not come back) is judged from the ledger,
+        # read in a few queries for the whole round
+        rest = [plan for plan in plans if plan.attempt_id not in judged]
+        rest_ids = [plan.attempt_id for plan in rest]
+        if here:
+            attempts, candidates = ws.ledger.attempts_by_id(rest_ids), ws.ledger.candidates_by_id(rest_ids)
+            for plan in rest:
+                known = (attempts.get(plan.attempt_id), candidates.get(plan.attempt_id))
+                judged[plan.attempt_id] = template_judge.attempt(plan.cell, plan.attempt_id, known=known)
+        else:
+            for plan, verdict in zip(rest, judge(spec, ws, prepared, rest, stack, jkey), strict=True):
+                judged[plan.attempt_id] = verdict
+        still_pending = pending_ids(ws, rest_ids)
         open_cells = []
-        for plan, (verdict, reasons) in zip(plans, verdicts, strict=True):
+        for plan in plans:
+            verdict, reasons = judged[plan.attempt_id]
             out = outcomes[plan.cell.cell_id]
             if plan.attempt_id not in out.attempt_ids:  # a seedless editor repeats its id
                 out.attempt_ids.append(plan.attempt_id)
             out.final_attempt, out.verdict, out.reasons = plan.attempt_id, verdict, reasons
             # still pending after the waits: the cell stays failed in this run and the next
             # run fetches the journalled request; no new seed is bought for it
-            if verdict not in FILLED and not is_pending(ws, plan.attempt_id):
+            if verdict not in FILLED and plan.attempt_id not in still_pending:
                 open_cells.append(plan.cell)
     return TemplateOutcome(template_id=prepared.id, cells=list(outcomes.values()), editor_calls=calls)
 
@@ -424,10 +527,20 @@ def plan_attempts(
     return plans
 
 
-def run_edits(ws: Workspace, editor: Editor, plans: Sequence[PlannedAttempt], lineage: dict[str, Any]) -> int:
+def run_edits(
+    ws: Workspace,
+    editor: Editor,
+    plans: Sequence[PlannedAttempt],
+    lineage: dict[str, Any],
+    *,
+    on_output: Callable[[str, np.ndarray], None] | None = None,
+) -> int:
     """Run the planned attempts the ledger has not finished and store what they returned.
 
-    Returns the number of editor calls made (0 when every attempt was already finished).
+    ``on_output(attempt_id, image)`` is called with each ``ok`` output (``(h, w, 3)`` uint8 RGB)
+    right after it is committed, before the next batch is requested, so a caller can judge it
+    from memory. Returns the number of editor calls made (0 when every attempt was already
+    finished).
     """
     # Claimed one backend batch at a time, just before it is edited: a worker sharing the
     # ledger takes the attempts this one has not reached yet instead of waiting for them. Each
@@ -441,10 +554,10 @@ def run_edits(ws: Workspace, editor: Editor, plans: Sequence[PlannedAttempt], li
         if _claim(ws, editor, plan, lineage):
             batch.append(plan.request)
         if len(batch) == size:
-            calls += _edit_batch(ws, editor, batch, journal)
+            calls += _edit_batch(ws, editor, batch, journal, on_output)
             batch = []
     if batch:
-        calls += _edit_batch(ws, editor, batch, journal)
+        calls += _edit_batch(ws, editor, batch, journal, on_output)
     return calls
 
 
@@ -470,15 +583,31 @@ def _claim(ws: Workspace, editor: Editor, plan: PlannedAttempt, lineage: dict[st
     )
 
 
-def _edit_batch(ws: Workspace, editor: Editor, batch: list[EditRequest], journal) -> int:
+def _edit_batch(
+    ws: Workspace,
+    editor: Editor,
+    batch: list[EditRequest],
+    journal,
+    on_output: Callable[[str, np.ndarray], None] | None = None,
+) -> int:
     for result in _edit_safely(editor, batch, journal):
-        _store_result(ws, result)
+        if _store_result(ws, result) and on_output is not None:
+            on_output(result.attempt_id, result.image)
     return len(batch)
 
 
 def editor_batch_size(editor: Editor) -> int:
     """How many requests to hand the backend at once: its ``batch_size`` (``1`` if it has none)."""
     return max(1, int(getattr(editor, "batch_size", 1) or 1))
+
+
+def pending_ids(ws: Workspace, attempt_ids: Sequence[str]) -> set[str]:
+    """The ids among ``attempt_ids`` that :func:`is_pending` (one read for all of them)."""
+    return {
+        aid
+        for aid, attempt in ws.ledger.attempts_by_id(attempt_ids).items()
+        if attempt.status == "running" or (attempt.status == "failed" and bool(attempt.meta.get("pending_request_id")))
+    }
 
 
 def is_pending(ws: Workspace, attempt_id: str) -> bool:
@@ -502,7 +631,8 @@ def judge_attempts(
 
     A candidate already judged under ``jkey`` is not judged again.
     """
-    return [_judge_attempt(spec, ws, prepared, plan.cell, plan.attempt_id, stack, jkey) for plan in plans]
+    judge = TemplateJudge(spec, ws, prepared, stack, jkey)
+    return [judge.attempt(plan.cell, plan.attempt_id) for plan in plans]
 
 
 # --------------------------------------------------------------------------- the parts
@@ -527,7 +657,8 @@ def _edit_safely(editor: Editor, requests: list[EditRequest], journal) -> list[E
     ]
 
 
-def _store_result(ws: Workspace, result: EditResult) -> None:
+def _store_result(ws: Workspace, result: EditResult) -> bool:
+    """Commit one result to the ledger (its image to the store); True when it is a usable output."""
     meta = dict(result.metadata)
     if result.status == "ok":
         image = result.image
@@ -540,52 +671,77 @@ def _store_result(ws: Workspace, result: EditResult) -> None:
                 meta=meta,
                 reason=f"editor_bad_output: expected (h, w, 3) uint8 RGB, got {shape}",
             )
-            return
+            return False
         sha = ws.store.put(image)
         ws.ledger.finish_attempt(result.attempt_id, status="ok", output_sha256=sha, cost_usd=result.cost_usd, meta=meta)
-    else:
-        ws.ledger.finish_attempt(
-            result.attempt_id, status=result.status, reason=result.reason, cost_usd=result.cost_usd, meta=meta
-        )
-
-
-def _judge_attempt(
-    spec: Spec, ws: Workspace, prepared: PreparedSource, cell: Cell, aid: str, stack: GateStack, jkey: str
-) -> tuple[str, list[str]]:
-    attempt = ws.ledger.attempt(aid)
-    if attempt is None or attempt.status not in FINISHED_ATTEMPT:
-        reason = attempt.reason if attempt is not None else "editor_not_run"
-        return "failed", [reason or "editor_failed"]
-    existing = ws.ledger.candidate(aid)
-    aligned_missing = existing is not None and existing.image_sha256 and not ws.store.has(existing.image_sha256)
-    if existing is not None and existing.judge_key == jkey and not aligned_missing:
-        return existing.verdict, list(existing.reasons)
-    if attempt.status == "refused":
-        judged = Judged("rejected", [f"editor_refused: {attempt.reason}"], None, {}, {})
-    else:
-        judged = judge_output(
-            prepared.source.pixels,
-            ws.store.get(attempt.output_sha256),
-            kind=spec.design.kind,
-            region=prepared.region,
-            face_size_px=prepared.face_size_px,
-            align=spec.align,
-            stack=stack,
-            store=ws.store,
-            extras={"condition": dict(cell.condition), "source": prepared.meta},
-            source_key=prepared.source.sha256,
-        )
-    ws.ledger.record_candidate(
-        aid,
-        cell_id=cell.cell_id,
-        judge_key=jkey,
-        image_sha256=judged.image_sha256,
-        alignment=judged.alignment,
-        verdict=judged.verdict,
-        reasons=judged.reasons,
-        gates=judged.gates,
+        return True
+    ws.ledger.finish_attempt(
+        result.attempt_id, status=result.status, reason=result.reason, cost_usd=result.cost_usd, meta=meta
     )
-    return judged.verdict, judged.reasons
+    return False
+
+
+class TemplateJudge:
+    """Judges the attempts of one template: from the array an editor just returned, or from
+    the store; the source's analysis is shared through the photo's sha256 (``source_key``)."""
+
+    def __init__(self, spec: Spec, ws: Workspace, prepared: PreparedSource, stack: GateStack, jkey: str) -> None:
+        self.spec, self.ws, self.prepared, self.stack, self.jkey = spec, ws, prepared, stack, jkey
+
+    def attempt(
+        self,
+        cell: Cell,
+        aid: str,
+        *,
+        output: np.ndarray | None = None,
+        fresh: bool = False,
+        known: tuple[Attempt | None, Candidate | None] | None = None,
+    ) -> tuple[str, list[str]]:
+        """``(verdict, reasons)`` of attempt ``aid``, recording a new candidate in the ledger.
+
+        ``output`` is the attempt's image as the editor returned it, when the caller still holds
+        it (the same pixels as its stored PNG); otherwise it is read from the store. ``fresh``:
+        the caller has just committed ``output`` as this attempt's ``ok`` result (so it has no
+        candidate yet and the ledger need not be read). ``known``: the attempt's and candidate's
+        rows, when the caller read them already.
+        """
+        spec, ws, prepared = self.spec, self.ws, self.prepared
+        if fresh and output is not None:
+            attempt, existing = None, None
+        else:
+            attempt, existing = known if known is not None else (ws.ledger.attempt(aid), ws.ledger.candidate(aid))
+            if attempt is None or attempt.status not in FINISHED_ATTEMPT:
+                reason = attempt.reason if attempt is not None else "editor_not_run"
+                return "failed", [reason or "editor_failed"]
+            aligned_missing = existing is not None and existing.image_sha256 and not ws.store.has(existing.image_sha256)
+            if existing is not None and existing.judge_key == self.jkey and not aligned_missing:
+                return existing.verdict, list(existing.reasons)
+        if attempt is not None and attempt.status == "refused":
+            judged = Judged("rejected", [f"editor_refused: {attempt.reason}"], None, {}, {})
+        else:
+            judged = judge_output(
+                prepared.source.pixels,
+                output if output is not None else ws.store.get(attempt.output_sha256),
+                kind=spec.design.kind,
+                region=prepared.region,
+                face_size_px=prepared.face_size_px,
+                align=spec.align,
+                stack=self.stack,
+                store=ws.store,
+                extras={"condition": dict(cell.condition), "source": prepared.meta},
+                source_key=prepared.source.sha256,
+            )
+        ws.ledger.record_candidate(
+            aid,
+            cell_id=cell.cell_id,
+            judge_key=self.jkey,
+            image_sha256=judged.image_sha256,
+            alignment=judged.alignment,
+            verdict=judged.verdict,
+            reasons=judged.reasons,
+            gates=judged.gates,
+        )
+        return judged.verdict, judged.reasons
 
 
 #: the gates whose metrics need a registered candidate (skin measures both images on the

@@ -347,6 +347,20 @@ class Ledger:
                 q = q.where(AttemptRow.cell_id.in_(list(cell_ids)))
             return [_attempt(r) for r in s.scalars(q)]
 
+    def has_attempts(self) -> bool:
+        """Whether any attempt was ever started through this ledger."""
+        with self.session() as s:
+            return s.scalar(select(AttemptRow.attempt_id).limit(1)) is not None
+
+    def attempts_by_id(self, attempt_ids: Iterable[str]) -> dict[str, Attempt]:
+        """The attempts among ``attempt_ids`` that exist, by id, read in a few queries (not one per id)."""
+        with self.session() as s:
+            return {
+                row.attempt_id: _attempt(row)
+                for chunk in _chunks(attempt_ids)
+                for row in s.scalars(select(AttemptRow).where(AttemptRow.attempt_id.in_(chunk)))
+            }
+
     def start_attempt(
         self,
         attempt_id: str,
@@ -479,6 +493,15 @@ class Ledger:
             row = s.get(CandidateRow, attempt_id)
             return _candidate(row) if row else None
 
+    def candidates_by_id(self, attempt_ids: Iterable[str]) -> dict[str, Candidate]:
+        """The candidates of those of ``attempt_ids`` that were judged, by attempt id, in a few queries."""
+        with self.session() as s:
+            return {
+                row.attempt_id: _candidate(row)
+                for chunk in _chunks(attempt_ids)
+                for row in s.scalars(select(CandidateRow).where(CandidateRow.attempt_id.in_(chunk)))
+            }
+
     def candidates(self) -> list[Candidate]:
         with self.session() as s:
             return [_candidate(r) for r in s.scalars(select(CandidateRow))]
@@ -549,6 +572,12 @@ class LedgerJournal:
                 select(func.coalesce(func.sum(JournalRow.cost_usd), 0.0)).where(JournalRow.backend == self.backend)
             )
             return float(total or 0.0)
+
+
+def _chunks(ids: Iterable[str], size: int = 500) -> list[list[str]]:
+    """Distinct ids in bounded lists, so an ``IN (...)`` stays within every database's limits."""
+    unique = sorted(set(ids))
+    return [unique[i : i + size] for i in range(0, len(unique), size)]
 
 
 def _run_lock_key(run_id: str) -> int:

@@ -201,6 +201,21 @@ def existing_release_conflict(releases_dir: Path, name: str, version: str, spec_
     )
 
 
+def sealed_from(releases_dir: Path, name: str, version: str, inputs_sha256: str) -> SealedRelease | None:
+    """The sealed ``name`` ``version`` when its ``release.json`` says it was built from inputs
+    hashing to ``inputs_sha256`` (``created`` False); None when it is absent, older than that
+    record, or built from other inputs (the caller then stages it and :meth:`ReleaseStage.seal`
+    compares manifests)."""
+    final = Path(releases_dir) / name / version
+    try:
+        info = json.loads((final / RELEASE_JSON).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(info, dict) or info.get("inputs_sha256") != inputs_sha256 or not (final / MANIFEST).is_file():
+        return None
+    return SealedRelease(final, name, version, sha256_file(final / MANIFEST), created=False)
+
+
 class ReleaseStage:
     """A release being written: files go into a temporary folder beside the final one."""
 

@@ -454,7 +454,8 @@ class GateStack:
                 bypassing the cache; it must be of this source.
         """
         checked, src, cand = input_gate(source, candidate, edit_mask=edit_mask)
-        if src is None or cand is None:
+        if src is None or cand is None or not self.gates:
+            # with every gate switched off there is nothing to analyse the faces for
             return combine([checked])
         try:
             if analysis is None:

@@ -95,16 +95,27 @@ def test_demo_release_has_every_file(demo_run):
     assert stats["editor_calls_this_run"] == attempts
 
 
+def _files(folder: Path) -> dict[str, tuple[bytes, int]]:
+    return {p.relative_to(folder).as_posix(): (p.read_bytes(), p.stat().st_mtime_ns) for p in folder.rglob("*")
+            if p.is_file()}  # fmt: skip
+
+
 def test_rerun_makes_zero_editor_calls_and_keeps_the_release(demo_run):
     out, _ = demo_run
-    before = (_release(out) / "manifest.jsonl").read_bytes()
+    before = _files(_release(out))
     again = _run(["run", "assets/specs/demo-face.yaml", "--out", str(out), "--no-progress", *PUBLISH])
     assert again.returncode == 0, again.stderr[-3000:]
     assert "editor calls: 0" in again.stdout
     assert "unchanged" in again.stdout
-    assert (_release(out) / "manifest.jsonl").read_bytes() == before
+    # settled from the ledger: Prefect was not started, and the release was not rebuilt (not one
+    # file rewritten: same bytes, same mtimes), because it records the inputs it was built from
+    assert "every cell was already settled in the ledger" in again.stdout
+    assert _files(_release(out)) == before
+    assert len(json.loads((_release(out) / "release.json").read_text())["inputs_sha256"]) == 64
     with _ledger(out) as db:
         assert db.execute("select max(calls) from attempts").fetchone()[0] == 1
+        runs = db.execute("select editor_calls, status from runs order by started_at").fetchall()
+    assert runs[-1] == (0, "completed")
 
 
 def test_sigkill_half_way_then_resume_loses_nothing(demo_run, tmp_path):

@@ -3,10 +3,13 @@ on the bundled photos and the real face and identity models."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
 from counterfactory.flows import steps
+from counterfactory.flows.resume import settled_outcomes
 from counterfactory.generation.editors.classical import ClassicalEditor
 from counterfactory.generation.editors.fal import FalEditor
 from counterfactory.generation.editors.qwen import QwenEditor
@@ -43,6 +46,26 @@ def _with_face_mask(prepared: steps.PreparedSource, mode: str) -> steps.Prepared
 def _ids(spec, prepared, editor, attempt_no: int = 1) -> list[str]:
     cells = steps.plan_grid(spec, [prepared]).cells_of(prepared.id)
     return [p.attempt_id for p in steps.plan_attempts(spec, prepared, cells, editor, editor.lineage(), attempt_no)]
+
+
+def test_a_face_source_check_is_kept_and_read_back_without_the_landmarker(spec, prepared, tmp_path, monkeypatch):
+    ws = steps.open_workspace(spec, tmp_path)
+    first_ok, first_failed = steps.prepare_sources(spec, ws.ledger, ws.store)
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the face landmarker ran again")
+
+    monkeypatch.setattr(steps, "get_face_landmarker", refuse)
+    again_ok, again_failed = steps.prepare_sources(spec, ws.ledger, ws.store)
+    assert [(p.id, p.face_size_px) for p in again_ok] == [(p.id, p.face_size_px) for p in first_ok]
+    # the same masks as a run without the store computes (so the same attempt ids)
+    assert all(np.array_equal(a.region, prepared[a.id].region) for a in again_ok)
+    assert [(f.id, f.reason) for f in again_failed] == [(f.id, f.reason) for f in first_failed]
+    # another face-mask mode decides other masks: checked again
+    skin = spec.model_copy(update={"gates": spec.gates.model_copy(update={"face_mask": "skin"})})
+    with pytest.raises(AssertionError, match="ran again"):
+        steps.prepare_sources(skin, ws.ledger, ws.store)
+    ws.ledger.close()
 
 
 def test_face_mask_mode_changes_only_ids_of_editors_that_read_the_mask(spec, prepared):
@@ -102,6 +125,18 @@ def test_process_template_runs_each_cell_once_and_never_again(spec, prepared, st
     second = steps.process_template(spec, ws, source, cells, again, stack)
     assert second.editor_calls == 0 and again.calls == []
     assert [c.verdict for c in second.cells] == [c.verdict for c in first.cells]
+    # the ledger alone settles the template as the run did (a re-run needs no Prefect then)
+    grid = steps.plan_grid(spec, [source])
+    (settled,) = settled_outcomes(spec, ws, [source], grid, FakeEditor())
+    assert [(c.final_attempt, c.attempt_ids, c.verdict, c.reasons) for c in settled.cells] == [
+        (c.final_attempt, c.attempt_ids, c.verdict, c.reasons) for c in first.cells
+    ]
+    # but not when there is work: other gate settings, a lost image, an attempt never made
+    stricter = spec.model_copy(update={"align": spec.align.model_copy(update={"max_residual_px": 1.5})})
+    assert settled_outcomes(stricter, ws, [source], grid, FakeEditor()) is None
+    assert settled_outcomes(spec, ws, [source], grid, FakeEditor(lift=13)) is None
+    ws.store.path(ws.ledger.candidate(first.cells[0].final_attempt).image_sha256).unlink()
+    assert settled_outcomes(spec, ws, [source], grid, FakeEditor()) is None
     ws.ledger.close()
 
 
@@ -124,6 +159,36 @@ def test_refused_and_failed_attempts_are_retried_with_the_next_seed(spec, prepar
     assert [len(c.attempt_ids) for c in outcome.cells] == [2, 1]
     assert outcome.cells[0].final_attempt != plans[0].attempt_id
     assert outcome.cells[1].final_attempt == plans[1].attempt_id and outcome.cells[1].verdict != "failed"
+    ws.ledger.close()
+
+
+def test_outputs_judged_from_memory_match_a_judgement_read_back_from_the_store(spec, prepared, stack, tmp_path):
+    """The run hands each output to the judge as an array and shares the source's alignment
+    work across the template; judging the stored PNG from scratch must give the same candidate."""
+    from counterfactory.manifests.store import ImageStore
+
+    ws = steps.open_workspace(spec, tmp_path / "run")
+    source = prepared["grace_hopper"]
+    cells = steps.plan_grid(spec, [source]).cells_of(source.id)[:2]
+    outcome = steps.process_template(spec, ws, source, cells, FakeEditor(), stack)
+    fresh_store = ImageStore(tmp_path / "fresh")
+    for cell in outcome.cells:
+        attempt, candidate = ws.ledger.attempt(cell.final_attempt), ws.ledger.candidate(cell.final_attempt)
+        fresh = steps.judge_output(
+            source.source.pixels,
+            ws.store.get(attempt.output_sha256),
+            kind="face",
+            region=source.region,
+            face_size_px=source.face_size_px,
+            align=spec.align,
+            stack=stack,
+            store=fresh_store,
+            extras={"condition": dict(cell.cell.condition), "source": source.meta},
+        )
+        assert candidate.image_sha256 == fresh.image_sha256 is not None
+        assert (candidate.verdict, candidate.reasons) == (fresh.verdict, fresh.reasons)
+        assert candidate.alignment == json.loads(json.dumps(fresh.alignment))
+        assert candidate.gates == json.loads(json.dumps(fresh.gates, default=float))
     ws.ledger.close()
 
 
@@ -205,6 +270,7 @@ KILL_SCRIPT = """
 import sys, time
 import yaml
 from counterfactory.flows import steps
+from counterfactory.flows.resume import settled_outcomes
 from counterfactory.manifests.spec import load_spec
 from tests.flows.fake_editor import FakeEditor
 
