@@ -341,6 +341,7 @@ def serve_schedule(
     from prefect.client.schemas.objects import ConcurrencyLimitConfig, ConcurrencyLimitStrategy
 
     from counterfactory.flows.server import prefect_api
+    from counterfactory.flows.stopping import end_descendants, install_serve_stop_handler
     from counterfactory.manifests.spec import load_spec
 
     spec = load_spec(spec_path)
@@ -363,7 +364,12 @@ def serve_schedule(
         )
         # poll often enough for short intervals, at most every 10 s
         query_s = max(1.0, min(10.0, seconds / 2)) if seconds else 10.0
-        serve(deployment, query_seconds=query_s, print_starting_message=True)
+        install_serve_stop_handler()
+        try:
+            serve(deployment, query_seconds=query_s, print_starting_message=True)
+        finally:
+            # Prefect's shutdown can leave a run's process behind; nothing outlives the command
+            end_descendants()
 
 
 def _schedule_seconds(schedule) -> float | None:
