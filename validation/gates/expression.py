@@ -51,6 +51,25 @@ BACKEND_THRESHOLDS = ("max_au_change", "max_mean_au_change")
 UPPER_LIP, LOWER_LIP = 13, 14
 
 
+def face_frame(landmarks: np.ndarray) -> tuple[np.ndarray, np.ndarray, float, np.ndarray, np.ndarray]:
+    """The upright face frame of one MediaPipe mesh (``(478, >=2)``, pixels).
+
+    Returns ``(lm, origin, iod, ex, ey)``: the mesh's ``(478, 2)`` float64 points, the midpoint
+    of the iris centres, their distance (the inter-ocular distance, pixels), and the frame's
+    unit axes: ``ex`` from the subject's right iris to the left, ``ey`` "down" in the face
+    (image y points down). Raises ValueError when the iris centres coincide.
+    """
+    lm = np.asarray(landmarks, dtype=np.float64)[:, :2]
+    eye_r, eye_l = lm[RIGHT_IRIS_CENTER], lm[LEFT_IRIS_CENTER]
+    axis = eye_l - eye_r
+    iod = float(np.hypot(*axis))
+    if iod <= 1e-6:
+        raise ValueError("eye centres coincide: no inter-ocular distance")
+    ex = axis / iod
+    ey = np.array([-ex[1], ex[0]])
+    return lm, (eye_r + eye_l) / 2.0, iod, ex, ey
+
+
 def expression_geometry(landmarks: np.ndarray) -> dict[str, float]:
     """Expression geometry of one face in inter-ocular units (iod), upright face frame.
 
@@ -62,15 +81,7 @@ def expression_geometry(landmarks: np.ndarray) -> dict[str, float]:
     ``mouth_open`` (inner-lip gap), divided by the iris-centre distance. Lifting a
     corner by ``k`` pixels in an upright face raises its value by ``k / iod``.
     """
-    lm = np.asarray(landmarks, dtype=np.float64)[:, :2]
-    eye_r, eye_l = lm[RIGHT_IRIS_CENTER], lm[LEFT_IRIS_CENTER]
-    axis = eye_l - eye_r
-    iod = float(np.hypot(*axis))
-    if iod <= 1e-6:
-        raise ValueError("eye centres coincide: no inter-ocular distance")
-    ex = axis / iod
-    ey = np.array([-ex[1], ex[0]])  # image y points down, so this is "down" in the face frame
-    origin = (eye_r + eye_l) / 2.0
+    lm, origin, iod, _ex, ey = face_frame(landmarks)
 
     def up(point: np.ndarray) -> float:
         return -float((point - origin) @ ey) / iod
@@ -103,14 +114,7 @@ BROW_PATCH_PX = 64
 
 def _brow_patches(image: np.ndarray, landmarks: np.ndarray) -> list[np.ndarray]:
     """Grey float32 patches of the subject's right and left brow in the upright face frame."""
-    lm = np.asarray(landmarks, dtype=np.float64)[:, :2]
-    eye_r, eye_l = lm[RIGHT_IRIS_CENTER], lm[LEFT_IRIS_CENTER]
-    axis = eye_l - eye_r
-    iod = float(np.hypot(*axis))
-    if iod <= 1e-6:
-        raise ValueError("eye centres coincide: no inter-ocular distance")
-    ex = axis / iod
-    ey = np.array([-ex[1], ex[0]])  # "down" in the face frame (image y points down)
+    lm, _origin, iod, ex, ey = face_frame(landmarks)
     width, height = BROW_PATCH_IOD
     scale = BROW_PATCH_PX / (width * iod)
     w_px, h_px = BROW_PATCH_PX, int(round(BROW_PATCH_PX * height / width))
