@@ -68,6 +68,7 @@ def test_same_spec_runs_on_fal_through_the_real_client(tmp_path):
     assert aligned and all(a["resize_from"] == [896, 1152] for a in aligned)
 
 
+@pytest.mark.slow
 def test_missing_fal_key_stops_before_any_work(tmp_path):
     out = tmp_path / "out"
     result = subprocess.run(
@@ -203,6 +204,7 @@ def test_calibrate_reproduces_the_shipped_thresholds(tmp_path):
     assert "failure corpus" not in result.stdout  # without --failures no corpus is built
 
 
+@pytest.mark.slow
 def test_verify_reports_a_tampered_release(tmp_path):
     from counterfactory.manifests.release import ReleaseStage, write_jsonl
 

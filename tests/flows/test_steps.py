@@ -48,6 +48,7 @@ def _ids(spec, prepared, editor, attempt_no: int = 1) -> list[str]:
     return [p.attempt_id for p in steps.plan_attempts(spec, prepared, cells, editor, editor.lineage(), attempt_no)]
 
 
+@pytest.mark.slow
 def test_a_face_source_check_is_kept_and_read_back_without_the_landmarker(spec, prepared, tmp_path, monkeypatch):
     ws = steps.open_workspace(spec, tmp_path)
     first_ok, first_failed = steps.prepare_sources(spec, ws.ledger, ws.store)
@@ -162,6 +163,7 @@ def test_refused_and_failed_attempts_are_retried_with_the_next_seed(spec, prepar
     ws.ledger.close()
 
 
+@pytest.mark.slow
 def test_outputs_judged_from_memory_match_a_judgement_read_back_from_the_store(spec, prepared, stack, tmp_path):
     """The run hands each output to the judge as an array and shares the source's alignment
     work across the template; judging the stored PNG from scratch must give the same candidate."""

@@ -295,6 +295,7 @@ def test_zoom_then_diffusers_resize_registers_within_half_a_pixel(photo, zoom, s
     assert result.residual_px < 1.0
 
 
+@pytest.mark.slow
 def test_the_source_keypoints_are_found_once_per_source_and_region(monkeypatch):
     """Every cell of a template registers to one source: SIFT runs on the source once, and
     the cached keypoints give exactly the registration found without them."""

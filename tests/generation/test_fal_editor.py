@@ -92,6 +92,7 @@ def test_round_trip_is_lossless_and_accounted(server, grace):
     assert editor.lineage()["arguments"] == {"aspect_ratio": "auto"}
 
 
+@pytest.mark.slow
 def test_concurrency_bound_is_reached_and_never_exceeded(server):
     server.latency_s = 0.3
     started = time.monotonic()
@@ -103,6 +104,7 @@ def test_concurrency_bound_is_reached_and_never_exceeded(server):
     assert elapsed >= 4 * 0.3  # ceil(10 / 3) waves of 0.3 s
 
 
+@pytest.mark.slow
 def test_bounds_hold_across_batches_running_in_parallel_threads(server):
     """The flow runs several templates at once, each its own edit_many on one editor: the
     concurrency bound and the spend cap are per editor, not per batch."""
@@ -144,6 +146,7 @@ def test_retries_stop_at_max_retries(server):
     assert not server.paid_submits and journal.load("d") is None and journal.spent_usd() == 0
 
 
+@pytest.mark.slow
 def test_timeout_fails_the_item_and_keeps_its_request_id(server):
     server.behave("stall", Behaviour(outcome="stall"))
     server.behave("silent", Behaviour(status_errors=(0,)))  # the status poll is never answered
@@ -218,6 +221,7 @@ def test_spend_cap_stops_new_submissions(server):
     assert journal.spent_usd() == pytest.approx(2 * PRICE)
 
 
+@pytest.mark.slow
 def test_rerun_fetches_a_paid_request_instead_of_paying_again_even_at_the_cap(server):
     # running at once: the cancel sent at the time-out comes too late, fal finishes and bills it
     server.behave("make the person 0", Behaviour(latency_s=1.0, queued_s=0.0))
@@ -291,6 +295,7 @@ def test_setup_error_when_the_account_may_not_submit(server, monkeypatch):
     assert not server.paid_submits
 
 
+@pytest.mark.slow
 def test_setup_error_when_fal_cannot_be_reached(server):
     with socket.socket() as probe:  # a port nobody listens on once this closes
         probe.bind(("127.0.0.1", 0))
@@ -442,6 +447,7 @@ def test_status_polls_that_give_up_cancel_the_request(server):
     assert journal.load("att-0")["state"] == "cancelled" and server.billed_usd() == 0
 
 
+@pytest.mark.slow
 def test_a_cancelled_batch_cancels_its_requests_at_fal(server):
     from counterfactory.generation.editors.fal_queue import open_requests
 

@@ -286,6 +286,7 @@ def test_a_private_repo_is_not_readable_without_the_token(release, hub, tmp_path
     assert verify_release(out) == []
 
 
+@pytest.mark.slow
 def test_same_version_with_other_content_is_refused(release, hub, tmp_path):
     push_release(release, "lab/study", token=hub.token, endpoint=hub.endpoint)
     before = (dict(hub.repos["lab/study"].commits), dict(hub.lfs), hub.calls["preupload"])

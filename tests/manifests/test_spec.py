@@ -240,6 +240,7 @@ def test_spec_hash_covers_only_the_active_backend_and_kind(specs_dir):
     assert changed(store_dir=Path("/mnt/lab/store")) == spec.spec_hash()
 
 
+@pytest.mark.slow
 def test_the_spec_module_imports_no_pipeline_layer():
     # manifests is the bottom layer: the spec names its generation/validation sections by
     # module path and imports them on first validation, never when the module is imported

@@ -95,6 +95,7 @@ def test_disparity_flags_a_gate_that_rejects_one_group_more():
     assert face_race["gap"] == 0.0 and not face_race["separated"]
 
 
+@pytest.mark.slow
 def test_empty_and_plot(tmp_path):
     empty = attrition_table([])
     assert empty["groups"] == [] and empty["rows"] == 0

@@ -97,6 +97,7 @@ def libreface_weights(tmp_path_factory):
     return build_libreface_standin(tmp_path_factory.mktemp("libreface") / "resnet.pt")
 
 
+@pytest.mark.slow
 def test_libreface_network_matches_the_published_architecture():
     """ResNet-18 without its fc has 11,176,512 parameters (torchvision documents 11,689,512
     with the 512 x 1000 fc); LibreFace's head adds 512*128+128 + 2*128 + 128*12+12."""

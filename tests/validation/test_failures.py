@@ -51,6 +51,7 @@ def test_good_edits_change_only_the_face():
         assert not changed[photo.oval == 0].any(), params
 
 
+@pytest.mark.slow
 def test_every_class_is_made_from_bundled_photos():
     cases = list(build_corpus(TWO, per_class=1, max_side=256, splits=("train",)))
     assert {c.label for c in cases} == set(CLASSES)
