@@ -6,7 +6,8 @@ gate: the real per-cell work (edit, align, five gates, two PNG writes, the ledge
 setting runs ``counterfactory run SPEC --out DIR --workers N`` in a fresh interpreter into its
 own folder, timed from the outside (imports, Prefect's start-up and the serial source checks
 included, as a user sees them). Prints both wall times, cells per second and the speed-up
-``t(1) / t(2)`` (target >= 1.7 on an otherwise idle 2-core machine).
+``t(1) / t(2)`` (target >= 1.7 on an otherwise idle 2-core machine), and the cores each run
+kept busy (CPU seconds / wall seconds).
 
 Usage (from the repository root)::
 
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import subprocess
 import sys
 import tempfile
@@ -51,16 +53,20 @@ def focus_like_spec(root: Path, templates: int, *, side: int = 512, name: str = 
     return spec
 
 
-def timed_run(spec: Path, out: Path, workers: int, env: dict[str, str]) -> tuple[float, str]:
+def timed_run(spec: Path, out: Path, workers: int, env: dict[str, str]) -> tuple[float, str, float]:
+    """Wall seconds, stdout and CPU seconds (user + system) of one ``counterfactory run``."""
     command = [sys.executable, "-m", "counterfactory", "run", str(spec), "--out", str(out), "--no-progress"]
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
     done = subprocess.run(
         [*command, "--workers", str(workers)], cwd=synthetic.REPO, capture_output=True, text=True, env=env, check=False
     )
     seconds = time.perf_counter() - started
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if done.returncode != 0:
         raise RuntimeError(f"--workers {workers} failed ({done.returncode}):\n{done.stderr[-4000:]}")
-    return seconds, done.stdout
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return seconds, done.stdout, cpu
 
 
 def main() -> None:
@@ -78,9 +84,14 @@ def main() -> None:
         timed_run(focus_like_spec(root / "warm-up", 1), root / "warm-up" / "out", 1, env)
         seconds = {}
         for workers in args.workers:
-            seconds[workers], stdout = timed_run(spec, root / f"out-{workers}", workers, env)
+            seconds[workers], stdout, cpu = timed_run(spec, root / f"out-{workers}", workers, env)
             calls = next(line for line in stdout.splitlines() if line.startswith("editor calls"))
-            print(f"--workers {workers}: {seconds[workers]:.1f} s, {cells / seconds[workers]:.2f} cells/s ({calls})")
+            # cores used = CPU seconds / wall seconds: a --workers 1 run near 2 already keeps both
+            # cores busy (library threads), which bounds what a second worker can add
+            print(
+                f"--workers {workers}: {seconds[workers]:.1f} s, {cells / seconds[workers]:.2f} cells/s, "
+                f"cores used {cpu / seconds[workers]:.2f} of {os.cpu_count()} ({calls})"
+            )
         base = min(args.workers)
         for workers in args.workers:
             if workers != base:
