@@ -9,14 +9,24 @@ included, as a user sees them). Prints both wall times, cells per second and the
 ``t(1) / t(2)`` (target >= 1.7 on an otherwise idle 2-core machine), and the cores each run
 kept busy (CPU seconds / wall seconds).
 
+Then the template work alone, in a fresh interpreter with the models loaded and the sources
+checked (no Prefect, no start-up): every template one after another on one thread, then the
+same templates on two threads, then on two processes, each into a fresh run folder. It prints
+the cores one template worker keeps busy by itself (OpenCV runs SIFT, ECC and the warps on
+every core) and so the most a second worker can add on this machine (cores / that figure),
+next to what two threads and two processes achieve. This separates what the machine allows
+from what the run's serial start-up (imports, Prefect's API, the model checks) costs.
+
 Usage (from the repository root)::
 
-    .venv/bin/python benchmarks/workers_scaling.py [--templates 9] [--workers 1 2]
+    .venv/bin/python benchmarks/workers_scaling.py [--templates 9] [--workers 1 2] [--skip-template-work]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import multiprocessing
 import os
 import resource
 import subprocess
@@ -69,11 +79,69 @@ def timed_run(spec: Path, out: Path, workers: int, env: dict[str, str]) -> tuple
     return seconds, done.stdout, cpu
 
 
+def _templates_of(spec_path: str, out: str):
+    """The run's steps up to the templates: (spec, workspace, editor, stack, [(source, cells)])."""
+    from counterfactory.flows import steps
+    from counterfactory.manifests.spec import load_spec
+
+    spec = load_spec(spec_path)
+    editor, stack = steps.build_editor(spec), steps.build_gate_stack(spec)
+    ws = steps.open_workspace(spec, out)
+    prepared, _ = steps.prepare_sources(spec, ws.ledger, ws.store)
+    grid = steps.plan_grid(spec, prepared)
+    return spec, ws, editor, stack, [(source, grid.cells_of(source.id)) for source in prepared]
+
+
+def _fill(spec, ws, editor, stack, templates) -> None:
+    from counterfactory.flows import steps
+
+    for source, cells in templates:
+        steps.process_template(spec, ws, source, cells, editor, stack)
+
+
+def _process_share(args: tuple[str, str, int, int]) -> float:
+    """One of two worker processes: its share of the templates (every other one); its seconds."""
+    spec_path, out, index, of = args
+    spec, ws, editor, stack, templates = _templates_of(spec_path, out)
+    started = time.perf_counter()
+    _fill(spec, ws, editor, stack, templates[index::of])
+    return time.perf_counter() - started
+
+
+def template_work(spec_path: str, root: Path) -> dict[str, float]:
+    """The template phase alone: one thread, two threads, two processes (see the docstring)."""
+    import threading
+
+    spec, ws, editor, stack, templates = _templates_of(spec_path, str(root / "one"))
+    cpu, started = time.process_time(), time.perf_counter()
+    _fill(spec, ws, editor, stack, templates)
+    one = time.perf_counter() - started
+    cores = (time.process_time() - cpu) / one
+    spec, ws, editor, stack, templates = _templates_of(spec_path, str(root / "threads"))
+    started = time.perf_counter()
+    threads = [threading.Thread(target=_fill, args=(spec, ws, editor, stack, templates[i::2])) for i in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    two_threads = time.perf_counter() - started
+    # each process loads its models and checks its sources before its clock starts
+    with multiprocessing.get_context("spawn").Pool(2) as pool:
+        two_processes = max(pool.map(_process_share, [(spec_path, str(root / "processes"), i, 2) for i in range(2)]))
+    return {"one_s": one, "one_cores": cores, "two_threads_s": two_threads, "two_processes_s": two_processes}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--templates", type=int, default=9)
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--skip-template-work", action="store_true", help="only the two command-line runs")
+    parser.add_argument("--template-work", metavar="SPEC", help=argparse.SUPPRESS)
+    parser.add_argument("--root", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.template_work:
+        print(json.dumps(template_work(args.template_work, Path(args.root))))
+        return
     with tempfile.TemporaryDirectory(prefix="cf-workers-") as tmp:
         root = Path(tmp)
         env = {**os.environ, "PREFECT_HOME": str(root / "prefect-home"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
@@ -96,6 +164,18 @@ def main() -> None:
         for workers in args.workers:
             if workers != base:
                 print(f"speed-up --workers {workers} vs {base}: {seconds[base] / seconds[workers]:.2f} (target >= 1.7)")
+        if args.skip_template_work:
+            return
+        row, _ = synthetic.run_child(
+            Path(__file__), ["--template-work", str(spec), "--root", str(root / "template-work")], env=env
+        )
+        cores = os.cpu_count() or 1
+        print(
+            f"template work alone ({cells} cells, no start-up): one thread {row['one_s']:.1f} s keeping "
+            f"{row['one_cores']:.2f} cores busy, so a second worker can add at most {cores / row['one_cores']:.2f}x "
+            f"on {cores} cores; two threads {row['two_threads_s']:.1f} s ({row['one_s'] / row['two_threads_s']:.2f}x), "
+            f"two processes {row['two_processes_s']:.1f} s ({row['one_s'] / row['two_processes_s']:.2f}x)"
+        )
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ server the runs report to: the spec's ``run`` section sets its value when a run 
 | limit | set from | held |
 |---|---|---|
 | ``counterfactory-gpu`` | ``run.gpu_slots`` | one slot per batch, by GPU backends (``qwen``) |
-| ``counterfactory-fal`` | ``run.fal_max_concurrency`` | one slot per request in flight, by ``fal`` |
+| ``counterfactory-fal`` | ``run.fal_max_concurrency`` | one slot per request in flight, by ``fal`` edits and by the ``vlm`` attribute gate's questions (one fal account) |
 
 A limit of zero is refused when the spec loads (:class:`~counterfactory.manifests.spec.RunConfig`):
 it would let no edit start and the run would wait for ever.
@@ -123,3 +123,40 @@ def limited_editor(editor: Any, spec: Spec) -> Any:
     if slots is None:
         return editor
     return LimitedEditor(editor, name, slots, occupy_per_request=name == FAL_LIMIT)
+
+
+class LimitedVisionClient:
+    """The ``vlm`` attribute gate's fal client, holding one slot of ``counterfactory-fal`` per
+    question in flight: its questions go to the same fal account as the ``fal`` editor's edits,
+    so together they stay within ``run.fal_max_concurrency``. Everything else (lineage,
+    question ids) is the wrapped client's, so stored verdicts do not change."""
+
+    def __init__(self, client: Any, slots: int) -> None:
+        self.inner = client
+        self.slots = slots
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def ask_many(self, images: Sequence[Any], prompt: str, journal: EditJournal | None = None) -> list[Any]:
+        from prefect.concurrency.sync import concurrency
+
+        answers: list[Any] = []
+        for start in range(0, len(images), self.slots):
+            chunk = list(images[start : start + self.slots])
+            with concurrency(FAL_LIMIT, occupy=max(1, len(chunk)), lease_duration=LEASE_S):
+                answers.extend(self.inner.ask_many(chunk, prompt, journal))
+        return answers
+
+
+def limited_gates(stack: Any, spec: Spec) -> Any:
+    """``stack`` with its ``vlm`` attribute gate holding the spec's fal limit (the same stack;
+    unchanged when the spec sets no ``run.fal_max_concurrency`` or asks no VLM)."""
+    slots = spec_limits(spec).get(FAL_LIMIT)
+    if slots is None:
+        return stack
+    for gate in getattr(stack, "gates", ()):
+        config = getattr(gate, "config", None)
+        if getattr(config, "backend", None) == "vlm" and not isinstance(gate.classifier, LimitedVisionClient):
+            gate.classifier = LimitedVisionClient(gate.classifier, slots)
+    return stack

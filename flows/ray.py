@@ -44,7 +44,7 @@ from prefect import task
 from prefect.cache_policies import NONE
 
 from counterfactory.flows import steps
-from counterfactory.flows.limits import limited_editor
+from counterfactory.flows.limits import limited_editor, limited_gates
 from counterfactory.generation.editors.base import EditRequest, EditResult
 from counterfactory.manifests.errors import SetupError
 from counterfactory.manifests.spec import RayConfig, Spec
@@ -461,7 +461,8 @@ def judge_task(
     """:func:`~counterfactory.flows.steps.judge_attempts` on a worker: align, measure, judge."""
     state = _worker_state(target)
     if state.stack is None:
-        state.stack = steps.build_gate_stack(target.spec, journal=state.ws.ledger.journal("fal_vlm"))
+        stack = steps.build_gate_stack(target.spec, journal=state.ws.ledger.journal("fal_vlm"))
+        state.stack = limited_gates(stack, target.spec)
     return steps.judge_attempts(target.spec, state.ws, prepared, plans, state.stack, jkey)
 
 

@@ -25,7 +25,7 @@ from tqdm.auto import tqdm  # noqa: E402
 from counterfactory.flows import steps  # noqa: E402
 from counterfactory.flows.artifacts import ProgressArtifact, publish_artifacts  # noqa: E402
 from counterfactory.flows.keys import template_key  # noqa: E402
-from counterfactory.flows.limits import apply_limits, limited_editor, spec_limits  # noqa: E402
+from counterfactory.flows.limits import apply_limits, limited_editor, limited_gates, spec_limits  # noqa: E402
 from counterfactory.flows.publish import publish_release, remember_spec  # noqa: E402
 from counterfactory.flows.ray import check_ray_target, process_templates_on_ray, ray_cluster, ray_target  # noqa: E402
 from counterfactory.flows.resume import RunSummary  # noqa: E402
@@ -111,7 +111,7 @@ def run_flow(
     on_ray = ray_target(spec, ray_address)
     if on_ray is None:
         editor = limited_editor(steps.build_editor(spec), spec)
-        stack = steps.build_gate_stack(spec, journal=ws.ledger.journal("fal_vlm"))
+        stack = limited_gates(steps.build_gate_stack(spec, journal=ws.ledger.journal("fal_vlm")), spec)
 
     prepared, failed = prepare_sources_task(spec, ws)
     grid = grid_task(spec, prepared)

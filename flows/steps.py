@@ -21,6 +21,7 @@ codes); only problems that make the whole run impossible raise.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import json
@@ -38,7 +39,7 @@ from counterfactory.generation.editors.base import EditJournal
 from counterfactory.generation.masks import apply_mask_options, mask_from_record
 from counterfactory.generation.prompts import RenderedPrompt, render_prompt
 from counterfactory.generation.sampling import Cell, Grid, expand_grid
-from counterfactory.generation.sources import FailedSource, Source, load_sources
+from counterfactory.generation.sources import FailedSource, Source, iter_sources
 from counterfactory.manifests.errors import SetupError
 from counterfactory.manifests.ledger import Attempt, Candidate, Ledger
 from counterfactory.manifests.spec import Spec
@@ -158,7 +159,9 @@ def prepare_sources(
     run with the same key reads it back instead of running the face landmarker again: a
     resumed run then costs what loading the photos and the ledger costs.
     """
-    loaded = load_sources(spec.sources.photos, spec.sources.metadata, max_pixels=spec.sources.max_pixels)
+    # one photo decoded at a time: each usable source is kept released (its pixels are decoded
+    # again when its template runs), so the run's memory does not grow with the photos
+    loaded = iter_sources(spec.sources.photos, spec.sources.metadata, max_pixels=spec.sources.max_pixels)
     kept = {row.source_id: (row.meta or {}).get("check") for row in ledger.sources()} if store is not None else {}
     landmarker = None
     checks: dict[str, dict[str, Any]] = {}
@@ -197,7 +200,7 @@ def prepare_sources(
         if reason is not None:
             failed.append(FailedSource(id=item.record.id, path=item.path, reason=reason, record=item.record))
         else:
-            usable.append(prepared)
+            usable.append(dataclasses.replace(prepared, source=item.released()))
     for ok in usable:
         check = {"check": checks[ok.id]} if ok.id in checks else {}
         ledger.record_source(

@@ -19,6 +19,9 @@ Everything returned is read-only: pixel arrays have ``writeable=False``; copy be
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -49,7 +52,6 @@ class SourcesConfig(BaseModel):
     max_pixels: int = Field(DEFAULT_MAX_PIXELS, gt=0)
 
 
-@dataclass(frozen=True, eq=False)
 class Source:
     """A usable source: its record and its decoded photo (read-only).
 
@@ -59,13 +61,60 @@ class Source:
         sha256: hex sha256 of the photo file's bytes.
         pixels: ``(H, W, 3)`` ``uint8`` RGB, upright, ``writeable=False``.
         notes: what loading normalised (see :func:`load_image`) and cross-source remarks.
+
+    A run holds every source of a study for its whole length but works on a few at a time, so
+    :meth:`released` gives a copy that does not hold the pixels: they are decoded again from
+    ``path`` when asked for (the file's bytes checked against ``sha256``; a photo that changed
+    since is a :class:`SourceError`), and the last few decoded are kept
+    (:data:`PIXEL_CACHE_ITEMS`). The run's memory then does not grow with the number of photos.
+    Pickling (a Ray task's arguments) always carries the pixels.
     """
 
-    record: SourceRecord
-    path: Path
-    sha256: str
-    pixels: np.ndarray
-    notes: tuple[str, ...] = ()
+    __slots__ = ("record", "path", "sha256", "notes", "_pixels", "_shape", "_max_pixels")
+
+    def __init__(
+        self,
+        record: SourceRecord,
+        path: Path,
+        sha256: str,
+        pixels: np.ndarray,
+        notes: tuple[str, ...] = (),
+        *,
+        max_pixels: int = DEFAULT_MAX_PIXELS,
+    ) -> None:
+        for name, value in (("record", record), ("path", path), ("sha256", sha256), ("notes", tuple(notes))):
+            object.__setattr__(self, name, value)
+        object.__setattr__(self, "_pixels", pixels)
+        object.__setattr__(self, "_shape", (int(pixels.shape[0]), int(pixels.shape[1])))
+        object.__setattr__(self, "_max_pixels", max_pixels)
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"Source is read-only (tried to set {name!r})")
+
+    def __repr__(self) -> str:
+        held = "held" if self._pixels is not None else "released"
+        return f"Source(id={self.id!r}, path={str(self.path)!r}, sha256={self.sha256[:12]}..., pixels {held})"
+
+    def __getstate__(self) -> dict:
+        return {
+            "record": self.record,
+            "path": self.path,
+            "sha256": self.sha256,
+            "notes": self.notes,
+            "pixels": self.pixels,
+            "max_pixels": self._max_pixels,
+        }
+
+    def __setstate__(self, state: dict) -> None:
+        Source.__init__(
+            self,
+            state["record"],
+            state["path"],
+            state["sha256"],
+            state["pixels"],
+            state["notes"],
+            max_pixels=state["max_pixels"],
+        )
 
     @property
     def id(self) -> str:
@@ -74,7 +123,57 @@ class Source:
     @property
     def shape(self) -> tuple[int, int]:
         """``(H, W)`` of the upright photo in pixels."""
-        return int(self.pixels.shape[0]), int(self.pixels.shape[1])
+        return self._shape
+
+    @property
+    def pixels(self) -> np.ndarray:
+        if self._pixels is not None:
+            return self._pixels
+        return _decoded(self)
+
+    @property
+    def holds_pixels(self) -> bool:
+        """False for a :meth:`released` source (its pixels are decoded when asked for)."""
+        return self._pixels is not None
+
+    def released(self) -> Source:
+        """This source without its pixels in memory (see the class docstring)."""
+        if self._pixels is None:
+            return self
+        copy = Source.__new__(Source)
+        for name in ("record", "path", "sha256", "notes", "_shape", "_max_pixels"):
+            object.__setattr__(copy, name, getattr(self, name))
+        object.__setattr__(copy, "_pixels", None)
+        return copy
+
+
+#: released sources' pixels kept decoded, most recently used last (a run works on a few
+#: templates at a time; each template asks for its source's pixels many times)
+PIXEL_CACHE_ITEMS = 8
+_PIXELS: OrderedDict[tuple[str, str, int], np.ndarray] = OrderedDict()
+_PIXELS_LOCK = threading.Lock()
+
+
+def _decoded(source: Source) -> np.ndarray:
+    key = (str(source.path), source.sha256, source._max_pixels)
+    with _PIXELS_LOCK:
+        pixels = _PIXELS.get(key)
+        if pixels is not None:
+            _PIXELS.move_to_end(key)
+            return pixels
+    loaded = load_image(source.path, max_pixels=source._max_pixels)
+    if loaded.sha256 != source.sha256:
+        raise SourceError(
+            source.path,
+            f"source_changed: the photo changed during the run (sha256 {loaded.sha256[:12]}, was "
+            f"{source.sha256[:12]}); leave the photos alone while a run uses them, then run again",
+        )
+    with _PIXELS_LOCK:
+        _PIXELS[key] = loaded.pixels
+        _PIXELS.move_to_end(key)
+        while len(_PIXELS) > PIXEL_CACHE_ITEMS:
+            _PIXELS.popitem(last=False)
+    return loaded.pixels
 
 
 @dataclass(frozen=True)
@@ -100,11 +199,21 @@ def load_sources(
     *,
     max_pixels: int = DEFAULT_MAX_PIXELS,
 ) -> list[Source | FailedSource]:
-    """Read the metadata and decode every photo it names.
+    """Read the metadata and decode every photo it names: ``list(iter_sources(...))``, every
+    photo held in memory (see :func:`iter_sources`)."""
+    return list(iter_sources(photos_dir, metadata_path, max_pixels=max_pixels))
 
-    Photos are decoded eagerly (demo sets are a handful of photos, a few MB each). For a large
-    set, call :func:`load_metadata` here and :func:`load_image` inside each batch instead;
-    ``Source`` holds nothing that cannot be rebuilt from its record and path.
+
+def iter_sources(
+    photos_dir: str | Path,
+    metadata_path: str | Path,
+    *,
+    max_pixels: int = DEFAULT_MAX_PIXELS,
+) -> Iterator[Source | FailedSource]:
+    """Read the metadata, then decode the photos it names one at a time, in metadata order.
+
+    The metadata is read (and refused) before the first photo is decoded. A caller that keeps
+    :meth:`Source.released` copies holds one decoded photo at a time, however many there are.
 
     A record with a ``limb_mask`` also has its mask read and checked against the photo's size
     (:func:`counterfactory.generation.masks.mask_from_record`); a mask that cannot be read, does not fit or is
@@ -117,7 +226,7 @@ def load_sources(
         max_pixels: passed to :func:`load_image`.
 
     Returns:
-        One item per record, in metadata order: :class:`Source` or :class:`FailedSource`.
+        An iterator of one item per record: :class:`Source` or :class:`FailedSource`.
 
     Raises:
         MetadataError: the metadata file is broken (nothing is loaded then).
@@ -129,7 +238,10 @@ def load_sources(
         raise NotADirectoryError(
             f"{photos_dir}: photos folder not found; pass the folder the metadata paths are relative to"
         )
-    out: list[Source | FailedSource] = []
+    return _decode_each(photos_dir, records, max_pixels)
+
+
+def _decode_each(photos_dir: Path, records: list[SourceRecord], max_pixels: int) -> Iterator[Source | FailedSource]:
     first_by_hash: dict[str, str] = {}
     for record in records:
         path = photos_dir / record.path
@@ -141,28 +253,23 @@ def load_sources(
                 f"source_outside_folder: {record.path} leads to {resolved}, outside the photos folder "
                 f"{photos_dir}; copy the photo into the folder instead of linking to it"
             )
-            out.append(FailedSource(record.id, path, reason, record))
+            yield FailedSource(record.id, path, reason, record)
             continue
         path = resolved
         try:
             loaded = load_image(path, max_pixels=max_pixels)
         except SourceError as exc:
-            out.append(FailedSource(record.id, path, exc.reason, record))
+            yield FailedSource(record.id, path, exc.reason, record)
             continue
         if record.limb_mask is not None:
             try:
                 mask = mask_from_record(record, photos_dir, loaded.pixels.shape[:2])
             except MaskError as exc:
-                out.append(FailedSource(record.id, path, f"limb mask: {exc}", record))
+                yield FailedSource(record.id, path, f"limb mask: {exc}", record)
                 continue
             if mask is not None and not mask.any():
-                out.append(
-                    FailedSource(
-                        record.id,
-                        path,
-                        "limb mask: the mask is empty inside the photo; redraw it over the limb",
-                        record,
-                    )
+                yield FailedSource(
+                    record.id, path, "limb mask: the mask is empty inside the photo; redraw it over the limb", record
                 )
                 continue
         notes = loaded.notes
@@ -170,8 +277,7 @@ def load_sources(
             notes += (f"same file bytes as source {first_by_hash[loaded.sha256]!r}",)
         else:
             first_by_hash[loaded.sha256] = record.id
-        out.append(Source(record=record, path=path, sha256=loaded.sha256, pixels=loaded.pixels, notes=notes))
-    return out
+        yield Source(record, path, loaded.sha256, loaded.pixels, notes, max_pixels=max_pixels)
 
 
 __all__ = [
@@ -192,6 +298,7 @@ __all__ = [
     "SourceRecord",
     "load_image",
     "load_metadata",
+    "iter_sources",
     "load_sources",
     "scale_16bit_to_8bit",
 ]

@@ -11,7 +11,16 @@ import time
 import pytest
 import yaml
 
-from counterfactory.flows.limits import FAL_LIMIT, GPU_LIMIT, LimitedEditor, apply_limits, limited_editor, spec_limits
+from counterfactory.flows.limits import (
+    FAL_LIMIT,
+    GPU_LIMIT,
+    LimitedEditor,
+    LimitedVisionClient,
+    apply_limits,
+    limited_editor,
+    limited_gates,
+    spec_limits,
+)
 from counterfactory.flows.server import prefect_api
 from counterfactory.generation.editors.base import EditRequest, EditResult
 from counterfactory.manifests.spec import SpecError, load_spec
@@ -155,3 +164,60 @@ def test_fal_requests_hold_one_slot_each(prefect_server):
     slow = SlowEditor(batch_size=2)
     _in_threads(LimitedEditor(slow, "test-fal", 3, occupy_per_request=True), 2, batch=2)
     assert slow.most_inside == 1
+
+
+class SlowVision:
+    """A stand-in for the vlm gate's fal client that shares SlowEditor's in-flight counter."""
+
+    def __init__(self, shared: SlowEditor) -> None:
+        self.shared = shared
+        self.asked: list[int] = []
+
+    def lineage(self):
+        return {"backend": "vlm-stand-in"}
+
+    def ask_many(self, images, prompt, journal=None):
+        with self.shared._lock:
+            self.shared.inside += 1
+            self.shared.most_inside = max(self.shared.most_inside, self.shared.inside)
+            self.asked.append(len(images))
+        time.sleep(self.shared.hold_s)
+        with self.shared._lock:
+            self.shared.inside -= 1
+        return [("q", None) for _ in images]
+
+
+def test_vlm_questions_and_fal_edits_share_the_accounts_slots(prefect_server, tmp_path, specs_dir):
+    apply_limits({FAL_LIMIT: 3})
+    slow = SlowEditor(hold_s=1.0, batch_size=2)
+    vision = LimitedVisionClient(SlowVision(slow), 3)
+    assert vision.lineage() == {"backend": "vlm-stand-in"}  # ids and verdicts do not change
+    # an edit batch of 2 and a question batch of 2 need 4 of the account's 3 slots: never together
+    threads = [
+        threading.Thread(
+            target=contextvars.copy_context().run,
+            args=(LimitedEditor(slow, FAL_LIMIT, 3, occupy_per_request=True).edit_many, _requests(2)),
+        ),
+        threading.Thread(target=contextvars.copy_context().run, args=(vision.ask_many, [object()] * 2, "p")),
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert slow.batches == [2] and vision.inner.asked == [2] and slow.most_inside == 1
+    # more questions than slots go in slices of at most the limit
+    assert len(vision.ask_many([object()] * 7, "p")) == 7 and vision.inner.asked[1:] == [3, 3, 1]
+
+    class Gate:
+        def __init__(self, backend):
+            self.config = type("Config", (), {"backend": backend})()
+            self.classifier = SlowVision(slow)
+
+    stack = type("Stack", (), {"gates": [Gate("vlm"), Gate("fairface")]})()
+    limited_gates(stack, load_spec(_spec(tmp_path, specs_dir, fal_max_concurrency=3)))
+    assert isinstance(stack.gates[0].classifier, LimitedVisionClient) and stack.gates[0].classifier.slots == 3
+    assert isinstance(stack.gates[1].classifier, SlowVision)  # a local classifier holds nothing
+    # without run.fal_max_concurrency nothing is wrapped
+    plain = type("Stack", (), {"gates": [Gate("vlm")]})()
+    limited_gates(plain, load_spec(_spec(tmp_path, specs_dir)))
+    assert isinstance(plain.gates[0].classifier, SlowVision)

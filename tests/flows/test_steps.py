@@ -69,6 +69,19 @@ def test_a_face_source_check_is_kept_and_read_back_without_the_landmarker(spec, 
     ws.ledger.close()
 
 
+def test_the_run_keeps_no_photo_decoded_and_its_templates_see_the_same_pixels(spec, prepared):
+    """prepare_sources decodes one photo at a time and keeps each source released, so the run's
+    memory does not grow with its photos; a template's pixels are the photo's, decoded again."""
+    from counterfactory.generation.images import load_image
+
+    assert prepared and all(not p.source.holds_pixels for p in prepared.values())
+    for p in prepared.values():
+        expected = load_image(p.source.path, max_pixels=spec.sources.max_pixels)
+        assert expected.sha256 == p.source.sha256
+        assert np.array_equal(p.source.pixels, expected.pixels)
+        assert p.region.shape == p.source.shape
+
+
 def test_face_mask_mode_changes_only_ids_of_editors_that_read_the_mask(spec, prepared):
     oval = _with_face_mask(prepared["astronaut"], "oval")
     skin = _with_face_mask(prepared["astronaut"], "skin")

@@ -31,6 +31,7 @@ from counterfactory.generation.sources import (
     Source,
     SourceError,
     SourceRecord,
+    iter_sources,
     load_image,
     load_metadata,
     load_sources,
@@ -643,3 +644,38 @@ def test_csv_with_byte_order_mark(tmp_path):
     path.write_bytes("\ufeffid,path,licence\na,a.jpg,CC0\n".encode("utf-8"))
     (record,) = load_metadata(path)
     assert record.id == "a"
+
+
+def test_a_released_source_holds_no_pixels_and_decodes_the_same_ones_when_asked(tmp_path):
+    photos = _photo_set(tmp_path)
+    meta = _write_yaml(tmp_path / "s.yaml", [{"id": "a", "path": "grace_hopper.jpg", "licence": "PD"}])
+    (held,) = load_sources(photos, meta)
+    light = held.released()
+    assert held.holds_pixels and not light.holds_pixels
+    assert light.shape == held.shape == (600, 512)  # known without decoding
+    assert np.array_equal(light.pixels, held.pixels) and not light.pixels.flags.writeable
+    # a Ray task's arguments carry the pixels, so a node without the photos folder can use it
+    carried = pickle.loads(pickle.dumps(light))
+    assert carried.holds_pixels and np.array_equal(carried.pixels, held.pixels)
+    with pytest.raises(AttributeError, match="read-only"):
+        light.sha256 = "0" * 64
+
+
+def test_a_photo_changed_under_a_released_source_is_refused_not_used(tmp_path):
+    photos = _photo_set(tmp_path)
+    meta = _write_yaml(tmp_path / "s.yaml", [{"id": "a", "path": "grace_hopper.jpg", "licence": "PD"}])
+    (held,) = load_sources(photos, meta)
+    light = held.released()
+    # another photo of the same size put in its place after the run checked it
+    swapped = np.ascontiguousarray(held.pixels[:, ::-1])
+    Image.fromarray(swapped).save(photos / "grace_hopper.jpg", quality=95)
+    with pytest.raises(SourceError, match="source_changed: the photo changed during the run"):
+        _ = light.pixels
+
+
+def test_iter_sources_refuses_broken_metadata_before_decoding_anything(tmp_path):
+    photos = _photo_set(tmp_path)
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("- {id: a, path: grace_hopper.jpg}\n")  # no licence
+    with pytest.raises(MetadataError):
+        iter_sources(photos, bad)  # raised on the call, not at the first item
