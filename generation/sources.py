@@ -138,12 +138,17 @@ class Source:
 
     def released(self) -> Source:
         """This source without its pixels in memory (see the class docstring)."""
-        if self._pixels is None:
-            return self
+        return self if self._pixels is None else self._copy(None)
+
+    def held(self) -> Source:
+        """This source with its pixels in memory (decoded now if it was released)."""
+        return self if self._pixels is not None else self._copy(self.pixels)
+
+    def _copy(self, pixels: np.ndarray | None) -> Source:
         copy = Source.__new__(Source)
         for name in ("record", "path", "sha256", "notes", "_shape", "_max_pixels"):
             object.__setattr__(copy, name, getattr(self, name))
-        object.__setattr__(copy, "_pixels", None)
+        object.__setattr__(copy, "_pixels", pixels)
         return copy
 
 

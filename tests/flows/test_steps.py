@@ -74,12 +74,21 @@ def test_the_run_keeps_no_photo_decoded_and_its_templates_see_the_same_pixels(sp
     memory does not grow with its photos; a template's pixels are the photo's, decoded again."""
     from counterfactory.generation.images import load_image
 
+    import pickle
+
     assert prepared and all(not p.source.holds_pixels for p in prepared.values())
     for p in prepared.values():
         expected = load_image(p.source.path, max_pixels=spec.sources.max_pixels)
         assert expected.sha256 == p.source.sha256
         assert np.array_equal(p.source.pixels, expected.pixels)
-        assert p.region.shape == p.source.shape
+        # the region is kept packed, one bit a pixel, and unpacks to the face mask itself
+        faces = get_face_landmarker().detect(expected.pixels)
+        assert np.array_equal(p.region, face_mask(faces[0].landmarks, p.source.shape, mode=spec.gates.face_mask))
+        held = p.held()
+        assert held.source.holds_pixels and held.region is held.region  # unpacked once, kept
+        # a Ray task's arguments carry both
+        carried = pickle.loads(pickle.dumps(p))
+        assert carried.source.holds_pixels and np.array_equal(carried.region, p.region)
 
 
 def test_face_mask_mode_changes_only_ids_of_editors_that_read_the_mask(spec, prepared):
