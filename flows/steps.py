@@ -559,7 +559,8 @@ def plan_attempts(
     """
     kind = spec.design.kind
     inputs = editor_inputs(editor, kind)
-    region_sha = hashlib.sha256(np.ascontiguousarray(prepared.region).tobytes()).hexdigest()
+    region = prepared.region  # once: a released source unpacks its region on each access
+    region_sha = hashlib.sha256(np.ascontiguousarray(region).tobytes()).hexdigest()
     seed = spec.editor.seed + attempt_no - 1
     plans = []
     for cell in cells:
@@ -581,7 +582,7 @@ def plan_attempts(
             prompt=prompt.text,
             seed=seed,
             kind=kind,
-            mask=prepared.region,
+            mask=region,
             condition=dict(cell.condition),
             negative_prompt=spec.prompts.negative,
         )
