@@ -72,9 +72,9 @@ def test_a_face_source_check_is_kept_and_read_back_without_the_landmarker(spec, 
 def test_the_run_keeps_no_photo_decoded_and_its_templates_see_the_same_pixels(spec, prepared):
     """prepare_sources decodes one photo at a time and keeps each source released, so the run's
     memory does not grow with its photos; a template's pixels are the photo's, decoded again."""
-    from counterfactory.generation.images import load_image
-
     import pickle
+
+    from counterfactory.generation.images import load_image
 
     assert prepared and all(not p.source.holds_pixels for p in prepared.values())
     for p in prepared.values():
