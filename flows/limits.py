@@ -106,13 +106,17 @@ class LimitedEditor:
             return self.inner.edit(request)
 
     def edit_many(self, requests: Sequence[EditRequest], journal: EditJournal | None = None) -> list[EditResult]:
-        results: list[EditResult] = []
-        # a batch larger than the limit runs in slices of at most `slots` requests
-        step = self.slots if self.occupy_per_request else max(1, len(requests))
-        for start in range(0, len(requests), step):
-            chunk = list(requests[start : start + step])
+        return self._in_slices(requests, lambda chunk: self.inner.edit_many(chunk, journal))
+
+    def _in_slices(self, items: Sequence[Any], call: Any) -> list[Any]:
+        """``call`` on ``items`` holding the limit; with a slot per request, a batch larger than
+        the limit runs in slices of at most ``slots`` items."""
+        results: list[Any] = []
+        step = self.slots if self.occupy_per_request else max(1, len(items))
+        for start in range(0, len(items), step):
+            chunk = list(items[start : start + step])
             with self._held(len(chunk)):
-                results.extend(self.inner.edit_many(chunk, journal))
+                results.extend(call(chunk))
         return results
 
 
@@ -125,28 +129,17 @@ def limited_editor(editor: Any, spec: Spec) -> Any:
     return LimitedEditor(editor, name, slots, occupy_per_request=name == FAL_LIMIT)
 
 
-class LimitedVisionClient:
+class LimitedVisionClient(LimitedEditor):
     """The ``vlm`` attribute gate's fal client, holding one slot of ``counterfactory-fal`` per
     question in flight: its questions go to the same fal account as the ``fal`` editor's edits,
     so together they stay within ``run.fal_max_concurrency``. Everything else (lineage,
     question ids) is the wrapped client's, so stored verdicts do not change."""
 
     def __init__(self, client: Any, slots: int) -> None:
-        self.inner = client
-        self.slots = slots
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
+        super().__init__(client, FAL_LIMIT, slots, occupy_per_request=True)
 
     def ask_many(self, images: Sequence[Any], prompt: str, journal: EditJournal | None = None) -> list[Any]:
-        from prefect.concurrency.sync import concurrency
-
-        answers: list[Any] = []
-        for start in range(0, len(images), self.slots):
-            chunk = list(images[start : start + self.slots])
-            with concurrency(FAL_LIMIT, occupy=max(1, len(chunk)), lease_duration=LEASE_S):
-                answers.extend(self.inner.ask_many(chunk, prompt, journal))
-        return answers
+        return self._in_slices(images, lambda chunk: self.inner.ask_many(chunk, prompt, journal))
 
 
 def limited_gates(stack: Any, spec: Spec) -> Any:

@@ -19,8 +19,7 @@ Everything returned is read-only: pixel arrays have ``writeable=False``; copy be
 
 from __future__ import annotations
 
-import threading
-from collections import OrderedDict
+import functools
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -152,32 +151,25 @@ class Source:
         return copy
 
 
-#: released sources' pixels kept decoded, most recently used last (a run works on a few
-#: templates at a time; each template asks for its source's pixels many times)
+#: released sources' pixels kept decoded (a run works on a few templates at a time; each
+#: template asks for its source's pixels many times)
 PIXEL_CACHE_ITEMS = 8
-_PIXELS: OrderedDict[tuple[str, str, int], np.ndarray] = OrderedDict()
-_PIXELS_LOCK = threading.Lock()
 
 
 def _decoded(source: Source) -> np.ndarray:
-    key = (str(source.path), source.sha256, source._max_pixels)
-    with _PIXELS_LOCK:
-        pixels = _PIXELS.get(key)
-        if pixels is not None:
-            _PIXELS.move_to_end(key)
-            return pixels
-    loaded = load_image(source.path, max_pixels=source._max_pixels)
-    if loaded.sha256 != source.sha256:
+    return _decode_checked(source.path, source.sha256, source._max_pixels)
+
+
+@functools.lru_cache(maxsize=PIXEL_CACHE_ITEMS)
+def _decode_checked(path: Path, sha256: str, max_pixels: int) -> np.ndarray:
+    """The photo at ``path`` decoded, if its bytes still have ``sha256`` (a refusal is not cached)."""
+    loaded = load_image(path, max_pixels=max_pixels)
+    if loaded.sha256 != sha256:
         raise SourceError(
-            source.path,
+            path,
             f"source_changed: the photo changed during the run (sha256 {loaded.sha256[:12]}, was "
-            f"{source.sha256[:12]}); leave the photos alone while a run uses them, then run again",
+            f"{sha256[:12]}); leave the photos alone while a run uses them, then run again",
         )
-    with _PIXELS_LOCK:
-        _PIXELS[key] = loaded.pixels
-        _PIXELS.move_to_end(key)
-        while len(_PIXELS) > PIXEL_CACHE_ITEMS:
-            _PIXELS.popitem(last=False)
     return loaded.pixels
 
 
