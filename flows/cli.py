@@ -60,7 +60,7 @@ def run(
     With --publish, also seal the release (as `counterfactory publish OUT` would).
     """
     from counterfactory.flows.publish import PublishError
-    from counterfactory.generation.sources import MetadataError, load_metadata
+    from counterfactory.generation.sources import MetadataError, SourceError, load_metadata
     from counterfactory.manifests.errors import SetupError
     from counterfactory.manifests.ledger import LedgerError
     from counterfactory.manifests.release import ReleaseExistsError, ReleaseIntegrityError, existing_release_conflict
@@ -129,6 +129,7 @@ def run(
         LedgerError,
         RunFolderError,
         DamagedBlobError,
+        SourceError,
     ) as exc:
         _fail(str(exc))
     if summary.missing_outputs:
@@ -247,6 +248,7 @@ def publish(out: Path, version: str | None, spec_path: Path | None, allow_incomp
         remembered_spec,
         with_version,
     )
+    from counterfactory.generation.sources import SourceError
     from counterfactory.manifests.ledger import LedgerError
     from counterfactory.manifests.release import ReleaseExistsError, ReleaseIntegrityError
     from counterfactory.manifests.runlock import RunFolderError
@@ -274,6 +276,7 @@ def publish(out: Path, version: str | None, spec_path: Path | None, allow_incomp
         LedgerError,
         RunFolderError,
         DamagedBlobError,
+        SourceError,
     ) as exc:
         _fail(str(exc))
     except ValueError as exc:  # a bad --version

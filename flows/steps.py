@@ -38,7 +38,7 @@ from counterfactory.generation.editors.base import EditJournal
 from counterfactory.generation.masks import apply_mask_options, mask_from_record
 from counterfactory.generation.prompts import RenderedPrompt, render_prompt
 from counterfactory.generation.sampling import Cell, Grid, expand_grid
-from counterfactory.generation.sources import FailedSource, Source, iter_sources
+from counterfactory.generation.sources import FailedSource, Source, SourceError, iter_sources
 from counterfactory.manifests.errors import SetupError
 from counterfactory.manifests.ledger import Attempt, Candidate, Ledger
 from counterfactory.manifests.spec import Spec
@@ -485,7 +485,14 @@ def process_template(
     """
     here = edit is None and judge is None
     # the run keeps its sources released; this template holds its photo and region while it runs
-    prepared = prepared.held()
+    try:
+        prepared = prepared.held()
+    except SourceError as exc:
+        # the photo changed (or went) since the run checked it: its cells fail with the
+        # reason, nothing is edited, and the other templates go on
+        reasons = [exc.reason]
+        failed = [CellOutcome(cell=c, verdict="failed", reasons=list(reasons)) for c in cells]
+        return TemplateOutcome(template_id=prepared.id, cells=failed, editor_calls=0)
     edit = edit or run_edits
     judge = judge or judge_attempts
     lineage = editor.lineage()

@@ -65,7 +65,7 @@ class Source:
     :meth:`released` gives a copy that does not hold the pixels: they are decoded again from
     ``path`` when asked for (the file's bytes checked against ``sha256``; a photo that changed
     since is a :class:`SourceError`), and the last few decoded are kept
-    (:data:`PIXEL_CACHE_ITEMS`). The run's memory then does not grow with the number of photos.
+    (:data:`PIXEL_CACHE_ITEMS`; while cached, the pixels the run checked are used as they are). The run's memory then does not grow with the number of photos.
     Pickling (a Ray task's arguments) always carries the pixels.
     """
 

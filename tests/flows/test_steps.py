@@ -91,6 +91,30 @@ def test_the_run_keeps_no_photo_decoded_and_its_templates_see_the_same_pixels(sp
         assert carried.source.holds_pixels and np.array_equal(carried.region, p.region)
 
 
+def test_a_photo_changed_during_the_run_fails_its_cells_with_the_reason_and_buys_nothing(spec, tmp_path):
+    import shutil
+
+    from PIL import Image
+
+    photos = tmp_path / "photos"
+    shutil.copytree(spec.sources.photos, photos)
+    local = spec.model_copy(update={"sources": spec.sources.model_copy(update={"photos": photos})})
+    ws = steps.open_workspace(local, tmp_path / "out")
+    usable, _ = steps.prepare_sources(local, ws.ledger, ws.store)
+    source = usable[0]
+    # another photo of the same size put in its place after the run checked it (read from the
+    # file: asking the released source would decode and cache the checked pixels first)
+    with Image.open(source.source.path) as image:
+        flipped = np.asarray(image.convert("RGB"))[::-1]
+    Image.fromarray(np.ascontiguousarray(flipped)).save(source.source.path)
+    editor = FakeEditor()
+    cells = steps.plan_grid(local, [source]).cells_of(source.id)
+    outcome = steps.process_template(local, ws, source, cells, editor, None)
+    ws.ledger.close()
+    assert editor.calls == [] and outcome.editor_calls == 0 and len(outcome.cells) == len(cells)
+    assert all(c.verdict == "failed" and c.reasons[0].startswith("source_changed:") for c in outcome.cells)
+
+
 def test_face_mask_mode_changes_only_ids_of_editors_that_read_the_mask(spec, prepared):
     oval = _with_face_mask(prepared["astronaut"], "oval")
     skin = _with_face_mask(prepared["astronaut"], "skin")
