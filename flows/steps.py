@@ -36,20 +36,21 @@ from counterfactory.generation.align import AlignConfig, align_candidate
 from counterfactory.generation.editors import Editor, EditRequest, EditResult, make_editor
 from counterfactory.generation.editors.base import EditJournal
 from counterfactory.generation.masks import apply_mask_options, mask_from_record
-from counterfactory.generation.prompts import RenderedPrompt, render_prompt
+from counterfactory.generation.prompts import RenderedPrompt, face_region, render_prompt
 from counterfactory.generation.sampling import Cell, Grid, expand_grid
 from counterfactory.generation.sources import FailedSource, Source, SourceError, iter_sources
 from counterfactory.manifests.errors import SetupError
 from counterfactory.manifests.ledger import Attempt, Candidate, Ledger
 from counterfactory.manifests.spec import Spec
 from counterfactory.manifests.store import ImageStore
-from counterfactory.validation.faces import face_mask, get_face_landmarker
+from counterfactory.validation.faces import get_face_landmarker
 from counterfactory.validation.gates.attribute import AttributeGate, check_label_map
 from counterfactory.validation.gates.base import FILLING_VERDICTS
 from counterfactory.validation.judge import GateStack
+from counterfactory.validation.skin import source_edit_region
 
 #: bump when the meaning of a judgement changes, so stored verdicts are recomputed
-JUDGE_VERSION = 1
+JUDGE_VERSION = 2
 #: attempt statuses that are final: never run again
 FINISHED_ATTEMPT = ("ok", "refused")
 #: verdicts that fill a cell (review is a person's job, not another seed's)
@@ -175,7 +176,7 @@ def _record_meta(source: Source | FailedSource) -> dict[str, Any]:
 
 
 #: bump when a face source's check (face count, face mask, face size) is computed differently
-SOURCE_CHECK_VERSION = 1
+SOURCE_CHECK_VERSION = 2
 
 
 @functools.cache
@@ -197,9 +198,16 @@ def source_check_key(spec: Spec, source: Source) -> str | None:
         "photo_sha256": source.sha256,
         "shape": list(source.pixels.shape),
         "face_mask": spec.gates.face_mask,
+        "edit_region": edit_region(spec),
         "landmarker": _landmarker_identity(),
     }
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
+
+
+def edit_region(spec: Spec) -> str:
+    """The edit region a face design's gates measure around: ``gates.edit_region``, else the
+    one its prompt names (:func:`~counterfactory.generation.prompts.face_region`)."""
+    return spec.gates.edit_region or face_region(spec.prompts)
 
 
 def prepare_sources(
@@ -242,6 +250,7 @@ def prepare_sources(
                     "reason": reason,
                     "region_sha256": store.put(prepared.region) if prepared is not None else None,
                     "face_size_px": prepared.face_size_px if prepared is not None else None,
+                    **({k: prepared.meta[k] for k in _REGION_FLAGS if k in prepared.meta} if prepared else {}),
                 }
         elif key is not None:
             checks[item.record.id] = kept[item.record.id]
@@ -299,7 +308,12 @@ def _kept_check(
     region = store.get(sha)
     if region.shape != source.pixels.shape[:2]:
         return _NOT_KEPT, None
-    return None, PreparedSource(source, region, kept.get("face_size_px"), _record_meta(source))
+    flags = {k: kept[k] for k in _REGION_FLAGS if k in kept}
+    return None, PreparedSource(source, region, kept.get("face_size_px"), {**_record_meta(source), **flags})
+
+
+#: what a face source's check records about its edit region (kept with the check)
+_REGION_FLAGS = ("edit_region", "source_body_skin_visible", "source_body_skin_px")
 
 
 def _check_source(spec: Spec, source: Source, landmarker) -> tuple[str | None, PreparedSource | None]:
@@ -315,8 +329,10 @@ def _check_source(spec: Spec, source: Source, landmarker) -> tuple[str | None, P
                 "face (crop the photo to one person, or remove it from the metadata)",
                 None,
             )
-        region = face_mask(faces[0].landmarks, shape, mode=spec.gates.face_mask)
-        return None, PreparedSource(source, region, faces[0].size_px, meta)
+        # the region the prompt names; a source that shows body skin outside it is flagged
+        # (recorded, not a failure: a face-only edit leaves face and hands apart by design)
+        region, flags = source_edit_region(pixels, faces[0].landmarks, edit_region(spec), mode=spec.gates.face_mask)
+        return None, PreparedSource(source, region, faces[0].size_px, {**meta, **flags})
     if source.record.limb_mask is None:
         return (
             f"source_no_limb_mask: {source.record.id} has no limb_mask in the metadata; limb designs "
@@ -399,6 +415,7 @@ def judge_key(spec: Spec) -> str:
             "align": spec.align.model_dump(mode="json"),
             "gates": spec.gates.for_kind(kind).model_dump(mode="json"),
             "face_mask": spec.gates.face_mask,
+            "edit_region": edit_region(spec) if kind == "face" else None,
             "masks": spec.masks.model_dump(mode="json") if kind == "limb" else None,
             "version": JUDGE_VERSION,
         },
@@ -909,7 +926,7 @@ def build_gate_stack(spec: Spec, *, journal: EditJournal | None = None) -> GateS
     attribute = spec.gates.for_kind(spec.design.kind).attribute
     if attribute is not None:
         check_label_map(attribute, spec.design.axes)
-    stack = GateStack.from_config(spec.gates, spec.design.kind)
+    stack = GateStack.from_config(spec.gates, spec.design.kind, region=edit_region(spec))
     if journal is not None:
         for gate in stack.gates:
             if isinstance(gate, AttributeGate):

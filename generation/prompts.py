@@ -17,6 +17,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field
 
 from counterfactory.assets import PROMPTS_DIR
+from counterfactory.generation.regions import DEFAULT_REGION, template_region
 from counterfactory.manifests.errors import SetupError
 
 _NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
@@ -44,9 +45,16 @@ class PromptConfig(BaseModel):
 
 @dataclass(frozen=True)
 class RenderedPrompt:
+    """A filled template. ``region`` is the edit region the template names
+    (:func:`~counterfactory.generation.regions.template_region`): what the mask builder draws
+    and the gates measure body skin outside. It is not part of the lineage: the template's
+    sha256 already names it for the template's own text, and the region decides measurement,
+    not the editor's output."""
+
     template: str
     template_sha256: str
     text: str
+    region: str = DEFAULT_REGION
 
     def lineage(self) -> dict[str, str]:
         return {"template": self.template, "template_sha256": self.template_sha256, "text": self.text}
@@ -110,4 +118,10 @@ def render_prompt(
     missing = template_variables(text) - set(variables)
     if missing:
         raise ValueError(f"prompt template {name!r} needs {sorted(missing)}, which {kind} cells do not provide")
-    return RenderedPrompt(template=name, template_sha256=sha, text=text.format(**variables))
+    edit_region = template_region(name, config.directory) if kind == "face" else DEFAULT_REGION
+    return RenderedPrompt(template=name, template_sha256=sha, text=text.format(**variables), region=edit_region)
+
+
+def face_region(config: PromptConfig) -> str:
+    """The edit region of a face design's prompt (``config.face``), by name."""
+    return template_region(config.face, config.directory)

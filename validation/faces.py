@@ -12,6 +12,7 @@ Mobile GPUs" (2019) for the 468-point mesh (+10 iris points = 478); Grishchenko 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import math
 import threading
 from collections.abc import Sequence
@@ -25,6 +26,7 @@ import numpy as np
 from counterfactory.assets import FACE_LANDMARKER
 from counterfactory.generation.masks import dilate
 from counterfactory.manifests.errors import SetupError
+from counterfactory.validation.quiet import native_quiet
 
 #: MediaPipe FACEMESH_FACE_OVAL, in drawing order (36 points around the face).
 FACE_OVAL = (
@@ -210,15 +212,18 @@ class FaceLandmarker:
             output_face_blendshapes=True,
             output_facial_transformation_matrixes=True,
         )
-        self._landmarker = vision.FaceLandmarker.create_from_options(options)
+        with native_quiet():  # MediaPipe / TFLite / absl log their set-up to stderr
+            self._landmarker = vision.FaceLandmarker.create_from_options(options)
         # MediaPipe's graph is not re-entrant; one call at a time per instance.
         self._lock = threading.Lock()
+        self._cold = True  # the first call logs too (LiteRT's input alignment)
         register_close_at_exit(self.close)
 
     def close(self) -> None:
         landmarker, self._landmarker = getattr(self, "_landmarker", None), None
         if landmarker is not None:
-            landmarker.close()
+            with native_quiet():
+                landmarker.close()
 
     def detect(self, image: np.ndarray) -> list[FaceObservation]:
         """Faces in ``image`` (``(H, W, 3)`` uint8 RGB), largest first."""
@@ -231,7 +236,9 @@ class FaceLandmarker:
         with self._lock:
             if self._landmarker is None:
                 raise RuntimeError("FaceLandmarker is closed")
-            result = self._landmarker.detect(frame)
+            with native_quiet() if self._cold else contextlib.nullcontext():
+                result = self._landmarker.detect(frame)
+            self._cold = False
         faces = []
         for i, points in enumerate(result.face_landmarks):
             lm = np.array([(p.x * w, p.y * h, p.z * w) for p in points], dtype=np.float32)
@@ -311,3 +318,113 @@ def face_mask(
     elif mode != "oval":
         raise ValueError(f"face mask mode must be 'oval' or 'skin', got {mode!r}")
     return dilate(mask, dilate_px) if dilate_px > 0 else mask
+
+
+#: Jaw points of :data:`FACE_OVAL`, from one jaw angle through the chin to the other.
+JAW = (132, 58, 172, 136, 150, 149, 176, 148, 152, 377, 400, 378, 379, 365, 397, 288, 361)
+#: The oval's outermost points at ear level (image-left, image-right of the mesh).
+EAR_SIDES = (234, 454)
+FOREHEAD_TOP, CHIN = 10, 152
+#: Neck: from the jaw down this many face heights, this many jaw widths wide at the bottom.
+NECK_LENGTH = 0.6
+NECK_WIDTH = 0.8
+#: Ears: ellipses beside the oval, half-axes as shares of the face's width and height.
+EAR_HALF_WIDTH, EAR_HALF_HEIGHT = 0.10, 0.20
+#: Facial hair: the lower oval grown by this share of the face size.
+FACIAL_HAIR_GROW = 0.06
+
+
+def _face_axes(landmarks: np.ndarray) -> tuple[np.ndarray, np.ndarray, float, float]:
+    """``(down, right, height, width)``: unit vectors of the face's own vertical (forehead top
+    to chin) and horizontal axes, and its height and width in pixels along them."""
+    top, chin = landmarks[FOREHEAD_TOP, :2].astype(np.float64), landmarks[CHIN, :2].astype(np.float64)
+    down = chin - top
+    height = float(np.linalg.norm(down))
+    down = down / max(height, 1e-6)
+    right = np.array([-down[1], down[0]])
+    oval = landmarks[list(FACE_OVAL), :2].astype(np.float64)
+    across = oval @ right
+    return down, right, max(height, 1.0), max(float(across.max() - across.min()), 1.0)
+
+
+def region_mask(
+    landmarks: np.ndarray,
+    shape: tuple[int, int],
+    region: str = "face",
+    *,
+    person: np.ndarray | None = None,
+) -> np.ndarray:
+    """``(H, W)`` uint8 {0, 255}: the edit region ``region`` names
+    (:data:`~counterfactory.generation.regions.REGIONS`), drawn for one face.
+
+    - ``face``: the face-mesh oval.
+    - ``face_neck_ears``: the oval, the lower oval grown by :data:`FACIAL_HAIR_GROW` of the
+      face size (beard, moustache, sideburns), an ellipse beside each ear-level point of the
+      oval, and the neck: the jaw line (:data:`JAW`) extended down the face's own axis by
+      :data:`NECK_LENGTH` face heights, widening to :data:`NECK_WIDTH` of the face's width at
+      the bottom. With ``person`` the ears and neck are cut to the person (the background
+      beside the neck is not the neck).
+    - ``all_visible_skin``: the oval and the whole person (with ``person``; the whole image
+      without).
+
+    Args:
+        landmarks: ``(478, >=2)`` landmark pixels (x, y).
+        shape: ``(H, W)``.
+        region: a region name.
+        person: ``(h, w)`` person probability in [0, 1] (or {0, 255} mask) of the image or of
+            its working grid (resized to ``shape`` here), or None.
+    """
+    from counterfactory.generation.regions import get_region
+
+    spec = get_region(region)
+    h, w = shape
+    oval = face_mask(landmarks, shape, mode="oval")
+    if not (spec.neck or spec.ears or spec.facial_hair or spec.all_skin):
+        return oval
+    body = None
+    if person is not None:
+        p = np.asarray(person)
+        p = p.astype(np.float32) / 255.0 if p.dtype == np.uint8 else p.astype(np.float32)
+        if p.shape[:2] != (h, w):
+            p = cv2.resize(p, (w, h), interpolation=cv2.INTER_LINEAR)
+        body = p >= 0.5
+    if spec.all_skin:
+        out = oval.copy()
+        if body is None:
+            out[:] = 255
+        else:
+            out[body] = 255
+        return out
+    down, right, height, width = _face_axes(landmarks)
+    extra = np.zeros((h, w), np.uint8)
+    if spec.neck:
+        jaw = landmarks[list(JAW), :2].astype(np.float64)
+        chin = landmarks[CHIN, :2].astype(np.float64)
+        bottom = chin + down * NECK_LENGTH * height
+        half = 0.5 * NECK_WIDTH * width
+        polygon = np.vstack([jaw, [bottom + right * half], [bottom - right * half]])
+        # the jaw chain runs across the face; order the two bottom corners to close it
+        if float((jaw[-1] - jaw[0]) @ right) < 0:
+            polygon[-2:] = polygon[-2:][::-1]
+        cv2.fillPoly(extra, [np.round(polygon).astype(np.int32)], 255)
+    if spec.ears:
+        angle = float(np.degrees(np.arctan2(right[1], right[0])))
+        axes = (max(int(round(EAR_HALF_WIDTH * width)), 1), max(int(round(EAR_HALF_HEIGHT * height)), 1))
+        centre_x = landmarks[list(EAR_SIDES), :2].astype(np.float64) @ right
+        outward = np.where(centre_x == centre_x.min(), -1.0, 1.0)
+        for idx, sign in zip(EAR_SIDES, outward, strict=True):
+            c = landmarks[idx, :2].astype(np.float64) + right * sign * 0.5 * EAR_HALF_WIDTH * width
+            cv2.ellipse(extra, (int(round(c[0])), int(round(c[1]))), axes, angle, 0, 360, 255, -1)
+    if body is not None:
+        extra[~body] = 0
+    out = cv2.bitwise_or(oval, extra)
+    if spec.facial_hair:
+        grown = dilate(oval, max(int(round(FACIAL_HAIR_GROW * math.sqrt(height * width))), 1))
+        # only below the nose: the hairline above is not facial hair
+        nose = landmarks[NOSE_TIP, :2].astype(np.float64)
+        x, y, bw, bh = cv2.boundingRect(grown)
+        ys, xs = np.mgrid[y : y + bh, x : x + bw]
+        below = ((xs - nose[0]) * down[0] + (ys - nose[1]) * down[1]) >= 0
+        box = out[y : y + bh, x : x + bw]
+        box[(grown[y : y + bh, x : x + bw] > 0) & below] = 255
+    return out

@@ -26,12 +26,13 @@ from collections.abc import Mapping
 from typing import Any, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
+from counterfactory.generation.regions import DEFAULT_REGION, get_region
 from counterfactory.manifests.errors import SetupError
 from counterfactory.manifests.registry import GATES, GatePlugin
-from counterfactory.validation.faces import FaceLandmarker, MaskMode, face_mask, get_face_landmarker
+from counterfactory.validation.faces import FaceLandmarker, MaskMode, face_mask, get_face_landmarker, region_mask
 from counterfactory.validation.gates.base import (
     Gate,
     GateResult,
@@ -160,8 +161,19 @@ class GatesConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     face_mask: MaskMode = "oval"
+    #: the edit region the gates measure body skin outside
+    #: (:data:`~counterfactory.generation.regions.REGIONS`); None: the one the face prompt
+    #: names (the run passes it to :meth:`GateStack.from_config`), else ``face``.
+    edit_region: str | None = None
     face: KindGatesConfig = Field(default_factory=lambda: KindGatesConfig(kind="face"))
     limb: KindGatesConfig = Field(default_factory=lambda: KindGatesConfig(kind="limb"))
+
+    @field_validator("edit_region")
+    @classmethod
+    def _known_region(cls, value: str | None) -> str | None:
+        if value is not None:
+            get_region(value)
+        return value
 
     @model_validator(mode="before")
     @classmethod
@@ -254,10 +266,12 @@ class GateStack:
         landmarker: FaceLandmarker | None = None,
         segmenter: PersonSegmenter | None = None,
         sources: SourceCache | None = None,
+        region: str = DEFAULT_REGION,
     ) -> None:
         self.gates = gates
         self.kind = kind
         self.face_mask_mode = face_mask_mode
+        self.region = get_region(region).name
         self.landmarker = landmarker or get_face_landmarker()
         self._segmenter = segmenter
         self.sources = sources if sources is not None else SourceCache()
@@ -275,14 +289,19 @@ class GateStack:
         return any(getattr(g, "needs_person", False) for g in self.gates)
 
     @classmethod
-    def from_config(cls, config: GatesConfig, kind: Kind) -> GateStack:
+    def from_config(cls, config: GatesConfig, kind: Kind, *, region: str | None = None) -> GateStack:
         """Build the gates for ``kind``, loading each backend (once per process).
+
+        ``region`` is the edit region the design's prompt names
+        (:func:`~counterfactory.generation.prompts.face_region`); ``config.edit_region``, when
+        set, wins over it; neither: ``face``.
 
         Raises :class:`~counterfactory.validation.backends.SetupError` when a chosen backend cannot
         run here (missing optional dependency or weights), before any pair is judged.
         """
         gates: list[Gate] = [plugin.factory(options) for plugin, options in config.for_kind(kind).enabled()]
-        return cls(gates, kind=kind, face_mask_mode=config.face_mask)
+        chosen = config.edit_region or region or DEFAULT_REGION
+        return cls(gates, kind=kind, face_mask_mode=config.face_mask, region=chosen)
 
     def without(self, *names: str) -> GateStack:
         """The same stack minus the gates called ``names`` (models stay shared)."""
@@ -295,6 +314,7 @@ class GateStack:
             landmarker=self.landmarker,
             segmenter=self._segmenter,
             sources=self.sources,
+            region=self.region,
         )
 
     def has(self, name: str) -> bool:
@@ -335,6 +355,11 @@ class GateStack:
             work = source.copy() if k == 1 else np.ascontiguousarray(source[::k, ::k])
         if person is None and faces and self.wants_person_mask():
             person = self.segmenter.segment(work)
+        # the base's region holds unless this stack segmented the person it was drawn without
+        same = base is not None and base.region == self.region and (base.person is not None or person is None)
+        rmask = base.region_mask if same else None
+        if rmask is None and faces:
+            rmask = region_mask(faces[0].landmarks, source.shape[:2], self.region, person=person)
         analysis = SourceAnalysis(
             key=key if key is not None else pixel_key(source),
             shape=tuple(source.shape),
@@ -345,6 +370,8 @@ class GateStack:
             work_image=work,
             person=person,
             gate_data=data,
+            region=self.region,
+            region_mask=rmask,
         )
         for gate in self.gates:
             if isinstance(gate, PreparingGate) and gate.name not in data:
@@ -368,7 +395,11 @@ class GateStack:
         megapixel); a caller-given key must change whenever the pixels do."""
         key = key if key is not None else pixel_key(source)
         found = self.sources.get(key)
-        if found is not None and (found.shape != tuple(source.shape) or found.face_mask_mode != self.face_mask_mode):
+        if found is not None and (
+            found.shape != tuple(source.shape)
+            or found.face_mask_mode != self.face_mask_mode
+            or found.region != self.region
+        ):
             found = None
         if found is not None and self._complete(found):
             return found

@@ -48,6 +48,9 @@ MIN_SKIN_PIXELS = 200
 #: Body skin smaller than this share of the face skin is too little to trust (a collar edge,
 #: a few pixels of a hand) and is reported as not measured.
 MIN_BODY_SHARE = 0.05
+#: The edit region is left out of body skin grown by this share of the face size (the editor
+#: feathers its change across the region's edge).
+REGION_MARGIN = 0.08
 #: Body skin within this share of the image's long side from an edge is left out.
 BORDER_SHARE = 0.04
 #: At most this many pixels of a region are converted to Lab (an even stride over the
@@ -229,8 +232,9 @@ def body_skin_mask(
     *,
     exclude: np.ndarray | None = None,
     other_faces: Sequence[np.ndarray] = (),
+    region: np.ndarray | None = None,
 ) -> np.ndarray:
-    """``(H, W)`` uint8 {0, 255}: exposed skin outside the face.
+    """``(H, W)`` uint8 {0, 255}: exposed skin outside the face and outside the edit region.
 
     Args:
         image: ``(H, W, 3)`` uint8 RGB.
@@ -238,6 +242,10 @@ def body_skin_mask(
         landmarks: ``(478, >=2)`` face landmarks of the person (pixels).
         exclude: optional ``(H, W)`` region also left out (a limb edit mask), nonzero inside.
         other_faces: landmarks of the other people's faces, whose heads are left out too.
+        region: optional ``(H, W)`` edit region the prompt names (face, neck, ears, facial
+            hair: :func:`~counterfactory.validation.faces.region_mask`), nonzero inside; it is
+            left out grown by :data:`REGION_MARGIN` of the face size, since skin the prompt
+            asks to change is not body skin.
 
     Returns:
         person > 0.5, minus a border of :data:`BORDER_SHARE`, minus :func:`head_exclusion`
@@ -257,6 +265,11 @@ def body_skin_mask(
     keep[:, :border] = keep[:, -border:] = False
     for other in other_faces:
         keep &= head_exclusion(other, (h, w)) == 0
+    if region is not None:
+        grown = _dilate(
+            (np.asarray(region) > 0).astype(np.uint8) * 255, int(round(REGION_MARGIN * _face_size(landmarks)))
+        )
+        keep &= grown == 0
     if exclude is not None:
         keep &= _dilate((np.asarray(exclude) > 0).astype(np.uint8) * 255, max(int(0.01 * max(h, w)), 1)) == 0
     ys, xs = np.nonzero(keep)
@@ -371,6 +384,7 @@ class SourceSkin:
         tones: the source's :class:`SkinTones` over ``body``.
         person: the person probability the body mask was drawn from, or None.
         other_faces: the other faces' landmarks, scaled.
+        region: the edit region on the strided grid (left out of body skin), or None.
     """
 
     image: np.ndarray
@@ -380,6 +394,7 @@ class SourceSkin:
     tones: SkinTones
     person: np.ndarray | None = None
     other_faces: tuple[np.ndarray, ...] = ()
+    region: np.ndarray | None = None
 
 
 def prepare_source_skin(
@@ -389,6 +404,7 @@ def prepare_source_skin(
     source_landmarks: np.ndarray | None,
     other_faces: Sequence[np.ndarray] = (),
     work_source: np.ndarray | None = None,
+    region: np.ndarray | None = None,
 ) -> SourceSkin:
     """Measure the source's skin once, for every candidate of that source.
 
@@ -398,15 +414,18 @@ def prepare_source_skin(
             ``source[::k, ::k]``), or None when there is no face (not needed then).
         source_landmarks, other_faces: as in :func:`measure_pair`, full-resolution pixels.
         work_source: ``source[::k, ::k]`` when the caller has it already.
+        region: ``(H, W)`` full-size edit region the prompt names, left out of body skin; None:
+            only the head is left out.
     """
     k = work_stride(source.shape)
     src = work_source if work_source is not None else np.ascontiguousarray(source[::k, ::k])
     src_lm = _scaled(source_landmarks, k)
     others = tuple(_scaled(o, k) for o in other_faces)
+    work_region = None if region is None else np.ascontiguousarray(np.asarray(region)[::k, ::k])
     body = None
     if src_lm is not None and person is not None:
-        body = body_skin_mask(src, person, src_lm, other_faces=others)
-    return SourceSkin(src, k, src_lm, body, measure_tones(src, src_lm, body), person, others)
+        body = body_skin_mask(src, person, src_lm, other_faces=others, region=work_region)
+    return SourceSkin(src, k, src_lm, body, measure_tones(src, src_lm, body), person, others, work_region)
 
 
 def measure_candidate_skin(
@@ -433,7 +452,14 @@ def measure_candidate_skin(
     body = prepared.body
     src_tones = prepared.tones
     if emask is not None and prepared.landmarks is not None and prepared.person is not None:
-        body = body_skin_mask(src, prepared.person, prepared.landmarks, exclude=emask, other_faces=prepared.other_faces)
+        body = body_skin_mask(
+            src,
+            prepared.person,
+            prepared.landmarks,
+            exclude=emask,
+            other_faces=prepared.other_faces,
+            region=prepared.region,
+        )
     if body is not None and covered is not None:
         body = body.copy()
         body[~np.ascontiguousarray(np.asarray(covered, dtype=bool)[::k, ::k])] = 0
@@ -483,3 +509,60 @@ def measure_pair(
     return measure_candidate_skin(
         prepared, candidate, candidate_landmarks=candidate_landmarks, edit_mask=edit_mask, covered=covered
     )
+
+
+def source_body_skin(
+    image: np.ndarray,
+    landmarks: np.ndarray,
+    region: np.ndarray | None,
+    person: np.ndarray,
+) -> tuple[bool, int]:
+    """``(visible, pixels)``: whether a source shows body skin outside its edit region.
+
+    Body skin is :func:`body_skin_mask` (the person, outside the head and ``region``, in the
+    face's own skin colours) on the working grid; it is *visible* when it is large enough for
+    :func:`measure_tones` to report its ITA (at least :data:`MIN_SKIN_PIXELS` and
+    :data:`MIN_BODY_SHARE` of the face skin). A face-only edit of such a photo leaves face and
+    hands in different tones by design: the source check records it
+    (``source_body_skin_visible``) so that a study can choose its photos.
+
+    Args:
+        image: ``(H, W, 3)`` uint8 RGB.
+        landmarks: ``(478, >=2)`` the subject's landmarks, full-size pixels.
+        region: ``(H, W)`` the edit region (nonzero inside), or None.
+        person: person probability of ``image[::k, ::k]`` (k = :func:`work_stride`).
+
+    Returns: the flag and the body-skin pixel count on the working grid.
+    """
+    prepared = prepare_source_skin(image, person, source_landmarks=landmarks, region=region)
+    pixels = int(np.count_nonzero(prepared.body)) if prepared.body is not None else 0
+    return prepared.tones.body_ita_deg is not None, pixels
+
+
+def source_edit_region(
+    image: np.ndarray,
+    landmarks: np.ndarray,
+    region: str,
+    *,
+    mode: str = "oval",
+    segmenter: PersonSegmenter | None = None,
+) -> tuple[np.ndarray, dict[str, object]]:
+    """The edit region of a face source and what the source check records about it.
+
+    Returns ``(mask, flags)``: ``mask`` ``(H, W)`` uint8 {0, 255} is the region the prompt
+    names (:func:`~counterfactory.validation.faces.region_mask`; for ``face`` the face mask in
+    ``mode``, as before regions had names); ``flags`` holds ``edit_region`` (the name),
+    ``source_body_skin_visible`` (:func:`source_body_skin`) and ``source_body_skin_px``.
+    """
+    from counterfactory.validation.faces import region_mask
+    from counterfactory.validation.segment import get_person_segmenter
+
+    k = work_stride(image.shape)
+    person = (segmenter or get_person_segmenter()).segment(np.ascontiguousarray(image[::k, ::k]))
+    if region == "face":
+        mask = face_mask(landmarks, image.shape[:2], mode=mode)  # type: ignore[arg-type]
+        measured = region_mask(landmarks, image.shape[:2], region)
+    else:
+        mask = measured = region_mask(landmarks, image.shape[:2], region, person=person)
+    visible, pixels = source_body_skin(image, landmarks, measured, person)
+    return mask, {"edit_region": region, "source_body_skin_visible": visible, "source_body_skin_px": pixels}

@@ -81,9 +81,14 @@ def test_the_run_keeps_no_photo_decoded_and_its_templates_see_the_same_pixels(sp
         expected = load_image(p.source.path, max_pixels=spec.sources.max_pixels)
         assert expected.sha256 == p.source.sha256
         assert np.array_equal(p.source.pixels, expected.pixels)
-        # the region is kept packed, one bit a pixel, and unpacks to the face mask itself
+        # the region is kept packed, one bit a pixel, and unpacks to the edit region the prompt names
+        from counterfactory.validation.skin import source_edit_region
+
         faces = get_face_landmarker().detect(expected.pixels)
-        assert np.array_equal(p.region, face_mask(faces[0].landmarks, p.source.shape, mode=spec.gates.face_mask))
+        region, _ = source_edit_region(
+            expected.pixels, faces[0].landmarks, steps.edit_region(spec), mode=spec.gates.face_mask
+        )
+        assert np.array_equal(p.region, region)
         held = p.held()
         assert held.source.holds_pixels and held.region is held.region  # unpacked once, kept
         # a Ray task's arguments carry both

@@ -179,16 +179,20 @@ def test_realistic_face_lightening_on_a_control_is_a_skin_tone_shift(gate, portr
 
 
 @pytest.mark.slow
-def test_face_darkened_far_beyond_the_neck_goes_to_review(gate, portrait):
+def test_face_darkened_far_beyond_the_neck_is_recorded_and_reviewed_only_when_congruence_is_required(gate, portrait):
     image, face = portrait
     from counterfactory.validation.faces import face_mask
 
     darker = _tint(image, face_mask(face.landmarks, image.shape[:2], mode="oval"), -25.0)
     result = gate(_pair(image, darker, face, extras=EDIT))
-    assert result.passed
-    assert result.review == ("skin_face_body_mismatch",)
+    # congruence is a covariate by default: recorded, not judged
+    assert result.passed and result.review == ()
     assert result.metrics["face_body_gap_growth_deg"] > gate.config.max_face_body_gap_growth_deg
+    assert result.metrics["face_body_incongruent"] is True
     assert result.metrics["darkened"] is True
+    strict = SkinGate(gate.config.model_copy(update={"require_congruent": True}))
+    judged = strict(_pair(image, darker, face, extras=EDIT))
+    assert judged.passed and judged.review == ("skin_face_body_mismatch",)
 
 
 @pytest.mark.slow

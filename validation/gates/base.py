@@ -79,6 +79,11 @@ class SourceAnalysis:
         person: ``(ceil(H / k), ceil(W / k))`` float32 person probability in [0, 1] of
             ``work_image`` (the selfie segmenter), or None when no gate needs it.
         gate_data: gate name -> what that gate's ``prepare`` computed (read-only by contract).
+        region: the edit region's name (:data:`~counterfactory.generation.regions.REGIONS`):
+            what the prompt asks the editor to change.
+        region_mask: ``(H, W)`` uint8 {0, 255} that region drawn for the subject
+            (:func:`~counterfactory.validation.faces.region_mask`), or None (no face). Body
+            skin is measured outside it.
     """
 
     key: str
@@ -90,6 +95,8 @@ class SourceAnalysis:
     work_image: np.ndarray | None = None
     person: np.ndarray | None = None
     gate_data: dict[str, Any] = field(default_factory=dict)
+    region: str = "face"
+    region_mask: np.ndarray | None = None
 
 
 @dataclass(frozen=True)
@@ -115,6 +122,8 @@ class PairContext:
             (None when the caller has none, or it equals ``candidate``); locality reports it.
         unregistered: the editor output as returned (any size, uint8 RGB), or None; locality
             reports FOCUS-comparable figures on it, resized to the source size.
+        region_mask: ``(H, W)`` uint8 {0, 255} the edit region the prompt names, when the
+            caller has no ``analysis`` holding it; None: the analysis's, else the face oval.
     """
 
     source: np.ndarray
@@ -130,6 +139,14 @@ class PairContext:
     analysis: SourceAnalysis | None = None
     raw_candidate: np.ndarray | None = None
     unregistered: np.ndarray | None = None
+    region_mask: np.ndarray | None = None
+
+    @property
+    def edit_region_mask(self) -> np.ndarray | None:
+        """The edit region (:attr:`region_mask`, else the analysis's), or None: the face oval."""
+        if self.region_mask is not None:
+            return self.region_mask
+        return self.analysis.region_mask if self.analysis is not None else None
 
     @property
     def source_face(self) -> FaceObservation | None:

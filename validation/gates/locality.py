@@ -333,7 +333,13 @@ def _person_binary(person: np.ndarray) -> np.ndarray:
     return person >= PERSON_THRESHOLD
 
 
-def body_skin_reference(source: np.ndarray, face_mask: np.ndarray, person: np.ndarray, face_size_px: float) -> BodySkin:
+def body_skin_reference(
+    source: np.ndarray,
+    face_mask: np.ndarray,
+    person: np.ndarray,
+    face_size_px: float,
+    region: np.ndarray | None = None,
+) -> BodySkin:
     """Find the person's skin outside the head in ``source`` (see :func:`body_skin_drift`).
 
     Args:
@@ -341,12 +347,14 @@ def body_skin_reference(source: np.ndarray, face_mask: np.ndarray, person: np.nd
         face_mask: ``(H, W)`` {0, 255} face oval.
         person: ``(H, W)`` uint8 {0, 255} person mask or float person probability in [0, 1].
         face_size_px: face size in pixels of ``source``.
+        region: ``(H, W)`` {0, 255} the edit region the prompt names (face, neck, ears...),
+            or None: the oval. Body skin is the skin outside it (grown by the face margin).
     """
     core = cv2.erode(face_mask, _DISC3, iterations=max(1, int(face_size_px * 0.05)))
     if cv2.countNonZero(core) == 0:
         core = face_mask
     ref = np.median(_lab_at(source, core > 0), axis=0)
-    grown = grow_face(face_mask, face_size_px)
+    grown = grow_face(face_mask if region is None else region, face_size_px)
     rows, cols = np.nonzero(_person_binary(person) & (grown == 0))
     # only the person's pixels are converted: CIELAB of a whole photo costs more than the rest
     src_lab = _lab_of(source[rows, cols])
@@ -518,7 +526,12 @@ class LocalitySource:
 
 
 def prepare_locality_source(
-    work_source: np.ndarray, oval: np.ndarray, face_size_px: float, stride: int, person: np.ndarray | None
+    work_source: np.ndarray,
+    oval: np.ndarray,
+    face_size_px: float,
+    stride: int,
+    person: np.ndarray | None,
+    region: np.ndarray | None = None,
 ) -> LocalitySource:
     """:class:`LocalitySource` of a source.
 
@@ -528,12 +541,20 @@ def prepare_locality_source(
         face_size_px: face size in full-size pixels.
         stride: the working grid's k.
         person: person mask or probability on the working grid, or None.
+        region: ``(H, W)`` {0, 255} the full-size edit region the prompt names
+            (:func:`~counterfactory.validation.faces.region_mask`), or None: the oval. What
+            is "away from the face" and "body skin" is measured outside it.
     """
     work_oval = oval if stride == 1 else np.ascontiguousarray(oval[::stride, ::stride])
+    if region is None:
+        work_edit = work_oval
+    else:
+        work_edit = region if stride == 1 else np.ascontiguousarray(region[::stride, ::stride])
+        work_edit = cv2.bitwise_or(work_edit, work_oval)
     size = face_size_px / stride
-    region = away_from_face(work_oval, work_source.shape[:2], size)
-    body = body_skin_reference(work_source, work_oval, person, size) if person is not None else None
-    return LocalitySource(oval, stride, region, sample_region(work_source, region), body)
+    away = away_from_face(work_edit, work_source.shape[:2], size)
+    body = body_skin_reference(work_source, work_oval, person, size, work_edit) if person is not None else None
+    return LocalitySource(oval, stride, away, sample_region(work_source, away), body)
 
 
 def _face_measures(
@@ -625,7 +646,9 @@ def locality_gate(
     face = pair.source_face
     prepared = pair.source_data("locality")
     if prepared is None and face is not None and pair.face_mask is not None:
-        prepared = _prepare(pair.work_source, face, pair.face_mask, pair.face_mask_mode, pair.stride, None)
+        prepared = _prepare(
+            pair.work_source, face, pair.face_mask, pair.face_mask_mode, pair.stride, None, pair.edit_region_mask
+        )
     oval = prepared.oval if prepared is not None else pair.face_mask
     # the stack draws face masks as {0, 255} already; only caller-given edit masks are coerced
     m = locality_metrics(pair.source, pair.candidate, pair.face_mask, edit_mask, pair.covered, oval_mask=oval)
@@ -701,11 +724,17 @@ def locality_gate(
 
 
 def _prepare(
-    work_source: np.ndarray, face, face_mask: np.ndarray, mode: str, stride: int, person: np.ndarray | None
+    work_source: np.ndarray,
+    face,
+    face_mask: np.ndarray,
+    mode: str,
+    stride: int,
+    person: np.ndarray | None,
+    region: np.ndarray | None = None,
 ) -> LocalitySource:
     shape = (face_mask.shape[0], face_mask.shape[1])
     oval = draw_face_mask(face.landmarks, shape, mode="oval") if mode != "oval" else face_mask
-    return prepare_locality_source(work_source, oval, face.size_px, stride, person)
+    return prepare_locality_source(work_source, oval, face.size_px, stride, person, region)
 
 
 class LocalityGate:
@@ -728,7 +757,9 @@ class LocalityGate:
         person = analysis.person if self.needs_person else None
         k = analysis.stride
         work = analysis.work_image if analysis.work_image is not None else np.ascontiguousarray(source[::k, ::k])
-        return _prepare(work, analysis.faces[0], analysis.face_mask, analysis.face_mask_mode, k, person)
+        return _prepare(
+            work, analysis.faces[0], analysis.face_mask, analysis.face_mask_mode, k, person, analysis.region_mask
+        )
 
     def __call__(self, pair: PairContext) -> GateResult:
         return locality_gate(pair, **self.config.model_dump())

@@ -5,11 +5,17 @@ and of the exposed body skin outside the face, in the source and the aligned can
 on the same body pixels. Then, by the kind of pair:
 
 - face edit (a change of group): reports the candidate's face ITA, its change from the
-  source, and the face-to-body gap. When the candidate's |face - body| gap exceeds the
-  source's own (lighting already puts faces and necks apart) by more than
-  ``max_face_body_gap_growth_deg``, the edited face no longer matches the unedited neck and
-  hands: review, ``skin_face_body_mismatch``. Never a rejection: face-only designs such as
-  FOCUS change only the face on purpose, and people decide whether the seam shows.
+  source, the body's, and the face-to-body gap and its growth (face-body congruence, a
+  covariate the release reports per group). Body skin is the skin *outside the edit region
+  the prompt names* (``face_only_v1``: face, neck, ears, facial hair; see
+  :mod:`counterfactory.generation.regions`), so a face-only edit of a person whose hands
+  show leaves face and hands apart by design: not judged by default. With
+  ``require_congruent`` a gap that grew by more than ``max_face_body_gap_growth_deg`` sends
+  the pair to review (``skin_face_body_mismatch``). Judged always: body skin whose ITA moved
+  beyond ``max_ita_shift_deg`` (``skin_body_tone_shift``: the editor recoloured the hands),
+  and, with ``max_against_direction_deg``, a face pushed against the requested direction
+  (``skin_against_direction``: the condition's expected direction from
+  ``direction_by_condition``).
 - same-group control (the condition equals the source's own group) and limb edit: skin tone
   must not move. A face or body ITA change beyond ``max_ita_shift_deg`` (the no-op ceiling)
   rejects with ``skin_tone_shift``.
@@ -55,6 +61,12 @@ class SkinGateConfig(BaseModel):
             body than the source's does before review (``skin_face_body_mismatch``).
         max_inpaint_gap_deg: how much further the skin inside a limb mask may be from the
             person's skin outside it than it was in the source (``skin_inpaint_mismatch``).
+        require_congruent: a face edit whose face-to-body gap grew beyond
+            ``max_face_body_gap_growth_deg`` goes to review (off: recorded only).
+        max_against_direction_deg: a face edit whose face ITA moved by more than this against
+            the direction its condition asks for is rejected; None: not judged.
+        direction_by_condition: ``"axis=value"`` -> +1 (lighter skin asked for) or -1 (darker)
+            relative to the source, e.g. from a study's own reference tones; unlisted: unknown.
         source_fields: condition axis -> source metadata field holding the source's own
             value (looked up in the record, then in its ``extra``); a face pair whose every
             axis equals the source's value is a same-group control.
@@ -66,6 +78,9 @@ class SkinGateConfig(BaseModel):
     max_ita_shift_deg: float = Field(gt=0)
     max_face_body_gap_growth_deg: float = Field(gt=0)
     max_inpaint_gap_deg: float = Field(gt=0)
+    require_congruent: bool = False
+    max_against_direction_deg: float | None = Field(None, gt=0)
+    direction_by_condition: dict[str, int] = Field(default_factory=dict)
     source_fields: dict[str, str] = Field(
         default_factory=lambda: {"race": "race", "gender": "presented_gender", "skin_tone": "skin_tone"}
     )
@@ -103,6 +118,15 @@ def is_control(
     return same
 
 
+def _direction(condition: Mapping[str, Any] | None, table: Mapping[str, int]) -> int | None:
+    """+1 / -1 from ``table`` for the first ``axis=value`` of ``condition`` it lists, else None."""
+    for axis, value in sorted((condition or {}).items()):
+        found = table.get(f"{axis}={value}")
+        if found is not None:
+            return 1 if found > 0 else -1
+    return None
+
+
 def _diff(a: float | None, b: float | None) -> float | None:
     return None if a is None or b is None else float(a - b)
 
@@ -132,6 +156,7 @@ class SkinGate:
             source_landmarks=faces[0].landmarks if faces else None,
             other_faces=[f.landmarks for f in faces[1:]],
             work_source=analysis.work_image,
+            region=analysis.region_mask,
         )
 
     def __call__(self, pair: PairContext) -> GateResult:
@@ -140,6 +165,8 @@ class SkinGate:
             "max_ita_shift_deg": c.max_ita_shift_deg,
             "max_face_body_gap_growth_deg": c.max_face_body_gap_growth_deg,
             "max_inpaint_gap_deg": c.max_inpaint_gap_deg,
+            "require_congruent": c.require_congruent,
+            "max_against_direction_deg": c.max_against_direction_deg,
         }
         cand_face = pair.candidate_face
         prepared = pair.source_data(self.name)
@@ -147,7 +174,14 @@ class SkinGate:
             faces = tuple(pair.source_faces)
             k = work_stride(pair.source.shape)
             analysis = SourceAnalysis(
-                "", pair.source.shape, faces, pair.face_mask, pair.face_mask_mode, k, pair.work_source
+                "",
+                pair.source.shape,
+                faces,
+                pair.face_mask,
+                pair.face_mask_mode,
+                k,
+                pair.work_source,
+                region_mask=pair.edit_region_mask,
             )
             prepared = self.prepare(pair.source, analysis)
         src, cand = measure_candidate_skin(
@@ -181,6 +215,7 @@ class SkinGate:
             "face_body_gap_growth_deg": finite_or_none(growth),
             "face_skin_px": cand.face_pixels,
             "body_skin_px": src.body_pixels,
+            "body_skin_visible": src.body_ita_deg is not None,
             "control": control,
             "lightened": None if face_change is None else bool(face_change > c.max_ita_shift_deg),
             "darkened": None if face_change is None else bool(face_change < -c.max_ita_shift_deg),
@@ -210,8 +245,25 @@ class SkinGate:
         shifts = [abs(v) for v in (face_change, body_change) if v is not None]
         if must_hold and shifts and max(shifts) > c.max_ita_shift_deg:
             reasons.append("skin_tone_shift")
+        elif pair.kind == "face" and body_change is not None and abs(body_change) > c.max_ita_shift_deg:
+            # skin outside the region the prompt names must keep its tone whatever the condition
+            reasons.append("skin_body_tone_shift")
+        if pair.kind == "face":
+            direction = _direction(pair.extras.get("condition"), c.direction_by_condition)
+            metrics["requested_direction"] = direction
+            if (
+                c.max_against_direction_deg is not None
+                and direction is not None
+                and face_change is not None
+                and -direction * face_change > c.max_against_direction_deg
+            ):
+                reasons.append("skin_against_direction")
         if pair.kind == "face" and growth is not None and growth > c.max_face_body_gap_growth_deg:
-            review.append("skin_face_body_mismatch")
+            metrics["face_body_incongruent"] = True
+            if c.require_congruent:
+                review.append("skin_face_body_mismatch")
+        elif pair.kind == "face":
+            metrics["face_body_incongruent"] = None if growth is None else False
         return GateResult(self.name, not reasons, metrics, tuple(reasons), tuple(review), thresholds)
 
 
