@@ -50,13 +50,30 @@ def skin_tone_stats(items: Sequence[Mapping[str, Any]], source_groups: Mapping[s
     Returns:
         ``{"by_condition": [{label, condition, n, median, q25, q75, min, max, values}],
         "lightened_by_source_group": [{group, n, k, share, ci_low, ci_high}],
-        "lightened_all": {...}, "unmeasured": int}``; changes in ITA degrees.
+        "lightened_all": {...}, "unmeasured": int, "congruence_by_condition": [{label,
+        condition, n, face_ita_median, body_ita_median, gap_median, gap_growth_median,
+        incongruent: {n, k, share, ci_low, ci_high}}]}``; ITA in degrees. Congruence (the
+        candidate's face against the body skin outside the edit region, a covariate that is
+        not judged by default) counts only items whose body skin was measured.
     """
     by_condition: dict[str, tuple[dict, list[float]]] = {}
     by_group: dict[str, list[bool]] = {}
+    congruence: dict[str, tuple[dict, list[tuple[float, float, float, float | None, bool]]]] = {}
     unmeasured = 0
     for row in items:
         m = _metrics(row, "skin")
+        if m and m.get("face_ita_deg") is not None and m.get("body_ita_deg") is not None:
+            condition = dict(row.get("condition") or {})
+            growth = m.get("face_body_gap_growth_deg")
+            congruence.setdefault(_label(condition), (condition, []))[1].append(
+                (
+                    float(m["face_ita_deg"]),
+                    float(m["body_ita_deg"]),
+                    float(m.get("face_body_gap_deg") or m["face_ita_deg"] - m["body_ita_deg"]),
+                    None if growth is None else float(growth),
+                    bool(m.get("face_body_incongruent")),
+                )
+            )
         change = m.get("face_ita_change_deg") if m else None
         if change is None:
             unmeasured += 1
@@ -84,11 +101,28 @@ def skin_tone_stats(items: Sequence[Mapping[str, Any]], source_groups: Mapping[s
         )
     groups = [{"group": g, **_share(sum(flags), len(flags))} for g, flags in sorted(by_group.items())]
     every = [f for flags in by_group.values() for f in flags]
+    congruent = []
+    for label, (condition, rows) in sorted(congruence.items()):
+        face, body, gap, growth, flag = zip(*rows, strict=True)
+        grown = [g for g in growth if g is not None]
+        congruent.append(
+            {
+                "label": label,
+                "condition": condition,
+                "n": len(rows),
+                "face_ita_median": float(np.median(face)),
+                "body_ita_median": float(np.median(body)),
+                "gap_median": float(np.median(gap)),
+                "gap_growth_median": float(np.median(grown)) if grown else None,
+                "incongruent": _share(sum(flag), len(flag)),
+            }
+        )
     return {
         "by_condition": conditions,
         "lightened_by_source_group": groups,
         "lightened_all": _share(sum(every), len(every)),
         "unmeasured": unmeasured,
+        "congruence_by_condition": congruent,
     }
 
 
@@ -206,6 +240,17 @@ def target_html(skin: Mapping[str, Any] | None, labels: Mapping[str, Any] | None
             "outputs (72-75 % for Black and Indian sources, 44 % for White ones).</p>"
             '<img src="skin_tone.png" alt="ITA change per condition and lightened share per source group" '
             'style="max-width: 100%">'
+        )
+    if skin and skin.get("congruence_by_condition"):
+        rows = "".join(
+            f"<tr><td>{html.escape(c['label'])}</td><td>{c['n']}</td><td>{c['face_ita_median']:.1f}</td>"
+            f"<td>{c['body_ita_median']:.1f}</td><td>{c['gap_median']:+.1f}</td><td>{pct(c['incongruent'])}</td></tr>"
+            for c in skin["congruence_by_condition"]
+        )
+        parts.append(
+            "<h3>Face-body congruence (recorded, not judged unless skin.require_congruent)</h3>"
+            '<table id="skin-congruence"><tr><th>condition</th><th>n with body skin</th><th>face ITA°</th>'
+            f"<th>body ITA°</th><th>median gap</th><th>gap grew beyond tolerance</th></tr>{rows}</table>"
         )
     if labels and labels.get("by_condition"):
         rows = "".join(

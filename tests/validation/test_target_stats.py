@@ -74,3 +74,32 @@ def test_skin_stats_per_condition_and_source_group(tmp_path):
     assert png.stat().st_size > 1000
     page = target_html(stats, label_consistency([_attr_row(white, True, False)]))
     assert 'id="skin-lightened"' in page and 'id="label-consistency"' in page and "skin_tone.png" in page
+
+
+def test_face_body_congruence_is_reported_per_condition_from_the_items_with_body_skin():
+    def row(condition, face, body, growth, incongruent):
+        metrics = {
+            "face_ita_change_deg": 1.0,
+            "face_ita_deg": face,
+            "body_ita_deg": body,
+            "face_body_gap_deg": None if body is None else face - body,
+            "face_body_gap_growth_deg": growth,
+            "face_body_incongruent": incongruent,
+        }
+        return {"source": {"id": "s"}, "condition": condition, "gates": {"skin": {"metrics": metrics}}}
+
+    black = {"race": "Black"}
+    rows = [
+        row(black, 10.0, 40.0, 25.0, True),
+        row(black, 20.0, 35.0, 11.0, True),
+        row(black, 30.0, 32.0, 1.0, False),
+        row(black, 12.0, None, None, None),  # no body skin shown: not in the congruence figures
+    ]
+    stats = skin_tone_stats(rows, {"s": "White"})
+    (c,) = stats["congruence_by_condition"]
+    assert c["label"] == "race=Black" and c["n"] == 3
+    assert c["face_ita_median"] == 20.0 and c["body_ita_median"] == 35.0
+    assert c["gap_median"] == -15.0 and c["gap_growth_median"] == 11.0
+    assert c["incongruent"]["k"] == 2 and c["incongruent"]["n"] == 3
+    assert (c["incongruent"]["ci_low"], c["incongruent"]["ci_high"]) == pytest.approx(_wilson_by_hand(2, 3))
+    assert 'id="skin-congruence"' in target_html(stats, None)
