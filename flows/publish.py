@@ -50,7 +50,7 @@ from counterfactory.manifests.release_schema import schema_files, validate_rows
 from counterfactory.manifests.review import apply_reviews
 from counterfactory.manifests.spec import Spec
 from counterfactory.manifests.store import atomic_write, png_bytes
-from counterfactory.manifests.trials import build_trials, load_biographies
+from counterfactory.manifests.trials import build_trials, load_biographies, trials_left_out
 from counterfactory.validation.attrition import attrition_table, plot_attrition, wilson_interval
 from counterfactory.validation.expression_audit import drift_rates, expression_label, modal_label
 from counterfactory.validation.gates.base import VERDICTS
@@ -684,7 +684,14 @@ def publish_release(
         audit_expressions(spec, items, prepared, stage)
         manifest = [r for r in items if r["status"] == "accepted"]
         derived = build_derived(spec, manifest, prepared, stage)
-        trials = build_trials(manifest, spec.trials, biographies=biographies)
+        trials = build_trials(
+            manifest,
+            spec.trials,
+            biographies=biographies,
+            expected_variants=len(grid.cells) // len(grid.templates) if grid.templates else None,
+            derived=derived,
+        )
+        left_out = left_out + trials_left_out(manifest, spec.trials)
         stats = build_stats(
             spec, items, failed, outcomes, grid, editor_calls=editor_calls, total_cost_usd=cost, report=report
         )

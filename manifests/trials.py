@@ -6,20 +6,21 @@ versioned prompt file in ``assets/trials/`` (file name and sha256 recorded), its
 format and a parser hint, its grouping keys, and whether each image's condition matches the
 template's presented gender (so matched-only and swapped-only subsets can be scored).
 
-Protocols (``trials.protocols`` in the spec):
+Protocols (``trials.protocols`` in the spec); the units are those of :func:`build_trials`:
 
 - ``2afc``: within a template, every unordered pair of its variants (``n (n - 1) / 2``; 45 for
   10 variants), each in both A/B orders, for each question (income, education, perceived
-  safety): ``3 n (n - 1)`` trials per template.
-- ``mcq``: one image, salary in six brackets (A-F) and education in four levels (A-D).
-- ``salary``: images x biographies of the image's occupation (``trials.biographies``).
-- ``disability_context``: for each of 9 categories, a neutral description prompt and the same
-  prompt "considering they may have a <disability>", paired by ``pair_id``.
-- ``limb_pair``: the original and each counterfactual queried alone with an ability-neutral
-  bank: control questions about the unchanged background, and per social-judgement domain
-  (competence, leadership, teamwork, professionalism, communication, hiring) a yes/no/uncertain,
-  a 1-5 rating and an open-ended question.
-- ``person_irrelevant``: "I've attached my photo." then a task that does not concern the person.
+  safety): ``3 n (n - 1)`` trials per template (FOCUS 3.2 Task 1).
+- ``mcq``: one image and its occupation, salary in six brackets (A-F) and education in four
+  levels (A-D); again on each robustness variant (FOCUS 3.2 Task 2, B.2).
+- ``salary``: images x biographies of the image's occupation (``trials.biographies``; FOCUS Task 3).
+- ``disability_context``: per image one neutral prompt and one per disability category (9),
+  sharing a ``pair_id`` (disability NP/DP audit, 3.3).
+- ``limb_pair``: each original photo and each counterfactual (removed, same-cue control) queried
+  alone with the ability-neutral bank, the original once per prompt plus the noise-baseline
+  repeats (InclusiveCFImageBias).
+- ``person_irrelevant``: "I've attached my photo." then a task that does not concern the
+  person, and each task once with no image (guardrail-agnostic user context).
 """
 
 from __future__ import annotations
@@ -42,13 +43,34 @@ Protocol = Literal["2afc", "mcq", "salary", "disability_context", "limb_pair", "
 SOURCE_PREFIX = "source:"
 
 
+#: how each variant bank differs from the papers (the default, ``trial_prompts_v2``, follows
+#: them); the card and ``release.json`` list these for the bank a release used
+BANK_DIFFERENCES: dict[str, list[str]] = {
+    "trial_prompts_v1": [
+        "mcq salary: brackets 'under $25,000' to '$150,000 or more', not FOCUS's six from 'below $20,000' to "
+        "'above $100,000'",
+        "mcq education: levels 'no high school diploma' to 'graduate or professional degree', not FOCUS's four "
+        "from secondary school to doctorate",
+        "mcq: the prompt does not name the occupation FOCUS puts in it",
+        "disability_context: categories paraphrased (e.g. 'vision impairment'), not the paper's Table 4 names",
+        "limb_pair: 20 prompts (2 control, 10 %), not InclusiveCF's 48 (about 29 % control, 33 % structured, "
+        "38 % open-ended), and no repeated-query noise baseline",
+        "person_irrelevant: five everyday tasks, not the paper's story generation and term explanation; no "
+        "no-image baseline",
+    ],
+    "trial_prompts_v2": [],
+}
+
+
 class TrialsConfig(BaseModel):
     """``trials``: which protocols a release's ``trials.jsonl`` holds.
 
     Attributes:
         protocols: any of ``2afc``, ``mcq``, ``salary``, ``disability_context``, ``limb_pair``,
             ``person_irrelevant``; ``[]`` writes an empty bank.
-        prompts: the versioned prompt file in ``assets/trials/`` (without ``.yaml``).
+        prompts: the versioned prompt file in ``assets/trials/`` (without ``.yaml``);
+            ``trial_prompts_v2`` follows the papers, ``trial_prompts_v1`` is a variant bank
+            (its differences: :data:`BANK_DIFFERENCES`).
         biographies: a YAML file of biographies per occupation (relative to the spec file);
             required by ``salary``. ``assets/trials/biographies_example_v1.yaml`` shows the shape.
         expression_consistent_only: use only variants whose expression label equals their
@@ -58,7 +80,7 @@ class TrialsConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     protocols: list[Protocol] = Field(default_factory=list)
-    prompts: str = "trial_prompts_v1"
+    prompts: str = "trial_prompts_v2"
     biographies: Path | None = None
     expression_consistent_only: bool = False
 
@@ -119,27 +141,112 @@ def _group(row: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _limb_queries(spec: dict[str, Any]) -> list[dict[str, Any]]:
+    """The limb bank's queries as ``{"id", "format", "domain", "prompt", "answer_format",
+    "parser_hint"}``, from either bank shape: ``prompts`` (a list, version 2 on) or
+    ``control`` + ``domains`` x ``formats`` (version 1)."""
+    formats = spec.get("formats") or {}
+    if "prompts" in spec:
+        out = []
+        for q in spec["prompts"]:
+            fmt = formats.get(q["format"], {})
+            out.append(
+                {
+                    "id": q["id"],
+                    "format": q["format"],
+                    "domain": q.get("domain"),
+                    "prompt": q["prompt"],
+                    "answer_format": q.get("answer_format", fmt.get("answer_format")),
+                    "parser_hint": q.get("parser_hint", fmt.get("parser_hint")),
+                }
+            )
+        return out
+    out = [
+        {"id": f"control_{i}", "format": "control", "domain": None, **q} for i, q in enumerate(spec["control"], start=1)
+    ]
+    for domain, by_format in spec["domains"].items():
+        for fmt, text in by_format.items():
+            out.append({"id": f"{domain}_{fmt}", "format": fmt, "domain": domain, "prompt": text, **formats[fmt]})
+    return out
+
+
+#: a limb condition's ``cue`` value -> the trial's ``variant`` (the original photo is ``original``)
+LIMB_VARIANTS = {"removed": "removed", "kept": "same_cue_control"}
+
+
+def _limb_variant(row: dict[str, Any]) -> str:
+    cue = (row.get("condition") or {}).get("cue")
+    return LIMB_VARIANTS.get(cue, f"cue_{cue}" if cue else "counterfactual")
+
+
+def _person_irrelevant_tasks(spec: dict[str, Any]) -> list[tuple[str, str, str | None, str | None]]:
+    """``(question, task text, domain, concept)`` for the bank's plain tasks, then one term
+    explanation per concept (version 2 on)."""
+    out: list[tuple[str, str, str | None, str | None]] = [(k, v, None, None) for k, v in spec["tasks"].items()]
+    terms = spec.get("term_explanation")
+    if terms:
+        for domain, concepts in terms["concepts"].items():
+            for concept in concepts:
+                out.append(("term_explanation", terms["prompt"].format(concept=concept), domain, concept))
+    return out
+
+
+def _expression_ok(row: dict[str, Any]) -> bool:
+    return bool((row.get("expression") or {}).get("consistent", True))
+
+
+def _pair_consistent(a: dict[str, Any], b: dict[str, Any]) -> bool | None:
+    """Whether both images' expressions match their template's (``None`` when either is unaudited)."""
+    known = [(r.get("expression") or {}).get("consistent") for r in (a, b)]
+    return None if None in known else all(known)
+
+
+def _derived_variant(row: dict[str, Any]) -> str:
+    transform = row.get("transform") or {}
+    return "_".join(str(transform[k]) for k in ("kind", "level") if transform.get(k))
+
+
 def build_trials(
     items: Sequence[dict[str, Any]],
     config: TrialsConfig,
     *,
     biographies: dict[str, list[dict[str, str]]] | None = None,
+    expected_variants: int | None = None,
+    derived: Sequence[dict[str, Any]] = (),
 ) -> list[dict[str, Any]]:
     """The trial bank for ``items`` (manifest rows: accepted items), in a deterministic order.
+
+    One row per query: ``trial_id`` hashes every field that makes a query different, and no
+    two rows share it (a duplicate raises, it would be a bug). Units:
+
+    - ``2afc``: per template ``n (n - 1) / 2`` unordered pairs x 2 orders x each question;
+      every row's ``group`` says how many variants its template has (``variants``), how many
+      the design asks for (``expected_variants``) and whether it is ``complete``. With
+      ``expression_consistent_only`` the perceived-safety question uses only variants whose
+      expression matches their template's (FOCUS B.2 runs only that question on the subset).
+    - ``mcq``: each question once per image, and once per robustness variant in ``derived``
+      (``variant`` is the transform, e.g. ``mirror``, ``crop_close``; FOCUS B.2 re-runs MCQ).
+    - ``salary``: images x the biographies of the image's occupation.
+    - ``disability_context``: per image one neutral prompt (``variant`` ``neutral``) and one
+      disability prompt per category (``context``), all ten sharing a ``pair_id``.
+    - ``limb_pair``: each original photo once per prompt (``variant`` ``original``, no
+      condition), each counterfactual once per prompt (``removed`` or ``same_cue_control``);
+      the original and every counterfactual of its photo share the prompt's ``pair_id``.
+    - ``person_irrelevant``: each task once per image.
 
     Args:
         items: manifest rows with ``item_id``, ``template_id``, ``condition``,
             ``gender_match``, ``source`` and (optionally) ``expression``.
         config: the spec's ``trials``.
         biographies: required when ``salary`` is a protocol (:func:`load_biographies`).
+        expected_variants: conditions per template in the design (2AFC completeness).
+        derived: ``derived.jsonl`` rows (robustness variants of ``items``).
 
     Returns:
         rows matching ``manifests/schemas/trial.schema.json``.
     """
     bank, prompt_file, prompt_sha = _load_prompts(config.prompts)
     rows = sorted(items, key=lambda r: (r["template_id"], r["item_id"]))
-    if config.expression_consistent_only:
-        rows = [r for r in rows if (r.get("expression") or {}).get("consistent", True)]
     by_template: dict[str, list[dict[str, Any]]] = {}
     for row in rows:
         by_template.setdefault(row["template_id"], []).append(row)
@@ -150,11 +257,19 @@ def build_trials(
             paths[row["item_id"]] = row["image"]["path"]
         if (row.get("source") or {}).get("path"):
             paths[f"{SOURCE_PREFIX}{row['source']['sha256']}"] = row["source"]["path"]
+    parents = {r["item_id"]: r for r in rows}
+    variants_of = sorted((d for d in derived if d.get("parent_item_id") in parents), key=lambda d: d["item_id"])
+    for d in variants_of:
+        if d.get("image"):
+            paths[d["item_id"]] = d["image"]["path"]
     trials: list[dict[str, Any]] = []
 
     def add(protocol: str, question: str, images: list[str], prompt: str, answer: str, hint: str, **extra) -> None:
+        # every field that makes a query different goes into its id, so the id is a key
+        key = [protocol, question, *images, " ".join(prompt.split())]
+        key += [extra.get(k) for k in ("variant", "order", "biography_id", "category", "domain", "format", "repeat")]
         trial = {
-            "trial_id": _tid(protocol, question, *images, prompt, extra.get("variant"), extra.get("order")),
+            "trial_id": _tid(*key),
             "protocol": protocol,
             "question": question,
             "images": images,
@@ -170,6 +285,7 @@ def build_trials(
             "domain": None,
             "format": None,
             "category": None,
+            "repeat": None,
             **base,
             **extra,
         }
@@ -179,8 +295,12 @@ def build_trials(
         if protocol == "2afc":
             spec = bank["2afc"]
             for template_id, variants in by_template.items():
-                for a, b in combinations(variants, 2):
-                    for question, text in spec["questions"].items():
+                complete = None if expected_variants is None else len(variants) >= expected_variants
+                for question, text in spec["questions"].items():
+                    pool = variants
+                    if config.expression_consistent_only and question == "perceived_safety":
+                        pool = [v for v in variants if _expression_ok(v)]
+                    for a, b in combinations(pool, 2):
                         pair = _tid("2afc", question, *sorted((a["item_id"], b["item_id"])))
                         for order, (first, second) in (("AB", (a, b)), ("BA", (b, a))):
                             add(
@@ -197,6 +317,10 @@ def build_trials(
                                     "condition_a": dict(first["condition"]),
                                     "condition_b": dict(second["condition"]),
                                     "occupation": (first.get("source") or {}).get("occupation"),
+                                    "variants": len(variants),
+                                    "expected_variants": expected_variants,
+                                    "complete": complete,
+                                    "expression_consistent": _pair_consistent(first, second),
                                 },
                                 gender_match=[first.get("gender_match"), second.get("gender_match")],
                             )
@@ -205,17 +329,27 @@ def build_trials(
                 options = dict(spec["options"])
                 listing = " ".join(f"{k}) {v}." for k, v in options.items())
                 for row in rows:
-                    add(
-                        "mcq",
-                        question,
-                        [row["item_id"]],
-                        f"{spec['prompt']} {listing}",
-                        spec["answer_format"],
-                        spec["parser_hint"],
-                        options=options,
-                        group=_group(row),
-                        gender_match=row.get("gender_match"),
-                    )
+                    occupation = (row.get("source") or {}).get("occupation") or "unknown"
+                    text = f"{spec['prompt'].replace('{occupation}', occupation)} {listing}"
+                    images = [(None, row["item_id"])]
+                    images += [
+                        (_derived_variant(d), d["item_id"])
+                        for d in variants_of
+                        if d["parent_item_id"] == row["item_id"]
+                    ]
+                    for variant, image in images:
+                        add(
+                            "mcq",
+                            question,
+                            [image],
+                            text,
+                            spec["answer_format"],
+                            spec["parser_hint"],
+                            options=options,
+                            variant=variant,
+                            group=_group(row),
+                            gender_match=row.get("gender_match"),
+                        )
         elif protocol == "salary":
             if biographies is None:
                 raise TrialError("the salary protocol needs trials.biographies (a file of biographies per occupation)")
@@ -237,58 +371,63 @@ def build_trials(
         elif protocol == "disability_context":
             spec = bank["disability_context"]
             for row in rows:
-                for category, disability in spec["categories"].items():
-                    pair = _tid("disability_context", row["item_id"], category)
-                    for variant, text in (
-                        ("neutral", spec["neutral"]),
-                        ("context", spec["context"].format(disability=disability)),
-                    ):
-                        add(
-                            "disability_context",
-                            "describe",
-                            [row["item_id"]],
-                            text,
-                            spec["answer_format"],
-                            spec["parser_hint"],
-                            variant=variant,
-                            category=category,
-                            pair_id=pair,
-                            group=_group(row),
-                            gender_match=row.get("gender_match"),
-                        )
+                unit = _tid("disability_context", row["item_id"])
+                prompts = [("neutral", None, spec["neutral"])] + [
+                    ("context", category, spec["context"].format(disability=disability))
+                    for category, disability in spec["categories"].items()
+                ]
+                for variant, category, text in prompts:
+                    add(
+                        "disability_context",
+                        "describe",
+                        [row["item_id"]],
+                        text,
+                        spec["answer_format"],
+                        spec["parser_hint"],
+                        variant=variant,
+                        category=category,
+                        pair_id=unit,
+                        group=_group(row),
+                        gender_match=row.get("gender_match"),
+                    )
         elif protocol == "limb_pair":
             spec = bank["limb_pair"]
+            queries = _limb_queries(spec)
+            seen_originals: set[str] = set()
             for row in rows:
-                original = f"{SOURCE_PREFIX}{row['source']['sha256']}"
-                for variant, image in (("original", original), ("counterfactual", row["item_id"])):
-                    queries = [
-                        ("control", f"control_{i}", q["prompt"], q["answer_format"], q["parser_hint"], None)
-                        for i, q in enumerate(spec["control"], start=1)
-                    ] + [
-                        (fmt, f"{domain}_{fmt}", text, spec["formats"][fmt]["answer_format"],
-                         spec["formats"][fmt]["parser_hint"], domain)
-                        for domain, by_format in spec["domains"].items()
-                        for fmt, text in by_format.items()
-                    ]  # fmt: skip
-                    for fmt, question, text, answer, hint, domain in queries:
-                        add(
-                            "limb_pair",
-                            question,
-                            [image],
-                            text,
-                            answer,
-                            hint,
-                            variant=variant,
-                            format=fmt,
-                            domain=domain,
-                            pair_id=_tid("limb_pair", row["item_id"], question),
-                            group=_group(row),
-                            gender_match=row.get("gender_match"),
-                        )
+                sha = row["source"]["sha256"]
+                original = f"{SOURCE_PREFIX}{sha}"
+                # the original is queried once per prompt, however many counterfactuals pair with it,
+                # and carries no condition of theirs
+                images = [("original", original, None)] if original not in seen_originals else []
+                seen_originals.add(original)
+                images.append((_limb_variant(row), row["item_id"], row))
+                for variant, image, own in images:
+                    group = _group(row) | {"condition": None} if own is None else _group(row)
+                    # the noise baseline: the original asked the same prompt again (InclusiveCF Table 2)
+                    repeats = [None, *range(1, int(spec.get("noise_repeats", 0)) + 1)] if own is None else [None]
+                    for q in queries:
+                        for repeat in repeats:
+                            add(
+                                "limb_pair",
+                                q["id"],
+                                [image],
+                                q["prompt"],
+                                q["answer_format"],
+                                q["parser_hint"],
+                                variant=variant,
+                                format=q["format"],
+                                domain=q["domain"],
+                                pair_id=_tid("limb_pair", sha, q["id"]),
+                                repeat=repeat,
+                                group=group,
+                                gender_match=None if own is None else own.get("gender_match"),
+                            )
         elif protocol == "person_irrelevant":
             spec = bank["person_irrelevant"]
+            tasks = _person_irrelevant_tasks(spec)
             for row in rows:
-                for task, text in spec["tasks"].items():
+                for task, text, domain, concept in tasks:
                     add(
                         "person_irrelevant",
                         task,
@@ -296,25 +435,64 @@ def build_trials(
                         f"{spec['preamble']} {text}",
                         spec["answer_format"],
                         spec["parser_hint"],
+                        domain=domain,
+                        category=concept,
                         group=_group(row),
                         gender_match=row.get("gender_match"),
                     )
+            if spec.get("no_image_baseline") and rows:
+                # the same tasks with no photo and no preamble, once per release
+                for task, text, domain, concept in tasks:
+                    add(
+                        "person_irrelevant",
+                        task,
+                        [],
+                        text,
+                        spec["answer_format"],
+                        spec["parser_hint"],
+                        variant="no_image",
+                        domain=domain,
+                        category=concept,
+                        group={"template_id": None},
+                        gender_match=None,
+                    )
         else:  # the spec's Literal already refuses these; a caller passing a bare list gets the same message
             raise TrialError(f"unknown trial protocol {protocol!r}; known: {', '.join(PROTOCOLS)}")
+    seen: set[str] = set()
+    for t in trials:
+        if t["trial_id"] in seen:
+            raise TrialError(f"two trials share trial_id {t['trial_id']} ({t['protocol']} {t['question']}); a bug")
+        seen.add(t["trial_id"])
     return trials
 
 
-def prompt_texts(name: str = "trial_prompts_v1") -> dict[str, list[str]]:
+def trials_left_out(items: Sequence[dict[str, Any]], config: TrialsConfig) -> list[dict[str, Any]]:
+    """``left_out.jsonl`` rows for what a trial filter drops: with ``expression_consistent_only``
+    each drifted variant, left out of the perceived-safety 2AFC only (FOCUS B.2)."""
+    if not (config.expression_consistent_only and "2afc" in config.protocols):
+        return []
+    return [
+        {
+            "what": "trial",
+            "id": row["item_id"],
+            "status": "filtered",
+            "reason": "expression_drift: left out of 2afc perceived_safety (trials.expression_consistent_only)",
+            "group": {"template_id": row["template_id"], "condition": dict(row["condition"])},
+        }
+        for row in sorted(items, key=lambda r: (r["template_id"], r["item_id"]))
+        if not _expression_ok(row)
+    ]
+
+
+def prompt_texts(name: str = "trial_prompts_v2") -> dict[str, list[str]]:
     """Every prompt text of a prompt file by protocol (for audits such as word-list checks)."""
     bank, _, _ = _load_prompts(name)
-    limb = bank["limb_pair"]
+    irrelevant = bank["person_irrelevant"]
     return {
         "2afc": list(bank["2afc"]["questions"].values()),
         "mcq": [q["prompt"] for q in bank["mcq"].values()],
         "salary": [bank["salary"]["prompt"]],
         "disability_context": [bank["disability_context"]["neutral"], bank["disability_context"]["context"]],
-        "limb_pair": [q["prompt"] for q in limb["control"]] + [t for d in limb["domains"].values() for t in d.values()],
-        "person_irrelevant": [
-            f"{bank['person_irrelevant']['preamble']} {t}" for t in bank["person_irrelevant"]["tasks"].values()
-        ],
+        "limb_pair": [q["prompt"] for q in _limb_queries(bank["limb_pair"])],
+        "person_irrelevant": [f"{irrelevant['preamble']} {t[1]}" for t in _person_irrelevant_tasks(irrelevant)],
     }
