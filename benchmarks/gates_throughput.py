@@ -10,7 +10,11 @@ Runs ``GateStack.evaluate`` over a folder of pairs and reports, in one run:
    once per source, the candidate's (landmarker, detector, embedder, AU model) once per pair,
    on both sides of the ratio;
 2. throughput of one worker process (pairs/s, images/s), stack only;
-3. throughput of ``--workers`` processes over the same pairs (target with 2: >= 1.7 x one).
+3. throughput of ``--workers`` processes over the same pairs (target with 2: >= 1.7 x one);
+4. the re-render step's cost per edit, on its own: the ``classical`` editor's TAEF2 round
+   trip (:mod:`counterfactory.generation.rerender`) over each source photo at the editor's
+   ``rerender_max_side`` (``--rerender-side``; ``--rerender-repeat 0`` skips it). It is the
+   editor's cost, not the gates': it is not in the ratio above.
 
 Each worker uses one intra-op thread per library and loads its models once before the
 clock starts. Image decoding is not timed (the stack receives arrays); as a run does, the
@@ -287,6 +291,32 @@ def _run_overhead(pair_files, kind: str, mode: str, repeat: int) -> dict:
         return pool.apply(_overhead, (repeat,))
 
 
+def rerender_cost(pair_files, max_side: int | None, repeat: int) -> dict:
+    """Seconds per TAEF2 round trip of each distinct source in ``pair_files`` at ``max_side``
+    (one warm-up call first, not timed), one intra-op thread as the workers above use."""
+    from counterfactory.generation.rerender import Rerenderer
+    from counterfactory.validation.calibrate import load_rgb
+
+    sources = {p[1].stat().st_ino: p[1] for p in pair_files}
+    images = [load_rgb(path) for path in sources.values()]
+    rr = Rerenderer(max_side=max_side, threads=1)
+    rr(images[0])
+    times, pixels = [], []
+    for _ in range(repeat):
+        for image in images:
+            t0 = time.perf_counter()
+            out = rr(image)
+            times.append(time.perf_counter() - t0)
+            pixels.append(out.shape[0] * out.shape[1])
+    return {
+        "max_side": max_side,
+        "edits": len(times),
+        "s_per_edit_mean": float(np.mean(times)),
+        "s_per_edit_max": float(np.max(times)),
+        "s_per_megapixel": float(np.sum(times) / (np.sum(pixels) / 1e6)),
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--pairs", type=Path, help="folder of <id>_source / <id>_candidate images")
@@ -296,6 +326,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=3, help="passes over the pairs per measurement")
     parser.add_argument("--per-source", type=int, default=8, help="demo candidates per source photo")
     parser.add_argument("--json", type=Path, help="also write the numbers here")
+    parser.add_argument("--rerender-side", type=int, default=512, help="the re-render's long side (classical default)")
+    parser.add_argument("--rerender-repeat", type=int, default=1, help="passes of the re-render timing (0: skip)")
     args = parser.parse_args(argv)
 
     with tempfile.TemporaryDirectory(prefix="cf-bench-") as tmp:
@@ -311,6 +343,7 @@ def main(argv: list[str] | None = None) -> int:
         over = _run_overhead(pair_files, args.kind, args.face_mask, args.repeat)
         one = _run_pool(1, pair_files, args.kind, args.face_mask, total)
         many = _run_pool(args.workers, pair_files, args.kind, args.face_mask, total) if args.workers > 1 else one
+        rerender = rerender_cost(pair_files, args.rerender_side, args.rerender_repeat) if args.rerender_repeat else None
 
     ratio = over["stack_s"] / over["models_s"]
     speedup = many["pairs_per_s"] / one["pairs_per_s"]
@@ -329,6 +362,7 @@ def main(argv: list[str] | None = None) -> int:
         "cpu_efficiency": many["pairs_per_cpu_s"] / one["pairs_per_cpu_s"],
         "cores_available": os.cpu_count(),
         "targets": {"stack_over_models_max": 1.3, "speedup_2_workers_min": 1.7},
+        "rerender": rerender,
     }
     print(f"verdicts (first pass): {over['verdicts']}")
     print(
@@ -357,6 +391,12 @@ def main(argv: list[str] | None = None) -> int:
                 f"  note: the {args.workers} workers got {many['cores_used']:.2f} cores between them; "
                 "other processes were using the CPU, so this speedup understates the stack's scaling"
             )
+    if rerender is not None:
+        print(
+            f"re-render (TAEF2 round trip, the editor's step, not the gates'): "
+            f"{rerender['s_per_edit_mean']:.2f} s per edit (max {rerender['s_per_edit_max']:.2f}) at a long side of "
+            f"{rerender['max_side']}, {rerender['s_per_megapixel']:.2f} s per megapixel, one thread"
+        )
     if args.json:
         args.json.write_text(json.dumps(report, indent=1) + "\n")
     return 0

@@ -7,6 +7,12 @@ It makes **no** demographic change and claims none. It exists so that every late
   the feathered face mask the factory passes in ``EditRequest.mask``;
 - limb cells: OpenCV inpainting (Telea 2004) inside the limb mask.
 
+Then, for face cells (``rerender``, on by default), the whole image goes through a real
+pretrained latent autoencoder (TAEF2, :mod:`counterfactory.generation.rerender`), as every
+diffusion editor's decoder does: the pixels it was told to keep come back re-synthesised, so
+the gates meet what real editors return. Limb cells are composited by the factory (every
+pixel outside the mask copied back), so they are not re-rendered.
+
 Like the diffusers pipelines, it returns its output resized to a multiple of
 ``output_multiple`` pixels, so the factory's alignment has real work to undo. For real
 datasets use the ``qwen`` (local GPU) or ``fal`` (Nano Banana) backends.
@@ -37,6 +43,11 @@ class ClassicalOptions(BaseModel):
     inpaint_radius_px: float = Field(5.0, gt=0.0)
     #: resize outputs to a multiple of this many pixels (as diffusers does); 0 keeps the size.
     output_multiple: int = Field(16, ge=0)
+    #: face cells: re-render the whole edited image through TAEF2, as a real editor's decoder does
+    rerender: bool = True
+    #: the re-render's long side at most (the output stays at that size, as an editor returns
+    #: its own resolution); None: the source's own size (slower: cost grows with pixels)
+    rerender_max_side: int | None = Field(512, ge=64)
 
 
 def condition_tint(condition: dict[str, str], seed: int) -> tuple[np.ndarray, float]:
@@ -73,6 +84,19 @@ class ClassicalEditor(SequentialEditor):
 
     def __init__(self, options: ClassicalOptions | None = None) -> None:
         self.options = options or ClassicalOptions()
+        self._rerenderer = None
+
+    def prepare(self) -> None:
+        """Load the autoencoder once, before any work, when re-rendering is on."""
+        if self.options.rerender and self._rerenderer is None:
+            from counterfactory.generation.rerender import get_rerenderer
+
+            self._rerenderer = get_rerenderer(self.options.rerender_max_side)
+
+    def rerender(self, image: np.ndarray) -> np.ndarray:
+        """``image`` through the autoencoder (:class:`~counterfactory.generation.rerender.Rerenderer`)."""
+        self.prepare()
+        return self._rerenderer(image)
 
     def lineage(self) -> dict[str, Any]:
         return {"backend": self.name, "version": 1, **self.options.model_dump()}
@@ -103,6 +127,8 @@ class ClassicalEditor(SequentialEditor):
             luminance = pixels.mean(axis=2, keepdims=True)
             toned = np.clip(luminance * gain * 1.6 * tint, 0.0, 1.0)
             out = np.rint(255.0 * ((1 - alpha) * pixels + alpha * toned)).astype(np.uint8)
+            if self.options.rerender:
+                out = self.rerender(out)
         out = _resize_multiple(out, self.options.output_multiple)
         return EditResult(
             request.attempt_id,
