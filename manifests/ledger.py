@@ -39,6 +39,7 @@ from sqlalchemy import (
     DateTime,
     Float,
     ForeignKey,
+    Index,
     Integer,
     String,
     Text,
@@ -149,24 +150,36 @@ class ReviewerRow(Base):
     name: Mapped[str] = mapped_column(String(200), unique=True)
     token_sha256: Mapped[str] = mapped_column(String(64), unique=True)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=_now)
+    #: set by ``review revoke-reviewer``: the token signs nobody in any more
+    revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
 
 
 class DecisionRow(Base):
     """One review decision (append-only: the database refuses UPDATE and DELETE)."""
 
     __tablename__ = "review_decisions"
+    __table_args__ = (
+        Index("ux_review_decisions_seq", "attempt_id", "seq", unique=True),
+        Index("ux_review_decisions_ballot", "attempt_id", "ballot", unique=True),
+    )
 
     decision_id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     attempt_id: Mapped[str] = mapped_column(String(64), ForeignKey("candidates.attempt_id"), index=True)
     reviewer_id: Mapped[int] = mapped_column(Integer, ForeignKey("reviewers.reviewer_id"))
     #: how the item came to the reviewer: queue (needs_review), audit, double, tiebreak
     mode: Mapped[str] = mapped_column(String(16))
-    decision: Mapped[str] = mapped_column(String(8))  # accept | reject | skip
+    decision: Mapped[str] = mapped_column(String(8))  # accept | reject | skip | undo
     reason: Mapped[str | None] = mapped_column(String(40), nullable=True)
     note: Mapped[str | None] = mapped_column(Text, nullable=True)
     #: accept/reject decisions on the item the reviewer had seen when deciding
     seen: Mapped[int] = mapped_column(Integer)
     decided_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=_now)
+    #: an accept, reject or undo's position among the item's votes (unique per item: a second
+    #: decision answering the same view is refused by the database); NULL for a skip
+    seq: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    #: ``vote:<reviewer>:<round>`` / ``undo:<reviewer>:<round>`` (unique per item: one standing
+    #: vote per reviewer); NULL for a skip
+    ballot: Mapped[str | None] = mapped_column(String(48), nullable=True)
 
 
 class SpotTrialRow(Base):

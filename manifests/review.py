@@ -7,13 +7,24 @@ gates' error rates can be measured. A candidate is in the audit sample when a ha
 and every re-run, and it never depends on the order candidates were judged in.
 
 The rule (``resolve``). Only ``accept`` and ``reject`` decisions count (``skip`` is recorded
-and ignored). An item needs ``required`` matching decisions: 1, or 2 for the double-review
-sample. It is *resolved* when one outcome has at least ``required`` votes and more votes than
-the other; while the votes are tied (two reviewers disagree) it is *disputed* and goes back
-into the queue, flagged, for a third reviewer, whose vote breaks the tie. A resolved item is
-closed: a later decision is refused, unless the reviewer was looking at the item while it was
-still open (``seen`` = the votes on it when their page was served): then two people deciding
-at the same moment are both kept, and if they disagree the item becomes disputed.
+and ignored), and each reviewer counts once: their *standing* vote is their first accept or
+reject that no later ``undo`` of theirs withdrew. An item needs ``required`` matching
+standing votes from distinct reviewers: 1, or 2 for the double-review sample. It is *resolved*
+when one outcome has at least ``required`` votes and more votes than the other; while the votes
+are tied (two reviewers disagree) it is *disputed* and goes back into the queue, flagged, for a
+third reviewer, whose vote breaks the tie. A resolved item is closed.
+
+Every decision answers one view of the item: ``seen`` is the number of votes (accepts,
+rejects and undos) the item had when the reviewer's page was served, carried in a ticket the
+site signs. A decision whose view is stale (someone voted since) is refused with 409, and the
+database refuses it too: each vote takes position ``seq = seen`` among the item's votes, and
+``(attempt_id, seq)`` is unique, as is ``(attempt_id, ballot)`` with one ballot per reviewer and
+round (:mod:`~counterfactory.manifests.migrations` revision 0004). A double click, a key burst
+or ten posts of one view therefore store one vote, whatever reaches the server first.
+
+``undo`` withdraws the reviewer's standing vote on an item, recorded as a new row (the table
+is append-only); it answers the view the vote returned, so it is refused once anyone else has
+voted since. The reviewer may then vote again.
 
 A resolved review is the candidate's effective verdict; publishing puts the whole history
 into the item's manifest row (:func:`review_records`). A review never triggers an editor call:
@@ -26,11 +37,12 @@ import hashlib
 import secrets
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
 
 from counterfactory.manifests.ledger import (
     AttemptRow,
@@ -53,8 +65,6 @@ REASONS: dict[str, str] = {
     "other": "other (say what)",
 }
 DECISIONS = ("accept", "reject", "skip")
-#: how an item reached the reviewer
-MODES = ("queue", "audit", "tiebreak")
 OUTCOME = {"accept": "accepted", "reject": "rejected"}
 
 
@@ -125,7 +135,7 @@ def reviewer_for_token(ledger: Ledger, token: str | None) -> Reviewer | None:
         return None
     with ledger.session() as s:
         row = s.scalar(select(ReviewerRow).where(ReviewerRow.token_sha256 == hash_token(token)))
-        return Reviewer(row.reviewer_id, row.name) if row else None
+        return Reviewer(row.reviewer_id, row.name) if row is not None and row.revoked_at is None else None
 
 
 # the rule -----------------------------------------------------------------------------------
@@ -140,6 +150,9 @@ class Decision:
     note: str | None
     seen: int
     decided_at: datetime
+    #: position among the item's votes (accept, reject, undo); None for a skip or a row
+    #: written before revision 0004
+    seq: int | None = None
 
     def record(self) -> dict[str, Any]:
         return {
@@ -154,17 +167,40 @@ class Decision:
 
 @dataclass(frozen=True)
 class Resolution:
-    """``state`` open | disputed | resolved; ``outcome`` accepted | rejected when resolved."""
+    """``state`` open | disputed | resolved; ``outcome`` accepted | rejected when resolved.
+
+    ``votes`` counts standing votes (one per reviewer); ``events`` counts every accept,
+    reject and undo row: the ``seen`` a fresh view of the item carries.
+    """
 
     state: str
     outcome: str | None
     reason: str | None
     votes: int
+    events: int = 0
+
+
+def counts_as_event(decision: str) -> bool:
+    return decision in OUTCOME or decision == "undo"
+
+
+def standing_votes(decisions: Sequence[Decision]) -> list[Decision]:
+    """Each reviewer's standing vote, in the order they were made: their first accept or reject
+    not withdrawn by a later undo of theirs. A second vote by one reviewer (possible only in
+    ledgers written before revision 0004) does not count."""
+    standing: dict[int, Decision] = {}
+    for d in decisions:
+        if d.decision in OUTCOME:
+            standing.setdefault(d.reviewer_id, d)
+        elif d.decision == "undo":
+            standing.pop(d.reviewer_id, None)
+    return sorted(standing.values(), key=lambda d: d.decision_id)
 
 
 def resolve(decisions: Sequence[Decision], required: int) -> Resolution:
     """Apply the review rule (module docstring) to decisions in the order they were made."""
-    votes = [d for d in decisions if d.decision in OUTCOME]
+    events = sum(counts_as_event(d.decision) for d in decisions)
+    votes = standing_votes(decisions)
     accepts = sum(d.decision == "accept" for d in votes)
     rejects = len(votes) - accepts
     if max(accepts, rejects) >= required and accepts != rejects:
@@ -174,10 +210,10 @@ def resolve(decisions: Sequence[Decision], required: int) -> Resolution:
             codes = [d.reason for d in votes if d.decision == "reject" and d.reason]
             # the most frequent reason; among equals the first one given
             reason = max(codes, key=lambda c: (codes.count(c), -codes.index(c))) if codes else None
-        return Resolution("resolved", outcome, reason, len(votes))
+        return Resolution("resolved", outcome, reason, len(votes), events)
     if accepts and rejects:
-        return Resolution("disputed", None, None, len(votes))
-    return Resolution("open", None, None, len(votes))
+        return Resolution("disputed", None, None, len(votes), events)
+    return Resolution("open", None, None, len(votes), events)
 
 
 # the queue ----------------------------------------------------------------------------------
@@ -204,7 +240,8 @@ class QueueItem:
         return resolve(self.decisions, self.required)
 
     def decided_by(self, reviewer_id: int) -> bool:
-        return any(d.reviewer_id == reviewer_id and d.decision in OUTCOME for d in self.decisions)
+        """Whether the reviewer has a standing vote on the item."""
+        return any(d.reviewer_id == reviewer_id for d in standing_votes(self.decisions))
 
     def skipped_by(self, reviewer_id: int) -> bool:
         return any(d.reviewer_id == reviewer_id and d.decision == "skip" for d in self.decisions)
@@ -238,6 +275,7 @@ def _decisions(session, attempt_ids: Iterable[str] | None = None) -> dict[str, l
                 row.note,
                 row.seen,
                 row.decided_at,
+                row.seq,
             )
         )
     return out
@@ -343,11 +381,15 @@ def record_decision(
     note: str | None = None,
     seen: int,
 ) -> Resolution:
-    """Append one decision after checking it (see the rule above); returns the item's new state.
+    """Append one decision answering the view ``seen`` (see the rule above); returns the item's
+    new state. ``seen`` must come from a view the server issued (the site signs it); the
+    check and the insert run in one transaction, and the database's unique indexes refuse a
+    second vote answering the same view even when two requests pass the check at once.
 
     Raises:
-        ReviewError: 404 for an item not in the queue, 409 for one already decided (by anyone
-            before the reviewer saw it, or by this reviewer), 400 for a bad decision or reason.
+        ReviewError: 404 for an item not in the queue; 409 for a stale view (someone voted
+            since), an item already resolved or one this reviewer already decided; 400 for a
+            bad decision or reason.
     """
     if decision not in DECISIONS:
         raise ReviewError(f"decision must be one of {', '.join(DECISIONS)}; got {decision!r}")
@@ -361,33 +403,103 @@ def record_decision(
         raise ReviewError(f"only a rejection takes a reason; got reason {reason!r} with {decision!r}")
     if note is not None and len(note) > 2000:
         raise ReviewError("a note is at most 2000 characters")
-    item = queue_item(ledger, options, attempt_id)
-    if item is None:
+    return _append(ledger, options, attempt_id, reviewer, decision, reason, note, seen)
+
+
+def undo_decision(
+    ledger: Ledger, options: ReviewOptions, *, attempt_id: str, reviewer: Reviewer, seen: int
+) -> Resolution:
+    """Withdraw the reviewer's standing vote on one item (a new ``undo`` row; nothing is edited).
+
+    ``seen`` is the view the vote's answer carried, so an undo is refused (409) once anyone else
+    has voted on the item since; the reviewer can then vote on it again.
+    """
+    return _append(ledger, options, attempt_id, reviewer, "undo", None, None, seen)
+
+
+def _append(
+    ledger: Ledger,
+    options: ReviewOptions,
+    attempt_id: str,
+    reviewer: Reviewer,
+    decision: str,
+    reason: str | None,
+    note: str | None,
+    seen: int,
+) -> Resolution:
+    item = review_queue(ledger, options, [attempt_id])
+    if not item:
         raise ReviewError(f"no candidate {attempt_id!r} is waiting for review", status=404)
-    votes = [d for d in item.decisions if d.decision in OUTCOME]
-    if seen < 0 or seen > len(votes):
-        raise ReviewError(f"seen={seen} but the item has {len(votes)} decision(s); reload the page")
-    if decision in OUTCOME and item.decided_by(reviewer.reviewer_id):
-        raise ReviewError("you have already decided this item; a decision is never changed", status=409)
-    before = resolve(votes[:seen], item.required)
-    if before.state == "resolved":
-        raise ReviewError(f"this item was already decided ({before.outcome}); reload for the next one", status=409)
-    mode = "tiebreak" if before.state == "disputed" else item.mode
-    with ledger.session() as s, s.begin():
-        s.add(
-            DecisionRow(
-                attempt_id=attempt_id,
-                reviewer_id=reviewer.reviewer_id,
-                mode=mode,
-                decision=decision,
-                reason=reason if decision == "reject" else None,
-                note=note,
-                seen=seen,
+    queued = item[0]
+    try:
+        with ledger.session() as s, s.begin():
+            # the item's decisions read in the transaction that appends the new one
+            history = _decisions(s, [attempt_id]).get(attempt_id, [])
+            before = resolve(history, queued.required)
+            mine = [d for d in history if d.reviewer_id == reviewer.reviewer_id]
+            standing = any(d.reviewer_id == reviewer.reviewer_id for d in standing_votes(history))
+            if seen < 0 or seen > before.events:
+                raise ReviewError(f"seen={seen} but the item has {before.events} vote(s); reload the page")
+            if decision == "undo" and not standing:
+                raise ReviewError("you have no standing decision on this item to undo", status=409)
+            if decision in OUTCOME and standing:
+                raise ReviewError(
+                    "you have already decided this item; a decision is never changed (undo it first)", status=409
+                )
+            if decision in OUTCOME and before.state == "resolved":
+                raise ReviewError(
+                    f"this item was already decided ({before.outcome}); it is shown again as it is now", status=409
+                )
+            if seen != before.events and counts_as_event(decision):
+                raise ReviewError(
+                    f"this item changed since your view ({seen} vote(s) then, {before.events} now); "
+                    "it is shown again as it is now",
+                    status=409,
+                )
+            seq = ballot = None
+            if counts_as_event(decision):
+                rounds = sum(d.decision == "undo" for d in mine)
+                seq, ballot = seen, f"{'undo' if decision == 'undo' else 'vote'}:{reviewer.reviewer_id}:{rounds}"
+            s.add(
+                DecisionRow(
+                    attempt_id=attempt_id,
+                    reviewer_id=reviewer.reviewer_id,
+                    mode="tiebreak" if before.state == "disputed" and decision in OUTCOME else queued.mode,
+                    decision=decision,
+                    reason=reason if decision == "reject" else None,
+                    note=note,
+                    seen=seen,
+                    seq=seq,
+                    ballot=ballot,
+                )
             )
-        )
-    after = queue_item(ledger, options, attempt_id)
-    assert after is not None
-    return after.resolution
+    except IntegrityError:
+        # another request answering the same view (or a second vote of this reviewer) got in first
+        raise ReviewError(
+            "another decision on this item was recorded first (a double click, or someone else); "
+            "it is shown again as it is now",
+            status=409,
+        ) from None
+    after = review_queue(ledger, options, [attempt_id])
+    return after[0].resolution
+
+
+def revoke_reviewer(ledger: Ledger, name: str) -> bool:
+    """Revoke ``name``'s token: it signs nobody in from now on (their decisions stay).
+
+    Returns False when the reviewer was already revoked.
+
+    Raises:
+        ReviewError: 404, no reviewer of that name.
+    """
+    with ledger.session() as s, s.begin():
+        row = s.scalar(select(ReviewerRow).where(ReviewerRow.name == name.strip()))
+        if row is None:
+            raise ReviewError(f"no reviewer named {name!r} in this ledger", status=404)
+        if row.revoked_at is not None:
+            return False
+        row.revoked_at = datetime.now(UTC)
+    return True
 
 
 # blinded spot-the-edit ----------------------------------------------------------------------

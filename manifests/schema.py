@@ -1,7 +1,8 @@
 """The ledger's schema history, kept by Alembic (``manifests/migrations/``).
 
 Revisions: ``0001`` the ledger as counterfactory 0.1.0 created it, ``0002`` the review tables,
-``0003`` the attempts' run claims.
+``0003`` the attempts' run claims, ``0004`` one vote per reviewer per item (unique indexes) and
+revoked reviewers.
 :func:`upgrade_ledger` brings any ledger to the newest revision in place: an empty database
 gets every table, a ledger written before Alembic (tables, no ``alembic_version``) is stamped
 ``0001`` and upgraded, keeping every row. :class:`~counterfactory.manifests.ledger.Ledger` calls

@@ -17,6 +17,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import numpy as np
+
 from counterfactory.manifests.ledger import Ledger
 from counterfactory.manifests.review import (
     OUTCOME,
@@ -28,6 +30,7 @@ from counterfactory.manifests.review import (
     pending_by_group,
     review_queue,
     spot_trials,
+    standing_votes,
 )
 from counterfactory.validation.attrition import wilson_interval
 
@@ -59,16 +62,12 @@ def _rate(hits: int, n: int) -> dict[str, Any]:
 
 
 def agreement(items: Sequence[QueueItem]) -> dict[str, Any]:
-    """Kappa over the first two decisions, by two different people, on double-reviewed items."""
+    """Kappa over the first two standing votes (two different people) on double-reviewed items."""
     pairs = []
     for item in items:
         if item.required < 2:
             continue
-        votes, who = [], set()
-        for d in item.decisions:
-            if d.decision in OUTCOME and d.reviewer_id not in who:
-                votes.append(d)
-                who.add(d.reviewer_id)
+        votes = standing_votes(item.decisions)
         if len(votes) >= 2:
             pairs.append((votes[0], votes[1]))
     per_reason = {}
@@ -84,6 +83,33 @@ def agreement(items: Sequence[QueueItem]) -> dict[str, Any]:
         "kappa": cohens_kappa([(a.decision, b.decision) for a, b in pairs]),
         "kappa_per_reason": per_reason,
     }
+
+
+def per_reviewer(items: Sequence[QueueItem]) -> dict[str, Any]:
+    """Per reviewer: standing votes, skips and undos; how often their vote matches the item's
+    resolved outcome (agreement with the panel); and the median seconds between two of their
+    consecutive decisions (time per item; gaps over 10 minutes are breaks and left out)."""
+    out: dict[str, dict[str, Any]] = {}
+    times: dict[str, list[float]] = {}
+    for item in items:
+        res = item.resolution
+        for d in item.decisions:
+            row = out.setdefault(d.reviewer, {"decided": 0, "skipped": 0, "undone": 0, "matches": 0, "resolved": 0})
+            times.setdefault(d.reviewer, []).append(d.decided_at.timestamp())
+            row["skipped"] += d.decision == "skip"
+            row["undone"] += d.decision == "undo"
+        for d in standing_votes(item.decisions):
+            row = out[d.reviewer]
+            row["decided"] += 1
+            if res.state == "resolved":
+                row["resolved"] += 1
+                row["matches"] += OUTCOME[d.decision] == res.outcome
+    for name, row in out.items():
+        stamps = sorted(times[name])
+        gaps = [b - a for a, b in zip(stamps, stamps[1:]) if b - a <= 600]
+        row["agreement"] = _rate(row.pop("matches"), row.pop("resolved"))
+        row["median_seconds_per_item"] = float(np.median(gaps)) if gaps else None
+    return dict(sorted(out.items()))
 
 
 def override_rates(items: Sequence[QueueItem]) -> dict[str, Any]:
@@ -135,6 +161,7 @@ def review_summary(ledger: Ledger, options: ReviewOptions) -> dict[str, Any]:
         "queue": {"total": len(items), **states},
         "by_mode": {m: sum(i.mode == m for i in items) for m in ("queue", "audit")},
         "decisions": sum(len(i.decisions) for i in items),
+        "reviewers": per_reviewer(items),
         "agreement": agreement(items),
         "override": override_rates(items),
         "spot_the_edit": spot_accuracy(trials, conditions),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 
 import pytest
+from sqlalchemy import text
 
 from counterfactory.manifests.ledger import Base, Ledger
 from counterfactory.manifests.review import (
@@ -18,7 +19,9 @@ from counterfactory.manifests.review import (
     record_decision,
     review_queue,
     reviewer_for_token,
+    revoke_reviewer,
     sampled,
+    undo_decision,
 )
 from counterfactory.validation.review_stats import cohens_kappa, review_summary
 from tests.manifests.pg import postgres_server
@@ -103,40 +106,173 @@ def test_queue_is_needs_review_and_decisions_resolve_it(ledger):
     assert (res.state, res.outcome, res.reason) == ("resolved", "rejected", "other")
 
 
-def test_simultaneous_decisions_are_both_kept_and_a_disagreement_needs_a_third(ledger):
-    ids = fill(ledger)
-    ann, bob, cat = _reviewers(ledger, "ann", "bob", "cat")
-    target = ids[BLACK_MALE][0]
-    barrier = threading.Barrier(2)
-    errors = []
+def _race(ledger, options, target, calls) -> list:
+    """Run ``calls`` (reviewer, decision, reason, seen) at one moment; the outcome of each."""
+    barrier = threading.Barrier(len(calls))
+    results: list = [None] * len(calls)
 
-    def decide(reviewer, decision, reason=None):
+    def decide(k, reviewer, decision, reason, seen):
         barrier.wait()
         try:
-            record_decision(
-                ledger, NO_AUDIT, attempt_id=target, reviewer=reviewer, decision=decision, reason=reason, seen=0
+            results[k] = record_decision(
+                ledger, options, attempt_id=target, reviewer=reviewer, decision=decision, reason=reason, seen=seen
             )
-        except Exception as exc:  # noqa: BLE001 - collected and asserted below
-            errors.append(exc)
+        except ReviewError as exc:
+            results[k] = exc
 
-    threads = [
-        threading.Thread(target=decide, args=(ann, "accept")),
-        threading.Thread(target=decide, args=(bob, "reject", "skin_tone_shift")),
-    ]
+    threads = [threading.Thread(target=decide, args=(k, *c)) for k, c in enumerate(calls)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    assert errors == []
-    item = next(i for i in review_queue(ledger, NO_AUDIT) if i.attempt_id == target)
-    assert sorted(d.reviewer for d in item.decisions) == ["ann", "bob"]
-    assert item.resolution.state == "disputed"
+    return results
+
+
+def _votes(ledger, options, target):
+    item = next(i for i in review_queue(ledger, options) if i.attempt_id == target)
+    return [(d.reviewer, d.decision) for d in item.decisions], item.resolution
+
+
+def test_two_reviewers_answering_one_view_at_once_store_one_vote_and_the_other_is_told(ledger):
+    ids = fill(ledger)
+    ann, bob, cat = _reviewers(ledger, "ann", "bob", "cat")
+    target = ids[BLACK_MALE][0]
+    results = _race(ledger, NO_AUDIT, target, [(ann, "accept", None, 0), (bob, "reject", "skin_tone_shift", 0)])
+    refused = [r for r in results if isinstance(r, ReviewError)]
+    assert len(refused) == 1 and refused[0].status == 409
+    history, res = _votes(ledger, NO_AUDIT, target)
+    assert len(history) == 1 and res.state == "resolved"
+    # the loser's view is stale; a decided item is not reopened by it, nor by a forged seen=0
+    for reviewer in (ann, bob, cat):
+        with pytest.raises(ReviewError) as info:
+            record_decision(ledger, NO_AUDIT, attempt_id=target, reviewer=reviewer, decision="accept", seen=0)
+        assert info.value.status == 409
+    assert _votes(ledger, NO_AUDIT, target)[0] == history
+
+
+@pytest.mark.parametrize("burst", [2, 3, 10])
+def test_one_reviewer_posting_one_view_many_times_at_once_stores_one_vote(ledger, burst):
+    """A double click (2), a key burst such as ``a a r`` (3), ten concurrent posts (10)."""
+    ids = fill(ledger)
+    (bob,) = _reviewers(ledger, "bob")
+    target = ids[BLACK_FEMALE][0]
+    calls = [(bob, "accept", None, 0) if k % 3 != 2 else (bob, "reject", "artifact", 0) for k in range(burst)]
+    results = _race(ledger, NO_AUDIT, target, calls)
+    assert sum(not isinstance(r, ReviewError) for r in results) == 1
+    assert all(r.status == 409 for r in results if isinstance(r, ReviewError))
+    history, _ = _votes(ledger, NO_AUDIT, target)
+    assert len(history) == 1 and history[0][0] == "bob"
+    # counted in the database itself, not only by the application
+    with ledger.engine.connect() as c:
+        n = c.execute(text("SELECT count(*) FROM review_decisions WHERE attempt_id = :a"), {"a": target}).scalar_one()
+    assert n == 1
+
+
+def test_the_database_refuses_a_second_vote_even_past_the_application(ledger):
+    from sqlalchemy.exc import IntegrityError
+
+    from counterfactory.manifests.ledger import DecisionRow
+
+    ids = fill(ledger)
+    (ann,) = _reviewers(ledger, "ann")
+    target = ids[BLACK_MALE][0]
+    record_decision(ledger, NO_AUDIT, attempt_id=target, reviewer=ann, decision="accept", seen=0)
+    for seq, ballot in ((0, "vote:x:0"), (1, f"vote:{ann.reviewer_id}:0")):
+        with pytest.raises(IntegrityError), ledger.session() as s, s.begin():
+            s.add(
+                DecisionRow(
+                    attempt_id=target,
+                    reviewer_id=ann.reviewer_id,
+                    mode="queue",
+                    decision="accept",
+                    seen=seq,
+                    seq=seq,
+                    ballot=ballot,
+                )
+            )
+
+
+def test_a_disagreement_needs_a_third_reviewer_who_breaks_the_tie(ledger):
+    ids = fill(ledger)
+    ann, bob, cat = _reviewers(ledger, "ann", "bob", "cat")
+    double = ReviewOptions(audit_accepted_rate=0.0, audit_rejected_rate=0.0, double_review_rate=1.0)
+    target = ids[BLACK_MALE][0]
+    assert record_decision(ledger, double, attempt_id=target, reviewer=ann, decision="accept", seen=0).state == "open"
     res = record_decision(
-        ledger, NO_AUDIT, attempt_id=target, reviewer=cat, decision="reject", reason="wrong_group", seen=2
+        ledger, double, attempt_id=target, reviewer=bob, decision="reject", reason="skin_tone_shift", seen=1
+    )
+    assert res.state == "disputed"
+    res = record_decision(
+        ledger, double, attempt_id=target, reviewer=cat, decision="reject", reason="wrong_group", seen=2
     )
     assert (res.state, res.outcome) == ("resolved", "rejected")
-    item = next(i for i in review_queue(ledger, NO_AUDIT) if i.attempt_id == target)
+    item = next(i for i in review_queue(ledger, double) if i.attempt_id == target)
     assert [d.mode for d in item.decisions][-1] == "tiebreak"
+
+
+def test_a_double_review_item_is_never_resolved_by_one_person(ledger):
+    ids = fill(ledger)
+    ann, bob = _reviewers(ledger, "ann", "bob")
+    double = ReviewOptions(audit_accepted_rate=0.0, audit_rejected_rate=0.0, double_review_rate=1.0)
+    target = ids[BLACK_MALE][0]
+    # a double click: the second answers the same view and is refused
+    results = _race(ledger, double, target, [(ann, "accept", None, 0), (ann, "accept", None, 0)])
+    assert sum(isinstance(r, ReviewError) for r in results) == 1
+    # a fresh view of the same reviewer: still one person
+    with pytest.raises(ReviewError, match="already decided") as info:
+        record_decision(ledger, double, attempt_id=target, reviewer=ann, decision="accept", seen=1)
+    assert info.value.status == 409
+    assert _votes(ledger, double, target)[1].state == "open"
+    res = record_decision(ledger, double, attempt_id=target, reviewer=bob, decision="accept", seen=1)
+    assert (res.state, res.outcome, res.votes) == ("resolved", "accepted", 2)
+
+
+def test_undo_withdraws_a_vote_with_a_new_row_and_only_from_the_view_it_answered(ledger):
+    ids = fill(ledger)
+    ann, bob = _reviewers(ledger, "ann", "bob")
+    target = ids[BLACK_MALE][0]
+    assert record_decision(ledger, NO_AUDIT, attempt_id=target, reviewer=ann, decision="accept", seen=0).state == (
+        "resolved"
+    )
+    with pytest.raises(ReviewError) as info:  # bob cannot undo ann's vote
+        undo_decision(ledger, NO_AUDIT, attempt_id=target, reviewer=bob, seen=1)
+    assert info.value.status == 409
+    res = undo_decision(ledger, NO_AUDIT, attempt_id=target, reviewer=ann, seen=1)
+    assert (res.state, res.votes, res.events) == ("open", 0, 2)
+    with pytest.raises(ReviewError):  # one undo per vote
+        undo_decision(ledger, NO_AUDIT, attempt_id=target, reviewer=ann, seen=2)
+    res = record_decision(
+        ledger, NO_AUDIT, attempt_id=target, reviewer=ann, decision="reject", reason="artifact", seen=2
+    )
+    assert (res.state, res.outcome) == ("resolved", "rejected")
+    history, _ = _votes(ledger, NO_AUDIT, target)
+    assert history == [("ann", "accept"), ("ann", "undo"), ("ann", "reject")]
+    # once someone else has voted after it, a vote can no longer be undone from its old view
+    other = ids[BLACK_FEMALE][0]
+    double = ReviewOptions(audit_accepted_rate=0.0, audit_rejected_rate=0.0, double_review_rate=1.0)
+    record_decision(ledger, double, attempt_id=other, reviewer=ann, decision="accept", seen=0)
+    record_decision(ledger, double, attempt_id=other, reviewer=bob, decision="accept", seen=1)
+    with pytest.raises(ReviewError) as info:
+        undo_decision(ledger, double, attempt_id=other, reviewer=ann, seen=1)
+    assert info.value.status == 409
+    # the manifest history carries every row, the undo included
+    rows = [{"item_id": target, "status": "needs_review", "reasons": ["x"]}]
+    apply_reviews(ledger, NO_AUDIT, rows)
+    assert [d["decision"] for d in rows[0]["review"]["decisions"]] == ["accept", "undo", "reject"]
+    assert rows[0]["status"] == "rejected"
+
+
+def test_a_revoked_reviewer_signs_in_no_more_and_keeps_their_decisions(ledger):
+    ids = fill(ledger)
+    token = add_reviewer(ledger, "ann")
+    ann = reviewer_for_token(ledger, token)
+    record_decision(ledger, NO_AUDIT, attempt_id=ids[BLACK_MALE][0], reviewer=ann, decision="accept", seen=0)
+    assert revoke_reviewer(ledger, "ann") is True and revoke_reviewer(ledger, "ann") is False
+    assert reviewer_for_token(ledger, token) is None
+    with pytest.raises(ReviewError) as info:
+        revoke_reviewer(ledger, "nobody")
+    assert info.value.status == 404
+    assert _votes(ledger, NO_AUDIT, ids[BLACK_MALE][0])[1].outcome == "accepted"
 
 
 def test_audit_sample_is_deterministic_and_close_to_its_rate():
