@@ -18,11 +18,14 @@ it would let no edit start and the run would wait for ever.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from typing import Any
 
 from counterfactory.generation.editors.base import EditJournal, EditRequest, EditResult
 from counterfactory.manifests.spec import Spec
+
+logger = logging.getLogger(__name__)
 
 GPU_LIMIT = "counterfactory-gpu"
 FAL_LIMIT = "counterfactory-fal"
@@ -103,7 +106,9 @@ class LimitedEditor:
 
     def edit(self, request: EditRequest) -> EditResult:
         with self._held(1):
-            return self.inner.edit(request)
+            result = self.inner.edit(request)
+            self._until_fal_says_ended()
+            return result
 
     def edit_many(self, requests: Sequence[EditRequest], journal: EditJournal | None = None) -> list[EditResult]:
         return self._in_slices(requests, lambda chunk: self.inner.edit_many(chunk, journal))
@@ -117,7 +122,28 @@ class LimitedEditor:
             chunk = list(items[start : start + step])
             with self._held(len(chunk)):
                 results.extend(call(chunk))
+                self._until_fal_says_ended()
         return results
+
+    def _until_fal_says_ended(self) -> None:
+        """Keeps the held slots while fal has not said that requests of this client ended.
+
+        A fal call whose status polls gave up (an outage) has ended, but its request may still
+        run at fal and count against the account: its slot is freed once fal says it ended
+        (:meth:`~counterfactory.generation.editors.fal_queue.FalQueue.wait_parked`, at most the
+        client's ``timeout_s``).
+        """
+        wait = getattr(getattr(self.inner, "queue", None), "wait_parked", None)
+        if not self.occupy_per_request or wait is None:
+            return
+        left = wait()
+        if left:
+            logger.warning(
+                "%s: freeing slots of %d fal request(s) fal has not reported ended: %s",
+                self.limit,
+                len(left),
+                ", ".join(left),
+            )
 
 
 def limited_editor(editor: Any, spec: Spec) -> Any:

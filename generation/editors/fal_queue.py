@@ -32,6 +32,19 @@ anyway, and it is then kept, never bought again; one that ended without a result
 reports the cancelled job as completed with an error) is submitted again as the same call.
 A SIGKILL cannot cancel anything; the journal still lets the next run fetch instead of pay.
 
+Slots. A slot of ``concurrency`` belongs to the request, not to the call: it is freed only
+when fal says the request ended: its status is ``COMPLETED`` (with or without an error), fal
+does not know the id (404), or a cancel is answered ``ALREADY_COMPLETED``. A 202 to a cancel is
+not that answer: a request still in fal's queue then ends (its status says so), one already
+running runs on until it finishes. A call that ends before fal's answer (its status polls gave
+up in an outage, its time ran out, a cancel could not be confirmed) leaves its request
+*parked*: the slot stays taken, the id stays in the journal and in :func:`open_requests`
+unless fal accepted a cancel, and the next poll frees it: calls waiting for a slot poll the
+parked requests, a call resuming one takes its slot over, and :meth:`FalQueue.wait_parked`
+lets a holder of a wider slot (the Prefect ``counterfactory-fal`` limit) wait for them. The
+next run fetches a parked request by its journalled id. When every slot has been parked for
+``timeout_s``, a waiting call fails (``fal_unavailable``) without submitting.
+
 Errors. HTTP 408/409/429/5xx, connection errors and network time-outs are transient and
 retried with exponential backoff, ``max_retries`` times per call (``fal-client`` itself
 already retries 408/409/429 and connection errors up to 10 times before we see them). Other
@@ -97,7 +110,7 @@ class FalQueueOptions(BaseModel):
     """The transport's settings, shared by every fal client's options.
 
     Attributes:
-        concurrency: requests in flight at once (submitted and not yet collected).
+        concurrency: requests in flight at once (submitted and not yet reported ended by fal).
         spend_cap_usd: no new submission once the journal's spend plus its estimated price
             would exceed this many US dollars; ``None`` for no cap.
         timeout_s: seconds one request may take from getting its slot to its read answer
@@ -243,6 +256,22 @@ class _Progress:
     submit_tries: int = 0
     lost_request_ids: list[str] = field(default_factory=list)
     cancelled: bool = False
+    #: fal said the current request ended (completed, failed, cancelled in its queue, or
+    #: unknown to it); until then it holds its slot, whatever became of the call
+    ended: bool = False
+
+
+@dataclass
+class _Parked:
+    """A request whose call has ended without fal saying the request did: it keeps its slot."""
+
+    key: str
+    endpoint: str
+    request_id: str
+    since: float  # time.monotonic() when it was parked
+    next_poll: float = 0.0
+    polls: int = 0
+    polling: bool = False
 
 
 @dataclass
@@ -306,6 +335,10 @@ class FalQueue:
         self._in_flight = threading.BoundedSemaphore(options.concurrency)
         self._budget = threading.Lock()
         self._reserved_usd = 0.0
+        # request id -> a request that holds one of the ``_in_flight`` slots although its call
+        # has ended, until fal says it ended; guarded by ``_parked_lock``
+        self._parked: dict[str, _Parked] = {}
+        self._parked_lock = threading.Lock()
 
     # -- set-up -------------------------------------------------------------------------
 
@@ -418,16 +451,136 @@ class FalQueue:
     # -- one call -----------------------------------------------------------------------
 
     async def _one(self, call: FalCall, batch: _Batch) -> FalAnswer:
+        # A request this queue parked is still running at fal: a call resuming it takes over
+        # its slot instead of taking a second one for the same request.
+        if not self._adopt(call, batch):
+            try:
+                await self._acquire(batch)
+            except FalCallFailed as failure:
+                progress = _Progress(started=asyncio.get_running_loop().time(), estimate_usd=self.estimate_usd)
+                return self._answer(call, progress, failure.status, reason=failure.reason)
+        progress = _Progress(started=asyncio.get_running_loop().time(), estimate_usd=self.estimate_usd)
+        try:
+            return await self._one_in_slot(call, batch, progress)
+        finally:
+            # The slot is the request's, not the call's: it is freed only once fal has said
+            # the request ended; until then it is parked, still taken, and polled again later.
+            request_id = progress.request_id
+            if request_id is not None and (progress.ended or progress.cancelled):
+                with _OPEN_LOCK:  # nothing left for a stop to cancel
+                    _OPEN.pop(request_id, None)
+            if request_id is None or progress.ended:
+                self._in_flight.release()
+            else:
+                self._park(call.key, progress.endpoint or self.endpoint, request_id)
+
+    async def _acquire(self, batch: _Batch) -> None:
+        """Takes one slot, polling parked requests meanwhile (the one that ends frees its slot).
+
+        Raises:
+            FalCallFailed: ``fal_unavailable`` when every slot has been held by a parked
+                request for ``timeout_s`` (fal cannot say whether they ended); nothing was
+                submitted.
+        """
+        all_parked_since: float | None = None
         # Polling keeps the wait cancellable: a thread blocked in acquire() is not.
         while not self._in_flight.acquire(blocking=False):
+            await self._poll_parked(batch)
+            now = time.monotonic()
+            with self._parked_lock:
+                all_parked = len(self._parked) >= self.options.concurrency
+            if not all_parked:
+                all_parked_since = None
+            elif all_parked_since is None:
+                all_parked_since = now
+            elif now - all_parked_since >= self.options.timeout_s:
+                raise FalCallFailed(
+                    "failed",
+                    f"fal_unavailable: all {self.options.concurrency} slot(s) held for "
+                    f"timeout_s={self.options.timeout_s:g} s by requests fal has not reported "
+                    "ended (their status polls fail); nothing was submitted",
+                )
             await asyncio.sleep(0.005)
-        try:
-            return await self._one_in_slot(call, batch)
-        finally:
+
+    def _adopt(self, call: FalCall, batch: _Batch) -> bool:
+        """Whether ``call`` resumes a parked request and so took over its slot."""
+        with self._parked_lock:
+            if not self._parked:
+                return False
+        saved = batch.journal.load(call.key) or {}
+        with self._parked_lock:
+            return self._parked.pop(str(saved.get("request_id")), None) is not None
+
+    def _park(self, key: str, endpoint: str, request_id: str) -> None:
+        now = time.monotonic()
+        with self._parked_lock:
+            self._parked[request_id] = _Parked(key, endpoint, request_id, since=now, next_poll=now)
+        logger.warning("fal: request %s has not been reported ended; it keeps its slot until fal says so", request_id)
+
+    def _settle(self, request_id: str) -> None:
+        """fal said a parked request ended: its slot is free."""
+        with self._parked_lock:
+            entry = self._parked.pop(request_id, None)
+        if entry is not None:  # else a resuming call took the slot over
+            with _OPEN_LOCK:
+                _OPEN.pop(request_id, None)
             self._in_flight.release()
 
-    async def _one_in_slot(self, call: FalCall, batch: _Batch) -> FalAnswer:
-        progress = _Progress(started=asyncio.get_running_loop().time(), estimate_usd=self.estimate_usd)
+    def parked(self) -> list[str]:
+        """Ids of requests holding a slot although their calls ended, fal not having said they
+        ended (e.g. their status polls gave up during an outage)."""
+        with self._parked_lock:
+            return list(self._parked)
+
+    async def _poll_parked(self, batch: _Batch) -> None:
+        """One status poll of each parked request that is due, without retries: the next poll
+        is the retry, spaced like a request's own polls (5 % of the time parked, at least
+        ``poll_interval_s``, at most 5 s)."""
+        now = time.monotonic()
+        with self._parked_lock:
+            due = [e for e in self._parked.values() if not e.polling and e.next_poll <= now]
+            for entry in due:
+                entry.polling = True
+        for entry in due:
+            ended = False
+            try:
+                async with asyncio.timeout(CANCEL_TIMEOUT_S):
+                    status = await batch.fal.status(entry.endpoint, entry.request_id)
+                ended = isinstance(status, self._fal.Completed)
+            except Exception as exc:  # noqa: BLE001 - a failed poll is tried again later
+                ended = getattr(exc, "status_code", None) == 404  # fal does not know it: not running
+            with self._parked_lock:
+                entry.polling = False
+                entry.polls += 1
+                now = time.monotonic()
+                waited = now - entry.since
+                entry.next_poll = now + max(self.options.poll_interval_s, min(_POLL_GROWTH * waited, _POLL_CAP_S))
+            if ended:
+                self._settle(entry.request_id)
+
+    def wait_parked(self, timeout_s: float | None = None) -> list[str]:
+        """Polls the parked requests until fal says each ended, for at most ``timeout_s``
+        (default the options' ``timeout_s``); returns the ids still parked.
+
+        For a caller that holds a slot of a wider limit for these requests (the Prefect
+        ``counterfactory-fal`` limit, see ``flows/limits.py``) and may free it only then.
+        """
+        if not self.parked():
+            return []
+        return run_sync(self._await_parked(self.options.timeout_s if timeout_s is None else timeout_s))
+
+    async def _await_parked(self, timeout_s: float) -> list[str]:
+        batch = _Batch(journal=MemoryJournal(), fal=self._client(), http=None, read=None)  # type: ignore[arg-type]
+        deadline = time.monotonic() + timeout_s
+        try:
+            while self.parked() and time.monotonic() < deadline:
+                await self._poll_parked(batch)
+                await asyncio.sleep(0.005)
+        finally:
+            await _close_clients(batch.fal, None)
+        return self.parked()
+
+    async def _one_in_slot(self, call: FalCall, batch: _Batch, progress: _Progress) -> FalAnswer:
         try:
             return await self._attempt(call, batch, progress)
         except FalCallFailed as failure:
@@ -436,6 +589,7 @@ class FalQueue:
                 # bills nor holds a slot beyond the concurrency bound
                 await self._abandon(call, progress, batch, failure.reason.partition(":")[0])
             elif failure.state is not None and progress.request_id is not None:
+                progress.ended = True  # fal's own answer about the request: it is over
                 batch.journal.save(
                     call.key, _row(progress, failure.state, reason=failure.reason), cost_usd=failure.cost_usd
                 )
@@ -456,10 +610,6 @@ class FalQueue:
         except Exception as exc:  # a bug or a surprise must not sink the other calls
             logger.exception("fal request for %s failed", call.key)
             return self._answer(call, progress, "failed", reason=f"fal_error: {type(exc).__name__}: {exc}")
-        finally:
-            if progress.request_id is not None:
-                with _OPEN_LOCK:
-                    _OPEN.pop(progress.request_id, None)
 
     async def _attempt(self, call: FalCall, batch: _Batch, progress: _Progress) -> FalAnswer:
         deadline = progress.started + self.options.timeout_s
@@ -468,6 +618,9 @@ class FalQueue:
             progress.request_id = str(saved["request_id"])
             progress.endpoint = str(saved.get("endpoint") or self.endpoint)
             progress.resumed = True
+            # a request whose result was read before has ended; one only submitted (or
+            # cancelled) holds a slot at fal until its status says otherwise
+            progress.ended = saved.get("state") in ("completed", "refused")
             try:
                 payload = await self._until(
                     deadline, progress, self._collect(progress, batch, cancelled=saved.get("state") == "cancelled")
@@ -475,7 +628,7 @@ class FalQueue:
             except _Lost:
                 batch.journal.save(call.key, _row(progress, "lost"), cost_usd=0.0)
                 progress.lost_request_ids.append(progress.request_id)
-                progress.request_id, progress.resumed = None, False
+                progress.request_id, progress.resumed, progress.ended = None, False, False
             else:
                 return await self._until(deadline, progress, self._finish(call, progress, payload, batch))
 
@@ -486,6 +639,7 @@ class FalQueue:
         try:
             payload = await self._until(deadline, progress, self._collect(progress, batch))
         except _Lost:
+            progress.ended = True  # fal does not know it: it holds no slot there
             raise FalCallFailed(
                 "failed",
                 f"fal_lost: fal does not know request {progress.request_id}, which it accepted moments ago",
@@ -533,7 +687,7 @@ class FalQueue:
                         await self._backoff(failures, exc)
                         continue
                     raise self._http_outcome(exc, "submit", tries=failures + 1) from None
-            progress.request_id, progress.endpoint = handle.request_id, endpoint
+            progress.request_id, progress.endpoint, progress.ended = handle.request_id, endpoint, False
             batch.journal.save(call.key, _row(progress, "submitted"), cost_usd=price)
             with _OPEN_LOCK:
                 _OPEN[handle.request_id] = _Open(
@@ -550,7 +704,12 @@ class FalQueue:
         ended unbilled because of that, and the same call is submitted again (``_Lost``).
         """
         handle = await batch.fal.get_handle(progress.endpoint, progress.request_id)
-        completed = await self._wait_completed(handle, poll_first=progress.resumed)
+        try:
+            completed = await self._wait_completed(handle, poll_first=progress.resumed)
+        except _Lost:
+            progress.ended = True
+            raise
+        progress.ended = True  # fal's word: COMPLETED (with or without an error)
         job_failed = completed.error is not None
         if job_failed and cancelled:
             raise _Lost()
@@ -612,11 +771,20 @@ class FalQueue:
                 batch.journal.save(call.key, _row(progress, "lost"), cost_usd=0.0)
                 progress.lost_request_ids.append(str(request_id))
                 progress.request_id = None
-            elif code != 400:  # 400 ALREADY_COMPLETED: the result waits, the row stays fetchable
+                progress.ended = True
+            elif code == 400:  # ALREADY_COMPLETED: the result waits, the row stays fetchable
+                progress.ended = True
+            else:
                 logger.warning("fal: could not cancel request %s (%s: %s)", request_id, type(exc).__name__, exc)
             return
         progress.cancelled = True
         batch.journal.save(call.key, _row(progress, "cancelled", cancelled_because=why), cost_usd=progress.estimate_usd)
+        # 202 CANCELLATION_REQUESTED ends a request still in fal's queue; one already running
+        # runs on (and holds its slot) until it finishes. Only its status tells which.
+        with contextlib.suppress(Exception):
+            async with asyncio.timeout(CANCEL_TIMEOUT_S):
+                status = await batch.fal.status(progress.endpoint, request_id)
+            progress.ended = isinstance(status, self._fal.Completed)
 
     async def _retrying(self, what: str, call: Any, *, transient_ok: bool = True) -> Any:
         """Runs ``call()``, retrying transient failures; maps the rest to outcomes."""

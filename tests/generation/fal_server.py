@@ -24,6 +24,13 @@ certificate from a throw-away CA (``trustme``):
 - ``GET /files/<name>`` serves output images; ``/_fake/stats`` and ``/_fake/reset`` let a
   process that runs the server elsewhere (the benchmark) read and reset its counters.
 
+Two counts of requests at once. ``max_in_flight`` counts the ones accepted and not yet collected
+(or cancelled in the queue). :meth:`FalServer.max_unfinished` counts what holds one of the
+account's slots at fal: accepted and not yet ended, an end being the job's completion or its
+cancellation while queued (a job cancelled while running ends when it finishes, as on fal),
+whether or not anybody asked for its status or result. :meth:`FalServer.status_outage` answers
+every status poll with 503 for a while (submits, results and cancels still answer).
+
 The "model" returns ``255 - input`` as a PNG, so a test knows the right answer without
 asking the server. Per prompt, a :class:`Behaviour` injects HTTP errors on submit and status
 calls (a code of 0 means "never answer"), refusals, failed jobs and jobs that never finish.
@@ -104,6 +111,17 @@ class Job:
     status_errors: list[int] = field(default_factory=list)
     collected: bool = False
     cancelled: bool = False  # cancelled while queued: it never ran
+    submitted_at: float = 0.0  # when it was accepted (``accepted_at`` moves on a release)
+    cancelled_at: float | None = None
+
+    def ended_at(self, held: bool) -> float | None:
+        """Monotonic time it ended (cancelled while queued, or ran to its end); ``None`` while
+        it has not, or never will by itself (``stall``, or held in the queue)."""
+        if self.cancelled:
+            return self.cancelled_at
+        if held or self.behaviour.outcome == "stall":
+            return None
+        return self.accepted_at + self.latency_s
 
     def done(self, now: float) -> bool:
         if self.cancelled:
@@ -166,6 +184,8 @@ class FalServer:
         self._stopping = threading.Event()
         self._behaviours: dict[str, Behaviour] = {}
         self._held = False
+        self._outage_until = 0.0
+        self._outage_s: float | None = None
         self._dir: str | None = None
         self._thread: threading.Thread | None = None
         self._server: Any = None
@@ -284,6 +304,9 @@ class FalServer:
             self.cancelled: set[str] = set()  # ids answered 202
             self.in_flight = 0
             self.max_in_flight = 0
+            self.outage_answers = 0  # status polls answered 503 by :meth:`status_outage`
+            self._outage_until = 0.0
+            self._outage_s: float | None = None  # armed, to start at the next submission
             self._submit_errors_used: Counter[str] = Counter()
 
     def answer(self, pixels: np.ndarray, text: str, *, cost_usd: float | None = None) -> None:
@@ -306,6 +329,39 @@ class FalServer:
             for job in self.jobs.values():
                 if not job.cancelled and job.accepted_at < now:
                     job.accepted_at = now
+
+    def status_outage(self, seconds: float) -> None:
+        """Every status poll of every job answers 503 for ``seconds`` from the next accepted
+        submission on (so that a client's set-up does not use it up); submissions, results
+        and cancels answer as usual."""
+        with self._lock:
+            self._outage_s = seconds
+
+    def outage_left_s(self) -> float:
+        """Seconds the status outage still lasts (0 when none is on or armed)."""
+        with self._lock:
+            if self._outage_s is not None:
+                return self._outage_s
+            return max(0.0, self._outage_until - time.monotonic())
+
+    def max_unfinished(self) -> int:
+        """The most requests accepted and not yet ended at any one moment so far (see
+        :meth:`Job.ended_at`): what fal counts against an account's concurrency."""
+        with self._lock:
+            held = self._held
+            events = []
+            for job in self.jobs.values():
+                events.append((job.submitted_at, 1))
+                end = job.ended_at(held)
+                if end is not None:
+                    events.append((max(end, job.submitted_at), -1))
+        # at equal times an end comes before a start: a slot freed and taken at once is one
+        events.sort(key=lambda e: (e[0], e[1]))
+        most = now = 0
+        for _, step in events:
+            now += step
+            most = max(most, now)
+        return most
 
     def behave(self, prompt: str, behaviour: Behaviour) -> None:
         """Requests whose prompt equals ``prompt`` get ``behaviour``."""
@@ -345,8 +401,14 @@ class FalServer:
                 "result_calls": self.result_calls,
                 "in_flight": self.in_flight,
                 "max_in_flight": self.max_in_flight,
+                "outage_answers": self.outage_answers,
             }
-        return {**counts, "billed_usd": self.billed_usd(), "latency_s": self.latency_s}
+        return {
+            **counts,
+            "max_unfinished": self.max_unfinished(),
+            "billed_usd": self.billed_usd(),
+            "latency_s": self.latency_s,
+        }
 
     # -- the app ------------------------------------------------------------------------
 
@@ -455,7 +517,10 @@ class FalServer:
                 {k: v for k, v in body.items() if k != "image_urls"},
                 list(behaviour.status_errors),
             )
+            job.submitted_at = job.accepted_at
             with self._lock:
+                if self._outage_s is not None:
+                    self._outage_until, self._outage_s = job.accepted_at + self._outage_s, None
                 self.jobs[request_id] = job
                 self.paid_submits[digest] += 1
                 self.in_flight += 1
@@ -485,7 +550,9 @@ class FalServer:
             if isinstance(job, JSONResponse):
                 return job
             with self._lock:
-                injected = job.status_errors.pop(0) if job.status_errors else None
+                outage = time.monotonic() < self._outage_until
+                self.outage_answers += outage
+                injected = 503 if outage else job.status_errors.pop(0) if job.status_errors else None
             if injected == 0:
                 await hang()
                 return error(503, "shutting down")
@@ -545,6 +612,7 @@ class FalServer:
                 if job.cancelled or not job.done(now):
                     if job.queued(now) and not job.cancelled:
                         job.cancelled = True  # never runs, never billed
+                        job.cancelled_at = now
                         if not job.collected:
                             job.collected = True
                             self.in_flight -= 1

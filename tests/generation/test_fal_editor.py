@@ -543,3 +543,114 @@ def test_a_stopped_run_cancels_what_it_left_in_fals_queue(server, tmp_path, how)
     billed = server.billed_per_payload()
     assert len(billed) == n and set(billed.values()) == {1}
     assert journal.spent_usd() == pytest.approx(n * PRICE) == pytest.approx(server.billed_usd())
+
+
+# -- a status-poll outage: the slot stays with the request until fal says it ended ---------
+
+# Running at once (a cancel cannot stop it), and for longer than the polls' retry budget
+# (max_retries=0: one failed poll gives up) but less than the outage.
+RUNNING = Behaviour(latency_s=0.08, queued_s=0.0)
+OUTAGE_S = 0.15
+
+
+def _outage_round(server, ask, *, bound: int, n: int, outage_s: float) -> None:
+    """An outage of status polls longer than the retry budget, then a resume.
+
+    ``ask(indices, journal)`` sends the calls of those indices and returns ``(status, reason,
+    request id)`` per call; the server's jobs were reset and their behaviours set by the caller.
+    """
+    journal = MemoryJournal()
+    server.status_outage(outage_s)
+    first = ask(list(range(n)), journal)
+    gave_up = [i for i, (status, _, _) in enumerate(first) if status != "ok"]
+    # the polls gave up (no retry is left); each such call is paid and pending
+    assert gave_up, first
+    for i in gave_up:
+        assert first[i][1].startswith("fal_unavailable: status failed"), first[i]
+        assert first[i][2] is not None
+    time.sleep(server.outage_left_s())  # a run waits before it fetches again (RESUME_WAITS_S)
+    again = ask(gave_up, journal)  # and fetches them by their journalled ids
+    assert [status for status, _, _ in again] == ["ok"] * len(gave_up), again
+    assert [r for _, _, r in again] == [first[i][2] for i in gave_up]
+    assert server.stats()["outage_answers"] > 0
+    # fal never ran more than the bound of ours at once, and ran that many (the bound is used)
+    assert server.max_unfinished() == bound
+    # nothing was bought twice: one accepted submission per payload, each billed once
+    assert len(server.paid_submits) == n and set(server.paid_submits.values()) == {1}
+    assert set(server.billed_per_payload().values()) == {1}
+
+
+# the first round in the quick tier, all twenty in the slow one
+@pytest.mark.parametrize("rep", [0, *(pytest.param(r, marks=pytest.mark.slow) for r in range(1, 20))])
+def test_a_status_outage_never_runs_more_than_the_bound_at_fal(server, rep):
+    """Issue 25. Every status poll answers 503 for longer than the retry budget. The jobs are
+    running (a cancel cannot stop them), so a slot freed when the polls gave up let a further
+    request start while fal still ran the first: bound + 1 at fal. Twenty rounds."""
+    bound, n = 3, 6
+    requests = [EditRequest(f"o{rep}-{i}", _image(60 + i, (16, 16)), f"outage {rep} {i}", i) for i in range(n)]
+    for r in requests:
+        server.behave(r.prompt, RUNNING)
+    editor = _editor(concurrency=bound, max_retries=0, backoff_s=0.002, poll_interval_s=0.003)
+    editor.prepare()  # the key check polls a status too: before the outage
+
+    def ask(indices, journal):
+        results = editor.edit_many([requests[i] for i in indices], journal)
+        return [(r.status, r.reason, r.metadata["request_id"]) for r in results]
+
+    _outage_round(server, ask, bound=bound, n=n, outage_s=OUTAGE_S)
+    assert editor.queue.parked() == []  # every slot came back once fal answered again
+
+
+@pytest.mark.slow
+def test_vlm_questions_keep_their_slots_through_a_status_outage(server):
+    from counterfactory.validation.backends.vlm import FalVisionClient, FalVisionOptions
+
+    bound, n, prompt = 2, 5, "what group does this person present as?"
+    for rep in range(5):
+        server.reset()
+        server.behave(prompt, RUNNING)
+        options = FalVisionOptions(
+            concurrency=bound,
+            max_retries=0,
+            backoff_s=0.002,
+            poll_interval_s=0.003,
+            timeout_s=10.0,
+            estimated_usd_per_question=0.001,
+        )
+        client = FalVisionClient(options, model="google/gemini-2.5-flash")
+        client.prepare()
+        images = [_image(200 + 10 * rep + i, (16, 16)) for i in range(n)]
+
+        def ask(indices, journal, client=client, images=images):
+            answers = client.ask_many([images[i] for i in indices], prompt, journal)
+            return [(a.status, a.reason, a.request_id) for _, a in answers]
+
+        _outage_round(server, ask, bound=bound, n=n, outage_s=OUTAGE_S)
+        assert client.queue.parked() == []
+
+
+@pytest.mark.slow
+def test_the_prefect_fal_slot_is_held_until_fal_says_the_request_ended(server):
+    """``run.fal_max_concurrency: 3`` with an editor allowed more (``concurrency=6``): the
+    bound is the Prefect limit's, whose slots the batch holds (``flows/limits.py``). A batch
+    whose polls gave up keeps them until fal says its requests ended, so the next batch cannot
+    start a fourth request meanwhile."""
+    from counterfactory.flows.limits import LimitedEditor, apply_limits
+    from counterfactory.flows.server import prefect_api
+
+    bound, n = 3, 6
+    requests = [EditRequest(f"p-{i}", _image(80 + i, (16, 16)), f"prefect outage {i}", i) for i in range(n)]
+    for r in requests:  # longer than a Prefect slot takes to be freed and taken again
+        server.behave(r.prompt, Behaviour(latency_s=1.0, queued_s=0.0))
+    editor = _editor(concurrency=2 * bound, max_retries=0, backoff_s=0.002, poll_interval_s=0.003)
+    editor.prepare()
+    with prefect_api():
+        apply_limits({"test-fal-outage": bound})
+        limited = LimitedEditor(editor, "test-fal-outage", bound, occupy_per_request=True)
+
+        def ask(indices, journal):
+            results = limited.edit_many([requests[i] for i in indices], journal)
+            return [(r.status, r.reason, r.metadata["request_id"]) for r in results]
+
+        _outage_round(server, ask, bound=bound, n=n, outage_s=1.5)
+    assert editor.queue.parked() == []
