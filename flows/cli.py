@@ -11,6 +11,7 @@ from pathlib import Path
 import click
 
 from counterfactory.flows.stopping import install_stop_handlers
+from counterfactory.validation.quiet import silence_native_logs
 
 # Prefect's console logging would drown the progress bar; its temporary server's telemetry
 # logs database-lock errors. Both can be overridden from the environment.
@@ -24,8 +25,13 @@ def _fail(message: str, code: int = 2) -> None:
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
-def main() -> None:
+@click.option(
+    "--verbose", is_flag=True, help="Let MediaPipe, TFLite, absl and OpenCV log to stderr (hidden by default)."
+)
+def main(verbose: bool) -> None:
     """counterfactory: counterfactual image stimuli, edited, aligned, measured and released."""
+    # before any command imports those libraries (they read their switches when they load)
+    silence_native_logs(verbose_=verbose)
 
 
 @main.command()

@@ -8,6 +8,7 @@ person* outside the head (neck, hands, arms): the bundled selfie segmenter
 
 from __future__ import annotations
 
+import contextlib
 import math
 import threading
 from pathlib import Path
@@ -18,6 +19,7 @@ import numpy as np
 from counterfactory.assets import SELFIE_SEGMENTER
 from counterfactory.manifests.errors import SetupError
 from counterfactory.validation.faces import register_close_at_exit
+from counterfactory.validation.quiet import native_quiet
 
 #: Person probability at or above which a pixel belongs to the person.
 PERSON_THRESHOLD = 0.5
@@ -62,14 +64,17 @@ class PersonSegmenter:
             output_confidence_masks=True,
             output_category_mask=False,
         )
-        self._segmenter = vision.ImageSegmenter.create_from_options(options)
+        with native_quiet():  # MediaPipe / TFLite / LiteRT log their set-up to stderr
+            self._segmenter = vision.ImageSegmenter.create_from_options(options)
         self._lock = threading.Lock()
+        self._cold = True  # the first call logs too (LiteRT's input alignment)
         register_close_at_exit(self.close)
 
     def close(self) -> None:
         segmenter, self._segmenter = getattr(self, "_segmenter", None), None
         if segmenter is not None:
-            segmenter.close()
+            with native_quiet():
+                segmenter.close()
 
     def person_mask(self, image: np.ndarray, threshold: float = PERSON_THRESHOLD) -> np.ndarray:
         """``(H, W)`` uint8 {0, 255}: 255 where ``image`` (``(H, W, 3)`` uint8 RGB) shows a person."""
@@ -81,7 +86,9 @@ class PersonSegmenter:
         with self._lock:
             if self._segmenter is None:
                 raise RuntimeError("PersonSegmenter is closed")
-            result = self._segmenter.segment(frame)
+            with native_quiet() if self._cold else contextlib.nullcontext():
+                result = self._segmenter.segment(frame)
+            self._cold = False
         prob = np.asarray(result.confidence_masks[0].numpy_view(), dtype=np.float32).reshape(image.shape[:2])
         return np.where(prob >= threshold, np.uint8(255), np.uint8(0))
 
@@ -104,7 +111,9 @@ class PersonSegmenter:
         with self._lock:
             if self._segmenter is None:
                 raise RuntimeError("PersonSegmenter is closed")
-            result = self._segmenter.segment(frame)
+            with native_quiet() if self._cold else contextlib.nullcontext():
+                result = self._segmenter.segment(frame)
+            self._cold = False
         prob = np.asarray(result.confidence_masks[0].numpy_view(), dtype=np.float32).reshape(small.shape[:2])
         if prob.shape != (h, w):
             prob = cv2.resize(prob, (w, h), interpolation=cv2.INTER_LINEAR)

@@ -12,6 +12,7 @@ the facial movement it describes).
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Mapping
 from pathlib import Path
@@ -22,6 +23,7 @@ from counterfactory.assets import FACE_DETECTOR
 from counterfactory.manifests.errors import SetupError
 from counterfactory.validation.backends.base import DetectedFace
 from counterfactory.validation.faces import FaceObservation, register_close_at_exit
+from counterfactory.validation.quiet import native_quiet
 
 
 class BlazeFaceDetector:
@@ -49,14 +51,17 @@ class BlazeFaceDetector:
             running_mode=vision.RunningMode.IMAGE,
             min_detection_confidence=min_score,
         )
-        self._detector = vision.FaceDetector.create_from_options(options)
+        with native_quiet():  # MediaPipe / TFLite / absl log their set-up to stderr
+            self._detector = vision.FaceDetector.create_from_options(options)
         self._lock = threading.Lock()
+        self._cold = True  # the first call logs too (LiteRT's input alignment)
         register_close_at_exit(self.close)
 
     def close(self) -> None:
         detector, self._detector = getattr(self, "_detector", None), None
         if detector is not None:
-            detector.close()
+            with native_quiet():
+                detector.close()
 
     def detect(self, image: np.ndarray) -> list[DetectedFace]:
         """Faces in ``(H, W, 3)`` uint8 RGB, highest score first; no keypoints (BlazeFace's
@@ -67,7 +72,9 @@ class BlazeFaceDetector:
         with self._lock:
             if self._detector is None:
                 raise RuntimeError("BlazeFaceDetector is closed")
-            result = self._detector.detect(frame)
+            with native_quiet() if self._cold else contextlib.nullcontext():
+                result = self._detector.detect(frame)
+            self._cold = False
         faces = []
         for d in result.detections:
             b = d.bounding_box

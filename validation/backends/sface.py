@@ -16,6 +16,7 @@ import numpy as np
 from counterfactory.assets import SFACE
 from counterfactory.manifests.errors import SetupError
 from counterfactory.validation.backends.base import align_face_112, l2_normalise
+from counterfactory.validation.quiet import native_quiet
 
 #: Same-identity cosine threshold documented for SFace by OpenCV (``face_recognition_sface``
 #: in OpenCV Zoo and the ``FaceRecognizerSF`` tutorial).
@@ -41,7 +42,8 @@ class SFaceEmbedder:
             )
         if not hasattr(cv2, "FaceRecognizerSF"):
             raise SetupError("this OpenCV build has no FaceRecognizerSF; pip install 'opencv-python-headless>=4.9'")
-        self._model = cv2.FaceRecognizerSF.create(str(path), "")
+        with native_quiet():  # OpenCV's DNN logs its backend choice to stderr
+            self._model = cv2.FaceRecognizerSF.create(str(path), "")
         self._lock = threading.Lock()
 
     def crop(self, image: np.ndarray, keypoints: np.ndarray) -> np.ndarray:

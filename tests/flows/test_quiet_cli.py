@@ -1,0 +1,65 @@
+"""The demo's output is the command line's own: no line from MediaPipe, TFLite, absl or OpenCV,
+unless ``counterfactory --verbose`` asks for them (issue 24)."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO
+
+# What those libraries print, as seen on this machine before they were silenced: glog/absl's
+# "W0000 00:00:1796206013.485034 14657 inference_feedback_manager.cc:121] ...", TFLite's
+# "INFO: Created TensorFlow Lite XNNPACK delegate for CPU.", LiteRT's "INFO: [accelerator_registry.cc:43]
+# DestroyAccelerator: ...", OpenCV's "[ WARN:0@3.437] global net_impl_backend.cpp:388 ...".
+NATIVE = re.compile(
+    r"^[IWE]0000 |TensorFlow Lite|XNNPACK|inference_feedback_manager|DestroyAccelerator|absl::|\[ WARN:"
+    r"|Logging before InitGoogle"
+)
+# the README's demo command, less its install step
+DEMO = ["run", "assets/specs/demo-face.yaml", "--publish", "--allow-incomplete"]
+
+
+def _demo(out: Path, *global_options: str) -> list[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("GLOG_", "TF_CPP_", "OPENCV_", "COUNTERFACTORY_"))}
+    result = subprocess.run(
+        [sys.executable, "-m", "counterfactory", *global_options, *DEMO, "--out", str(out)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=env,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    # the progress bar redraws with carriage returns: each redraw is a line of its own
+    return [line for line in re.split(r"[\r\n]+", result.stdout + result.stderr) if line.strip()]
+
+
+@pytest.mark.slow
+def test_demo_prints_no_native_library_line_and_verbose_brings_them_back(tmp_path):
+    quiet = _demo(tmp_path / "quiet")
+    assert not [line for line in quiet if NATIVE.search(line)], "\n".join(quiet)
+    # what it does print: the progress bar and the summary, nothing else
+    assert any(line.startswith("release written: ") for line in quiet)
+    assert any(line.startswith("cells: accepted") or line.startswith("cells: ") for line in quiet)
+    other = [
+        line
+        for line in quiet
+        if not re.match(r"cells: +\d+%\|", line)
+        and not re.match(
+            r"(cells|templates complete|editor calls|waiting for review|release written|report|time): ", line
+        )
+    ]
+    assert not other, other
+
+    loud = _demo(tmp_path / "verbose", "--verbose")
+    native = [line for line in loud if NATIVE.search(line)]
+    assert native, "\n".join(loud)
+    # MediaPipe's graph set-up, TFLite's delegate and LiteRT's teardown are all back
+    assert any("XNNPACK" in line or "TensorFlow Lite" in line for line in native), native
+    assert any(re.match(r"^[IWE]0000 ", line) for line in native), native
