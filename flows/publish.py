@@ -19,6 +19,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import counterfactory
 from counterfactory.flows.steps import (
     FILLED,
     FINISHED_ATTEMPT,
@@ -50,7 +51,13 @@ from counterfactory.manifests.release_schema import schema_files, validate_rows
 from counterfactory.manifests.review import apply_reviews
 from counterfactory.manifests.spec import Spec
 from counterfactory.manifests.store import atomic_write, png_bytes
-from counterfactory.manifests.trials import build_trials, load_biographies, trials_left_out
+from counterfactory.manifests.trials import (
+    bank_record,
+    build_trials,
+    load_biographies,
+    trial_input_files,
+    trials_left_out,
+)
 from counterfactory.validation.attrition import attrition_table, plot_attrition, wilson_interval
 from counterfactory.validation.expression_audit import drift_rates, expression_label, modal_label
 from counterfactory.validation.gates.base import VERDICTS
@@ -385,6 +392,10 @@ def release_inputs_key(
         "grid": grid_summary(grid),
         "review": review,
         "cost_usd": round(cost_usd, 6),
+        # the files the spec names decide the trials: hashed by content, not by their path
+        "inputs": {
+            name: hashlib.sha256(p.read_bytes()).hexdigest() for name, p in trial_input_files(spec.trials).items()
+        },
     }
     blob = json.dumps(payload, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(blob.encode()).hexdigest()
@@ -711,6 +722,9 @@ def publish_release(
             "spec_sha256": text_sha,
             "complete": report["complete"],
             "inputs_sha256": inputs_sha256,
+            "counterfactory_version": counterfactory.__version__,
+            "trial_bank": bank_record(spec.trials),
+            "inputs": {name: stage.add_input(p) for name, p in trial_input_files(spec.trials).items()},
             "files": {
                 MANIFEST: "accepted items, one JSON object a line (schemas/manifest.schema.json)",
                 MANIFEST_PARQUET: "the same rows, flattened, for dataframes",
@@ -733,8 +747,9 @@ def publish_release(
         problems += validate_rows("stats.json", [stats]) + validate_rows(RELEASE_JSON, [release_info])
         if problems:
             raise PublishError("the release does not match its own schemas (a bug):\n" + "\n".join(problems[:10]))
+        release_info["tables"] = {}
         for name, rows in files.items():
-            write_jsonl(stage.dir / name, rows)
+            release_info["tables"][name] = {"rows": len(rows), "sha256": write_jsonl(stage.dir / name, rows)}
         import pyarrow.parquet as pq
 
         pq.write_table(manifest_table(manifest, list(spec.design.axes)), stage.dir / MANIFEST_PARQUET)

@@ -238,6 +238,12 @@ class ReleaseStage:
             copy_verified(Path(source), target, sha256)
         return relative
 
+    def add_input(self, source: Path) -> str:
+        """Copy an input file (a prompt bank, biographies) into ``inputs/<sha256><suffix>``;
+        returns the relative path."""
+        digest = sha256_file(source)
+        return self.add_file(f"inputs/{digest}{Path(source).suffix.lower()}", Path(source), sha256=digest)
+
     def discard(self) -> None:
         shutil.rmtree(self.dir, ignore_errors=True)
 
@@ -327,8 +333,9 @@ def verify_release(path: str | Path, *, check_schemas: bool = True) -> list[str]
 
     Re-hashes every file listed in ``checksums.sha256`` (whose lines must be well formed and
     stay inside the release), finds unlisted files, requires ``manifest.jsonl``, checks every
-    manifest and derived row's image (and source) against the sha256 the row names, and
-    validates every JSON/JSONL file against its schema.
+    manifest and derived row's image (and source) against the sha256 the row names, checks
+    what the files mean (:func:`check_meaning`), and validates every JSON/JSONL file against its
+    schema.
     """
     path = Path(path)
     listed, problems = read_checksums(path)
@@ -352,6 +359,7 @@ def verify_release(path: str | Path, *, check_schemas: bool = True) -> list[str]
         problems.append(f"{MANIFEST}: missing")
         return problems
     problems += _check_rows(path)
+    problems += check_meaning(path)
     if check_schemas:
         from counterfactory.manifests.release_schema import validate_release_files
 
@@ -401,3 +409,255 @@ def _check_rows(path: Path) -> list[str]:
                 if what == "image" or row.get(what) is not None:
                     check(f"{name} line {n}", row.get(what), what)
     return problems
+
+
+#: top-level files a release may hold besides those ``release.json`` lists
+KNOWN_FILES = {
+    MANIFEST,
+    MANIFEST_PARQUET,
+    ITEMS,
+    "left_out.jsonl",
+    "trials.jsonl",
+    "derived.jsonl",
+    "spec.yaml",
+    "stats.json",
+    RELEASE_JSON,
+    "report.html",
+    "attrition.png",
+    "skin_tone.png",
+    "diff.json",
+    CHECKSUMS,
+}
+#: the id column of each table, unique within it
+TABLE_KEYS = {MANIFEST: "item_id", ITEMS: "cell_id", "derived.jsonl": "item_id", "trials.jsonl": "trial_id"}
+#: folders whose files are named by their content's sha256
+CONTENT_ADDRESSED = ("images", "sources", "inputs")
+_SEMVER = re.compile(r"^\d+\.\d+\.\d+")
+_ADDRESSED = re.compile(r"^([0-9a-f]{64})(\.[A-Za-z0-9]+)?$")
+
+
+def _rows(path: Path, name: str, problems: list[str]) -> list[tuple[int, dict[str, Any]]]:
+    """``(line number, row)`` of a JSON-lines table; unreadable lines are left to the row checks."""
+    file = path / name
+    if not file.is_file():
+        return []
+    out = []
+    for n, raw in enumerate(file.read_bytes().split(b"\n"), start=1):
+        if not raw.strip():
+            continue
+        try:
+            row = json.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError):
+            if name not in (MANIFEST, "derived.jsonl"):  # those two are reported by _check_rows
+                problems.append(f"{name} line {n}: not a JSON object")
+            continue
+        if isinstance(row, dict):
+            out.append((n, row))
+    return out
+
+
+def table_record(path: Path, name: str) -> dict[str, Any]:
+    """``{"rows", "sha256"}`` of one JSON-lines table, as ``release.json``'s ``tables`` records it."""
+    data = (Path(path) / name).read_bytes()
+    return {"rows": sum(1 for line in data.split(b"\n") if line.strip()), "sha256": hashlib.sha256(data).hexdigest()}
+
+
+def check_meaning(path: str | Path) -> list[str]:
+    """What a release's files say about each other; returns the problems (empty = consistent).
+
+    Checksums prove bytes are unchanged since sealing; these checks hold even when someone
+    regenerated ``checksums.sha256`` after an edit:
+
+    - every table's id column (:data:`TABLE_KEYS`) is unique;
+    - every trial's images are manifest items, derived variants or a manifest row's source
+      (``source:<sha256>``), ``image_paths`` are those images' paths, and each ``trial_id``
+      is the hash of its row's content (:func:`counterfactory.manifests.trials.trial_id_of`);
+    - ``release.json`` names this folder (``<name>/<version>``, when the folder is so named),
+      its ``spec_sha256`` is ``spec.yaml``'s, every file it lists exists and every table it
+      records (``tables``: rows and sha256) has those rows and bytes;
+    - ``manifest.parquet`` holds the manifest's rows, in order, with the same values;
+    - every file under ``images/``, ``sources/`` and ``inputs/`` is named by its sha256;
+    - every file is accounted for: a known release file, one ``release.json`` lists, a shipped
+      schema, a contact sheet of a template, or an image or source a row names.
+    """
+    path = Path(path)
+    problems: list[str] = []
+    tables = {name: _rows(path, name, problems) for name in (MANIFEST, ITEMS, "derived.jsonl", "trials.jsonl")}
+    for name, key in TABLE_KEYS.items():
+        first: dict[Any, int] = {}
+        for n, row in tables[name]:
+            value = row.get(key)
+            if value is None:
+                continue
+            if value in first:
+                problems.append(f"{name} line {n}: {key} {value} repeats line {first[value]}")
+            else:
+                first[value] = n
+    problems += _check_trials(path, tables)
+    info = _check_release_json(path, problems)
+    problems += _check_parquet(path, tables[MANIFEST])
+    referenced: set[str] = set()
+    for name in (MANIFEST, ITEMS, "derived.jsonl"):
+        for _, row in tables[name]:
+            for what in ("image", "source"):
+                ref = row.get(what)
+                if isinstance(ref, dict) and isinstance(ref.get("path"), str):
+                    referenced.add(ref["path"])
+    listed = set((info or {}).get("files") or {}) | set(((info or {}).get("inputs") or {}).values())
+    templates = {row.get("template_id") for _, row in tables[ITEMS]} | {
+        row.get("template_id") for _, row in tables[MANIFEST]
+    }
+    from counterfactory.manifests.release_schema import SCHEMA_FOR, schema_files
+
+    schemas = {f"{SCHEMAS_DIR}/{p.name}" for p in schema_files()}
+    for file in sorted(p for p in path.rglob("*") if p.is_file() and not p.is_symlink()):
+        relative = file.relative_to(path).as_posix()
+        top = relative.split("/", 1)[0]
+        if top in CONTENT_ADDRESSED and "/" in relative:
+            match = _ADDRESSED.match(relative.rsplit("/", 1)[1])
+            if not match:
+                problems.append(f"{relative}: a file under {top}/ is named <sha256>.<ext>")
+            elif sha256_file(file) != match.group(1):
+                problems.append(
+                    f"{relative}: named by sha256 {match.group(1)[:12]}... but its content hashes to another"
+                )
+        if relative in KNOWN_FILES or relative in listed or relative in referenced or relative in schemas:
+            continue
+        if top == "contact_sheets" and relative.count("/") == 1 and Path(relative).stem in templates:
+            continue
+        if relative in SCHEMA_FOR:
+            continue
+        problems.append(
+            f"{relative}: not accounted for (no row or release.json entry names it); a release holds only its own files"
+        )
+    return problems
+
+
+def _check_trials(path: Path, tables: dict[str, list[tuple[int, dict[str, Any]]]]) -> list[str]:
+    from counterfactory.manifests.trials import SOURCE_PREFIX, trial_id_of
+
+    problems = []
+    known: dict[str, str | None] = {}
+    for _, row in tables[MANIFEST]:
+        if row.get("item_id") is not None:
+            known[row["item_id"]] = (row.get("image") or {}).get("path")
+        source = row.get("source") or {}
+        if source.get("sha256"):
+            known[f"{SOURCE_PREFIX}{source['sha256']}"] = source.get("path")
+    for _, row in tables["derived.jsonl"]:
+        if row.get("item_id") is not None:
+            known[row["item_id"]] = (row.get("image") or {}).get("path")
+    for n, trial in tables["trials.jsonl"]:
+        where = f"trials.jsonl line {n}"
+        images = trial.get("images")
+        if not isinstance(images, list):
+            continue  # the schema check reports it
+        for image in images:
+            if image not in known:
+                problems.append(f"{where}: image {image} is not an item of {MANIFEST} or derived.jsonl")
+        paths = trial.get("image_paths")
+        if paths is not None:
+            expected = [known.get(i) for i in images]
+            if paths != expected:
+                problems.append(f"{where}: image_paths {paths} are not the paths of its images {expected}")
+        if isinstance(trial.get("trial_id"), str) and trial_id_of(trial) != trial["trial_id"]:
+            problems.append(f"{where}: trial_id {trial['trial_id']} is not the hash of the row's query (edited?)")
+    return problems
+
+
+def _check_release_json(path: Path, problems: list[str]) -> dict[str, Any] | None:
+    file = path / RELEASE_JSON
+    if not file.is_file():
+        return None
+    try:
+        info = json.loads(file.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        problems.append(f"{RELEASE_JSON}: not JSON")
+        return None
+    if not isinstance(info, dict):
+        return None
+    if _SEMVER.match(path.name):
+        if info.get("version") != path.name:
+            problems.append(f"{RELEASE_JSON}: version {info.get('version')!r} but the folder is {path.name}")
+        if info.get("name") != path.parent.name:
+            problems.append(f"{RELEASE_JSON}: name {info.get('name')!r} but the folder is in {path.parent.name}")
+    spec = path / "spec.yaml"
+    if "spec_sha256" in info and spec.is_file() and sha256_file(spec) != info["spec_sha256"]:
+        problems.append(f"{RELEASE_JSON}: spec_sha256 {str(info['spec_sha256'])[:12]}... is not spec.yaml's sha256")
+    for name in info.get("files") or {}:
+        if not (path / name).is_file():
+            problems.append(f"{RELEASE_JSON}: files lists {name}, which the release does not hold")
+    for name, record in (info.get("tables") or {}).items():
+        if not (path / name).is_file():
+            problems.append(f"{RELEASE_JSON}: tables records {name}, which the release does not hold")
+            continue
+        actual = table_record(path, name)
+        if isinstance(record, dict) and record.get("rows") != actual["rows"]:
+            problems.append(
+                f"{RELEASE_JSON}: tables.{name}.rows is {record.get('rows')} but {name} has {actual['rows']} rows"
+            )
+        elif isinstance(record, dict) and record.get("sha256") != actual["sha256"]:
+            problems.append(f"{RELEASE_JSON}: tables.{name}.sha256 is not {name}'s sha256 (a row was edited)")
+    for name, relative in (info.get("inputs") or {}).items():
+        if not (path / relative).is_file():
+            problems.append(f"{RELEASE_JSON}: inputs.{name} is {relative}, which the release does not hold")
+    return info
+
+
+#: manifest.parquet columns and the manifest row field each holds
+_PARQUET_FIELDS = {
+    "item_id": ("item_id",),
+    "cell_id": ("cell_id",),
+    "template_id": ("template_id",),
+    "status": ("status",),
+    "gender_match": ("gender_match",),
+    "image_path": ("image", "path"),
+    "image_sha256": ("image", "sha256"),
+    "source_id": ("source", "id"),
+    "source_sha256": ("source", "sha256"),
+    "source_path": ("source", "path"),
+    "source_licence": ("source", "licence"),
+}
+
+
+def _field(row: dict[str, Any], keys: tuple[str, ...]) -> Any:
+    value: Any = row
+    for k in keys:
+        value = value.get(k) if isinstance(value, dict) else None
+    return value
+
+
+def _check_parquet(path: Path, manifest: list[tuple[int, dict[str, Any]]]) -> list[str]:
+    file = path / MANIFEST_PARQUET
+    if not file.is_file():
+        return []
+    import pyarrow.parquet as pq
+
+    try:
+        table = pq.read_table(file)
+    except Exception as exc:  # noqa: BLE001 - any failure means "not a readable Parquet file"
+        return [f"{MANIFEST_PARQUET}: unreadable ({str(exc)[:200]})"]
+    if table.num_rows != len(manifest):
+        return [f"{MANIFEST_PARQUET}: {table.num_rows} rows but {MANIFEST} has {len(manifest)}"]
+    problems = []
+    columns = {c: table.column(c).to_pylist() for c in table.column_names}
+    for i, (n, row) in enumerate(manifest):
+        for column, values in columns.items():
+            if column in _PARQUET_FIELDS:
+                expected = _field(row, _PARQUET_FIELDS[column])
+            elif column.startswith("condition."):
+                expected = (row.get("condition") or {}).get(column.split(".", 1)[1])
+            elif column.startswith("gate.") and column.endswith(".passed") and column.count(".") == 2:
+                result = (row.get("gates") or {}).get(column.split(".")[1])
+                expected = None if result is None else bool(result.get("passed"))
+                values_i = values[i]
+                if values_i is not None and expected is not None and bool(values_i) != expected:
+                    problems.append(f"{MANIFEST_PARQUET} row {i + 1}: {column} differs from {MANIFEST} line {n}")
+                continue
+            else:
+                continue
+            if values[i] != expected:
+                problems.append(
+                    f"{MANIFEST_PARQUET} row {i + 1}: {column} is {values[i]!r}, {MANIFEST} line {n} has {expected!r}"
+                )
+    return problems[:20]

@@ -99,6 +99,29 @@ def _load_prompts(name: str) -> tuple[dict[str, Any], str, str]:
     return yaml.safe_load(data), path.name, hashlib.sha256(data).hexdigest()
 
 
+def trial_input_files(config: TrialsConfig) -> dict[str, Path]:
+    """The files that decide a trial bank, by the spec field naming them: the prompt bank, and
+    the biographies when the spec names them. A release hashes them into ``inputs_sha256`` and
+    carries a copy of each (``release.json`` ``inputs``)."""
+    files = {"trials.prompts": TRIALS_DIR / f"{config.prompts}.yaml"}
+    if config.biographies is not None:
+        files["trials.biographies"] = Path(config.biographies)
+    return files
+
+
+def bank_record(config: TrialsConfig) -> dict[str, Any]:
+    """``release.json``'s ``trial_bank``: the prompt file, whether it follows the papers, and
+    how a variant bank differs from them (:data:`BANK_DIFFERENCES`)."""
+    _, name, sha = _load_prompts(config.prompts)
+    differences = BANK_DIFFERENCES.get(config.prompts)
+    return {
+        "prompts": name,
+        "sha256": sha,
+        "follows_papers": differences == [],
+        "differences": differences if differences is not None else ["not a bank shipped with counterfactory"],
+    }
+
+
 def load_biographies(path: Path) -> dict[str, list[dict[str, str]]]:
     """``{occupation: [{"id", "text"}, ...]}`` from a biographies file.
 
@@ -129,6 +152,18 @@ def load_biographies(path: Path) -> dict[str, list[dict[str, str]]]:
 
 def _tid(*parts: Any) -> str:
     return hashlib.sha256("|".join(str(p) for p in parts).encode()).hexdigest()[:24]
+
+
+#: the fields that make one query different from another; ``trial_id`` is their hash
+TRIAL_KEY_FIELDS = ("variant", "order", "biography_id", "category", "domain", "format", "repeat")
+
+
+def trial_id_of(trial: dict[str, Any]) -> str:
+    """A trial's id: the hash of its protocol, question, images, prompt and
+    :data:`TRIAL_KEY_FIELDS`, so two rows share it only when they are the same query (and
+    ``verify`` can tell an edited row)."""
+    key = [trial["protocol"], trial["question"], *trial["images"], " ".join(str(trial["prompt"]).split())]
+    return _tid(*key, *(trial.get(k) for k in TRIAL_KEY_FIELDS))
 
 
 def _group(row: dict[str, Any]) -> dict[str, Any]:
@@ -265,11 +300,8 @@ def build_trials(
     trials: list[dict[str, Any]] = []
 
     def add(protocol: str, question: str, images: list[str], prompt: str, answer: str, hint: str, **extra) -> None:
-        # every field that makes a query different goes into its id, so the id is a key
-        key = [protocol, question, *images, " ".join(prompt.split())]
-        key += [extra.get(k) for k in ("variant", "order", "biography_id", "category", "domain", "format", "repeat")]
         trial = {
-            "trial_id": _tid(*key),
+            "trial_id": None,
             "protocol": protocol,
             "question": question,
             "images": images,
@@ -289,6 +321,7 @@ def build_trials(
             **base,
             **extra,
         }
+        trial["trial_id"] = trial_id_of(trial)
         trials.append(trial)
 
     for protocol in config.protocols:

@@ -140,6 +140,7 @@ def test_publish_with_allow_incomplete_from_the_ledger_with_zero_editor_calls(st
     assert all((release / r["image"]["path"]).stat().st_nlink == 1 for r in manifest)
     # trials name only images of this release
     known = {r["item_id"] for r in manifest} | {f"source:{r['source']['sha256']}" for r in manifest}
+    known |= {d["item_id"] for d in read_jsonl(release / "derived.jsonl")}  # MCQ re-runs on robustness variants
     trials = read_jsonl(release / "trials.jsonl")
     assert trials and {i for t in trials for i in t["images"]} <= known
     assert {t["protocol"] for t in trials} == {"2afc", "mcq", "salary", "disability_context", "person_irrelevant"}

@@ -19,8 +19,9 @@ import yaml
 from PIL import Image
 
 from counterfactory.assets import PHOTOS_DIR
-from counterfactory.manifests.release import ReleaseStage, write_json, write_jsonl
+from counterfactory.manifests.release import ReleaseStage, table_record, write_json, write_jsonl
 from counterfactory.manifests.store import sha256_file
+from counterfactory.manifests.trials import TrialsConfig, build_trials
 from counterfactory.validation.attrition import attrition_table
 from counterfactory.validation.target_stats import label_consistency, skin_tone_stats
 
@@ -54,7 +55,6 @@ def make_release(
     scratch = stage.dir.parent / f".{version}.images"
     scratch.mkdir(exist_ok=True)
     items, derived_rows = [], []
-    paths_by_template: dict[str, list[str]] = {}
     for sid, filename in PHOTOS.items():
         photo = PHOTOS_DIR / filename
         sha = sha256_file(photo)
@@ -171,33 +171,15 @@ def make_release(
                         },
                     }
                 )
-            if trials and image is not None:
-                paths_by_template.setdefault(sid, []).append(image["path"])
     for p in scratch.iterdir():
         p.unlink()
     scratch.rmdir()
     write_jsonl(stage.dir / "manifest.jsonl", [r for r in items if r["status"] == "accepted"])
     write_jsonl(stage.dir / "items.jsonl", items)
     if trials:
-        # shaped as the trial schema (manifests/schemas/trial.schema.json): a 2AFC pair per template
-        trial_rows = [
-            {
-                "trial_id": f"{sid}-2afc-income-AB",
-                "protocol": "2afc",
-                "question": "income",
-                "images": paths,
-                "order": "AB",
-                "prompt": "Which of these two people earns more? Answer A or B.",
-                "prompt_file": "trial_prompts_v1.yaml",
-                "prompt_sha256": hashlib.sha256(b"test prompts").hexdigest(),
-                "answer_format": "A or B",
-                "parser_hint": "the first standalone letter A or B",
-                "options": {"A": "first", "B": "second"},
-                "group": {"template_id": sid},
-                "gender_match": [True, False],
-            }
-            for sid, paths in paths_by_template.items()
-        ]
+        # the factory's own trial bank: MCQ on each accepted item and on its mirrored variant
+        manifest = [r for r in items if r["status"] == "accepted"]
+        trial_rows = build_trials(manifest, TrialsConfig(protocols=["mcq"]), derived=derived_rows)
         write_jsonl(stage.dir / "trials.jsonl", trial_rows)
         write_jsonl(stage.dir / "derived.jsonl", derived_rows)
     else:
@@ -264,6 +246,10 @@ def make_release(
             "spec_sha256": hashlib.sha256((stage.dir / "spec.yaml").read_bytes()).hexdigest(),
             "complete": False,
             "files": {},
+            "tables": {
+                name: table_record(stage.dir, name)
+                for name in ("manifest.jsonl", "items.jsonl", "trials.jsonl", "derived.jsonl")
+            },
         },
     )
     return stage.seal().path

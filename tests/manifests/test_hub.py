@@ -93,11 +93,13 @@ def test_load_dataset_decodes_images_equal_to_the_release(release, exported, tmp
 
     trials = datasets.load_dataset(str(exported.folder), "trials", split="train", cache_dir=str(tmp_path))
     trial_rows = [json.loads(line) for line in (release / "trials.jsonl").read_text().splitlines()]
-    assert len(trials) == len(trial_rows) == 2
+    # MCQ (salary, education) on the two accepted items and on their mirrored variants
+    assert len(trials) == len(trial_rows) == 2 * 2 * 2
     for got, want in zip(trials, trial_rows, strict=True):
-        assert got["protocol"] == "2afc" and got["group_template_id"] == want["group"]["template_id"]
-        assert len(got["images"]) == len(want["images"]) == 2
-        for image, path in zip(got["images"], want["images"], strict=True):
+        assert got["protocol"] == "mcq" and got["group_template_id"] == want["group"]["template_id"]
+        assert got["trial_id"] == want["trial_id"] and got["images"] == want["images"]
+        assert len(got["image_paths"]) == len(want["image_paths"]) == 1
+        for image, path in zip(got["image_paths"], want["image_paths"], strict=True):
             assert np.array_equal(np.asarray(image), _pixels(release / path))
 
     variants = datasets.load_dataset(str(exported.folder), "variants", split="train", cache_dir=str(tmp_path))
@@ -130,7 +132,7 @@ def test_cli_export_writes_what_push_uploads(release, tmp_path):
 
     result = CliRunner().invoke(main, ["release", "export", str(release), str(tmp_path / "out"), "--repo", "lab/x"])
     assert result.exit_code == 0, result.output
-    assert "items: 6 rows in 1 shard(s)" in result.output and "trials: 2 rows" in result.output
+    assert "items: 6 rows in 1 shard(s)" in result.output and "trials: 8 rows" in result.output
     assert (tmp_path / "out" / "release" / "checksums.sha256").read_bytes() == (
         release / "checksums.sha256"
     ).read_bytes()
