@@ -612,9 +612,12 @@ def release_diff(a: Path, b: Path, as_json: bool) -> None:
             click.echo(
                 f"pass rate {s['group']}: {show(s['a'])} -> {show(s['b'])}" + (" (separated)" if s["separated"] else "")
             )
+        for d in result["differences"]:
+            click.echo(f"{d['kind']}: {d['detail']}")
         click.echo(
             "identical" if result["identical"] else
-            f"{len(result['added'])} added, {len(result['removed'])} removed, {len(result['changed'])} changed"
+            f"{len(result['added'])} added, {len(result['removed'])} removed, {len(result['changed'])} changed, "
+            f"{len(result['differences'])} other difference(s)"
         )  # fmt: skip
     sys.exit(0 if result["identical"] else 1)
 

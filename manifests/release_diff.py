@@ -5,11 +5,18 @@ Items are matched by ``cell_id`` (template x condition, stable across versions).
 when its image sha256 or its verdict differs. Pass rates (accepted / cells) per condition
 group come with Wilson 95 % intervals for both versions; a shift is *separated* when the
 intervals do not overlap.
+
+Beyond items, ``differences`` lists what else a scorer would want told, each with its
+``kind``: ``trials`` (rows added or removed by ``trial_id``, row counts per protocol),
+``threshold`` (a gate threshold, whether or not any verdict flipped), ``prompts`` (the trial
+prompt bank), ``input`` (a file the spec names, e.g. the biographies, by content), ``spec``
+(``spec.yaml``) and ``version`` (the counterfactory version that sealed it).
 """
 
 from __future__ import annotations
 
 import json
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +55,90 @@ def _rates(items: dict[str, dict[str, Any]]) -> dict[str, tuple[int, int]]:
     return {k: (p, n) for k, (p, n) in counts.items()}
 
 
+def _trials(path: Path) -> dict[str, dict[str, Any]]:
+    file = Path(path) / "trials.jsonl"
+    if not file.is_file():
+        return {}
+    return {r["trial_id"]: r for r in read_jsonl(file)}
+
+
+def _thresholds(items: dict[str, dict[str, Any]]) -> dict[str, list[Any]]:
+    """``{"<gate>.<threshold>": sorted distinct values}`` over every item's gate results."""
+    seen: dict[str, set[str]] = {}
+    for row in items.values():
+        for gate, result in (row.get("gates") or {}).items():
+            for name, value in ((result or {}).get("thresholds") or {}).items():
+                seen.setdefault(f"{gate}.{name}", set()).add(json.dumps(value, sort_keys=True))
+    return {k: [json.loads(v) for v in sorted(vs)] for k, vs in sorted(seen.items())}
+
+
+def _input_digest(relative: str | None) -> str | None:
+    """An ``inputs/<sha256>.<ext>`` path's sha256."""
+    return Path(relative).name.split(".", 1)[0] if relative else None
+
+
+def _differences(
+    path_a: Path,
+    path_b: Path,
+    info_a: dict[str, Any],
+    info_b: dict[str, Any],
+    items_a: dict[str, dict[str, Any]],
+    items_b: dict[str, dict[str, Any]],
+) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+
+    def add(kind: str, what: str, a: Any, b: Any, detail: str) -> None:
+        out.append({"kind": kind, "what": what, "a": a, "b": b, "detail": detail})
+
+    trials_a, trials_b = _trials(path_a), _trials(path_b)
+    if set(trials_a) != set(trials_b):
+        added, removed = len(set(trials_b) - set(trials_a)), len(set(trials_a) - set(trials_b))
+        add(
+            "trials",
+            "trials.jsonl",
+            len(trials_a),
+            len(trials_b),
+            f"trials: {len(trials_a)} -> {len(trials_b)} rows ({added} added, {removed} removed)",
+        )
+        per_a = Counter(t["protocol"] for t in trials_a.values())
+        per_b = Counter(t["protocol"] for t in trials_b.values())
+        for protocol in sorted(set(per_a) | set(per_b)):
+            if per_a[protocol] != per_b[protocol]:
+                add(
+                    "trials",
+                    f"trials.jsonl protocol {protocol}",
+                    per_a[protocol],
+                    per_b[protocol],
+                    f"trials {protocol}: {per_a[protocol]} -> {per_b[protocol]} rows",
+                )
+    th_a, th_b = _thresholds(items_a), _thresholds(items_b)
+    for key in sorted(set(th_a) | set(th_b)):
+        if th_a.get(key) != th_b.get(key):
+            a, b = th_a.get(key), th_b.get(key)
+            add("threshold", key, a, b, f"threshold {key}: {a} -> {b}")
+    bank_a, bank_b = info_a.get("trial_bank") or {}, info_b.get("trial_bank") or {}
+    if bank_a.get("sha256") != bank_b.get("sha256"):
+        add(
+            "prompts",
+            "trial_bank",
+            bank_a.get("prompts"),
+            bank_b.get("prompts"),
+            f"trial prompt bank: {bank_a.get('prompts')} ({str(bank_a.get('sha256'))[:12]}) -> "
+            f"{bank_b.get('prompts')} ({str(bank_b.get('sha256'))[:12]})",
+        )
+    inputs_a, inputs_b = info_a.get("inputs") or {}, info_b.get("inputs") or {}
+    for name in sorted(set(inputs_a) | set(inputs_b)):
+        a, b = _input_digest(inputs_a.get(name)), _input_digest(inputs_b.get(name))
+        if a != b:
+            add("input", name, a, b, f"input {name}: content {str(a)[:12]} -> {str(b)[:12]}")
+    if info_a.get("spec_sha256") != info_b.get("spec_sha256"):
+        add("spec", "spec.yaml", info_a.get("spec_sha256"), info_b.get("spec_sha256"), "spec.yaml changed")
+    va, vb = info_a.get("counterfactory_version"), info_b.get("counterfactory_version")
+    if va != vb:
+        add("version", "counterfactory_version", va, vb, f"counterfactory {va} -> {vb}")
+    return out
+
+
 def _image(row: dict[str, Any]) -> str | None:
     return (row.get("image") or {}).get("sha256")
 
@@ -58,9 +149,10 @@ def diff_releases(a: str | Path, b: str | Path) -> dict[str, Any]:
     Returns:
         ``{"a", "b", "added": [cell rows], "removed": [...], "changed": [{"cell_id",
         "template_id", "condition", "image": [a, b], "status": [a, b]}], "pass_rates":
-        [{"group", "a": rate, "b": rate, "shift", "separated"}], "identical": bool}`` where a
+        [{"group", "a": rate, "b": rate, "shift", "separated"}], "differences": [{"kind",
+        "what", "a", "b", "detail"}], "changes": [detail, ...], "identical": bool}`` where a
         rate is ``{"n", "passed", "rate", "ci_low", "ci_high"}`` (``None`` when the group is
-        absent from that version).
+        absent from that version); it validates against ``schemas/diff.schema.json``.
 
     Raises:
         DiffError: a folder is not a release, or the two are releases of different studies.
@@ -117,6 +209,10 @@ def diff_releases(a: str | Path, b: str | Path) -> dict[str, Any]:
             separated = ra["ci_high"] < rb["ci_low"] or rb["ci_high"] < ra["ci_low"]
         if ra != rb:
             shifts.append({"group": group, "a": ra, "b": rb, "shift": shift, "separated": separated})
+    differences = _differences(Path(a), Path(b), info_a, info_b, items_a, items_b)
+    changes = [d["detail"] for d in differences]
+    if added or removed or changed:
+        changes.insert(0, f"items: {len(added)} added, {len(removed)} removed, {len(changed)} changed")
     return {
         "a": {"path": str(a), "name": info_a.get("name"), "version": info_a.get("version")},
         "b": {"path": str(b), "name": info_b.get("name"), "version": info_b.get("version")},
@@ -124,5 +220,7 @@ def diff_releases(a: str | Path, b: str | Path) -> dict[str, Any]:
         "removed": removed,
         "changed": changed,
         "pass_rates": shifts,
-        "identical": not (added or removed or changed or shifts),
+        "differences": differences,
+        "changes": changes,
+        "identical": not (added or removed or changed or shifts or differences),
     }
