@@ -32,6 +32,8 @@ class EditRegion:
         neck: the neck below the jaw belongs to it.
         ears: the ears beside the face oval belong to it.
         facial_hair: the oval's border (beard, moustache, sideburns) grown outward belongs to it.
+        forehead: the forehead above the mesh's top edge, up to the hairline, belongs to it
+            (the mesh stops short of the hairline; a tone change that stops there shows a seam).
         all_skin: every pixel of the person belongs to it (body skin is then empty).
     """
 
@@ -40,6 +42,7 @@ class EditRegion:
     neck: bool = False
     ears: bool = False
     facial_hair: bool = False
+    forehead: bool = False
     all_skin: bool = False
 
 
@@ -50,10 +53,11 @@ REGIONS: dict[str, EditRegion] = {
         EditRegion("face", "the face-mesh oval only, forehead to chin"),
         EditRegion(
             "face_neck_ears",
-            "the face, the neck, the ears and the facial-hair area",
+            "the face (forehead to chin), the neck, the ears and the facial-hair area",
             neck=True,
             ears=True,
             facial_hair=True,
+            forehead=True,
         ),
         EditRegion("all_visible_skin", "the face and every visible part of the person", all_skin=True),
     )

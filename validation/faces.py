@@ -330,6 +330,9 @@ NECK_LENGTH = 0.6
 NECK_WIDTH = 0.8
 #: Ears: ellipses beside the oval, half-axes as shares of the face's width and height.
 EAR_HALF_WIDTH, EAR_HALF_HEIGHT = 0.10, 0.20
+#: Forehead: the oval's top raised by this many face heights (to the hairline; hair above it
+#: is cut away by the person mask no better than by this bound).
+FOREHEAD_RISE = 0.12
 #: Facial hair: the lower oval grown by this share of the face size.
 FACIAL_HAIR_GROW = 0.06
 
@@ -358,7 +361,8 @@ def region_mask(
     (:data:`~counterfactory.generation.regions.REGIONS`), drawn for one face.
 
     - ``face``: the face-mesh oval.
-    - ``face_neck_ears``: the oval, the lower oval grown by :data:`FACIAL_HAIR_GROW` of the
+    - ``face_neck_ears``: the oval, the forehead above it up to :data:`FOREHEAD_RISE` face
+      heights, the lower oval grown by :data:`FACIAL_HAIR_GROW` of the
       face size (beard, moustache, sideburns), an ellipse beside each ear-level point of the
       oval, and the neck: the jaw line (:data:`JAW`) extended down the face's own axis by
       :data:`NECK_LENGTH` face heights, widening to :data:`NECK_WIDTH` of the face's width at
@@ -379,7 +383,7 @@ def region_mask(
     spec = get_region(region)
     h, w = shape
     oval = face_mask(landmarks, shape, mode="oval")
-    if not (spec.neck or spec.ears or spec.facial_hair or spec.all_skin):
+    if not (spec.neck or spec.ears or spec.facial_hair or spec.forehead or spec.all_skin):
         return oval
     body = None
     if person is not None:
@@ -407,6 +411,21 @@ def region_mask(
         if float((jaw[-1] - jaw[0]) @ right) < 0:
             polygon[-2:] = polygon[-2:][::-1]
         cv2.fillPoly(extra, [np.round(polygon).astype(np.int32)], 255)
+    if spec.forehead:
+        # the oval moved up its own axis by FOREHEAD_RISE face heights, joined to the oval
+        oval_pts = landmarks[list(FACE_OVAL), :2].astype(np.float64)
+        raised = oval_pts - down * FOREHEAD_RISE * height
+        hull = cv2.convexHull(np.round(np.vstack([oval_pts, raised])).astype(np.int32))
+        top = np.zeros((h, w), np.uint8)
+        cv2.fillPoly(top, [hull], 255)
+        # only above the brows: the sides of the face are the oval's
+        brow = landmarks[list(LEFT_BROW + RIGHT_BROW), :2].astype(np.float64).mean(axis=0)
+        x, y, bw, bh = cv2.boundingRect(top)
+        ys, xs = np.mgrid[y : y + bh, x : x + bw]
+        above = ((xs - brow[0]) * down[0] + (ys - brow[1]) * down[1]) < 0
+        box = top[y : y + bh, x : x + bw]
+        box[~above] = 0
+        extra = cv2.bitwise_or(extra, top)
     if spec.ears:
         angle = float(np.degrees(np.arctan2(right[1], right[0])))
         axes = (max(int(round(EAR_HALF_WIDTH * width)), 1), max(int(round(EAR_HALF_HEIGHT * height)), 1))

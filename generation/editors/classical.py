@@ -1,10 +1,20 @@
 """The ``classical`` backend: a CPU editor for demos and pipeline tests. Demo quality.
 
-It makes **no** demographic change and claims none. It exists so that every later stage
-(alignment, gates, review, release) runs for real on a laptop with no GPU and no network:
+It makes **no** demographic change of features and claims none. It exists so that every later
+stage (alignment, gates, review, release) runs for real on a laptop with no GPU and no network:
 
-- face cells: a deterministic, visibly different tone and colour change per condition, inside
-  the feathered face mask the factory passes in ``EditRequest.mask``;
+- face cells: a skin-tone shift toward a real donor face of the requested group, inside the
+  edit region the factory passes in ``EditRequest.mask`` (the region the prompt names:
+  ``face_only_v1`` asks for face, neck, ears and facial hair). The donors are the 82 people of
+  the Face Research Lab London Set (CC BY 4.0), each summarised by the median CIELAB and
+  spread of their face skin (``assets/models/donor_skin_tones.json``); the skin inside the
+  region (pixels near the region's own skin colour: not the eyes, brows, hair, lips or a
+  collar) is moved to the donor's lightness, lightness spread and chroma (Reinhard et al.,
+  "Color Transfer between Images", 2001), and its chroma half-way toward the donor's (the set's
+  studio white balance is not the photo's), feathered at the region's edge. Features, shape
+  and expression are the source's: the face stays recognisable, and only its tone follows the
+  condition. The donor is a person of the requested race and gender (race alone, then
+  everyone, when the set has none), the seed-th in the set's order;
 - limb cells: OpenCV inpainting (Telea 2004) inside the limb mask.
 
 Then, for face cells (``rerender``, on by default), the whole image goes through a real
@@ -20,14 +30,15 @@ datasets use the ``qwen`` (local GPU) or ``fal`` (Nano Banana) backends.
 
 from __future__ import annotations
 
-import colorsys
-import hashlib
+import functools
+import json
 from typing import Any
 
 import cv2
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
+from counterfactory.assets import MODELS_DIR
 from counterfactory.generation.editors.base import EditRequest, EditResult, SequentialEditor
 from counterfactory.generation.masks import feather
 from counterfactory.manifests.registry import EDITORS
@@ -38,7 +49,8 @@ class ClassicalOptions(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    strength: float = Field(0.55, ge=0.0, le=1.0)
+    #: how far toward the donor's tone (1: all the way)
+    strength: float = Field(0.85, ge=0.0, le=1.0)
     feather_px: float = Field(6.0, ge=0.0)
     inpaint_radius_px: float = Field(5.0, gt=0.0)
     #: resize outputs to a multiple of this many pixels (as diffusers does); 0 keeps the size.
@@ -50,21 +62,89 @@ class ClassicalOptions(BaseModel):
     rerender_max_side: int | None = Field(512, ge=64)
 
 
-def condition_tint(condition: dict[str, str], seed: int) -> tuple[np.ndarray, float]:
-    """A stable RGB tint in [0, 1] and a lightness gain for one condition (and seed jitter).
+DONOR_TONES = MODELS_DIR / "donor_skin_tones.json"
+#: the share of the donor's chroma (a*, b*) offset applied, and its largest size per axis: the
+#: London set's studio white balance is not the photo's, so chroma moves only part of the way
+CHROMA_SHARE = 0.5
+MAX_CHROMA_SHIFT = 6.0
+#: the feather at the region's edge grows with the region: this share of sqrt(area) at least
+FEATHER_SHARE = 0.03
+#: the donor's lightness spread is taken only within this factor of the face's own
+SPREAD_RANGE = (0.75, 1.33)
 
-    The hue comes from every axis but ``gender`` and the gain from ``gender``, so conditions
-    that share a race share a colour family and the two genders differ in lightness.
-    """
-    rest = "|".join(f"{k}={v}" for k, v in sorted(condition.items()) if k != "gender")
-    digest = hashlib.sha256(rest.encode()).digest()
-    hue = digest[0] / 255.0
-    gender = condition.get("gender", "")
-    gender_digest = hashlib.sha256(gender.encode()).digest()
-    gain = {"female": 1.2, "male": 0.8}.get(gender.lower(), 0.75 + 0.5 * gender_digest[0] / 255.0)
-    jitter = (seed % 7) / 70.0  # retries with the next seed differ a little
-    r, g, b = colorsys.hsv_to_rgb((hue + jitter) % 1.0, 0.7, 1.0)
-    return np.array([r, g, b], np.float32), gain
+
+@functools.cache
+def donor_tones() -> tuple[dict[str, Any], ...]:
+    """The donors of ``assets/models/donor_skin_tones.json``: ``{id, race, gender,
+    lab_median, lab_std}`` each (race and gender as the London set's labels)."""
+    return tuple(json.loads(DONOR_TONES.read_text())["donors"])
+
+
+def _key(value: str) -> str:
+    return "_".join(str(value).casefold().replace("-", " ").split())
+
+
+_GENDERS = {"man": "male", "woman": "female", "men": "male", "women": "female"}
+
+
+def pick_donor(condition: dict[str, str], seed: int) -> dict[str, Any]:
+    """The donor for ``condition`` (axes ``race`` and ``gender``, matched case- and
+    space-insensitively to the set's labels) and ``seed``: of the group (race and gender, else
+    race, else everyone), the seed-th in the set's order."""
+    donors = donor_tones()
+    race = _key(condition.get("race", ""))
+    gender = _key(condition.get("gender", ""))
+    gender = _GENDERS.get(gender, gender)
+    pool = [d for d in donors if d["race"] == race and d["gender"] == gender] or [
+        d for d in donors if d["race"] == race
+    ]
+    pool = sorted(pool or donors, key=lambda d: d["id"])
+    return pool[seed % len(pool)]
+
+
+def _skin_weight(lab: np.ndarray, inside: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(weight, median, spread)``: each pixel's closeness in [0, 1] to the skin colour of the
+    region ``inside`` (a Gaussian in robust a*, b* and lightness units about the region's
+    median), and the median and robust spread of the region's skin-like pixels."""
+    pixels = lab[inside]
+    med = np.median(pixels, axis=0)
+    sd = np.maximum(1.4826 * np.median(np.abs(pixels - med), axis=0), [4.0, 2.0, 2.0])
+    z = (lab - med) / (2.5 * sd)
+    weight = np.exp(-0.5 * (z[..., 1] ** 2 + z[..., 2] ** 2 + np.minimum(z[..., 0], 0.0) ** 2))
+    skin = pixels[weight[inside] > 0.5]
+    if skin.shape[0] >= 50:
+        med = np.median(skin, axis=0)
+        sd = np.maximum(1.4826 * np.median(np.abs(skin - med), axis=0), [1.0, 0.5, 0.5])
+    return weight.astype(np.float32), med, sd
+
+
+def donor_tone_shift(
+    image: np.ndarray, mask: np.ndarray, condition: dict[str, str], seed: int, *, strength: float, feather_px: float
+) -> tuple[np.ndarray, dict[str, Any]]:
+    """``(edited, facts)``: the skin inside ``mask`` moved toward a donor's tone (module
+    docstring). ``image`` ``(H, W, 3)`` uint8 RGB, ``mask`` ``(H, W)`` nonzero inside;
+    ``facts`` names the donor and the CIELAB shift of the median skin."""
+    lab = cv2.cvtColor(image.astype(np.float32) / 255.0, cv2.COLOR_RGB2Lab)
+    inside = mask > 0
+    weight, med, sd = _skin_weight(lab, inside)
+    donor = pick_donor(condition, seed)
+    t_med = np.asarray(donor["lab_median"], np.float32)
+    t_sd = np.asarray(donor["lab_std"], np.float32)
+    gain = float(np.clip(t_sd[0] / sd[0], *SPREAD_RANGE))
+    moved = lab.copy()
+    moved[..., 0] = np.clip((lab[..., 0] - med[0]) * gain + t_med[0], 0.0, 100.0)
+    chroma = np.clip(CHROMA_SHARE * (t_med[1:] - med[1:]), -MAX_CHROMA_SHIFT, MAX_CHROMA_SHIFT)
+    moved[..., 1:] = lab[..., 1:] + chroma
+    edge = max(feather_px, FEATHER_SHARE * float(np.sqrt(np.count_nonzero(inside))))
+    alpha = feather(mask, edge) * weight * strength
+    out_lab = lab + alpha[..., None] * (moved - lab)
+    out = np.clip(np.rint(cv2.cvtColor(out_lab, cv2.COLOR_Lab2RGB) * 255.0), 0, 255).astype(np.uint8)
+    # the Lab round trip rounds: pixels the edit does not reach keep their exact values
+    untouched = alpha <= 0
+    out[untouched] = image[untouched]
+    shift = [float(t_med[0] - med[0]), *(float(x) for x in chroma)]
+    facts = {"donor": donor["id"], "lab_shift": [round(x, 2) for x in shift]}
+    return out, facts
 
 
 def _resize_multiple(image: np.ndarray, multiple: int) -> np.ndarray:
@@ -99,7 +179,7 @@ class ClassicalEditor(SequentialEditor):
         return self._rerenderer(image)
 
     def lineage(self) -> dict[str, Any]:
-        return {"backend": self.name, "version": 1, **self.options.model_dump()}
+        return {"backend": self.name, "version": 2, **self.options.model_dump()}
 
     def consumes(self, kind: str) -> frozenset[str]:
         """The tint comes from the condition and seed, inside the mask; the prompt is not read."""
@@ -121,21 +201,21 @@ class ClassicalEditor(SequentialEditor):
                 cv2.INPAINT_TELEA,
             )
         else:
-            tint, gain = condition_tint(dict(request.condition), request.seed)
-            alpha = feather(request.mask, self.options.feather_px)[..., None] * self.options.strength
-            pixels = image.astype(np.float32) / 255.0
-            luminance = pixels.mean(axis=2, keepdims=True)
-            toned = np.clip(luminance * gain * 1.6 * tint, 0.0, 1.0)
-            out = np.rint(255.0 * ((1 - alpha) * pixels + alpha * toned)).astype(np.uint8)
+            out, facts = donor_tone_shift(
+                image,
+                request.mask,
+                dict(request.condition),
+                request.seed,
+                strength=self.options.strength,
+                feather_px=self.options.feather_px,
+            )
             if self.options.rerender:
                 out = self.rerender(out)
         out = _resize_multiple(out, self.options.output_multiple)
-        return EditResult(
-            request.attempt_id,
-            "ok",
-            image=out,
-            metadata={"output_size": [int(out.shape[1]), int(out.shape[0])]},
-        )
+        metadata: dict[str, Any] = {"output_size": [int(out.shape[1]), int(out.shape[0])]}
+        if request.kind != "limb":
+            metadata.update(facts, rerendered=self.options.rerender)
+        return EditResult(request.attempt_id, "ok", image=out, metadata=metadata)
 
 
 EDITORS.register("classical", ClassicalOptions, ClassicalEditor)

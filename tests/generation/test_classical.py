@@ -153,3 +153,46 @@ def test_the_classical_editor_re_renders_every_pixel_of_a_face_edit(grace, grace
     # the default re-renders at a long side of 512 and returns that size, as editors return theirs
     small = ClassicalEditor(ClassicalOptions(output_multiple=0)).edit(request).image
     assert max(small.shape[:2]) <= 512 and small.shape[0] % 8 == 0
+
+
+# -- the face change: a tone shift toward a real donor face --------------------------------
+
+
+def test_donors_are_real_people_of_the_requested_group():
+    from counterfactory.generation.editors.classical import donor_tones, pick_donor
+
+    donors = donor_tones()
+    assert len(donors) == 82  # the London set's people (../shared/photos/london/README.md)
+    for race, gender, label in (("Black", "female", "black"), ("East Asian", "male", "east_asian")):
+        picked = {pick_donor({"race": race, "gender": gender}, seed)["id"] for seed in range(5)}
+        group = [d for d in donors if d["id"] in picked]
+        assert all(d["race"] == label and d["gender"] == gender for d in group)
+    # the set's darkest groups are darker than its lightest, as ITA bands order them
+    black = np.median([d["lab_median"][0] for d in donors if d["race"] == "black"])
+    white = np.median([d["lab_median"][0] for d in donors if d["race"] == "white"])
+    assert black < white - 15
+
+
+def test_the_face_skin_moves_to_the_donors_lightness(grace, grace_mask):
+    from counterfactory.generation.editors.classical import donor_tone_shift, pick_donor
+    from counterfactory.validation.skin import face_skin_mask
+
+    condition = {"race": "Black", "gender": "female"}
+    out, facts = donor_tone_shift(grace, grace_mask, condition, 0, strength=1.0, feather_px=0)
+    donor = pick_donor(condition, 0)
+    assert facts["donor"] == donor["id"]
+    faces = get_face_landmarker().detect(grace)
+    skin = face_skin_mask(faces[0].landmarks, grace.shape[:2]) > 0
+    lab = cv2.cvtColor(out.astype(np.float32) / 255.0, cv2.COLOR_RGB2Lab)[skin]
+    before = cv2.cvtColor(grace.astype(np.float32) / 255.0, cv2.COLOR_RGB2Lab)[skin]
+    # Reinhard transfer of lightness: the skin's median L* lands near the donor's
+    # (the skin weight leaves the least skin-like pixels part-way)
+    assert abs(float(np.median(lab[:, 0])) - donor["lab_median"][0]) < 0.35 * abs(
+        float(np.median(before[:, 0])) - donor["lab_median"][0]
+    )
+    # the face's features stay: its structure (lightness edges) correlates with the source's
+    gx = cv2.Sobel(cv2.cvtColor(out, cv2.COLOR_RGB2GRAY), cv2.CV_32F, 1, 0)[skin]
+    gx0 = cv2.Sobel(cv2.cvtColor(grace, cv2.COLOR_RGB2GRAY), cv2.CV_32F, 1, 0)[skin]
+    assert float(np.corrcoef(gx, gx0)[0, 1]) > 0.8
+    # and nothing outside the region moves
+    assert np.array_equal(out[grace_mask == 0], grace[grace_mask == 0])
