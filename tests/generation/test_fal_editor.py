@@ -654,3 +654,24 @@ def test_the_prefect_fal_slot_is_held_until_fal_says_the_request_ended(server):
 
         _outage_round(server, ask, bound=bound, n=n, outage_s=1.5)
     assert editor.queue.parked() == []
+
+
+def test_a_call_waits_for_a_parked_slot_then_fails_without_submitting(server):
+    """One slot, taken by a request whose polls gave up and whose cancel fal only accepted (it
+    runs on): the next call waits for fal's word for ``timeout_s``, then fails unsubmitted.
+    Once fal answers again, the parked slot comes back."""
+    running, waiting = EditRequest("r", _image(90), "still running", 1), EditRequest("w", _image(91), "waits", 2)
+    server.behave(running.prompt, Behaviour(latency_s=0.4, queued_s=0.0))
+    editor = _editor(concurrency=1, max_retries=0, backoff_s=0.002, poll_interval_s=0.003, timeout_s=0.2)
+    editor.prepare()
+    server.status_outage(0.6)
+    first, second = editor.edit_many([running, waiting], MemoryJournal())
+
+    assert first.reason.startswith("fal_unavailable: status failed"), first.reason
+    assert first.metadata["cancelled"] is True and first.metadata["pending_request_id"]
+    assert second.status == "failed" and second.metadata["request_id"] is None
+    assert second.reason.startswith("fal_unavailable: all 1 slot(s) held for timeout_s=0.2 s"), second.reason
+    assert len(server.paid_submits) == 1 and server.max_unfinished() == 1
+    assert editor.queue.parked() == [first.metadata["request_id"]]
+    assert editor.queue.wait_parked(timeout_s=5.0) == []  # the outage ends, the job finishes
+    assert editor.queue.parked() == []
