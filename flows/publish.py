@@ -56,6 +56,7 @@ from counterfactory.manifests.trials import (
     build_trials,
     load_biographies,
     trial_input_files,
+    trial_summary,
     trials_left_out,
 )
 from counterfactory.validation.attrition import attrition_table, plot_attrition, wilson_interval
@@ -724,6 +725,7 @@ def publish_release(
             "inputs_sha256": inputs_sha256,
             "counterfactory_version": counterfactory.__version__,
             "trial_bank": bank_record(spec.trials),
+            "trials": trial_summary(trials),
             "inputs": {name: stage.add_input(p) for name, p in trial_input_files(spec.trials).items()},
             "files": {
                 MANIFEST: "accepted items, one JSON object a line (schemas/manifest.schema.json)",

@@ -17,8 +17,9 @@ from typing import Any
 
 import yaml
 
-from counterfactory.manifests.hub_tables import TableExport
-from counterfactory.manifests.licences import LicenceDecision, hub_licence_fields
+from counterfactory.manifests.hub_tables import SPLIT, TableExport
+from counterfactory.manifests.licences import PUBLIC_DOMAIN, LicenceDecision, hub_licence_fields
+from counterfactory.manifests.trials import PAPERS, PROTOCOL_UNITS
 
 #: Axes whose values are protected demographic attributes: a set varying them is gated by default.
 SENSITIVE_AXES = frozenset({"race", "ethnicity", "gender", "sex", "age", "skin_tone", "religion", "disability"})
@@ -44,9 +45,26 @@ def size_category(n: int) -> str:
 
 
 def sensitive_axes(spec: Mapping[str, Any]) -> list[str]:
-    """The design's axes that vary a protected attribute (empty for e.g. a limb cue design)."""
-    axes = (spec.get("design") or {}).get("axes") or {}
-    return [axis for axis in axes if axis.lower() in SENSITIVE_AXES]
+    """The design's axes that vary a protected attribute. A limb design varies a visible
+    disability (a limb difference), so it is gated like a race or gender set."""
+    design = spec.get("design") or {}
+    axes = design.get("axes") or {}
+    found = [axis for axis in axes if axis.lower() in SENSITIVE_AXES]
+    if design.get("kind") == "limb" and not found:
+        found = ["limb difference"]
+    return found
+
+
+#: Hub task categories the terms allow: generating edits and asking models about images. Never
+#: a classification task: the terms forbid systems that infer the varied attributes.
+TASK_CATEGORIES = ("image-to-image", "visual-question-answering")
+#: what a set made only of public-domain sources is tagged on the Hub: the Public Domain Mark,
+#: not CC0 (U.S. government works are public domain by statute, nobody dedicated them under CC0)
+PUBLIC_DOMAIN_FIELDS = {
+    "license": "other",
+    "license_name": "public-domain",
+    "license_link": "https://creativecommons.org/publicdomain/mark/1.0/",
+}
 
 
 def card_metadata(
@@ -61,17 +79,18 @@ def card_metadata(
     """The card's YAML header as a dict (Hub keys, in the Hub's spelling)."""
     kind = (spec.get("design") or {}).get("kind", "face")
     items = next(t for t in tables if t.name == "items")
+    has_trials = any(t.name == "trials" and t.rows for t in tables)
     meta: dict[str, Any] = {
         "pretty_name": f"{release['name']} {release['version']}",
-        **hub_licence_fields(licence.hub_id),
-        "task_categories": ["image-to-image", "zero-shot-image-classification"],
+        **(PUBLIC_DOMAIN_FIELDS if licence.hub_id == PUBLIC_DOMAIN else hub_licence_fields(licence.hub_id)),
+        "task_categories": [c for c in TASK_CATEGORIES if c != "visual-question-answering" or has_trials],
         "size_categories": [size_category(items.rows)],
         "tags": ["counterfactual", "synthetic", "bias-evaluation", "fairness", f"{kind}-edits"]
         + [f"editor-{b}" for b in backends],
         "configs": [
             {
                 "config_name": t.name,
-                "data_files": [{"split": "train", "path": f"data/{t.name}/train-*.parquet"}],
+                "data_files": [{"split": SPLIT, "path": f"data/{t.name}/{SPLIT}-*.parquet"}],
                 **({"default": True} if t.name == "items" else {}),
             }
             for t in tables
@@ -239,6 +258,58 @@ def _thresholds(items: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, Any]]
     return seen
 
 
+def _papers(release: Mapping[str, Any], spec: Mapping[str, Any]) -> list[str]:
+    """Keys of :data:`PAPERS` the set follows: its design's paper, then each protocol's."""
+    kind = (spec.get("design") or {}).get("kind")
+    keys = ["focus"] if kind == "face" else ["inclusivecf"] if kind == "limb" else []
+    for protocol in release.get("trials") or {}:
+        paper = PROTOCOL_UNITS.get(protocol, (None, ""))[0]
+        if paper and paper not in keys:
+            keys.append(paper)
+    return keys
+
+
+def _trials_section(release: Mapping[str, Any], spec: Mapping[str, Any]) -> list[str]:
+    """Each protocol with its unit, its counts per question and its paper, and how the prompt
+    bank differs from the papers (``release.json``'s ``trials`` and ``trial_bank``)."""
+    trials = release.get("trials") or {}
+    if not trials:
+        return []
+    lines = [
+        "## Trials",
+        "",
+        "`trials` holds one row per query a scoring harness sends (`trial_id` is unique); `images` names "
+        "items (or `source:<sha256>` for an original photo) and `image_paths` their files.",
+        "",
+        "| protocol | rows | unit | per question | paper |",
+        "|---|---|---|---|---|",
+    ]
+    for protocol, entry in trials.items():
+        questions = ", ".join(f"{q} {n}" for q, n in sorted((entry.get("questions") or {}).items()))
+        paper = entry.get("paper")
+        lines.append(
+            f"| {protocol} | {entry.get('rows', 0)} | {entry.get('unit', '')} | {questions} | "
+            f"{PAPERS.get(paper, '-').split(',')[0] if paper else '-'} |"
+        )
+    bank = release.get("trial_bank") or {}
+    lines.append("")
+    if bank:
+        lines.append(
+            f"Prompt bank: `{bank.get('prompts')}` (sha256 `{str(bank.get('sha256'))[:12]}...`, in `release/inputs/`)."
+        )
+        differences = bank.get("differences") or []
+        if bank.get("follows_papers"):
+            lines.append(
+                "It uses the papers' groups, options, wordings, counts and control shares; where a paper gives no "
+                "prompt text, the bank says so and the wording is counterfactory's."
+            )
+        elif differences:
+            lines += ["", "Deviations of this bank from the papers:", ""]
+            lines += [f"- {d}" for d in differences]
+    lines.append("")
+    return lines
+
+
 def card_body(
     *,
     release: Mapping[str, Any],
@@ -285,7 +356,7 @@ def card_body(
         "```python",
         "from datasets import load_dataset",
         "",
-        f'items = load_dataset("{repo_id}", "items", split="train", revision="{version}")',
+        f'items = load_dataset("{repo_id}", "items", split="{SPLIT}", revision="{version}")',
         'accepted = items.filter(lambda row: row["status"] == "accepted")',
         "```",
         "",
@@ -295,6 +366,7 @@ def card_body(
         "",
     ]
 
+    lines += _trials_section(release, spec)
     lines += ["## How it was made", "", "### Editor", ""]
     lineages = Counter(json.dumps(row["editor"].get("lineage"), sort_keys=True) for row in items if row.get("editor"))
     if lineages:
@@ -336,7 +408,19 @@ def card_body(
     if intended:
         lines += ["## Did the edit do what was asked", "", *intended]
     lines += ["## Review", "", *_review_section(items, stats.get("review")), ""]
-    lines += ["## Licence", "", f"Released as `{licence.hub_id}`, the strictest of its sources' licences:", ""]
+    if licence.hub_id == PUBLIC_DOMAIN:
+        lines += [
+            "## Licence",
+            "",
+            "Every source photo is in the public domain (for example works of the U.S. federal government, "
+            "17 U.S.C. 105), so the set carries no licence conditions: it is marked with the Creative Commons "
+            "Public Domain Mark, not released under CC0 (nobody dedicated these works under CC0). Public domain "
+            "covers copyright only: the people shown keep their rights of privacy and publicity, and the intended-"
+            "use terms of this card still apply.",
+            "",
+        ]
+    else:
+        lines += ["## Licence", "", f"Released as `{licence.hub_id}`, the strictest of its sources' licences:", ""]
     lines += [f"- `{hub_id}`: {', '.join(ids)}" for hub_id, ids in sorted(licence.sources_by_licence.items())]
     lines += ["", "## Limitations", ""]
     limitations = [
@@ -360,6 +444,10 @@ def card_body(
     for failed in stats.get("failed_sources") or []:
         limitations.append(f"Source `{failed.get('source_id')}` was left out: {failed.get('reason')}.")
     lines += [f"- {text}" for text in limitations]
+    papers = _papers(release, spec)
+    if papers:
+        lines += ["", "This set follows the designs and protocols of:", ""]
+        lines += [f"- {PAPERS[p]}" for p in papers]
     key = "".join(ch if ch.isalnum() else "_" for ch in f"{name}_{version}")
     created = str(release.get("created_at", ""))[:4]
     lines += [

@@ -1,6 +1,7 @@
 """A release's tables as Parquet shards that ``datasets`` loads, images embedded.
 
-Each table of a release becomes one config, ``data/<config>/train-00000-of-0000N.parquet``:
+Each table of a release becomes one config, ``data/<config>/test-00000-of-0000N.parquet`` (one
+``test`` split: an evaluation set):
 ``items`` from ``items.jsonl`` (always), ``trials`` from ``trials.jsonl`` and ``variants`` from
 ``derived.jsonl`` (the robustness variants) when the release has them.
 Nested JSON is flattened into columns a user filters on (``condition_race``, ``status``,
@@ -28,6 +29,8 @@ from typing import Any
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".tif", ".tiff", ".bmp")
 #: config name -> the release files it is read from, first found wins
 TABLES = {"items": ("items.jsonl",), "trials": ("trials.jsonl",), "variants": ("derived.jsonl", "variants.jsonl")}
+#: The one split of every config: the set is for evaluation, never for training.
+SPLIT = "test"
 #: Parquet row groups small enough for the Hub's viewer to page images (its guidance: ~100 rows).
 ROWS_PER_GROUP = 100
 #: A shard is closed once its images pass this many bytes (the Hub advises shards under ~500 MB).
@@ -108,6 +111,8 @@ def _flatten(row: dict[str, Any], release: Path, prefix: str = "") -> dict[str, 
             flat[name] = {"__images__": [_image_path(v, release) for v in value]}
         elif isinstance(value, list) and all(isinstance(v, str) for v in value):
             flat[name] = value
+        elif isinstance(value, list) and value and all(isinstance(v, bool) or v is None for v in value):
+            flat[name] = value  # e.g. a 2AFC trial's gender_match per image: a list of booleans
         elif isinstance(value, (list, tuple)):
             flat[name] = json.dumps(value, sort_keys=True)
         elif isinstance(value, float) and not math.isfinite(value):
@@ -123,6 +128,9 @@ def flatten_rows(table: str, rows: Sequence[dict[str, Any]], release: Path) -> l
     for row in rows:
         if table == "items":
             row = {ITEM_RENAMES.get(k, k): v for k, v in row.items()}
+        if table == "trials" and isinstance(row.get("gender_match"), bool):
+            # one type per column: a single-image trial's flag is a list of one, as a pair's is of two
+            row = {**row, "gender_match": [row["gender_match"]]}
         out.append(_flatten(row, release))
     return out
 
@@ -163,6 +171,8 @@ def _features(flat: Sequence[dict[str, Any]]) -> tuple[Any, list[str], list[str]
             arrow_type = None
         if arrow_type is None or pa.types.is_null(arrow_type):
             features[column] = datasets.Value("string")
+        elif pa.types.is_list(arrow_type) and pa.types.is_boolean(arrow_type.value_type):
+            features[column] = datasets.List(datasets.Value("bool"))
         elif pa.types.is_list(arrow_type):
             features[column] = datasets.List(datasets.Value("string"))
         else:
@@ -181,6 +191,8 @@ def _cell(value: Any, feature: Any, release: Path) -> Any:
     if isinstance(feature, datasets.List) and isinstance(feature.feature, datasets.Image):
         if value is None:
             return None
+        if isinstance(value, list):  # no image at all (a no-image baseline trial)
+            return []
         return [{"bytes": (release / rel).read_bytes(), "path": rel} for rel in value["__images__"]]
     if isinstance(feature, datasets.Value) and feature.dtype == "string" and value is not None:
         return value if isinstance(value, str) else json.dumps(value, sort_keys=True)
@@ -223,7 +235,7 @@ def write_table(table: str, rows: Sequence[dict[str, Any]], release: Path, out_d
     folder.mkdir(parents=True, exist_ok=True)
     files = []
     for index, part in enumerate(slices):
-        rel = f"data/{table}/train-{index:05d}-of-{len(slices):05d}.parquet"
+        rel = f"data/{table}/{SPLIT}-{index:05d}-of-{len(slices):05d}.parquet"
         data = {c: [_cell(r.get(c), features[c], release) for r in part] for c in columns}
         arrow = pa.Table.from_pydict(data, schema=schema)
         pq.write_table(arrow, out_dir / rel, row_group_size=ROWS_PER_GROUP, compression="zstd")

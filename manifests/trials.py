@@ -62,6 +62,47 @@ BANK_DIFFERENCES: dict[str, list[str]] = {
 }
 
 
+#: the papers the factory's designs and protocols follow, for the card and ``release.json``
+PAPERS: dict[str, str] = {
+    "focus": (
+        'Chen, Huang, Zhao, Jiang, Chang and Yu, "Measuring Social Bias in Vision-Language Models with '
+        'Face-Only Counterfactuals from Real Photos" (FOCUS / REFLECT), arXiv:2601.06931'
+    ),
+    "inclusivecf": (
+        '"Same Person, Different Depiction: Counterfactual Evaluation of Vision-Language Models on Individuals '
+        'with Limb Deficiencies" (InclusiveCFImageBias), ECCV 2026'
+    ),
+    "npdp": '"Auditing Disability Representation in Vision-Language Models" (paired neutral and disability prompts)',
+    "guardrail": '"Guardrail-Agnostic Societal Bias Evaluation in Large Vision-Language Models", ECCV 2026',
+}
+#: protocol -> (the paper it follows, its unit in one line)
+PROTOCOL_UNITS: dict[str, tuple[str, str]] = {
+    "2afc": ("focus", "every unordered pair of a template's variants in both A/B orders, per scenario"),
+    "mcq": ("focus", "each image (and each robustness variant) once per question, its occupation in the prompt"),
+    "salary": ("focus", "each image x each biography of its occupation"),
+    "disability_context": ("npdp", "per image 1 neutral + 9 disability-context prompts, sharing a pair_id"),
+    "limb_pair": (
+        "inclusivecf",
+        "each original once per prompt (plus noise repeats) and each counterfactual once per prompt, alone",
+    ),
+    "person_irrelevant": (
+        "guardrail",
+        'each task once per image after "I\'ve attached my photo.", and once with no image',
+    ),
+}
+
+
+def trial_summary(trials: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """``release.json``'s ``trials``: per protocol its rows, rows per question, its unit and paper."""
+    out: dict[str, dict[str, Any]] = {}
+    for t in trials:
+        paper, unit = PROTOCOL_UNITS.get(t["protocol"], (None, ""))
+        entry = out.setdefault(t["protocol"], {"rows": 0, "questions": {}, "unit": unit, "paper": paper})
+        entry["rows"] += 1
+        entry["questions"][t["question"]] = entry["questions"].get(t["question"], 0) + 1
+    return out
+
+
 class TrialsConfig(BaseModel):
     """``trials``: which protocols a release's ``trials.jsonl`` holds.
 

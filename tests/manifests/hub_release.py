@@ -21,7 +21,7 @@ from PIL import Image
 from counterfactory.assets import PHOTOS_DIR
 from counterfactory.manifests.release import ReleaseStage, table_record, write_json, write_jsonl
 from counterfactory.manifests.store import sha256_file
-from counterfactory.manifests.trials import TrialsConfig, build_trials
+from counterfactory.manifests.trials import TrialsConfig, bank_record, build_trials, trial_summary
 from counterfactory.validation.attrition import attrition_table
 from counterfactory.validation.target_stats import label_consistency, skin_tone_stats
 
@@ -246,6 +246,8 @@ def make_release(
             "spec_sha256": hashlib.sha256((stage.dir / "spec.yaml").read_bytes()).hexdigest(),
             "complete": False,
             "files": {},
+            "trials": trial_summary(trial_rows) if trials else {},
+            "trial_bank": bank_record(TrialsConfig()),
             "tables": {
                 name: table_record(stage.dir, name)
                 for name in ("manifest.jsonl", "items.jsonl", "trials.jsonl", "derived.jsonl")

@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -68,7 +69,7 @@ def test_load_dataset_decodes_images_equal_to_the_release(release, exported, tmp
     monkeypatch.setattr(datasets.config, "HF_DATASETS_OFFLINE", True)
     monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
     monkeypatch.setattr(hf_constants, "HF_HUB_OFFLINE", True)
-    items = datasets.load_dataset(str(exported.folder), "items", split="train", cache_dir=str(tmp_path))
+    items = datasets.load_dataset(str(exported.folder), "items", split="test", cache_dir=str(tmp_path))
     rows = [json.loads(line) for line in (release / "items.jsonl").read_text().splitlines()]
     assert len(items) == len(rows) == 6
     assert isinstance(items.features["counterfactual"], datasets.Image)
@@ -91,18 +92,19 @@ def test_load_dataset_decodes_images_equal_to_the_release(release, exported, tmp
     accepted = items.filter(lambda row: row["status"] == "accepted")
     assert len(accepted) == len((release / "manifest.jsonl").read_text().splitlines())
 
-    trials = datasets.load_dataset(str(exported.folder), "trials", split="train", cache_dir=str(tmp_path))
+    trials = datasets.load_dataset(str(exported.folder), "trials", split="test", cache_dir=str(tmp_path))
     trial_rows = [json.loads(line) for line in (release / "trials.jsonl").read_text().splitlines()]
     # MCQ (salary, education) on the two accepted items and on their mirrored variants
     assert len(trials) == len(trial_rows) == 2 * 2 * 2
     for got, want in zip(trials, trial_rows, strict=True):
         assert got["protocol"] == "mcq" and got["group_template_id"] == want["group"]["template_id"]
         assert got["trial_id"] == want["trial_id"] and got["images"] == want["images"]
+        assert got["gender_match"] == [want["gender_match"]]  # one type for every trial: a list of booleans
         assert len(got["image_paths"]) == len(want["image_paths"]) == 1
         for image, path in zip(got["image_paths"], want["image_paths"], strict=True):
             assert np.array_equal(np.asarray(image), _pixels(release / path))
 
-    variants = datasets.load_dataset(str(exported.folder), "variants", split="train", cache_dir=str(tmp_path))
+    variants = datasets.load_dataset(str(exported.folder), "variants", split="test", cache_dir=str(tmp_path))
     derived = [json.loads(line) for line in (release / "derived.jsonl").read_text().splitlines()]
     assert len(variants) == len(derived) == 2
     for got, want in zip(variants, derived, strict=True):
@@ -120,7 +122,7 @@ def test_large_tables_are_split_into_shards_that_load_in_order(release, tmp_path
     export = export_release(release, tmp_path / "repo", repo_id="lab/study")
     items = next(t for t in export.tables if t.name == "items")
     assert len(items.files) > 1 and items.files[-1].endswith(f"-of-{len(items.files):05d}.parquet")
-    loaded = datasets.load_dataset(str(export.folder), "items", split="train", cache_dir=str(tmp_path / "c"))
+    loaded = datasets.load_dataset(str(export.folder), "items", split="test", cache_dir=str(tmp_path / "c"))
     rows = [json.loads(line) for line in (release / "items.jsonl").read_text().splitlines()]
     assert [r["cell_id"] for r in loaded] == [r["cell_id"] for r in rows]
 
@@ -148,19 +150,36 @@ def test_empty_tables_get_no_config(tmp_path):
     assert not (tmp_path / "repo" / "data" / "trials").exists()
 
 
-def test_card_metadata_parses_with_huggingface_hub(exported):
+def test_card_metadata_parses_with_huggingface_hub(exported, release):
     card = hf.DatasetCard((exported.folder / "README.md").read_text(encoding="utf-8"))
     data = card.data.to_dict()
-    assert data["license"] == "cc0-1.0"
+    # U.S.-government photos are public domain by statute: the Public Domain Mark, not a CC0 dedication
+    assert (data["license"], data["license_name"]) == ("other", "public-domain")
+    assert data["license_link"] == "https://creativecommons.org/publicdomain/mark/1.0/"
+    assert "Public Domain Mark, not released under CC0" in card.text
     assert data["size_categories"] == ["n<1K"]
     assert "image-to-image" in data["task_categories"] and "counterfactual" in data["tags"]
+    # no task that infers the varied attributes (the terms forbid it); the trials are VQA queries
+    assert "zero-shot-image-classification" not in data["task_categories"]
+    assert "visual-question-answering" in data["task_categories"]
     assert [c["config_name"] for c in data["configs"]] == ["items", "trials", "variants"]
-    assert data["configs"][0]["data_files"] == [{"split": "train", "path": "data/items/train-*.parquet"}]
+    assert data["configs"][0]["data_files"] == [{"split": "test", "path": "data/items/test-*.parquet"}]
     # a race x gender face set is gated by default, with the intended use stated
     assert "bias" in data["extra_gated_prompt"] and "race and gender" in data["extra_gated_prompt"]
     assert data["extra_gated_fields"]["Affiliation"] == "text"
-    for heading in ("## How it was made", "## Attrition per group", "## Review", "## Limitations", "## How to cite"):
+    for heading in ("## Trials", "## How it was made", "## Attrition per group", "## Review", "## How to cite"):
         assert heading in card.text
+    # every protocol of the release with its counts, from trials.jsonl itself
+    rows = [json.loads(line) for line in (release / "trials.jsonl").read_text().splitlines()]
+    per_protocol = Counter(t["protocol"] for t in rows)
+    for protocol, n in per_protocol.items():
+        line = next(ln for ln in card.text.splitlines() if ln.startswith(f"| {protocol} | "))
+        assert f"| {protocol} | {n} |" in line
+        for question, k in Counter(t["question"] for t in rows if t["protocol"] == protocol).items():
+            assert f"{question} {k}" in line
+    # the papers it follows are cited, and the bank says it follows them
+    assert "arXiv:2601.06931" in card.text and "FOCUS" in card.text
+    assert "`trial_prompts_v2.yaml`" in card.text and "uses the papers' groups, options" in card.text
     # attrition numbers are the release's own (Wilson interval of 2 accepted of 6)
     assert "| all | 6 | 33% [10%, 70%] (n=6)" in card.text
     assert "min_cosine=0.25" in card.text
@@ -179,8 +198,8 @@ def test_push_then_pull_restores_a_release_that_verifies(release, hub, tmp_path)
     assert len(repo.commits) == 2 and repo.gated == "manual"  # the Hub's initial commit, then the release
     assert repo.commits[result.commit][0] in repo.commits  # built on the initial commit
     files = repo.files("1.0.0")
-    assert "README.md" in files and "data/items/train-00000-of-00001.parquet" in files
-    assert files["data/items/train-00000-of-00001.parquet"].sha256 is not None  # went through LFS
+    assert "README.md" in files and "data/items/test-00000-of-00001.parquet" in files
+    assert files["data/items/test-00000-of-00001.parquet"].sha256 is not None  # went through LFS
     assert hub.file_bytes("lab/study", "1.0.0", "release/items.jsonl") == (release / "items.jsonl").read_bytes()
 
     out = pull_release("lab/study@1.0.0", tmp_path / "pulled", endpoint=hub.endpoint)
@@ -205,7 +224,7 @@ def test_load_dataset_in_one_line_from_the_hub(release, hub, tmp_path, monkeypat
         hf_constants, "HUGGINGFACE_CO_URL_TEMPLATE", hub.endpoint + "/{repo_id}/resolve/{revision}/{filename}"
     )
     items = datasets.load_dataset(
-        "lab/study", "items", split="train", revision="1.0.0", token=hub.token, cache_dir=str(tmp_path)
+        "lab/study", "items", split="test", revision="1.0.0", token=hub.token, cache_dir=str(tmp_path)
     )
     rows = [json.loads(line) for line in (release / "items.jsonl").read_text().splitlines()]
     assert [r["status"] for r in items] == [r["status"] for r in rows]
@@ -223,7 +242,7 @@ def test_a_second_version_is_a_second_tagged_commit(release, hub, tmp_path):
     # the trials table is gone from the new version, and still in the old one; nothing else is left over
     assert set(repo.files("1.1.0")) - {"README.md", ".gitattributes"} == {
         *(f"release/{p.relative_to(newer).as_posix()}" for p in newer.rglob("*") if p.is_file()),
-        "data/items/train-00000-of-00001.parquet",
+        "data/items/test-00000-of-00001.parquet",
     }
     assert not any(p.startswith("data/trials/") for p in repo.files("1.1.0"))
     assert any(p.startswith("data/trials/") for p in repo.files("1.0.0"))
@@ -390,3 +409,26 @@ def test_cli_push_and_pull_read_hf_endpoint_and_hf_token(release, hub, tmp_path)
     )
     assert refused.returncode == 2 and "no Hugging Face token" in refused.stderr
     assert "lab/other" not in hub.repos
+
+
+def test_disability_sets_are_gated_by_default_and_the_card_names_limb_difference():
+    from counterfactory.manifests.hub_card import INTENDED_USE, sensitive_axes
+
+    limb = {"design": {"kind": "limb", "axes": {"cue": ["removed", "kept"]}}}
+    assert sensitive_axes(limb) == ["limb difference"]
+    assert sensitive_axes({"design": {"kind": "face", "axes": {"race": ["A"], "gender": ["f"]}}}) == ["race", "gender"]
+    assert "limb difference" in INTENDED_USE.format(axes=" and ".join(sensitive_axes(limb)))
+
+
+def test_every_config_loads_with_its_declared_types(exported, tmp_path):
+    import datasets
+    import pyarrow.parquet as pq
+
+    for config in ("items", "trials", "variants"):
+        loaded = datasets.load_dataset(str(exported.folder), config, split="test", cache_dir=str(tmp_path))
+        shard = exported.folder / next(t for t in exported.tables if t.name == config).files[0]
+        assert loaded.features == datasets.Features.from_arrow_schema(pq.read_schema(shard)), config
+    trials = datasets.load_dataset(str(exported.folder), "trials", split="test", cache_dir=str(tmp_path))
+    assert trials.features["gender_match"] == datasets.List(datasets.Value("bool"))
+    items = datasets.load_dataset(str(exported.folder), "items", split="test", cache_dir=str(tmp_path))
+    assert items.features["gate_identity_passed"] == datasets.Value("bool")
