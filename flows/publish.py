@@ -572,8 +572,10 @@ def manifest_table(rows: Sequence[dict[str, Any]], axes: Sequence[str]):
     Columns: ids, template, one ``condition.<axis>`` per axis, gender match, image path and
     sha256, source id/sha256/path/licence/occupation/presented gender, editor backend, model,
     revision, prompt, seed, attempt and lineage (JSON), alignment (JSON), per gate
-    ``gate.<name>.passed`` and every ``gate.<name>.<metric>`` and ``gate.<name>.threshold.<t>``
-    as float64, all gates (JSON), review (JSON, null when unreviewed) and expression labels.
+    ``gate.<name>.passed`` (boolean) and every ``gate.<name>.<metric>`` and
+    ``gate.<name>.threshold.<t>`` as float64, all gates (JSON), review (JSON, null when
+    unreviewed) and expression labels. Every column has one type whatever its values (a
+    column null in every row is still a string), so tables of two versions concatenate.
     """
     import json
 
@@ -620,7 +622,7 @@ def manifest_table(rows: Sequence[dict[str, Any]], axes: Sequence[str]):
             }
         )
         for gate, result in (r.get("gates") or {}).items():
-            values = {f"gate.{gate}.passed": float(bool(result.get("passed")))}
+            values = {f"gate.{gate}.passed": bool(result.get("passed"))}
             for name, v in (result.get("metrics") or {}).items():
                 if isinstance(v, int | float) and not isinstance(v, bool):
                     values[f"gate.{gate}.{name}"] = float(v)
@@ -629,9 +631,15 @@ def manifest_table(rows: Sequence[dict[str, Any]], axes: Sequence[str]):
                     values[f"gate.{gate}.threshold.{name}"] = float(v)
             for col, v in values.items():
                 gate_cols.setdefault(col, [None] * len(rows))[i] = v
-    table = pa.Table.from_pylist(records) if records else pa.table({"item_id": pa.array([], pa.string())})
+    # one type per column in every version: a column that is null in every row (no review yet)
+    # is still a string column, a flag a boolean, a seed an integer
+    types = {"gender_match": pa.bool_(), "expression_consistent": pa.bool_()}
+    types |= {"editor_seed": pa.int64(), "editor_attempt_no": pa.int64()}
+    schema = pa.schema([(c, types.get(c, pa.string())) for c in (records[0] if records else {"item_id": None})])
+    table = pa.Table.from_pylist(records, schema=schema)
     for col in sorted(gate_cols):
-        table = table.append_column(col, pa.array(gate_cols[col], pa.float64()))
+        passed = col.endswith(".passed") and col.count(".") == 2
+        table = table.append_column(col, pa.array(gate_cols[col], pa.bool_() if passed else pa.float64()))
     return table
 
 
