@@ -711,7 +711,7 @@ def publish_release(
             expected_variants=len(grid.cells) // len(grid.templates) if grid.templates else None,
             derived=derived,
         )
-        left_out = left_out + trials_left_out(manifest, spec.trials)
+        left_out = left_out + trials_left_out(manifest, spec.trials, biographies=biographies)
         stats = build_stats(
             spec, items, failed, outcomes, grid, editor_calls=editor_calls, total_cost_usd=cost, report=report
         )

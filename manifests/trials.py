@@ -540,22 +540,42 @@ def build_trials(
     return trials
 
 
-def trials_left_out(items: Sequence[dict[str, Any]], config: TrialsConfig) -> list[dict[str, Any]]:
-    """``left_out.jsonl`` rows for what a trial filter drops: with ``expression_consistent_only``
-    each drifted variant, left out of the perceived-safety 2AFC only (FOCUS B.2)."""
-    if not (config.expression_consistent_only and "2afc" in config.protocols):
-        return []
-    return [
-        {
-            "what": "trial",
-            "id": row["item_id"],
-            "status": "filtered",
-            "reason": "expression_drift: left out of 2afc perceived_safety (trials.expression_consistent_only)",
-            "group": {"template_id": row["template_id"], "condition": dict(row["condition"])},
-        }
-        for row in sorted(items, key=lambda r: (r["template_id"], r["item_id"]))
-        if not _expression_ok(row)
-    ]
+def trials_left_out(
+    items: Sequence[dict[str, Any]],
+    config: TrialsConfig,
+    *,
+    biographies: dict[str, list[dict[str, str]]] | None = None,
+) -> list[dict[str, Any]]:
+    """``left_out.jsonl`` rows for the trials an item does not get, so none vanish silently:
+    with ``expression_consistent_only`` each drifted variant, left out of the perceived-safety
+    2AFC only (FOCUS B.2); with ``salary`` each item whose occupation has no biographies."""
+    rows = sorted(items, key=lambda r: (r["template_id"], r["item_id"]))
+    out = []
+    for row in rows:
+        group = {"template_id": row["template_id"], "condition": dict(row["condition"])}
+        if config.expression_consistent_only and "2afc" in config.protocols and not _expression_ok(row):
+            out.append(
+                {
+                    "what": "trial",
+                    "id": row["item_id"],
+                    "status": "filtered",
+                    "reason": "expression_drift: left out of 2afc perceived_safety (trials.expression_consistent_only)",
+                    "group": group,
+                }
+            )
+        occupation = (row.get("source") or {}).get("occupation")
+        if "salary" in config.protocols and biographies is not None and not biographies.get(occupation or ""):
+            out.append(
+                {
+                    "what": "trial",
+                    "id": row["item_id"],
+                    "status": "no_biographies",
+                    "reason": f"salary: the biographies file has none for occupation {occupation!r}; the item has no "
+                    "salary trials",
+                    "group": group,
+                }
+            )
+    return out
 
 
 def prompt_texts(name: str = "trial_prompts_v2") -> dict[str, list[str]]:

@@ -93,6 +93,14 @@ def test_salary_is_images_times_biographies_of_their_occupation():
     assert {t["biography_id"] for t in trials} == {b["id"] for b in bios["politician"] + bios["astronaut"]}
     with pytest.raises(TrialError, match="biographies"):
         build_trials(items, TrialsConfig(protocols=["salary"]))
+    # an occupation the file does not cover gets no salary trials, and left_out.jsonl says so
+    nurses = _items(1, "nurse")[:2]
+    assert build_trials(nurses, TrialsConfig(protocols=["salary"]), biographies=bios) == []
+    left = trials_left_out(nurses, TrialsConfig(protocols=["salary"]), biographies=bios)
+    assert [r["id"] for r in left] == sorted(r["item_id"] for r in nurses)
+    assert {r["status"] for r in left} == {"no_biographies"} and "'nurse'" in left[0]["reason"]
+    assert validate_rows("left_out.jsonl", left) == []
+    assert trials_left_out(items, TrialsConfig(protocols=["salary"]), biographies=bios) == []
 
 
 def test_disability_context_unit_is_one_neutral_and_nine_context_prompts_per_image():
