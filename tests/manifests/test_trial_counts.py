@@ -246,3 +246,96 @@ def test_example_biographies_are_50_per_focus_occupation_and_the_scripts_output(
             assert not words & pronouns, b
     ids = [b["id"] for texts in bios.values() for b in texts]
     assert len(ids) == len(set(ids))
+
+
+def _published(spec_name: str, root: Path, photos: Path, metadata: Path, **overrides):
+    """Publish the shipped spec with the classical editor (run steps without Prefect); the gates
+    are loosened so the demo editor's tints are accepted: this is about the trials, not the gates."""
+    from tests.flows.review_setup import run_and_publish
+
+    path = _with_classical(spec_name, root, str(photos), str(metadata))
+    data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    data["align"] = {"max_residual_px": 50.0}
+    data |= overrides
+    path.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
+    sealed, _ = run_and_publish(path, root / "out")
+    return load_spec(path), sealed.path
+
+
+@pytest.mark.slow
+def test_a_published_focus_release_holds_the_formulas_trials_row_for_row(tmp_path):
+    from counterfactory.manifests.release import read_jsonl, verify_release
+
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    rows = []
+    for name, occupation, gender in (("grace_hopper.jpg", "nurse", "female"), ("obama_portrait.jpg", "doctor", "male")):
+        shutil.copyfile(PHOTOS_DIR / name, photos / name)
+        rows.append({"id": Path(name).stem, "path": name, "licence": "public domain (copy)", "occupation": occupation,
+                     "presented_gender": gender})  # fmt: skip
+    (tmp_path / "meta.yaml").write_text(yaml.safe_dump({"sources": rows}))
+    spec, release = _published(
+        "focus.yaml",
+        tmp_path,
+        photos,
+        tmp_path / "meta.yaml",
+        gates={"face": {"identity": {"max_cosine": 0.999}, "skin": None, "locality": None}},
+        design={**yaml.safe_load((SPECS_DIR / "focus.yaml").read_text())["design"], "templates_per_stratum": 1},
+    )
+    assert verify_release(release) == []
+    manifest = read_jsonl(release / "manifest.jsonl")
+    derived = read_jsonl(release / "derived.jsonl")
+    trials = read_jsonl(release / "trials.jsonl")
+    bios = load_biographies(spec.trials.biographies)
+    assert manifest and len({t["trial_id"] for t in trials}) == len(trials)
+    by_template: dict[str, list[str]] = {}
+    for r in manifest:
+        by_template.setdefault(r["template_id"], []).append(r["item_id"])
+    # 2AFC: n (n - 1) ordered pairs per template (45 unordered pairs x 2 orders at n = 10), per scenario
+    expected_2afc = {
+        (q, p)
+        for q in ("income", "education", "perceived_safety")
+        for ids in by_template.values()
+        for p in permutations(ids, 2)
+    }
+    got_2afc = [(t["question"], tuple(t["images"])) for t in trials if t["protocol"] == "2afc"]
+    assert len(got_2afc) == len(expected_2afc) == 3 * sum(len(v) * (len(v) - 1) for v in by_template.values())
+    assert set(got_2afc) == expected_2afc
+    # MCQ: each item and each robustness variant (mirror, 3 crops) once per question
+    images = [r["item_id"] for r in manifest] + [d["item_id"] for d in derived]
+    got_mcq = [(t["question"], t["images"][0]) for t in trials if t["protocol"] == "mcq"]
+    assert len(derived) == 4 * len(manifest) and len(got_mcq) == 2 * len(images)
+    assert set(got_mcq) == {(q, i) for q in ("salary", "education") for i in images}
+    # salary: each item x the 50 biographies of its occupation
+    got_salary = [(t["images"][0], t["biography_id"]) for t in trials if t["protocol"] == "salary"]
+    assert len(got_salary) == 50 * len(manifest)
+    assert set(got_salary) == {(r["item_id"], b["id"]) for r in manifest for b in bios[r["source"]["occupation"]]}
+    assert len(trials) == len(got_2afc) + len(got_mcq) + len(got_salary)
+
+
+@pytest.mark.slow
+def test_a_published_limb_release_queries_each_original_once_and_holds_the_np_dp_unit(tmp_path):
+    from counterfactory.manifests.release import read_jsonl, verify_release
+
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    meta = yaml.safe_load((PHOTOS_DIR / "limb-metadata.yaml").read_text(encoding="utf-8"))
+    for source in meta["sources"]:
+        shutil.copyfile(PHOTOS_DIR / source["path"], photos / source["path"])
+    (tmp_path / "meta.yaml").write_text(yaml.safe_dump(meta))
+    spec, release = _published("limb-pairs.yaml", tmp_path, photos, tmp_path / "meta.yaml")
+    assert verify_release(release) == []
+    manifest = read_jsonl(release / "manifest.jsonl")
+    trials = read_jsonl(release / "trials.jsonl")
+    assert manifest and len({t["trial_id"] for t in trials}) == len(trials)
+    bank = _bank(spec.trials.prompts)["limb_pair"]
+    prompts, repeats = len(bank["prompts"]), bank["noise_repeats"]
+    originals = {r["source"]["sha256"] for r in manifest}
+    limb = [t for t in trials if t["protocol"] == "limb_pair"]
+    assert len(limb) == len(originals) * prompts * (1 + repeats) + len(manifest) * prompts
+    assert Counter(t["images"][0] for t in limb if t["variant"] == "original") == {
+        SOURCE_PREFIX + s: prompts * (1 + repeats) for s in originals
+    }
+    npdp = [t for t in trials if t["protocol"] == "disability_context"]
+    assert len(npdp) == len(manifest) * (1 + 9)
+    assert Counter(t["variant"] for t in npdp) == {"neutral": len(manifest), "context": 9 * len(manifest)}
