@@ -306,6 +306,10 @@ def _trials_section(release: Mapping[str, Any], spec: Mapping[str, Any]) -> list
         elif differences:
             lines += ["", "Deviations of this bank from the papers:", ""]
             lines += [f"- {d}" for d in differences]
+        texts = bank.get("paper_text") or {}
+        if texts:
+            lines += ["", "Where each wording comes from:", ""]
+            lines += [f"- `{protocol}`: {text}" for protocol, text in texts.items()]
     lines.append("")
     return lines
 

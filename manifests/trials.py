@@ -151,15 +151,26 @@ def trial_input_files(config: TrialsConfig) -> dict[str, Path]:
 
 
 def bank_record(config: TrialsConfig) -> dict[str, Any]:
-    """``release.json``'s ``trial_bank``: the prompt file, whether it follows the papers, and
-    how a variant bank differs from them (:data:`BANK_DIFFERENCES`)."""
-    _, name, sha = _load_prompts(config.prompts)
+    """``release.json``'s ``trial_bank``: the prompt file, whether it follows the papers, how a
+    variant bank differs from them (:data:`BANK_DIFFERENCES`), and per protocol the bank's one
+    line on whether its wording is the paper's (``paper_text``)."""
+    bank, name, sha = _load_prompts(config.prompts)
     differences = BANK_DIFFERENCES.get(config.prompts)
+    paper_text = {}
+    for protocol, spec in bank.items():
+        if not isinstance(spec, dict):
+            continue
+        if "paper_text" in spec:
+            paper_text[protocol] = spec["paper_text"]
+        for question, sub in spec.items():
+            if isinstance(sub, dict) and "paper_text" in sub:
+                paper_text[f"{protocol}.{question}"] = sub["paper_text"]
     return {
         "prompts": name,
         "sha256": sha,
         "follows_papers": differences == [],
         "differences": differences if differences is not None else ["not a bank shipped with counterfactory"],
+        "paper_text": paper_text,
     }
 
 

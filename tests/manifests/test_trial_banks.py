@@ -158,12 +158,15 @@ def test_each_protocol_names_its_paper_and_says_in_one_line_whether_its_text_is_
 
 def test_the_default_bank_follows_the_papers_and_the_variant_bank_lists_its_differences():
     assert TrialsConfig().prompts == "trial_prompts_v2"
-    assert bank_record(TrialsConfig()) | {"sha256": None} == {
+    record = bank_record(TrialsConfig())
+    assert {k: record[k] for k in ("prompts", "follows_papers", "differences")} == {
         "prompts": "trial_prompts_v2.yaml",
-        "sha256": None,
         "follows_papers": True,
         "differences": [],
     }
+    assert record["paper_text"]["disability_context"].startswith("quoted:")
+    assert record["paper_text"]["limb_pair"].startswith("not given:")
+    assert set(record["paper_text"]) >= {"2afc", "mcq.salary", "mcq.education", "salary", "person_irrelevant"}
     v1 = bank_record(TrialsConfig(prompts="trial_prompts_v1"))
     assert v1["follows_papers"] is False and v1["differences"] == BANK_DIFFERENCES["trial_prompts_v1"]
     old = yaml.safe_load((TRIALS_DIR / "trial_prompts_v1.yaml").read_text(encoding="utf-8"))
