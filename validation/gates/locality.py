@@ -57,6 +57,16 @@ LOCAL_CHANGE_LEVEL = 20.0 / 255.0
 #: Gaussian smoothing of the difference, sigma as a fraction of sqrt(H * W) (5 px at 1 MP;
 #: on a working grid of every k-th pixel, the same width in grid pixels).
 SMOOTH_FRAC = 0.005
+#: Band limit of the judged differences: the *signed* difference is Gaussian-smoothed with
+#: sigma this fraction of sqrt(H * W) before its magnitude is taken (4.7 px on a 512 x 440
+#: working grid). A latent autoencoder's re-synthesised texture and grain is faint and
+#: zero-mean at that scale and cancels; an object, text, a cast or a moved head is coherent
+#: over many such widths and stays.
+BAND_FRAC = 0.01
+#: A coherent change counts only as a connected region of at least this share of the
+#: measured region (a 1.5 % object is 15 times larger): the scattered specks where a
+#: re-render moves a sharp edge are smaller.
+MIN_CHANGE_AREA_FRAC = 0.001
 #: The face region grown by this fraction of the face size before measuring outside it:
 #: face edits are feathered across the oval's edge.
 FACE_MARGIN_FRAC = 0.10
@@ -104,6 +114,15 @@ class LocalityGateConfig(BaseModel):
     )
     max_body_skin_delta_e: float | None = Field(
         None, ge=0.0, description="face edits: CIELAB change of the person's skin outside the head"
+    )
+    min_face_change: float | None = Field(
+        None,
+        ge=0.0,
+        le=1.0,
+        description="face edits: band-limited face change below this: unchanged (sent to review)",
+    )
+    min_band_ratio: float | None = Field(
+        None, ge=0.0, description="face edits: band-limited face change / band-limited change away from the face"
     )
 
 
@@ -209,6 +228,46 @@ def smoothed_diff(source: np.ndarray, candidate: np.ndarray, stride: int = 1) ->
 _CHANNEL_MEAN = np.full((1, 3), 1.0 / (3.0 * 255.0), np.float32)
 
 
+def band_sigma(shape: tuple[int, ...]) -> float:
+    """Sigma in pixels of :data:`BAND_FRAC` on a grid of ``shape`` ``(h, w, ...)``."""
+    return max(BAND_FRAC * math.sqrt(shape[0] * shape[1]), 0.5)
+
+
+def lowpass(image: np.ndarray) -> np.ndarray:
+    """``image`` as float32 Gaussian-smoothed at :func:`band_sigma` (per channel)."""
+    return cv2.GaussianBlur(image.astype(np.float32), (0, 0), sigmaX=band_sigma(image.shape))
+
+
+def band_diff(source: np.ndarray, candidate: np.ndarray, *, source_low: np.ndarray | None = None) -> np.ndarray:
+    """``(h, w)`` float32 in [0, 1]: the magnitude of the band-limited signed difference, the
+    channel mean of ``|G(candidate) - G(source)|`` with ``G`` :func:`lowpass`.
+
+    Zero-mean re-synthesis (texture, grain, a sharp edge moved by a pixel) cancels inside the
+    kernel; a coherent change of ``d`` grey levels over an area several sigmas wide gives
+    ``d / 255`` there. ``source_low`` is ``lowpass(source)`` when the caller has it.
+    """
+    s = lowpass(source) if source_low is None else source_low
+    d = cv2.absdiff(lowpass(candidate), s)
+    return cv2.transform(d, _CHANNEL_MEAN)
+
+
+def coherent_share(change: np.ndarray, region: np.ndarray, level: float | None = None) -> float | None:
+    """Share in [0, 1] of ``region``'s pixels inside connected areas where ``change``
+    (:func:`band_diff`) exceeds ``level`` (default :data:`LOCAL_CHANGE_LEVEL`) and that cover
+    at least :data:`MIN_CHANGE_AREA_FRAC` of the region; None for an empty region."""
+    n = cv2.countNonZero(region)
+    if n == 0:
+        return None
+    level = LOCAL_CHANGE_LEVEL if level is None else level
+    changed = ((change > level) & (region > 0)).astype(np.uint8)
+    if not changed.any():
+        return 0.0
+    count, _, stats, _ = cv2.connectedComponentsWithStats(changed, connectivity=8)
+    areas = stats[1:count, cv2.CC_STAT_AREA]
+    kept = areas[areas >= MIN_CHANGE_AREA_FRAC * n]
+    return float(kept.sum() / n)
+
+
 def _work_region(region: np.ndarray, stride: int) -> np.ndarray:
     """``region`` on the grid :func:`smoothed_diff` measures for ``stride``."""
     return region if stride <= 1 else np.ascontiguousarray(region[::stride, ::stride])
@@ -217,8 +276,10 @@ def _work_region(region: np.ndarray, stride: int) -> np.ndarray:
 def changed_share(
     source: np.ndarray, candidate: np.ndarray, region: np.ndarray, *, stride: int | None = None
 ) -> float | None:
-    """Share in [0, 1] of ``region``'s pixels whose :func:`smoothed_diff` exceeds
-    :data:`LOCAL_CHANGE_LEVEL`; None when the region is empty.
+    """Share in [0, 1] of ``region``'s pixels in coherent changed areas: where the
+    band-limited difference (:func:`band_diff`) exceeds :data:`LOCAL_CHANGE_LEVEL`, in
+    connected areas of at least :data:`MIN_CHANGE_AREA_FRAC` of the region
+    (:func:`coherent_share`); None when the region is empty.
 
     Measured at the working resolution (``stride`` k, by default
     :func:`~counterfactory.validation.segment.work_stride`: long side at most 512 pixels), which
@@ -226,7 +287,10 @@ def changed_share(
     is twice the level crosses it at its own edge, so the share is ``a**2 / area(region)``.
     """
     k = work_stride(source.shape) if stride is None else stride
-    return _changed_share_at(smoothed_diff(source, candidate, k), _work_region(region, k))
+    if k > 1:
+        source = np.ascontiguousarray(source[::k, ::k])
+        candidate = np.ascontiguousarray(candidate[::k, ::k])
+    return coherent_share(band_diff(source, candidate), _work_region(region, k))
 
 
 def _changed_share_at(smoothed: np.ndarray, region: np.ndarray) -> float | None:
@@ -513,9 +577,12 @@ class LocalitySource:
         oval: ``(H, W)`` {0, 255} the full face oval (FOCUS's face / non-face split).
         stride: the working grid's k (:func:`~counterfactory.validation.segment.work_stride`).
         work_region: :func:`away_from_face` on the working grid.
-        sample: the :func:`global_change` sample of ``work_region`` (working-grid coordinates).
+        sample: the :func:`global_change` sample of ``work_region`` (working-grid
+            coordinates), of the band-limited source (:func:`lowpass`).
         body: the person's skin outside the head on the working grid, or None without a
             person segmentation.
+        work_oval: the oval on the working grid.
+        source_low: :func:`lowpass` of the working-grid source.
     """
 
     oval: np.ndarray
@@ -523,6 +590,8 @@ class LocalitySource:
     work_region: np.ndarray
     sample: RegionSample
     body: BodySkin | None
+    work_oval: np.ndarray | None = None
+    source_low: np.ndarray | None = None
 
 
 def prepare_locality_source(
@@ -554,7 +623,8 @@ def prepare_locality_source(
     size = face_size_px / stride
     away = away_from_face(work_edit, work_source.shape[:2], size)
     body = body_skin_reference(work_source, work_oval, person, size, work_edit) if person is not None else None
-    return LocalitySource(oval, stride, away, sample_region(work_source, away), body)
+    low = lowpass(work_source)
+    return LocalitySource(oval, stride, away, sample_region(low, away), body, work_oval, low)
 
 
 def _face_measures(
@@ -565,14 +635,27 @@ def _face_measures(
     work_covered: np.ndarray | None = None,
 ) -> dict[str, float | None]:
     region = prepared.work_region
+    oval = prepared.work_oval
     if work_covered is not None:
         region = np.where(work_covered, region, np.uint8(0))
-    shift, gain = _global_change_at(prepared.sample.covered_by(work_covered), work_candidate)
-    share = _changed_share_at(smoothed_diff(work_source, work_candidate), region)
+        oval = None if oval is None else np.where(work_covered, oval, np.uint8(0))
+    source_low = prepared.source_low if prepared.source_low is not None else lowpass(work_source)
+    cand_low = lowpass(work_candidate)
+    band = cv2.transform(cv2.absdiff(cand_low, source_low), _CHANNEL_MEAN)
+    shift, gain = _global_change_at(prepared.sample.covered_by(work_covered), cand_low)
+    share = coherent_share(band, region)
+    face_change = cv2.mean(band, mask=oval)[0] if oval is not None and cv2.countNonZero(oval) else None
+    away_change = cv2.mean(band, mask=region)[0] if cv2.countNonZero(region) else None
+    band_ratio = (
+        face_change / max(away_change, RATIO_FLOOR) if face_change is not None and away_change is not None else None
+    )
     out: dict[str, float | None] = {
         f"{prefix}changed_share": finite_or_none(share),
         f"{prefix}global_shift": finite_or_none(shift),
         f"{prefix}global_gain_change": finite_or_none(gain),
+        f"{prefix}face_change": finite_or_none(face_change),
+        f"{prefix}nonface_change": finite_or_none(away_change),
+        f"{prefix}band_ratio": finite_or_none(band_ratio),
     }
     skin, frac = (None, 0.0)
     if prepared.body is not None:
@@ -596,6 +679,8 @@ def locality_gate(
     max_global_gain_change: float | None = None,
     max_body_skin_delta_e: float | None = None,
     min_diff_inside_edit: float | None = None,
+    min_face_change: float | None = None,
+    min_band_ratio: float | None = None,
 ) -> GateResult:
     """Judge where ``pair.candidate`` differs from ``pair.source``.
 
@@ -632,8 +717,12 @@ def locality_gate(
         "max_global_gain_change": max_global_gain_change,
         "max_body_skin_delta_e": max_body_skin_delta_e,
         "min_diff_inside_edit": min_diff_inside_edit,
+        "min_face_change": min_face_change,
+        "min_band_ratio": min_band_ratio,
         "ratio_floor": RATIO_FLOOR,
         "local_change_level": LOCAL_CHANGE_LEVEL,
+        "band_frac": BAND_FRAC,
+        "min_change_area_frac": MIN_CHANGE_AREA_FRAC,
     }
     reasons: list[str] = []
     review: list[str] = []
@@ -682,6 +771,8 @@ def locality_gate(
             max_global_shift,
             max_global_gain_change,
             max_body_skin_delta_e,
+            min_face_change,
+            min_band_ratio,
         )
     )
     if face_judged:
@@ -699,11 +790,18 @@ def locality_gate(
                 value = metrics.get(key)
                 if bound is not None and value is not None and value > bound:
                     reasons.append(code)
-            unchanged = min_diff_face is not None and m["diff_face"] < min_diff_face
+            face_change = metrics.get("face_change")
+            unchanged = (min_diff_face is not None and m["diff_face"] < min_diff_face) or (
+                min_face_change is not None and face_change is not None and face_change < min_face_change
+            )
             if unchanged:
                 review.append("locality_face_unchanged")
             elif min_ratio is not None and (m["ratio"] is None or m["ratio"] < min_ratio):
                 reasons.append("locality_ratio_below_min")
+            elif min_band_ratio is not None and (
+                metrics.get("band_ratio") is None or metrics["band_ratio"] < min_band_ratio
+            ):
+                reasons.append("locality_band_ratio_below_min")
 
     limb_judged = any(t is not None for t in (max_diff_outside_edit, max_diff_face_drift, min_diff_inside_edit))
     if limb_judged:
