@@ -471,7 +471,9 @@ def check_meaning(path: str | Path) -> list[str]:
     - every table's id column (:data:`TABLE_KEYS`) is unique;
     - every trial's images are manifest items, derived variants or a manifest row's source
       (``source:<sha256>``), ``image_paths`` are those images' paths, and each ``trial_id``
-      is the hash of its row's content (:func:`counterfactory.manifests.trials.trial_id_of`);
+      is the hash of its row's content (:func:`counterfactory.manifests.trials.trial_id_of`;
+      checked in releases whose ``release.json`` records ``tables``, i.e. sealed since ids
+      became content hashes);
     - ``release.json`` names this folder (``<name>/<version>``, when the folder is so named),
       its ``spec_sha256`` is ``spec.yaml``'s, every file it lists exists and every table it
       records (``tables``: rows and sha256) has those rows and bytes;
@@ -493,8 +495,9 @@ def check_meaning(path: str | Path) -> list[str]:
                 problems.append(f"{name} line {n}: {key} {value} repeats line {first[value]}")
             else:
                 first[value] = n
-    problems += _check_trials(path, tables)
     info = _check_release_json(path, problems)
+    # releases sealed before trial ids were content hashes (no ``tables`` record) keep the other checks
+    problems += _check_trials(path, tables, hashed_ids=bool((info or {}).get("tables")))
     problems += _check_parquet(path, tables[MANIFEST])
     referenced: set[str] = set()
     for name in (MANIFEST, ITEMS, "derived.jsonl"):
@@ -533,7 +536,9 @@ def check_meaning(path: str | Path) -> list[str]:
     return problems
 
 
-def _check_trials(path: Path, tables: dict[str, list[tuple[int, dict[str, Any]]]]) -> list[str]:
+def _check_trials(
+    path: Path, tables: dict[str, list[tuple[int, dict[str, Any]]]], *, hashed_ids: bool = True
+) -> list[str]:
     from counterfactory.manifests.trials import SOURCE_PREFIX, trial_id_of
 
     problems = []
@@ -560,7 +565,7 @@ def _check_trials(path: Path, tables: dict[str, list[tuple[int, dict[str, Any]]]
             expected = [known.get(i) for i in images]
             if paths != expected:
                 problems.append(f"{where}: image_paths {paths} are not the paths of its images {expected}")
-        if isinstance(trial.get("trial_id"), str) and trial_id_of(trial) != trial["trial_id"]:
+        if hashed_ids and isinstance(trial.get("trial_id"), str) and trial_id_of(trial) != trial["trial_id"]:
             problems.append(f"{where}: trial_id {trial['trial_id']} is not the hash of the row's query (edited?)")
     return problems
 

@@ -186,3 +186,19 @@ def test_table_record_counts_rows_and_hashes_bytes(tmp_path):
         "rows": 2,
         "sha256": hashlib.sha256(b'{"a":1}\n{"a":2}\n').hexdigest(),
     }
+
+
+def test_a_release_sealed_before_content_hashed_trial_ids_keeps_the_other_checks(copy):
+    info = json.loads((copy / "release.json").read_text())
+    del info["tables"]
+    (copy / "release.json").write_text(json.dumps(info))
+
+    def legacy(rows):
+        for i, row in enumerate(rows):
+            row["trial_id"] = f"legacy-{i}"
+        rows[1]["images"] = ["0" * 16]
+
+    _edit(copy / "trials.jsonl", legacy)
+    text = _damaged(copy)
+    assert "is not the hash" not in text
+    assert f"trials.jsonl line 2: image {'0' * 16} is not an item" in text
