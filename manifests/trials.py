@@ -113,9 +113,13 @@ class TrialsConfig(BaseModel):
             ``trial_prompts_v2`` follows the papers, ``trial_prompts_v1`` is a variant bank
             (its differences: :data:`BANK_DIFFERENCES`).
         biographies: a YAML file of biographies per occupation (relative to the spec file);
-            required by ``salary``. ``assets/trials/biographies_example_v1.yaml`` shows the shape.
-        expression_consistent_only: use only variants whose expression label equals their
-            template's modal label (see the expression audit in ``stats.json``).
+            required by ``salary``. ``assets/trials/biographies_example_v2.yaml`` has 50 for
+            each of FOCUS's six occupations (written by ``make_biographies.py``).
+        expression_consistent_only: where FOCUS uses the expression-consistent subset (the
+            perceived-safety 2AFC, B.2), use only variants whose expression label equals their
+            template's modal label; every other protocol keeps all variants, and what it
+            leaves out is listed in ``left_out.jsonl``. Without it every 2AFC row still says
+            whether both images are consistent (``group.expression_consistent``).
     """
 
     model_config = ConfigDict(extra="forbid")
