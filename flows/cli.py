@@ -505,6 +505,30 @@ def review_add_reviewer(name: str, out: Path, spec_path: Path | None) -> None:
     click.echo(token)
 
 
+@review.command("revoke-reviewer")
+@click.argument("name")
+@click.option(
+    "--out", "out", required=True, type=click.Path(path_type=Path, exists=True, file_okay=False), help="The run folder."
+)
+@click.option(
+    "--spec", "spec_path", type=click.Path(path_type=Path), help="The run's spec (default: its newest release's)."
+)
+def review_revoke_reviewer(name: str, out: Path, spec_path: Path | None) -> None:
+    """Revoke NAME's token: it signs nobody in from now on (their decisions stay in the ledger)."""
+    from counterfactory.manifests.ledger import Ledger
+    from counterfactory.manifests.review import ReviewError, revoke_reviewer
+
+    _, url = _review_setup(out, spec_path)
+    ledger = Ledger(url)
+    try:
+        changed = revoke_reviewer(ledger, name)
+    except ReviewError as exc:
+        _fail(str(exc))
+    finally:
+        ledger.close()
+    click.echo(f"revoked {name}'s token" if changed else f"{name}'s token was already revoked")
+
+
 @main.group()
 def release() -> None:
     """Compare sealed releases; push them to and pull them from the Hugging Face Hub."""

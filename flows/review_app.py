@@ -1,15 +1,23 @@
 """The review web site (``counterfactory review serve OUT_DIR``): FastAPI, Jinja, a little plain JS.
 
-Pages: ``/queue`` (one candidate at a time with filters and a counter), ``/blind`` (blinded
-spot-the-edit), ``/stats`` (JSON). Images are served only by sha256 from the run's image store
-(``/img/<sha256>``; the blinded page uses opaque trial ids): no request path reaches the
+Pages: ``/queue`` (one candidate at a time, fitted to the screen, with a decision bar, filters
+and a counter; the next item comes from ``/api/item`` without a page reload), ``/blind``
+(blinded spot-the-edit), ``/stats`` (progress, per-reviewer agreement and time per item;
+``/api/stats`` is the same as JSON). Images are served only by sha256 from the run's image
+store (``/img/<sha256>``; the blinded page uses opaque trial ids): no request path reaches the
 filesystem. Derived views (the normalised source, the mask overlay, the difference heat map) are
 written into the same store under their own sha256, so they are as immutable as everything else.
 
+A decision answers one view of an item: the page carries a ticket the server signed (reviewer,
+item, the votes the item had, time), never a client-chosen count, and a stale ticket is refused
+with 409 (:func:`~counterfactory.manifests.review.record_decision`; the database refuses it too).
+
 Security: every request carries a reviewer token (the ``cf_review`` cookie set by ``/login``, or
-``Authorization: Bearer``); the ledger keeps only its sha256. Requests that change state need a
-CSRF token tied to the reviewer and are refused when the browser says they come from another
-site (``Origin`` / ``Sec-Fetch-Site``); the cookie is ``SameSite=Strict`` as well.
+``Authorization: Bearer``); the ledger keeps only its sha256, and a revoked token signs nobody in.
+Requests that change state need a CSRF token tied to the reviewer and are refused when the
+browser says they come from another site (``Origin`` / ``Sec-Fetch-Site``); the cookie is
+``SameSite=Strict`` as well. Pages may not be framed (``frame-ancestors 'none'``) and request
+bodies are limited to :data:`MAX_BODY_BYTES`.
 """
 
 from __future__ import annotations
@@ -21,13 +29,14 @@ import re
 import secrets
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import cv2
 import numpy as np
-from fastapi import FastAPI, Form, Request
+from fastapi import APIRouter, FastAPI, Form, Request
 from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
 
@@ -48,6 +57,7 @@ from counterfactory.manifests.review import (
     review_queue,
     reviewer_for_token,
     spot_pool,
+    undo_decision,
 )
 from counterfactory.manifests.spec import Spec
 from counterfactory.manifests.store import ImageStore
@@ -60,6 +70,16 @@ SHA256 = re.compile(r"^[0-9a-f]{64}$")
 HEAT_FULL_SCALE = 64
 #: a blinded trial not answered within this many seconds is forgotten
 TRIAL_TTL_S = 3600
+#: a view's ticket is good for this long (then the page asks for a fresh view)
+TICKET_TTL_S = 12 * 3600
+#: the largest request body accepted (a decision with a 2,000-character note is ~3 KB)
+MAX_BODY_BYTES = 64 * 1024
+SECURITY_HEADERS = {
+    "Content-Security-Policy": "frame-ancestors 'none'",
+    "X-Frame-Options": "DENY",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+}
 
 
 @dataclass(frozen=True)
@@ -86,6 +106,38 @@ class PendingTrial:
     issued: float
 
 
+@dataclass(frozen=True)
+class Ticket:
+    """The view a decision answers: who saw which item with how many votes on it, and when."""
+
+    reviewer_id: int
+    attempt_id: str
+    seen: int
+    issued: int
+
+
+def source_record(meta: dict[str, Any]) -> SourceRecord:
+    """The source's metadata record from a ledger ``sources.meta``, reading only the record's
+    own fields: whatever else a run keeps there (its source check, normalisation notes, keys a
+    later version adds) is never validated here."""
+    return SourceRecord.model_validate({k: meta[k] for k in SourceRecord.model_fields if k in meta})
+
+
+def edit_region(spec: Spec, store: ImageStore, row: Any, pixels: np.ndarray, source: Source) -> np.ndarray:
+    """The edit region the run used: the one its source check kept in the store, else computed
+    again as the run computes it (a folder made without a store, a limb design)."""
+    check = (row.meta or {}).get("check")
+    sha = check.get("region_sha256") if isinstance(check, dict) else None
+    if isinstance(sha, str) and SHA256.match(sha) and store.has(sha):
+        region = store.get(sha)
+        if region.shape == pixels.shape[:2]:
+            return region
+    try:
+        return prepare_source(spec, source).region
+    except ValueError as exc:
+        raise ReviewError(f"source {row.source_id!r} cannot be shown: {exc}", status=409) from None
+
+
 class ReviewSite:
     """State shared by the requests of one ``review serve``: ledger, store, spec, caches."""
 
@@ -98,6 +150,10 @@ class ReviewSite:
         self._views: dict[str, TemplateView] = {}
         self._heat: dict[str, str] = {}
         self._trials: dict[str, PendingTrial] = {}
+        #: reviewer id -> the template of their last blinded trial (never shown twice in a row)
+        self._last_blind: dict[int, str] = {}
+        # the next item's derived images are made while the reviewer looks at this one
+        self._warmer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="review-warm")
 
     # derived images ---------------------------------------------------------------------
     def template_view(self, template_id: str) -> TemplateView:
@@ -107,7 +163,6 @@ class ReviewSite:
         row = next((r for r in self.ledger.sources() if r.source_id == template_id and r.status == "ok"), None)
         if row is None:
             raise ReviewError(f"source {template_id!r} is not an ok source in the ledger", status=404)
-        meta = {k: v for k, v in (row.meta or {}).items() if k != "normalisation"}
         loaded = load_image(row.path, max_pixels=self.spec.sources.max_pixels)
         if row.sha256 and loaded.sha256 != row.sha256:
             raise ReviewError(
@@ -115,9 +170,8 @@ class ReviewSite:
                 "restore it to review its candidates",
                 status=409,
             )
-        source = Source(SourceRecord.model_validate(meta), Path(row.path), loaded.sha256, loaded.pixels, loaded.notes)
-        prepared = prepare_source(self.spec, source)
-        region = prepared.region
+        source = Source(source_record(row.meta or {}), Path(row.path), loaded.sha256, loaded.pixels, loaded.notes)
+        region = edit_region(self.spec, self.store, row, loaded.pixels, source)
         overlay = np.zeros((*region.shape, 4), np.uint8)
         overlay[region > 0] = (255, 0, 200, 80)
         ys, xs = np.nonzero(region)
@@ -162,9 +216,53 @@ class ReviewSite:
             self._heat[item.attempt_id] = sha
         return sha
 
+    def warm(self, item: QueueItem | None) -> None:
+        """Make ``item``'s source view and heat map in the background (errors surface when shown)."""
+        if item is None:
+            return
+
+        def work() -> None:
+            try:
+                self.heat_map(item, self.template_view(item.template_id))
+            except Exception:  # noqa: BLE001 - the same error is raised, and reported, when the item is shown
+                pass
+
+        self._warmer.submit(work)
+
+    def close(self) -> None:
+        self._warmer.shutdown(wait=False, cancel_futures=True)
+
     # auth ---------------------------------------------------------------------------------
     def csrf_for(self, token: str) -> str:
         return hmac.new(self.secret, hash_token(token).encode(), hashlib.sha256).hexdigest()
+
+    def _sign(self, body: str) -> str:
+        return hmac.new(self.secret, f"ticket|{body}".encode(), hashlib.sha256).hexdigest()
+
+    def ticket_for(self, reviewer: Reviewer, item: QueueItem) -> str:
+        """A signed ticket for the view of ``item`` being served to ``reviewer`` now."""
+        body = f"{reviewer.reviewer_id}.{item.attempt_id}.{item.resolution.events}.{int(time.time())}"
+        return f"{body}.{self._sign(body)}"
+
+    def read_ticket(self, ticket: str, reviewer: Reviewer, attempt_id: str) -> Ticket:
+        """The view a posted ticket stands for.
+
+        Raises:
+            ReviewError: 403 for a ticket this site did not sign for this reviewer and item,
+                409 for one older than :data:`TICKET_TTL_S` (reload for a fresh view).
+        """
+        parts = ticket.split(".")
+        if len(parts) != 5 or not all(parts):
+            raise ReviewError("missing or malformed view ticket; reload the page", status=403)
+        body, signature = ".".join(parts[:4]), parts[4]
+        if not hmac.compare_digest(signature, self._sign(body)):
+            raise ReviewError("this view ticket was not issued by this site; reload the page", status=403)
+        rid, aid, seen, issued = parts[:4]
+        if int(rid) != reviewer.reviewer_id or aid != attempt_id:
+            raise ReviewError("this view ticket belongs to another reviewer or item; reload the page", status=403)
+        if time.time() - int(issued) > TICKET_TTL_S:
+            raise ReviewError("this view is more than 12 hours old; it is shown again as it is now", status=409)
+        return Ticket(int(rid), aid, int(seen), int(issued))
 
     # blinded trials ---------------------------------------------------------------------
     def new_trial(self, reviewer: Reviewer) -> tuple[str, PendingTrial] | None:
@@ -174,10 +272,13 @@ class ReviewSite:
             for key in [k for k, t in self._trials.items() if now - t.issued > TRIAL_TTL_S]:
                 del self._trials[key]
             pending = {t.attempt_id for t in self._trials.values() if t.reviewer_id == reviewer.reviewer_id}
+            last = self._last_blind.get(reviewer.reviewer_id)
         pool = [p for p in pool if p[0] not in pending]
         if not pool:
             return None
-        attempt_id, cell_id, cand_sha = pool[secrets.randbelow(len(pool))]
+        # never the same photo twice in a row while another template is left
+        fresh = [p for p in pool if parse_cell_id(p[1])[0] != last]
+        attempt_id, cell_id, cand_sha = (fresh or pool)[secrets.randbelow(len(fresh or pool))]
         template_id, _ = parse_cell_id(cell_id)
         view = self.template_view(template_id)
         shown = "candidate" if secrets.randbelow(2) else "source"
@@ -192,6 +293,7 @@ class ReviewSite:
         key = secrets.token_urlsafe(18)
         with self._lock:
             self._trials[key] = trial
+            self._last_blind[reviewer.reviewer_id] = template_id
         return key, trial
 
     def take_trial(self, key: str, reviewer: Reviewer) -> PendingTrial:
@@ -234,19 +336,98 @@ def _matches(item: QueueItem, f: dict[str, str]) -> bool:
     return not (f["state"] and item.resolution.state != f["state"])
 
 
+def _thresholds_for(metric: str, thresholds: dict[str, Any]) -> dict[str, Any]:
+    return {name: t for name, t in thresholds.items() if metric in name or name.endswith(metric)}
+
+
+def flagged_metrics(gates: dict[str, Any]) -> list[dict[str, Any]]:
+    """What a reviewer should read first: each gate that failed or asked for review, with its
+    reasons and the metrics that have a threshold, next to that threshold."""
+    out = []
+    for name, gate in gates.items():
+        if not isinstance(gate, dict):
+            continue
+        reasons = list(gate.get("reasons", [])) + list(gate.get("review", []))
+        if gate.get("passed", True) and not reasons:
+            continue
+        thresholds = gate.get("thresholds", {}) or {}
+        metrics = [
+            {"metric": m, "value": v, "thresholds": _thresholds_for(m, thresholds)}
+            for m, v in (gate.get("metrics", {}) or {}).items()
+            if _thresholds_for(m, thresholds)
+        ]
+        out.append({"gate": name, "passed": bool(gate.get("passed")), "reasons": reasons, "metrics": metrics})
+    return out
+
+
+@dataclass
+class QueueState:
+    """What one reviewer sees of the queue through one set of filters."""
+
+    items: list[QueueItem]
+    mine: list[QueueItem]
+
+    @property
+    def counts(self) -> dict[str, int]:
+        return {
+            "left": len(self.mine),
+            "total": len(self.items),
+            "resolved": sum(i.resolution.state == "resolved" for i in self.items),
+        }
+
+
+def queue_state(site: ReviewSite, reviewer: Reviewer, f: dict[str, str]) -> QueueState:
+    items = review_queue(site.ledger, site.options)
+    mine = [
+        i
+        for i in items
+        if _matches(i, f) and i.resolution.state != "resolved" and not i.decided_by(reviewer.reviewer_id)
+    ]
+    # items this reviewer skipped come last, so a skip moves on
+    mine.sort(key=lambda i: i.skipped_by(reviewer.reviewer_id))
+    return QueueState(items, mine)
+
+
 def create_app(site: ReviewSite) -> FastAPI:
-    """The FastAPI application over one run folder."""
+    """The FastAPI application over one run folder: the guards, then one router per page."""
     app = FastAPI(title="counterfactory review", docs_url=None, redoc_url=None, openapi_url=None)
     templates = Jinja2Templates(directory=str(HERE / "templates"))
     templates.env.filters["fmt"] = _fmt
     app.state.site = site
+    _guards(app, site, templates)
+    for router in (_auth_routes(site, templates), _queue_routes(site, templates), _blind_routes(site, templates)):
+        app.include_router(router)
+    return app
 
-    def problem(request: Request, status: int, message: str) -> Response:
-        if "text/html" in request.headers.get("accept", ""):
-            return templates.TemplateResponse(
-                request, "login.html", {"message": message, "status": status}, status_code=status
-            )
-        return JSONResponse({"error": message}, status_code=status)
+
+def _problem(templates: Jinja2Templates, request: Request, status: int, message: str) -> Response:
+    if "text/html" in request.headers.get("accept", ""):
+        return templates.TemplateResponse(
+            request, "login.html", {"message": message, "status": status}, status_code=status
+        )
+    return JSONResponse({"error": message}, status_code=status)
+
+
+def _cross_site(request: Request) -> str | None:
+    origin = request.headers.get("origin")
+    own = f"{request.url.scheme}://{request.headers.get('host', '')}"
+    if origin is not None and origin != own:
+        return f"cross-site request from {origin} refused"
+    if request.headers.get("sec-fetch-site", "same-origin") not in ("same-origin", "none"):
+        return "cross-site request refused"
+    return None
+
+
+def _check_post(site: ReviewSite, request: Request, csrf: str) -> Response | None:
+    why = _cross_site(request)
+    if why is None and not hmac.compare_digest(csrf or "", site.csrf_for(request.state.token)):
+        why = "missing or wrong CSRF token; reload the page"
+    return JSONResponse({"error": why}, status_code=403) if why else None
+
+
+def _guards(app: FastAPI, site: ReviewSite, templates: Jinja2Templates) -> None:
+    """Security headers and the body-size limit on every response, a reviewer token on every
+    route but ``/login``."""
 
     @app.middleware("http")
     async def require_token(request: Request, call_next):
@@ -262,55 +443,71 @@ def create_app(site: ReviewSite) -> FastAPI:
                 "a reviewer token is required: sign in at /login with the token `counterfactory review "
                 "add-reviewer NAME` printed"
                 if not token
-                else "this token is not a reviewer's token (typo, or the reviewer was added to another ledger)"
+                else "this token is not a reviewer's token (typo, revoked, or the reviewer was added to another ledger)"
             )
-            return problem(request, 401, message)
+            return _problem(templates, request, 401, message)
         request.state.reviewer = reviewer
         request.state.token = token
         return await call_next(request)
 
-    def cross_site(request: Request) -> str | None:
-        origin = request.headers.get("origin")
-        own = f"{request.url.scheme}://{request.headers.get('host', '')}"
-        if origin is not None and origin != own:
-            return f"cross-site request from {origin} refused"
-        if request.headers.get("sec-fetch-site", "same-origin") not in ("same-origin", "none"):
-            return "cross-site request refused"
-        return None
+    @app.middleware("http")
+    async def guard(request: Request, call_next):
+        if request.method in ("POST", "PUT", "PATCH"):
+            length = request.headers.get("content-length")
+            if length is None or not length.isdigit():
+                response: Response = JSONResponse({"error": "a request body needs a Content-Length"}, status_code=411)
+            elif int(length) > MAX_BODY_BYTES:
+                response = JSONResponse(
+                    {"error": f"request body of {length} bytes refused (at most {MAX_BODY_BYTES})"}, status_code=413
+                )
+            else:
+                response = await call_next(request)
+        else:
+            response = await call_next(request)
+        for key, value in SECURITY_HEADERS.items():
+            response.headers.setdefault(key, value)
+        return response
 
-    def check_post(request: Request, csrf: str) -> Response | None:
-        why = cross_site(request)
-        if why is None and not hmac.compare_digest(csrf or "", site.csrf_for(request.state.token)):
-            why = "missing or wrong CSRF token; reload the page"
-        return JSONResponse({"error": why}, status_code=403) if why else None
 
-    @app.get("/login", response_class=HTMLResponse)
+def _auth_routes(site: ReviewSite, templates: Jinja2Templates) -> APIRouter:
+    router = APIRouter()
+
+    @router.get("/login", response_class=HTMLResponse)
     def login_page(request: Request):
         return templates.TemplateResponse(request, "login.html", {"message": None, "status": 200})
 
-    @app.post("/login")
+    @router.post("/login")
     def login(request: Request, token: str = Form(..., max_length=200)):
-        why = cross_site(request)
+        why = _cross_site(request)
         if why:
-            return problem(request, 403, why)
+            return _problem(templates, request, 403, why)
         if reviewer_for_token(site.ledger, token) is None:
-            return problem(request, 401, "this token is not a reviewer's token")
+            return _problem(templates, request, 401, "this token is not a reviewer's token")
         response = RedirectResponse("/queue", status_code=303)
         response.set_cookie(COOKIE, token, httponly=True, samesite="strict", max_age=12 * 3600)
         return response
 
-    @app.get("/")
+    @router.post("/logout")
+    def logout(request: Request, csrf: str = Form("", max_length=128)):
+        refused = _check_post(site, request, csrf)
+        if refused:
+            return refused
+        response = RedirectResponse("/login", status_code=303)
+        response.delete_cookie(COOKIE, httponly=True, samesite="strict")
+        return response
+
+    @router.get("/")
     def root():
         return RedirectResponse("/queue", status_code=303)
 
-    @app.get("/static/{name}")
+    @router.get("/static/{name}")
     def static(name: str):
         files = {"review.js": "text/javascript", "review.css": "text/css"}
         if name not in files:
             return JSONResponse({"error": f"no static file {name!r}"}, status_code=404)
         return FileResponse(HERE / "static" / name, media_type=files[name])
 
-    @app.get("/img/{sha256}")
+    @router.get("/img/{sha256}")
     def image(sha256: str):
         if not SHA256.match(sha256):
             return JSONResponse(
@@ -323,80 +520,158 @@ def create_app(site: ReviewSite) -> FastAPI:
             site.store.path(sha256), media_type="image/png", headers={"Cache-Control": "private, max-age=86400"}
         )
 
-    @app.get("/queue", response_class=HTMLResponse)
-    def queue(request: Request):
+    @router.get("/stats", response_class=HTMLResponse)
+    def stats_page(request: Request):
+        summary = review_summary(site.ledger, site.options)
+        return templates.TemplateResponse(
+            request,
+            "stats.html",
+            {"reviewer": request.state.reviewer, "s": summary, "csrf": site.csrf_for(request.state.token)},
+        )
+
+    @router.get("/api/stats")
+    def stats():
+        return review_summary(site.ledger, site.options)
+
+    return router
+
+
+def _queue_routes(site: ReviewSite, templates: Jinja2Templates) -> APIRouter:
+    router = APIRouter()
+
+    def item_context(request: Request, state: QueueState, wanted: str | None) -> dict[str, Any]:
         reviewer: Reviewer = request.state.reviewer
-        items = review_queue(site.ledger, site.options)
-        f = _filters(request)
-        mine = [
-            i
-            for i in items
-            if _matches(i, f) and i.resolution.state != "resolved" and not i.decided_by(reviewer.reviewer_id)
-        ]
-        # items this reviewer skipped come last, so a skip moves on
-        mine.sort(key=lambda i: i.skipped_by(reviewer.reviewer_id))
-        wanted = request.query_params.get("item")
-        item = next((i for i in mine if i.attempt_id == wanted), mine[0] if mine else None)
+        pick = next((i for i in state.mine if i.attempt_id == wanted), state.mine[0] if state.mine else None)
         context: dict[str, Any] = {
             "reviewer": reviewer,
-            "filters": f,
-            "left": len(mine),
-            "total": len(items),
-            "resolved": sum(i.resolution.state == "resolved" for i in items),
-            "options": {
-                "template": sorted({i.template_id for i in items}),
-                "condition": sorted({_condition_label(i.condition) for i in items}),
-                "reason": sorted({r.split(":")[0] for i in items for r in i.reasons}),
+            "csrf": site.csrf_for(request.state.token),
+            "item": None,
+            "next_attempt": None,
+            **state.counts,
+        }
+        if pick is None:
+            return context
+        item = queue_item(site.ledger, site.options, pick.attempt_id) or pick
+        view = site.template_view(item.template_id)
+        following = next((i for i in state.mine if i.attempt_id != item.attempt_id), None)
+        site.warm(following)
+        context.update(
+            item=item,
+            view=view,
+            heat=site.heat_map(item, view),
+            condition=_condition_label(item.condition),
+            state=item.resolution.state,
+            ticket=site.ticket_for(reviewer, item),
+            blind_verdict=item.mode == "audit",
+            flagged=flagged_metrics(item.gates),
+            next_attempt=following.attempt_id if following else None,
+        )
+        return context
+
+    @router.get("/queue", response_class=HTMLResponse)
+    def queue(request: Request):
+        f = _filters(request)
+        state = queue_state(site, request.state.reviewer, f)
+        context = item_context(request, state, request.query_params.get("item"))
+        context.update(
+            filters=f,
+            reasons=REASONS,
+            options={
+                "template": sorted({i.template_id for i in state.items}),
+                "condition": sorted({_condition_label(i.condition) for i in state.items}),
+                "reason": sorted({r.split(":")[0] for i in state.items for r in i.reasons}),
                 "verdict": ["needs_review", "accepted", "rejected"],
                 "state": ["open", "disputed"],
             },
-            "reasons": REASONS,
-            "csrf": site.csrf_for(request.state.token),
-            "item": None,
-        }
-        if item is not None:
-            item = queue_item(site.ledger, site.options, item.attempt_id) or item
-            view = site.template_view(item.template_id)
-            res = item.resolution
-            context.update(
-                item=item,
-                view=view,
-                heat=site.heat_map(item, view),
-                condition=_condition_label(item.condition),
-                state=res.state,
-                seen=res.votes,
-            )
+        )
         return templates.TemplateResponse(request, "queue.html", context)
 
-    @app.post("/api/decisions")
+    @router.get("/api/item")
+    def next_item(request: Request):
+        """The reviewer's current item as an HTML fragment with its counters (``item=`` asks for
+        one item, else the first one left), and the images to fetch ahead for the one after."""
+        state = queue_state(site, request.state.reviewer, _filters(request))
+        try:
+            context = item_context(request, state, request.query_params.get("item"))
+        except ReviewError as exc:
+            return JSONResponse({"error": str(exc)}, status_code=exc.status)
+        html = templates.get_template("item.html").render(context)
+        item = context["item"]
+        images = []
+        if item is not None:
+            view = context["view"]
+            images = [
+                f"/img/{sha}" for sha in (view.source_sha256, item.image_sha256, view.overlay_sha256, context["heat"])
+            ]
+        return {
+            "html": html,
+            "attempt_id": item.attempt_id if item is not None else None,
+            "next_attempt": context["next_attempt"],
+            "images": images,
+            **state.counts,
+        }
+
+    @router.post("/api/decisions")
     def decide(
         request: Request,
         attempt_id: str = Form(..., pattern=r"^[0-9a-f]{64}$"),
         decision: str = Form(..., max_length=8),
-        seen: int = Form(..., ge=0),
+        ticket: str = Form(..., max_length=200),
         csrf: str = Form("", max_length=128),
         reason: str = Form("", max_length=40),
         note: str = Form("", max_length=2000),
     ):
-        refused = check_post(request, csrf)
+        refused = _check_post(site, request, csrf)
         if refused:
             return refused
+        reviewer: Reviewer = request.state.reviewer
         try:
+            view = site.read_ticket(ticket, reviewer, attempt_id)
             res = record_decision(
                 site.ledger,
                 site.options,
                 attempt_id=attempt_id,
-                reviewer=request.state.reviewer,
+                reviewer=reviewer,
                 decision=decision,
                 reason=reason or None,
                 note=note,
-                seen=seen,
+                seen=view.seen,
             )
+            item = queue_item(site.ledger, site.options, attempt_id)
+        except ReviewError as exc:
+            return JSONResponse({"error": str(exc)}, status_code=exc.status)
+        answer: dict[str, Any] = {"state": res.state, "outcome": res.outcome, "votes": res.votes}
+        if item is not None:
+            # the view this decision leaves: what an undo answers
+            answer["ticket"] = site.ticket_for(reviewer, item)
+            answer["gate_verdict"] = item.verdict
+        return answer
+
+    @router.post("/api/undo")
+    def undo(
+        request: Request,
+        attempt_id: str = Form(..., pattern=r"^[0-9a-f]{64}$"),
+        ticket: str = Form(..., max_length=200),
+        csrf: str = Form("", max_length=128),
+    ):
+        refused = _check_post(site, request, csrf)
+        if refused:
+            return refused
+        reviewer: Reviewer = request.state.reviewer
+        try:
+            view = site.read_ticket(ticket, reviewer, attempt_id)
+            res = undo_decision(site.ledger, site.options, attempt_id=attempt_id, reviewer=reviewer, seen=view.seen)
         except ReviewError as exc:
             return JSONResponse({"error": str(exc)}, status_code=exc.status)
         return {"state": res.state, "outcome": res.outcome, "votes": res.votes}
 
-    @app.get("/blind", response_class=HTMLResponse)
+    return router
+
+
+def _blind_routes(site: ReviewSite, templates: Jinja2Templates) -> APIRouter:
+    router = APIRouter()
+
+    @router.get("/blind", response_class=HTMLResponse)
     def blind(request: Request):
         reviewer: Reviewer = request.state.reviewer
         trial = site.new_trial(reviewer)
@@ -410,7 +685,7 @@ def create_app(site: ReviewSite) -> FastAPI:
             context.update(width=view.width, height=view.height)
         return templates.TemplateResponse(request, "blind.html", context)
 
-    @app.get("/blind/image/{trial}")
+    @router.get("/blind/image/{trial}")
     def blind_image(request: Request, trial: str):
         pending = site.peek_trial(trial, request.state.reviewer)
         if pending is None:
@@ -419,7 +694,7 @@ def create_app(site: ReviewSite) -> FastAPI:
             site.store.path(pending.sha256), media_type="image/png", headers={"Cache-Control": "no-store"}
         )
 
-    @app.post("/api/spot")
+    @router.post("/api/spot")
     def spot(
         request: Request,
         trial: str = Form(..., max_length=64),
@@ -428,7 +703,7 @@ def create_app(site: ReviewSite) -> FastAPI:
         x: float | None = Form(None),
         y: float | None = Form(None),
     ):
-        refused = check_post(request, csrf)
+        refused = _check_post(site, request, csrf)
         if refused:
             return refused
         if any(v is not None and not math.isfinite(v) for v in (x, y)):
@@ -456,13 +731,10 @@ def create_app(site: ReviewSite) -> FastAPI:
             click=click,
             localised=localised,
         )
-        return {"shown": pending.shown, "localised": localised}
+        # what was shown stays unsaid: the answer must not teach the next trial
+        return {"recorded": True}
 
-    @app.get("/stats")
-    def stats():
-        return review_summary(site.ledger, site.options)
-
-    return app
+    return router
 
 
 def serve(out: Path, spec: Spec, *, host: str = "127.0.0.1", port: int = 8765) -> None:
@@ -470,9 +742,11 @@ def serve(out: Path, spec: Spec, *, host: str = "127.0.0.1", port: int = 8765) -
     import uvicorn
 
     ledger = Ledger(ledger_url_for(out, spec))
+    site = ReviewSite(out, spec, ledger)
     try:
-        uvicorn.run(create_app(ReviewSite(out, spec, ledger)), host=host, port=port, log_level="warning")
+        uvicorn.run(create_app(site), host=host, port=port, log_level="warning")
     finally:
+        site.close()
         ledger.close()
 
 

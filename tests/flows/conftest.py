@@ -1,4 +1,5 @@
-"""A small real run shared by the review tests (made once per session, copied per test)."""
+"""A small real run shared by the review tests (made once per session by ``counterfactory run``,
+copied per test)."""
 
 from __future__ import annotations
 
@@ -7,15 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.flows.review_setup import run_and_publish, write_spec
+from tests.flows.review_setup import cli_run, write_spec
 
 
 @pytest.fixture(scope="session")
 def review_run(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("review-run")
     spec = write_spec(root)
-    _, calls = run_and_publish(spec, root / "out")
-    assert calls > 0
+    assert cli_run(spec, root / "out") > 0
     return root
 
 

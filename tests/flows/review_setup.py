@@ -1,9 +1,16 @@
-"""A small real run for the review tests, made with the flow's own step functions (no Prefect),
-and the review site served by uvicorn in a thread on 127.0.0.1."""
+"""A small real run for the review tests, and the review site served by uvicorn in a thread on
+127.0.0.1.
+
+The run is made the way users make it: :func:`cli_run` is ``counterfactory run ... --publish``
+in a subprocess, and :func:`run_and_publish` (for a second release over the same folder)
+takes the same path as that command (sources checked with the image store, so the ledger's
+source rows carry the run's kept source check)."""
 
 from __future__ import annotations
 
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -20,6 +27,7 @@ from counterfactory.flows.review_app import ReviewSite, create_app
 from counterfactory.manifests.ledger import Ledger
 from counterfactory.manifests.release import SealedRelease
 from counterfactory.manifests.spec import load_spec
+from tests.conftest import REPO
 
 # On these two real photos the real gates give accepted, needs_review and rejected verdicts
 # (which cell gets which moves with the calibration): tests read what they expect from the
@@ -77,7 +85,7 @@ def run_and_publish(spec_path: Path, out: Path) -> tuple[SealedRelease, int]:
     try:
         editor = steps.build_editor(spec)
         stack = steps.build_gate_stack(spec)
-        prepared, failed = steps.prepare_sources(spec, ws.ledger)
+        prepared, failed = steps.prepare_sources(spec, ws.ledger, ws.store)
         grid = steps.plan_grid(spec, prepared)
         by_id = {p.id: p for p in prepared}
         outcomes = []
@@ -89,6 +97,26 @@ def run_and_publish(spec_path: Path, out: Path) -> tuple[SealedRelease, int]:
         return sealed, calls
     finally:
         ws.ledger.close()
+
+
+def cli(*args: str, timeout: float = 900) -> subprocess.CompletedProcess:
+    """``counterfactory ARGS`` in a subprocess, from the repository root; fails the test on a non-zero exit."""
+    done = subprocess.run(
+        [sys.executable, "-m", "counterfactory", *args], capture_output=True, text=True, timeout=timeout, cwd=REPO
+    )
+    assert done.returncode == 0, (args, done.stdout[-3000:], done.stderr[-3000:])
+    return done
+
+
+def cli_run(spec_path: Path, out: Path) -> int:
+    """``counterfactory run SPEC --out OUT --publish --allow-incomplete``; returns the editor calls
+    the ledger recorded (attempts started)."""
+    cli("run", str(spec_path), "--out", str(out), "--publish", "--allow-incomplete")
+    ledger = Ledger(f"sqlite:///{out / 'ledger.sqlite'}")
+    try:
+        return len(ledger.attempts())
+    finally:
+        ledger.close()
 
 
 def free_port() -> int:

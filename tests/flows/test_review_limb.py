@@ -9,6 +9,7 @@ import httpx
 import numpy as np
 import pytest
 import yaml
+from sqlalchemy import text
 
 from counterfactory.assets import PHOTOS_DIR, SPECS_DIR
 from counterfactory.flows.review_app import ReviewSite
@@ -55,10 +56,13 @@ def test_limb_set_blinded_clicks_inside_the_limb_mask_are_localised(tmp_path):
             x, y = float(np.median(xs)), float(np.median(ys))
             assert region[int(y), int(x)]
             answer = client.post("/api/spot", data={"trial": trial, "csrf": csrf, "answer": "edited", "x": x, "y": y})
-            results.append(answer.json())
+            assert answer.json() == {"recorded": True}
+            results.append(trial)
+    with ledger.engine.connect() as c:
+        rows = c.execute(text("SELECT shown, localised FROM spot_trials")).all()
     ledger.close()
-    assert results
-    assert all(r["localised"] is (True if r["shown"] == "candidate" else None) for r in results)
+    assert results and len(rows) == len(results)
+    assert all(r.localised is (True if r.shown == "candidate" else None) for r in rows)
 
 
 def _png(out, sha):
