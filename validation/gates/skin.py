@@ -61,6 +61,10 @@ class SkinGateConfig(BaseModel):
             body than the source's does before review (``skin_face_body_mismatch``).
         max_inpaint_gap_deg: how much further the skin inside a limb mask may be from the
             person's skin outside it than it was in the source (``skin_inpaint_mismatch``).
+        max_body_ita_shift_deg: face edits: body skin (outside the edit region) whose ITA moved
+            further than this is rejected (``skin_body_tone_shift``); None: twice
+            ``max_ita_shift_deg`` (a latent decoder's re-rendering alone moves the few hundred
+            body-skin pixels of a photo by up to about 3 degrees).
         require_congruent: a face edit whose face-to-body gap grew beyond
             ``max_face_body_gap_growth_deg`` goes to review (off: recorded only).
         max_against_direction_deg: a face edit whose face ITA moved by more than this against
@@ -79,6 +83,7 @@ class SkinGateConfig(BaseModel):
     max_face_body_gap_growth_deg: float = Field(gt=0)
     max_inpaint_gap_deg: float = Field(gt=0)
     require_congruent: bool = False
+    max_body_ita_shift_deg: float | None = Field(None, gt=0)
     max_against_direction_deg: float | None = Field(None, gt=0)
     direction_by_condition: dict[str, int] = Field(default_factory=dict)
     source_fields: dict[str, str] = Field(
@@ -166,6 +171,7 @@ class SkinGate:
             "max_face_body_gap_growth_deg": c.max_face_body_gap_growth_deg,
             "max_inpaint_gap_deg": c.max_inpaint_gap_deg,
             "require_congruent": c.require_congruent,
+            "max_body_ita_shift_deg": c.max_body_ita_shift_deg,
             "max_against_direction_deg": c.max_against_direction_deg,
         }
         cand_face = pair.candidate_face
@@ -241,11 +247,12 @@ class SkinGate:
             metrics["inpaint_skin_px"] = cand.inpaint_pixels
             if growth is not None and growth > c.max_inpaint_gap_deg:
                 reasons.append("skin_inpaint_mismatch")
+        body_limit = c.max_body_ita_shift_deg if c.max_body_ita_shift_deg is not None else 2 * c.max_ita_shift_deg
         must_hold = pair.kind == "limb" or control is True
         shifts = [abs(v) for v in (face_change, body_change) if v is not None]
         if must_hold and shifts and max(shifts) > c.max_ita_shift_deg:
             reasons.append("skin_tone_shift")
-        elif pair.kind == "face" and body_change is not None and abs(body_change) > c.max_ita_shift_deg:
+        elif pair.kind == "face" and body_change is not None and abs(body_change) > body_limit:
             # skin outside the region the prompt names must keep its tone whatever the condition
             reasons.append("skin_body_tone_shift")
         if pair.kind == "face":
