@@ -2,18 +2,26 @@
 
 EXIF orientation, alpha, greyscale, 16-bit and CMYK are normalised and each step is noted; a
 photo that cannot be used raises :class:`~counterfactory.generation.errors.SourceError`.
+
+Editors' outputs and imported sets arrive in worse shape than photos: PNGs whose ancillary
+chunks (a ComfyUI workflow in ``tEXt``) carry a bad CRC, WebP, AVIF. A PNG ancillary chunk with
+a bad CRC is dropped before decoding (libpng's own default: warn and skip), so its pixels are
+read exactly; that and any warning the decoder raises are kept in ``notes`` as
+``decoder warning: ...`` lines (:data:`DECODER_WARNING`), so they reach the item's record.
 """
 
 from __future__ import annotations
 
 import hashlib
 import io
+import struct
 import warnings
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from PIL import ExifTags, Image, ImageOps, UnidentifiedImageError
+from PIL import ExifTags, Image, ImageOps, UnidentifiedImageError, features
 
 from counterfactory.generation.errors import SourceError
 
@@ -27,6 +35,12 @@ MAX_SIDE_PX = 16_384
 #: A file larger than ``max_pixels * MAX_BYTES_PER_PIXEL`` (+16 MiB of metadata) cannot be a
 #: photo within the pixel budget: 16-bit RGBA uncompressed is 8 bytes a pixel.
 MAX_BYTES_PER_PIXEL = 8
+#: The prefix of a note that says the file decoded only with a warning (a damaged ancillary
+#: chunk skipped, a decoder's own warning); :func:`decoder_warnings` lists them.
+DECODER_WARNING = "decoder warning: "
+#: Whether this Pillow reads AVIF (Pillow 11.2+ built with libavif); AVIF files fail otherwise.
+AVIF_SUPPORTED = bool(features.check("avif"))
+_PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
 @dataclass(frozen=True, eq=False)
@@ -84,6 +98,14 @@ def _check_size(path: Path, width: int, height: int, *, max_pixels: int, max_sid
 
 def _check_header(path: Path, *, max_pixels: int, max_side_px: int) -> None:
     """Refuse an oversized image from its header alone (PIL reads only the first bytes here)."""
+    with open(path, "rb") as f:
+        start = f.read(24)
+    if start.startswith(_PNG_SIGNATURE) and start[12:16] == b"IHDR":
+        # read from IHDR directly: Pillow refuses a PNG whose ancillary chunk before the pixels
+        # has a bad CRC, which load_image reads (the chunk dropped)
+        width, height = struct.unpack(">II", start[16:24])
+        _check_size(path, width, height, max_pixels=max_pixels, max_side_px=max_side_px)
+        return
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", Image.DecompressionBombWarning)
         try:
@@ -123,9 +145,18 @@ def load_image(
         - palette (``P``), ``CMYK`` and other modes: PIL's own conversion to RGB (CMYK uses
           PIL's formula; no ICC colour management is applied to any mode).
 
+        - 16-bit RGB(A) PNG: read at full depth (OpenCV) and scaled as 16-bit greyscale is.
+
+    What it reads despite damage (each adds a ``decoder warning: ...`` note, see
+    :func:`decoder_warnings`): a PNG ancillary chunk (``tEXt``, ``iTXt``, ``eXIf``, ...) with a
+    bad CRC is dropped before decoding (its pixels are exactly the undamaged file's); a warning
+    the decoder raises while reading is recorded. WebP and AVIF (where Pillow has it,
+    :data:`AVIF_SUPPORTED`) are read as any other format.
+
     The size is checked from the header before any pixel is decoded, so an oversized file
-    costs only its header. The whole image is then decoded (truncated files are errors;
-    ``ImageFile.LOAD_TRUNCATED_IMAGES`` is left alone).
+    costs only its header. The whole image is then decoded (truncated files and damaged
+    critical chunks are errors; ``ImageFile.LOAD_TRUNCATED_IMAGES`` is left alone: it is
+    process-wide and would show a half-downloaded photo as grey).
 
     Args:
         path: the photo file.
@@ -167,8 +198,11 @@ def load_image(
         raise SourceError(path, "empty file (0 bytes); the copy or download did not finish: fetch the photo again")
     sha256 = hashlib.sha256(data).hexdigest()
     damaged = "the file is incomplete or damaged: download or export it again"
+    notes: list[str] = []
+    data = _repair_png(data, notes)
 
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
         # We apply our own pixel budget from the header; PIL's bomb warning would only repeat it.
         warnings.simplefilter("ignore", Image.DecompressionBombWarning)
         try:
@@ -179,11 +213,12 @@ def load_image(
                 f"image too large to decode safely ({exc}); downscale the photo to at most {max_pixels:,} pixels",
             ) from None
         except UnidentifiedImageError:
-            raise SourceError(
-                path,
-                f"not an image PIL can read (the file starts with {data[:16]!r}); it may be a "
-                "text or HTML page saved under an image name: download the image itself",
-            ) from None
+            hint = (
+                "; this Pillow has no AVIF support: pip install 'pillow>=11.2' built with libavif"
+                if _looks_avif(data) and not AVIF_SUPPORTED
+                else "; it may be a text or HTML page saved under an image name: download the image itself"
+            )
+            raise SourceError(path, f"not an image PIL can read (the file starts with {data[:16]!r}){hint}") from None
         except Exception as exc:  # noqa: BLE001 - any header failure is this file's problem
             raise SourceError(path, f"unreadable image header ({type(exc).__name__}: {exc}); {damaged}") from None
 
@@ -203,13 +238,16 @@ def load_image(
                     path,
                     f"truncated or corrupt image data ({type(exc).__name__}: {exc}); {damaged}",
                 ) from None
-            notes: list[str] = []
             frames = getattr(image, "n_frames", 1)
             if frames > 1:
                 notes.append(f"first of {frames} frames used")
             try:
-                upright = _exif_upright(image, notes)
-                rgb = _to_rgb(upright, notes)
+                deep = _png_16bit_rgb(data, notes)
+                if deep is not None:
+                    rgb = _exif_upright_array(image, deep, notes)
+                else:
+                    upright = _exif_upright(image, notes)
+                    rgb = _to_rgb(upright, notes)
             except _UnsupportedPixels as exc:
                 raise SourceError(path, str(exc)) from None
             except Exception as exc:  # noqa: BLE001
@@ -220,6 +258,10 @@ def load_image(
                 ) from None
             if image.info.get("icc_profile"):
                 notes.append("embedded ICC profile not applied (pixel values used as stored)")
+    for warning in caught:
+        # catch_warnings is process-wide: keep only what Pillow itself warned while decoding
+        if "PIL" in Path(warning.filename).parts and not issubclass(warning.category, Image.DecompressionBombWarning):
+            notes.append(f"{DECODER_WARNING}{warning.category.__name__}: {warning.message}")
 
     rgb = np.ascontiguousarray(rgb, dtype=np.uint8)
     rgb.setflags(write=False)
@@ -304,3 +346,101 @@ def _to_rgb(image: Image.Image, notes: list[str]) -> np.ndarray:
     else:
         notes.append(f"mode {mode} converted to RGB by PIL")
     return np.asarray(image.convert("RGB"))
+
+
+def decoder_warnings(notes: tuple[str, ...] | list[str]) -> list[str]:
+    """The notes of :func:`load_image` that say the file decoded only with a warning."""
+    return [note for note in notes if note.startswith(DECODER_WARNING)]
+
+
+def _looks_avif(data: bytes) -> bool:
+    return data[4:8] == b"ftyp" and data[8:12] in (b"avif", b"avis")
+
+
+def _repair_png(data: bytes, notes: list[str]) -> bytes:
+    """``data`` without its PNG ancillary chunks whose CRC is wrong (others left as they are).
+
+    PNG (ISO/IEC 15948, section 5.4) marks a chunk ancillary by a lower-case first letter: a
+    decoder may skip it, and libpng by default warns and skips one with a bad CRC, while Pillow
+    refuses the whole file. A damaged *critical* chunk (IHDR, IDAT, ...) is kept, so the decoder
+    still reports the damage. Anything that does not parse as chunks is returned unchanged.
+    """
+    if not data.startswith(_PNG_SIGNATURE):
+        return data
+    out = [data[:8]]
+    pos, dropped = 8, []
+    while pos + 12 <= len(data):
+        (length,) = struct.unpack(">I", data[pos : pos + 4])
+        end = pos + 12 + length
+        if end > len(data):
+            break
+        kind = data[pos + 4 : pos + 8]
+        (crc,) = struct.unpack(">I", data[end - 4 : end])
+        ancillary = bool(kind[0] & 0x20)
+        if ancillary and zlib.crc32(data[pos + 4 : end - 4]) & 0xFFFFFFFF != crc:
+            dropped.append(f"{kind.decode('latin-1')} at byte {pos}")
+        else:
+            out.append(data[pos:end])
+        pos = end
+        if kind == b"IEND":
+            break
+    if not dropped:
+        return data
+    out.append(data[pos:])
+    notes.append(
+        f"{DECODER_WARNING}PNG ancillary chunk{'s' if len(dropped) > 1 else ''} with a bad CRC skipped "
+        f"({', '.join(dropped)}); the pixels are unaffected"
+    )
+    return b"".join(out)
+
+
+def _png_16bit_rgb(data: bytes, notes: list[str]) -> np.ndarray | None:
+    """A 16-bit RGB or RGBA PNG at full depth as ``(H, W, 3)`` ``uint8`` (alpha onto white), else None.
+
+    Pillow reduces these to 8 bits by keeping the high byte; OpenCV reads all 16 bits, which
+    are scaled as 16-bit greyscale is (:func:`scale_16bit_to_8bit`).
+    """
+    if not data.startswith(_PNG_SIGNATURE) or data[12:16] != b"IHDR" or len(data) < 26:
+        return None
+    depth, colour = data[24], data[25]
+    if depth != 16 or colour not in (2, 6):
+        return None
+    import cv2
+
+    decoded = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_UNCHANGED | cv2.IMREAD_IGNORE_ORIENTATION)
+    if decoded is None or decoded.dtype != np.uint16 or decoded.ndim != 3:
+        return None
+    rgb = decoded[..., 2::-1].astype(np.float64)
+    if decoded.shape[2] == 4:
+        alpha = decoded[..., 3:4].astype(np.float64) / 65535.0
+        rgb = rgb * alpha + 65535.0 * (1.0 - alpha)
+        notes.append("16-bit alpha channel composited onto white")
+    notes.append("16-bit RGB scaled to 8 bits as round(v * 255 / 65535)")
+    return scale_16bit_to_8bit(np.rint(rgb))
+
+
+_TRANSPOSE = {
+    2: (Image.Transpose.FLIP_LEFT_RIGHT,),
+    3: (Image.Transpose.ROTATE_180,),
+    4: (Image.Transpose.FLIP_TOP_BOTTOM,),
+    5: (Image.Transpose.TRANSPOSE,),
+    6: (Image.Transpose.ROTATE_270,),
+    7: (Image.Transpose.TRANSVERSE,),
+    8: (Image.Transpose.ROTATE_90,),
+}
+
+
+def _exif_upright_array(image: Image.Image, rgb: np.ndarray, notes: list[str]) -> np.ndarray:
+    """``rgb`` (decoded outside PIL from ``image``'s file) turned upright by ``image``'s EXIF orientation."""
+    try:
+        orientation = image.getexif().get(ExifTags.Base.Orientation, 1)
+    except Exception:  # noqa: BLE001 - a broken EXIF block is not a broken photo
+        notes.append("unreadable EXIF block ignored")
+        return rgb
+    if orientation not in _TRANSPOSE:
+        return rgb
+    notes.append(f"EXIF orientation {orientation} applied (stored image {_ORIENTATION_NAMES[orientation]})")
+    upright = Image.fromarray(np.ascontiguousarray(rgb))
+    for method in _TRANSPOSE[orientation]:
+        upright = upright.transpose(method)
+    return np.asarray(upright)
