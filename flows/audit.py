@@ -1,7 +1,11 @@
-"""Audit one existing counterfactual pair: align it and run every gate (``counterfactory measure``)."""
+"""Audit existing counterfactual pairs: align each and run every gate (``counterfactory measure``,
+one pair or a table of them with ``--batch``)."""
 
 from __future__ import annotations
 
+from collections import Counter, OrderedDict
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -9,10 +13,130 @@ import numpy as np
 
 from counterfactory.flows.steps import judge_output
 from counterfactory.generation.align import AlignConfig
+from counterfactory.generation.editors.tables import TableError, read_table
+from counterfactory.generation.images import decoder_warnings
 from counterfactory.generation.masks import load_mask_file
 from counterfactory.generation.sources import SourceError, load_image
 from counterfactory.validation.faces import face_mask, get_face_landmarker
 from counterfactory.validation.judge import GatesConfig, GateStack
+
+#: decoded sources kept for the next pairs (a batch table is usually sorted by source)
+SOURCES_KEPT = 4
+
+
+class PairError(Exception):
+    """A pair's file cannot be read: ``code`` is the stable reason, ``message`` names the file."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code, self.message = code, message
+
+
+@dataclass(frozen=True)
+class _Source:
+    pixels: np.ndarray
+    sha256: str
+    region: np.ndarray | None
+    face_size: float | None
+    notes: tuple[str, ...]
+
+
+class PairMeasurer:
+    """Measures pairs as ``counterfactory measure`` does, with the settings and gate stacks built once.
+
+    Sources are decoded once for the pairs that share them (the last few kept), and the stack's
+    source cache reuses each source's analysis across its candidates, as a run does per template.
+    """
+
+    def __init__(self, spec_path: Path | None = None) -> None:
+        self.align_config, self.gates_config = AlignConfig(), GatesConfig()
+        if spec_path is not None:
+            from counterfactory.manifests.spec import load_spec
+
+            spec = load_spec(spec_path)
+            self.align_config, self.gates_config = spec.align, spec.gates
+        self._stacks: dict[str, GateStack] = {}
+        self._sources: OrderedDict[tuple[str, str, str | None], _Source] = OrderedDict()
+
+    def _stack(self, kind: str) -> GateStack:
+        if kind not in self._stacks:
+            self._stacks[kind] = GateStack.from_config(self.gates_config, kind)
+        return self._stacks[kind]
+
+    def _source(self, path: Path, kind: str, mask_path: Path | None) -> _Source:
+        key = (str(path), kind, None if mask_path is None else str(mask_path))
+        if key in self._sources:
+            self._sources.move_to_end(key)
+            return self._sources[key]
+        try:
+            loaded = load_image(path)
+        except SourceError as exc:
+            raise PairError("source_unreadable", str(exc)) from None
+        region: np.ndarray | None
+        face_size = None
+        if kind == "limb":
+            if mask_path is None:
+                raise PairError("mask_missing", "limb pairs need --mask FILE (the limb region, white inside)")
+            try:
+                region = load_mask_file(mask_path, loaded.pixels.shape[:2])
+            except (OSError, ValueError) as exc:
+                raise PairError("mask_unreadable", str(exc)) from None
+        else:
+            faces = get_face_landmarker().detect(loaded.pixels)
+            region = (
+                face_mask(faces[0].landmarks, loaded.pixels.shape[:2], mode=self.gates_config.face_mask)
+                if faces
+                else None
+            )
+            face_size = faces[0].size_px if faces else None
+        source = _Source(loaded.pixels, loaded.sha256, region, face_size, loaded.notes)
+        self._sources[key] = source
+        while len(self._sources) > SOURCES_KEPT:
+            self._sources.popitem(last=False)
+        return source
+
+    def measure(
+        self,
+        source_path: Path,
+        candidate_path: Path,
+        *,
+        mask_path: Path | None = None,
+        kind: str | None = None,
+        condition: Mapping[str, str] | None = None,
+    ) -> dict[str, Any]:
+        """One pair's report (see :func:`measure_pair`).
+
+        Raises:
+            PairError: a file of the pair cannot be read; ``code`` says which.
+        """
+        kind = kind or ("limb" if mask_path is not None else "face")
+        source = self._source(source_path, kind, mask_path)
+        try:
+            candidate = load_image(candidate_path)
+        except SourceError as exc:
+            raise PairError("candidate_unreadable", str(exc)) from None
+        judged = judge_output(
+            source.pixels,
+            candidate.pixels,
+            kind=kind,
+            region=source.region,
+            face_size_px=source.face_size,
+            align=self.align_config,
+            stack=self._stack(kind),
+            extras={"condition": dict(condition)} if condition else None,
+            source_key=source.sha256,
+        )
+        return {
+            "source": str(source_path),
+            "candidate": str(candidate_path),
+            "kind": kind,
+            "alignment": judged.alignment,
+            "verdict": judged.verdict,
+            "reasons": judged.reasons,
+            "gates": judged.gates,
+            "notes": {"source": list(source.notes), "candidate": list(candidate.notes)},
+            "warnings": decoder_warnings(source.notes) + decoder_warnings(candidate.notes),
+        }
 
 
 def measure_pair(
@@ -27,50 +151,95 @@ def measure_pair(
 
     Judges through :func:`counterfactory.flows.steps.judge_output`, the run's own path.
     Returns a JSON-ready dict: ``verdict``, ``reasons``, ``alignment`` and per-gate
-    ``gates`` (metrics, thresholds, reasons). When registration fails, face, identity and
-    expression are still measured on the unregistered candidate and ``locality`` is marked
-    ``measurable: false``. Unreadable files raise ``ValueError`` naming the file.
+    ``gates`` (metrics, thresholds, reasons), ``notes`` (what decoding normalised, per file)
+    and ``warnings`` (the files' decoder warnings, e.g. a damaged PNG chunk skipped). When
+    registration fails, face, identity and expression are still measured on the unregistered
+    candidate and ``locality`` is marked ``measurable: false``. Unreadable files raise
+    ``ValueError`` naming the file.
     """
-    align_config, gates_config = AlignConfig(), GatesConfig()
-    if spec_path is not None:
-        from counterfactory.manifests.spec import load_spec
-
-        spec = load_spec(spec_path)
-        align_config, gates_config = spec.align, spec.gates
-    kind = kind or ("limb" if mask_path is not None else "face")
     try:
-        source = load_image(source_path).pixels
-        candidate = load_image(candidate_path).pixels
-    except SourceError as exc:
-        raise ValueError(str(exc)) from None
+        return PairMeasurer(spec_path).measure(source_path, candidate_path, mask_path=mask_path, kind=kind)
+    except PairError as exc:
+        raise ValueError(exc.message) from None
 
-    region: np.ndarray | None
-    face_size = None
-    if kind == "limb":
-        if mask_path is None:
-            raise ValueError("limb pairs need --mask FILE (the limb region, white inside)")
-        region = load_mask_file(mask_path, source.shape[:2])
-    else:
-        faces = get_face_landmarker().detect(source)
-        region = face_mask(faces[0].landmarks, source.shape[:2], mode=gates_config.face_mask) if faces else None
-        face_size = faces[0].size_px if faces else None
 
-    stack = GateStack.from_config(gates_config, kind)
-    judged = judge_output(
-        source,
-        candidate,
-        kind=kind,
-        region=region,
-        face_size_px=face_size,
-        align=align_config,
-        stack=stack,
-    )
+#: the columns of a batch table that are not condition labels
+BATCH_COLUMNS = ("id", "source", "candidate", "mask")
+
+
+def measure_batch(
+    table_path: Path,
+    *,
+    spec_path: Path | None = None,
+    kind: str | None = None,
+) -> Iterator[dict[str, Any]]:
+    """Measure every pair of the table at ``table_path``, one report at a time, in table order.
+
+    The table (CSV, JSONL or Parquet; :func:`~counterfactory.generation.editors.tables.read_table`)
+    has ``source`` and ``candidate`` (paths relative to the table's folder), an optional ``id``
+    (default ``row<N>``), an optional ``mask`` (makes the pair a limb pair) and any other
+    columns, which are the pair's ``condition``. Each report is :func:`measure_pair`'s plus
+    ``id`` and ``condition``; a pair whose file is missing or unreadable is reported with
+    ``verdict: failed``, a reason code (``source_unreadable``, ``candidate_unreadable``,
+    ``mask_unreadable``, ``row_incomplete``) and ``error`` (the message naming the file), and
+    the batch goes on.
+
+    Raises:
+        TableError: the table itself cannot be read (raised before any pair is measured).
+    """
+    columns, rows = read_table(table_path)
+    missing = [name for name in ("source", "candidate") if name not in columns]
+    if missing:
+        raise TableError(
+            f"{table_path}: the table needs the column(s) {', '.join(missing)}; it has {', '.join(columns)}"
+        )
+    folder = table_path.parent
+    conditions = [name for name in columns if name not in BATCH_COLUMNS]
+    measurer = PairMeasurer(spec_path)
+    for row in rows:
+        pair_id = row.get("id") or f"row{row.number}"
+        condition = {name: row.values[name] for name in conditions if name in row.values}
+        base = {"id": pair_id, "row": row.number, "condition": condition}
+        source, candidate, mask = row.get("source"), row.get("candidate"), row.get("mask")
+        base.update({"source": source, "candidate": candidate})
+        if source is None or candidate is None:
+            yield {
+                **base,
+                "verdict": "failed",
+                "reasons": ["row_incomplete"],
+                "error": f"{table_path}, row {row.number}: no {'source' if source is None else 'candidate'} path",
+            }
+            continue
+        try:
+            report = measurer.measure(
+                folder / source,
+                folder / candidate,
+                mask_path=None if mask is None else folder / mask,
+                kind=kind,
+                condition=condition,
+            )
+        except PairError as exc:
+            yield {**base, "verdict": "failed", "reasons": [exc.code], "error": exc.message}
+            continue
+        yield {**base, **report, "source": source, "candidate": candidate}
+
+
+def summarise_batch(reports: list[dict[str, Any]]) -> dict[str, Any]:
+    """Counts per verdict, and per verdict for each value of each condition column.
+
+    Returns:
+        ``{"pairs": n, "verdicts": {verdict: n}, "by_condition": {column: {value: {verdict: n}}}}``.
+    """
+    verdicts: Counter[str] = Counter(r["verdict"] for r in reports)
+    by_condition: dict[str, dict[str, Counter[str]]] = {}
+    for report in reports:
+        for column, value in report.get("condition", {}).items():
+            by_condition.setdefault(column, {}).setdefault(value, Counter())[report["verdict"]] += 1
     return {
-        "source": str(source_path),
-        "candidate": str(candidate_path),
-        "kind": kind,
-        "alignment": judged.alignment,
-        "verdict": judged.verdict,
-        "reasons": judged.reasons,
-        "gates": judged.gates,
+        "pairs": len(reports),
+        "verdicts": dict(sorted(verdicts.items())),
+        "by_condition": {
+            column: {value: dict(sorted(c.items())) for value, c in sorted(values.items())}
+            for column, values in sorted(by_condition.items())
+        },
     }

@@ -346,20 +346,45 @@ def masks(spec_path: Path, checkpoint: Path, model_type: str, device: str | None
 
 
 @main.command()
-@click.argument("source", type=click.Path(path_type=Path))
-@click.argument("candidate", type=click.Path(path_type=Path))
+@click.argument("source", type=click.Path(path_type=Path), required=False)
+@click.argument("candidate", type=click.Path(path_type=Path), required=False)
+@click.option(
+    "--batch",
+    "table",
+    type=click.Path(path_type=Path),
+    help="Measure every pair of this table (CSV, JSONL or Parquet: source, candidate, optional id and "
+    "mask, condition columns; paths relative to the table's folder) instead of SOURCE CANDIDATE.",
+)
 @click.option("--mask", type=click.Path(path_type=Path), help="Edit mask (limb region) image; makes this a limb pair.")
 @click.option("--kind", type=click.Choice(["face", "limb"]), help="Edit kind (default: limb with --mask, else face).")
 @click.option(
     "--spec", "spec_path", type=click.Path(path_type=Path), help="Take gate and alignment settings from this spec."
 )
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON (with --batch: one object per pair, JSONL).")
 def measure(
-    source: Path, candidate: Path, mask: Path | None, kind: str | None, spec_path: Path | None, as_json: bool
+    source: Path | None,
+    candidate: Path | None,
+    table: Path | None,
+    mask: Path | None,
+    kind: str | None,
+    spec_path: Path | None,
+    as_json: bool,
 ) -> None:
-    """Align CANDIDATE to SOURCE and print every gate's metrics (audit any counterfactual pair)."""
+    """Align CANDIDATE to SOURCE and print every gate's metrics (audit any counterfactual pair).
+
+    With --batch TABLE, every pair of the table: one line per pair (id, verdict, reasons) and a
+    summary (counts per verdict, and per value of each condition column); a pair whose file is
+    missing or unreadable is a `failed` line with the reason, and the batch goes on.
+    """
     from counterfactory.flows.audit import measure_pair
 
+    if table is not None:
+        if source is not None or candidate is not None or mask is not None:
+            _fail("--batch TABLE takes no SOURCE, CANDIDATE or --mask (the table names them per pair)")
+        _measure_batch(table, kind=kind, spec_path=spec_path, as_json=as_json)
+        return
+    if source is None or candidate is None:
+        _fail("give SOURCE and CANDIDATE, or --batch TABLE")
     try:
         report = measure_pair(source, candidate, mask_path=mask, kind=kind, spec_path=spec_path)
     except (OSError, ValueError) as exc:
@@ -368,6 +393,8 @@ def measure(
         click.echo(json.dumps(report, indent=2, sort_keys=True, default=str))
         return
     click.echo(f"verdict: {report['verdict']}" + (f"  ({', '.join(report['reasons'])})" if report["reasons"] else ""))
+    for warning in report["warnings"]:
+        click.echo(f"warning: {warning}")
     align = report["alignment"]
     click.echo(
         f"alignment: ok={align['ok']} scale={align['scale']} rotation={align['rotation_deg']}° "
@@ -378,6 +405,35 @@ def measure(
         click.echo(f"[{gate}] {'pass' if result['passed'] else 'FAIL'}" + (f"  {', '.join(codes)}" if codes else ""))
         for name, value in result["metrics"].items():
             click.echo(f"    {name:28s} {value}")
+
+
+def _measure_batch(table: Path, *, kind: str | None, spec_path: Path | None, as_json: bool) -> None:
+    """``measure --batch``: a line (or JSON object) per pair as it is measured, then the summary."""
+    from counterfactory.flows.audit import measure_batch, summarise_batch
+    from counterfactory.generation.editors.tables import TableError
+
+    reports = []
+    try:
+        for report in measure_batch(table, spec_path=spec_path, kind=kind):
+            reports.append({k: report[k] for k in ("verdict", "condition")})
+            if as_json:
+                click.echo(json.dumps(report, sort_keys=True, default=str))
+                continue
+            detail = [report["error"]] if "error" in report else list(report["reasons"])
+            detail += [f"warning: {w}" for w in report.get("warnings", [])]
+            click.echo(f"{report['id']}\t{report['verdict']}" + (f"\t{'; '.join(detail)}" if detail else ""))
+    except (OSError, ValueError, TableError) as exc:
+        _fail(str(exc))
+    summary = summarise_batch(reports)
+    if as_json:
+        click.echo(json.dumps({"summary": summary}, sort_keys=True), err=True)
+        return
+    counts = ", ".join(f"{verdict} {n}" for verdict, n in summary["verdicts"].items())
+    click.echo(f"summary: {summary['pairs']} pairs: {counts}")
+    for column, values in summary["by_condition"].items():
+        for value, verdicts in values.items():
+            counts = ", ".join(f"{verdict} {n}" for verdict, n in verdicts.items())
+            click.echo(f"  {column}={value}: {counts}")
 
 
 @main.command()
