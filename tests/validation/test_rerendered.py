@@ -51,7 +51,22 @@ def photo():
     face = get_face_landmarker().detect(image)[0]
     region, flags = source_edit_region(image, face.landmarks, "face_neck_ears")
     assert flags["source_body_skin_visible"]
-    stack = GateStack.from_config(GatesConfig(), "face", region="face_neck_ears")
+    # the band-limited locality measures with FOCUS's raw figures off; the shipped calibration
+    # predates them (issue 19's re-calibration is not shipped yet), so the bounds are set
+    # here: re-rendered no-ops of the bundled photos measured changed share 0, face change
+    # 0.009-0.010, shift <= 0.012, gain <= 0.02; a 1.5 % object 0.015-0.026
+    locality = {
+        "max_diff_nonface": None,
+        "min_ratio": None,
+        "min_diff_face": None,
+        "min_face_change": 0.02,
+        "min_band_ratio": 2.2,
+        "max_changed_share": 0.005,
+        "max_global_shift": 0.02,
+        "max_global_gain_change": 0.05,
+        "max_body_skin_delta_e": 2.7,
+    }
+    stack = GateStack.from_config(GatesConfig(face={"locality": locality}), "face", region="face_neck_ears")
     good, _ = donor_tone_shift(image, region, EDIT["condition"], 0, strength=0.85, feather_px=6)
     return image, face, region, stack, good
 
