@@ -1,7 +1,7 @@
-# syntax=docker/dockerfile:1.7
 # counterfactory in two images, built from this file (README "Docker"):
 #
-#   docker build --target cpu  -t counterfactory:cpu  .   # classical and fal editors
+#   docker/build.sh cpu [--smoke]                       # the CPU image, as CI builds and runs it
+#   docker build --target cpu  -t counterfactory:cpu  .   # the same with a pulled python base
 #   docker build --target cuda -t counterfactory:cuda .   # qwen on an NVIDIA GPU
 #
 # Both install exactly the versions CI tested (docker/constraints.txt, from
@@ -9,8 +9,17 @@
 # offline models (assets/models: MediaPipe, SFace) inside the package, and keep the
 # ledger, the image store, the releases and Prefect's home on the /data volume.
 # Qwen-Image-Edit's weights (~60 GB) are not baked in: mount a Hugging Face cache.
+#
+# No `# syntax=` line: the Dockerfile frontend built into the daemon is used, so nothing is
+# pulled from a registry but the base images (BuildKit is needed for the build secret below).
+# pip gets a CA bundle, when the build is given one, as the secret `pip_cert`
+# (`--secret id=pip_cert,src=/etc/ssl/certs/ca-certificates.crt`): mounted for the install
+# only, never written to a layer. PIP_INDEX_URL / PIP_EXTRA_INDEX_URL pick a mirror.
 
-# CI runs Python 3.11; the images use the same minor release.
+# CI runs Python 3.11; the images use the same minor release. The base is a build argument:
+# docker/build.sh passes Debian bookworm bootstrapped with debootstrap (Python 3.11 in /usr),
+# where no registry can be reached. bookworm, not python:3.11-slim's current Debian, because the
+# cpu stage installs bookworm's package names (libglib2.0-0).
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 # torch 2.13.0's Linux wheels on PyPI are built for CUDA 13.0 (cuda-toolkit 13.0.3, cuDNN 9 for
 # CUDA 13) and bring those libraries as pip packages; the base supplies the matching CUDA
@@ -19,34 +28,59 @@ ARG CUDA_IMAGE=nvidia/cuda:13.0.0-base-ubuntu24.04
 
 # ---------------------------------------------------------------- build: a venv per target
 FROM ${PYTHON_IMAGE} AS build
-ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1 PYTHONDONTWRITEBYTECODE=1
+ARG PIP_INDEX_URL=
+ARG PIP_EXTRA_INDEX_URL=
+ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1 PYTHONDONTWRITEBYTECODE=1 \
+    PIP_INDEX_URL=${PIP_INDEX_URL} PIP_EXTRA_INDEX_URL=${PIP_EXTRA_INDEX_URL}
 WORKDIR /src
-COPY docker/constraints.txt /src/docker/constraints.txt
-COPY pyproject.toml README.md /src/
+COPY docker/constraints.txt docker/requirements.py /src/docker/
+COPY pyproject.toml /src/
+
+FROM build AS build-cpu
+# classical (core) and fal (remote) editors; the review queue; Hub export; PostgreSQL ledgers;
+# Ray workers. The dependencies first (from pyproject.toml alone: a code change reuses the layer).
+RUN --mount=type=secret,id=pip_cert \
+    if [ -s /run/secrets/pip_cert ]; then export PIP_CERT=/run/secrets/pip_cert; fi \
+    && python3 -m venv /opt/venv \
+    && python3 docker/requirements.py remote,review,hub,postgres,ray \
+        | /opt/venv/bin/pip install -c docker/constraints.txt -r /dev/stdin
+COPY README.md /src/
 COPY counterfactory /src/counterfactory
 COPY flows /src/flows
 COPY generation /src/generation
 COPY validation /src/validation
 COPY manifests /src/manifests
 COPY assets /src/assets
-
-FROM build AS build-cpu
-# classical (core) and fal (remote) editors; PostgreSQL ledgers; Ray workers
-RUN python -m venv /opt/venv \
-    && /opt/venv/bin/pip install -c docker/constraints.txt '.[remote,postgres,ray]' \
+RUN --mount=type=secret,id=pip_cert \
+    if [ -s /run/secrets/pip_cert ]; then export PIP_CERT=/run/secrets/pip_cert; fi \
+    && /opt/venv/bin/pip install --no-deps -c docker/constraints.txt '.[remote,review,hub,postgres,ray]' \
     && /opt/venv/bin/pip check
 
 FROM build AS build-cuda
 # the qwen editor (torch, diffusers) besides everything the CPU image has
-RUN python -m venv /opt/venv \
-    && /opt/venv/bin/pip install -c docker/constraints.txt '.[gpu,remote,postgres,ray]' \
+RUN --mount=type=secret,id=pip_cert \
+    if [ -s /run/secrets/pip_cert ]; then export PIP_CERT=/run/secrets/pip_cert; fi \
+    && python3 -m venv /opt/venv \
+    && python3 docker/requirements.py gpu,remote,review,hub,postgres,ray \
+        | /opt/venv/bin/pip install -c docker/constraints.txt -r /dev/stdin
+COPY README.md /src/
+COPY counterfactory /src/counterfactory
+COPY flows /src/flows
+COPY generation /src/generation
+COPY validation /src/validation
+COPY manifests /src/manifests
+COPY assets /src/assets
+RUN --mount=type=secret,id=pip_cert \
+    if [ -s /run/secrets/pip_cert ]; then export PIP_CERT=/run/secrets/pip_cert; fi \
+    && /opt/venv/bin/pip install --no-deps -c docker/constraints.txt '.[gpu,remote,review,hub,postgres,ray]' \
     && /opt/venv/bin/pip check
 
 # ---------------------------------------------------------------- cpu: classical and fal
 FROM ${PYTHON_IMAGE} AS cpu
-# opencv-contrib-python (MediaPipe's OpenCV) loads libGL and GLib at import
+# opencv-contrib-python (MediaPipe's OpenCV) loads libGL and GLib at import; MediaPipe's task
+# library links EGL and GLES (libEGL.so.1) even on the CPU
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends libgl1 libglib2.0-0 \
+    && apt-get install -y --no-install-recommends libgl1 libglib2.0-0 libegl1 libgles2 \
     && rm -rf /var/lib/apt/lists/* \
     && useradd --uid 10001 --create-home --shell /usr/sbin/nologin app \
     && mkdir -p /data /opt/counterfactory \
@@ -77,7 +111,7 @@ RUN apt-get update \
     && apt-get install -y --no-install-recommends \
         ca-certificates netbase tzdata libssl3t64 libffi8 libsqlite3-0 libbz2-1.0 liblzma5 zlib1g \
         libexpat1 libuuid1 libreadline8t64 libncursesw6 libgdbm6t64 libdb5.3t64 \
-        libgl1 libglib2.0-0t64 \
+        libgl1 libglib2.0-0t64 libegl1 libgles2 \
     && rm -rf /var/lib/apt/lists/* \
     && useradd --uid 10001 --create-home --shell /usr/sbin/nologin app \
     && mkdir -p /data /opt/counterfactory \
