@@ -78,7 +78,9 @@ SECURITY_HEADERS = {
     "Content-Security-Policy": "frame-ancestors 'none'",
     "X-Frame-Options": "DENY",
     "X-Content-Type-Options": "nosniff",
-    "Referrer-Policy": "no-referrer",
+    # not no-referrer: under it browsers send "Origin: null" with form posts, which the
+    # cross-site check must refuse
+    "Referrer-Policy": "same-origin",
 }
 
 

@@ -62,7 +62,10 @@ def test_limb_set_blinded_clicks_inside_the_limb_mask_are_localised(tmp_path):
         rows = c.execute(text("SELECT shown, localised FROM spot_trials")).all()
     ledger.close()
     assert results and len(rows) == len(results)
-    assert all(r.localised is (True if r.shown == "candidate" else None) for r in rows)
+    # SQLite hands booleans back as 0/1
+    assert all(
+        (None if r.localised is None else bool(r.localised)) is (True if r.shown == "candidate" else None) for r in rows
+    )
 
 
 def _png(out, sha):
