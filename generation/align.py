@@ -61,6 +61,10 @@ class AlignConfig(BaseModel):
     #: Face composites: the face mask is grown by this fraction of the face size, then feathered.
     face_composite_grow_frac: float = Field(0.15, ge=0)
     feather_px: float = Field(4.0, ge=0)
+    #: RMS keypoint reprojection error allowed, in pixels of the coarser of the two images: an
+    #: editor that returns fewer pixels than the source (a 2204 px photo comes back at 1024 or
+    #: 512) places its keypoints on its own grid, so the limit in source pixels grows by the
+    #: source-to-output scale (2.0 px of a 512 px output is 8.6 px of a 2204 px source).
     max_residual_px: float = Field(2.0, gt=0)
     max_scale_change: float = Field(0.25, gt=0)
     max_rotation_deg: float = Field(15.0, gt=0)
@@ -498,6 +502,13 @@ def _refine_at_source_scale(
     return _compose(_invert(shrink), refined[0]), refined[1]
 
 
+def residual_limit(max_residual_px: float, t: np.ndarray) -> float:
+    """``max_residual_px`` (in pixels of the coarser image) in source pixels, for the map ``t``
+    from source to candidate coordinates: multiplied by the source-to-output scale when the
+    output is smaller than the source, unchanged otherwise."""
+    return max_residual_px * max(1.0, 1.0 / _scale_of(t))
+
+
 def warp_to_source(candidate: np.ndarray, t: np.ndarray, shape: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
     """Resample the raw ``candidate`` into the source frame through ``t`` (source -> candidate).
 
@@ -575,8 +586,11 @@ def align_candidate(
         out_of_bounds = _within_bounds(motion, (h, w), config)
         if out_of_bounds:
             failure = f"align_transform_out_of_bounds: {out_of_bounds}"
-        elif residual is not None and residual > config.max_residual_px:
-            failure = f"align_residual_above_max: {residual:.2f} px > {config.max_residual_px} px"
+        elif residual is not None and residual > residual_limit(config.max_residual_px, t):
+            limit = residual_limit(config.max_residual_px, t)
+            failure = f"align_residual_above_max: {residual:.2f} px > {limit:.2f} px"
+            if limit != config.max_residual_px:
+                failure += f" ({config.max_residual_px} px of the {resize_from[0]}x{resize_from[1]} output)"
     # an unregistered candidate is still brought into the frame without stretching it, so
     # the gates that measure faces (not pixels) can read it
     raw = t if t is not None else frames["fill"]

@@ -320,3 +320,24 @@ def test_the_source_keypoints_are_found_once_per_source_and_region(monkeypatch):
     other[:8, :8] = 255 - other[:8, :8]  # other pixels (and so another grey image): another key
     align_candidate(other, cands[0])
     assert calls.count(True) == 2
+
+
+def test_the_residual_limit_is_in_pixels_of_the_smaller_image():
+    """An editor that returns a tall photo at a long side of 512 places its keypoints on its
+    own grid: 2 px there is 8.6 px of the 2204 px source, and the limit says so."""
+    from counterfactory.generation.align import residual_limit
+    from counterfactory.generation.rerender import get_rerenderer
+
+    assert residual_limit(2.0, np.array([[0.25, 0.0, 0.0], [0.0, 0.25, 0.0]])) == pytest.approx(8.0)
+    assert residual_limit(2.0, np.array([[2.0, 0.0, 0.0], [0.0, 2.0, 0.0]])) == 2.0
+    source = read_rgb("biden_blue_room.jpg")
+    assert max(source.shape[:2]) > 2000
+    out = get_rerenderer(512)(source)  # the demo editor's output: re-rendered at 512
+    assert max(out.shape[:2]) == 512
+    result = align_candidate(source, out)
+    assert result.ok, result.reason
+    # the residual in source pixels is above 2 px, below the same 2 px of the output's grid
+    scale = max(out.shape[:2]) / max(source.shape[:2])
+    assert result.residual_px < 2.0 / scale
+    strict = align_candidate(source, out, config=AlignConfig(max_residual_px=0.05))
+    assert not strict.ok and "of the" in strict.reason and "output" in strict.reason
