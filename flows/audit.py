@@ -163,8 +163,9 @@ def measure_pair(
         raise ValueError(exc.message) from None
 
 
-#: the columns of a batch table that are not condition labels
-BATCH_COLUMNS = ("id", "source", "candidate", "mask")
+#: the columns of a batch table that are not condition labels (``prompt``: what the ``import``
+#: editor backend records on the item, so one table serves both)
+BATCH_COLUMNS = ("id", "source", "candidate", "mask", "prompt")
 
 
 def measure_batch(
@@ -177,8 +178,8 @@ def measure_batch(
 
     The table (CSV, JSONL or Parquet; :func:`~counterfactory.generation.editors.tables.read_table`)
     has ``source`` and ``candidate`` (paths relative to the table's folder), an optional ``id``
-    (default ``row<N>``), an optional ``mask`` (makes the pair a limb pair) and any other
-    columns, which are the pair's ``condition``. Each report is :func:`measure_pair`'s plus
+    (default ``row<N>``), an optional ``mask`` (makes the pair a limb pair), an optional
+    ``prompt`` (not read here) and any other columns, which are the pair's ``condition``. Each report is :func:`measure_pair`'s plus
     ``id`` and ``condition``; a pair whose file is missing or unreadable is reported with
     ``verdict: failed``, a reason code (``source_unreadable``, ``candidate_unreadable``,
     ``mask_unreadable``, ``row_incomplete``) and ``error`` (the message naming the file), and

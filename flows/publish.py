@@ -253,16 +253,21 @@ def _editor_record(attempt) -> dict[str, Any] | None:
         return None
     lineage = attempt.lineage or {}
     meta = attempt.meta or {}
+    output = meta.get("output") or {}
     return {
         "backend": attempt.backend,
         "model": lineage.get("model_id") or lineage.get("endpoint"),
         # the commit the backend resolved the model to (qwen reports it), else what was asked for
         "revision": meta.get("model_commit") or lineage.get("revision"),
         "lineage": lineage,
-        "prompt": attempt.prompt,
+        "prompt": attempt.prompt if "prompt" not in output else output["prompt"] or "",
         "seed": attempt.seed,
         "attempt_no": attempt.attempt_no,
         "cost_usd": attempt.cost_usd,
+        # what the backend recorded about the file it returned (the import backend: the row,
+        # the candidate's sha256, decoder warnings such as a PNG chunk with a bad CRC; its
+        # prompt is the table's, "" where the table gives none, not the spec's)
+        **({"output": output} if output else {}),
     }
 
 

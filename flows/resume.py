@@ -77,15 +77,25 @@ def settled_outcomes(
         open_cells = {tid: [] for tid in open_cells}
         for plan in plans:
             attempt, candidate = attempts.get(plan.attempt_id), candidates.get(plan.attempt_id)
-            if attempt is None or attempt.status not in steps.FINISHED_ATTEMPT:
+            if attempt is None or not steps.attempt_finished(attempt):
                 return None
+            out = results[plan.cell.source_id][plan.cell.cell_id]
+            if attempt.status == "failed":  # final: its backend said running it again cannot change it
+                if plan.attempt_id not in out.attempt_ids:
+                    out.attempt_ids.append(plan.attempt_id)
+                out.final_attempt, out.verdict, out.reasons = (
+                    plan.attempt_id,
+                    "failed",
+                    [attempt.reason or "editor_failed"],
+                )
+                open_cells[plan.cell.source_id].append(plan.cell)
+                continue
             if attempt.status == "ok" and not ws.store.has(attempt.output_sha256):
                 return None
             if candidate is None or candidate.judge_key != jkey:
                 return None
             if candidate.image_sha256 and not ws.store.has(candidate.image_sha256):
                 return None
-            out = results[plan.cell.source_id][plan.cell.cell_id]
             if plan.attempt_id not in out.attempt_ids:  # a seedless editor repeats its id
                 out.attempt_ids.append(plan.attempt_id)
             out.final_attempt, out.verdict, out.reasons = plan.attempt_id, candidate.verdict, list(candidate.reasons)

@@ -350,7 +350,12 @@ def _check_source(spec: Spec, source: Source, landmarker) -> tuple[str | None, P
 
 
 def plan_grid(spec: Spec, sources: Sequence[PreparedSource]) -> Grid:
-    return expand_grid([s.source.record for s in sources], spec.design)
+    """The stratified templates x conditions of ``sources`` (:func:`~counterfactory.generation.sampling.expand_grid`),
+    or, for a backend whose input fixes the cells (the ``import`` backend: one per row of its
+    table), the grid its options plan (``plan_grid(records, design)``)."""
+    records = [s.source.record for s in sources]
+    given = getattr(spec.editor.options(), "plan_grid", None)
+    return given(records, spec.design) if callable(given) else expand_grid(records, spec.design)
 
 
 #: what an editor may read from an :class:`EditRequest` besides the source, kind and condition
@@ -648,6 +653,16 @@ def run_edits(
     return calls
 
 
+def attempt_finished(attempt: Attempt) -> bool:
+    """Whether ``attempt`` is never run again: ``ok`` or ``refused`` (:data:`FINISHED_ATTEMPT`),
+    or ``failed`` where its backend said running it again cannot change it (``meta["final"]``:
+    the ``import`` backend's missing or unreadable candidate file, whose attempt id hashes the
+    table as read)."""
+    return attempt.status in FINISHED_ATTEMPT or (
+        attempt.status == "failed" and bool((attempt.meta or {}).get("final"))
+    )
+
+
 def _claim(ws: Workspace, editor: Editor, plan: PlannedAttempt, lineage: dict[str, Any]) -> bool:
     """Whether this run is to edit ``plan`` now: unfinished, and claimed in the ledger."""
     done = ws.ledger.attempt(plan.attempt_id)
@@ -655,7 +670,7 @@ def _claim(ws: Workspace, editor: Editor, plan: PlannedAttempt, lineage: dict[st
         # the store lost this output (deleted blob or store): rebuild only this attempt
         ws.ledger.reopen_attempt(plan.attempt_id, reason="store_blob_missing")
         done = None
-    if done is not None and done.status in FINISHED_ATTEMPT:
+    if done is not None and attempt_finished(done):
         return False
     # False when another live run on the same database is editing it right now, or finished it
     return ws.ledger.start_attempt(

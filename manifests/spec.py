@@ -440,6 +440,11 @@ def load_spec(path: str | Path, *, check_paths: bool = True) -> Spec:
     spec = spec.model_copy(update=update)
     spec._written = text
     spec._path = path.resolve()
+    # a backend whose options name files (the import backend's table) resolves them against the
+    # spec's folder and checks them against the design (bind_spec on its options model)
+    bind = getattr(spec.editor.options(), "bind_spec", None)
+    if callable(bind):
+        bind(spec)
     if "salary" in spec.trials.protocols and spec.trials.biographies is None:
         raise SpecError(
             f"{path}: field `trials.biographies`: the salary protocol needs a biographies file; "

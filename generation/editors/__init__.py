@@ -33,7 +33,7 @@ def make_editor(name: str, options: Any) -> Editor:
 
 # the built-in backends register themselves (one line at the end of each module); their heavy
 # dependencies are imported inside, on prepare()
-from counterfactory.generation.editors import classical, fal, qwen  # noqa: E402, F401
+from counterfactory.generation.editors import classical, fal, imported, qwen  # noqa: E402, F401
 
 __all__ = [
     "EDITORS",

@@ -58,5 +58,5 @@ def test_unknown_backend_and_bad_plugin_options_name_the_field(tmp_path, specs_d
         load_spec(_demo_with(tmp_path, specs_dir, {"backend": "warm", "warm": {"shift": 999}}))
     with pytest.raises(SpecError, match=r"`editor.wram`"):
         load_spec(_demo_with(tmp_path, specs_dir, {"backend": "warm", "wram": {}}))
-    with pytest.raises(SetupError, match="valid: classical, fal, qwen, warm"):
+    with pytest.raises(SetupError, match="valid: classical, fal, import, qwen, warm"):
         EDITORS.get("nope")

@@ -68,7 +68,7 @@ def test_no_mask_is_a_failed_result_not_a_crash(grace):
 
 
 def test_unknown_backend_lists_the_valid_ones():
-    with pytest.raises(SetupError, match="classical, fal, qwen"):
+    with pytest.raises(SetupError, match="classical, fal, import, qwen"):
         make_editor("dalle", None)
 
 

@@ -1,0 +1,556 @@
+"""The ``import`` backend: an existing counterfactual set, audited as if an editor had made it.
+
+Most sets researchers use already exist (FOCUS's 480 images, a lab's batch from an editor last
+year). This backend "edits" by returning the candidate a table names for a request's source
+and condition, so everything after the edit (alignment, gates, review, publish, trials, export,
+resume, the content-addressed store, failed items) is the run's own machinery::
+
+    editor:
+      backend: import
+      import: {table: pairs.csv, editor_name: nano-banana, editor_version: "2025-08"}
+
+The table (CSV, JSONL or Parquet; :mod:`~counterfactory.generation.editors.tables`) has one row
+per pair: a ``source`` (a source id of the spec's metadata, or the path of one of its photos,
+relative to the table's folder), a ``candidate`` image path (relative to the table's folder),
+one column per design axis (named as the axis unless ``condition_columns`` maps it; values
+matched case-insensitively) and optionally an ``id`` and a ``prompt`` (the prompt the set was
+made with, recorded on the item). ``table`` itself is relative to the spec's folder.
+
+- The grid is the table: one cell per row (:meth:`ImportOptions.plan_grid`), whatever the
+  design's strata, ``templates_per_stratum`` and ``conditions_per_template`` say; a source of
+  the metadata that no row names is listed as excluded.
+- Nothing is paid and nothing is retried with another seed: the backend reads neither prompt,
+  seed nor mask (:meth:`ImportEditor.consumes`), so every attempt of a cell has one id, and a
+  finished one is never run again.
+- The lineage is the table's editor (``editor_name``, ``editor_version``) and a digest of the
+  table as read: every row's source, condition, prompt and the sha256 of its candidate file.
+  A re-run of the same table does no new work; a changed table (a candidate file replaced, a
+  row added) makes new attempts for every row. The store is content-addressed, so an image in
+  two rows is stored once.
+- A missing or unreadable candidate is a ``failed`` attempt whose reason names the file, and a
+  final one (``metadata["final"]``): running it again cannot change it, so a re-run does not.
+  A candidate that decodes only with a warning (a PNG chunk with a bad CRC) is used, and the
+  warning is kept in the attempt's ``output`` record, which the item carries.
+- Before any work (:meth:`ImportEditor.prepare`), the table is refused, naming the row, for a
+  condition outside the spec's axes, a source that is not one of the spec's, or two rows for
+  one source and condition (:class:`~counterfactory.manifests.errors.SetupError`).
+
+Requests name no source, so the source a request is for is found from its pixels (the sha256 of
+the decoded array), each of the table's sources decoded once, as the run decodes it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
+
+from counterfactory.generation.editors.base import EditRequest, EditResult, SequentialEditor
+from counterfactory.generation.editors.tables import TableError, TableRow, read_table
+from counterfactory.generation.errors import SourceError
+from counterfactory.generation.images import DEFAULT_MAX_PIXELS, decoder_warnings, load_image
+from counterfactory.manifests.errors import SetupError
+from counterfactory.manifests.registry import EDITORS
+
+#: the attempt metadata key that marks a failure retrying cannot change (the run's
+#: :func:`~counterfactory.flows.steps.attempt_finished` reads it)
+FINAL = "final"
+#: one table read at a time (the run's template threads share the options)
+_READ_LOCK = threading.Lock()
+
+
+@dataclass(frozen=True)
+class _SpecContext:
+    base_dir: Path
+    axes: dict[str, list[str]]
+    strata: list[str]
+    photos: Path
+    metadata: Path
+    max_pixels: int = DEFAULT_MAX_PIXELS
+
+
+def _conditions(axes: dict[str, list[str]]) -> list[dict[str, str]]:
+    from itertools import product
+
+    names = list(axes)
+    return [dict(zip(names, values)) for values in product(*axes.values())]
+
+
+@dataclass(frozen=True)
+class ImportRow:
+    """One table row, resolved: what cell it fills and where its candidate is.
+
+    Attributes:
+        number: the row's 1-based number among the table's data rows.
+        row_id: the row's ``id`` column, else ``row<N>``.
+        source_id: the spec's source the row is for.
+        source_photo: that source's photo file.
+        condition: axis -> value, in the design's axis order, spelt as the spec spells it.
+        candidate: the candidate's path as the table gives it (None: the row names none).
+        candidate_path: the candidate file (None: the row names none).
+        candidate_sha256: the file's bytes' sha256 when read (None: missing or unreadable).
+        problem: why the candidate cannot be read, when it cannot.
+        prompt: the prompt the row says the candidate was made with.
+    """
+
+    number: int
+    row_id: str
+    source_id: str
+    source_photo: Path
+    condition: dict[str, str]
+    candidate: str | None
+    candidate_path: Path | None
+    candidate_sha256: str | None
+    problem: str | None
+    prompt: str | None
+
+    def record(self) -> dict[str, Any]:
+        """What the item records about its row (``editor.output``)."""
+        return {
+            "row": self.number,
+            "id": self.row_id,
+            "file": self.candidate,
+            "sha256": self.candidate_sha256,
+            "prompt": self.prompt,
+        }
+
+
+def _file_sha256(path: Path) -> tuple[str | None, str | None]:
+    """``(sha256, None)`` of the file's bytes, or ``(None, why it cannot be read)``."""
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest(), None
+    except FileNotFoundError:
+        return None, "file not found"
+    except IsADirectoryError:
+        return None, "a folder, not an image file"
+    except OSError as exc:
+        return None, f"cannot read the file ({exc.strerror or exc})"
+
+
+def _pixel_key(pixels: np.ndarray) -> str:
+    digest = hashlib.sha256(str(pixels.shape).encode())
+    digest.update(np.ascontiguousarray(pixels).tobytes())
+    return digest.hexdigest()
+
+
+@dataclass(frozen=True)
+class ImportTable:
+    """A pair table read against a spec: every row resolved, refused rows raised.
+
+    Attributes:
+        path: the table file.
+        rows: in table order.
+        max_pixels: the spec's pixel limit (sources are decoded as the run decodes them).
+    """
+
+    path: Path
+    rows: tuple[ImportRow, ...]
+    max_pixels: int = DEFAULT_MAX_PIXELS
+
+    @classmethod
+    def read(cls, options: ImportOptions, spec: _SpecContext) -> ImportTable:
+        """Read and check the table ``options`` names against ``spec``.
+
+        Raises:
+            SetupError: see :meth:`ImportOptions.read`.
+        """
+        from counterfactory.generation.metadata import MetadataError, load_metadata
+
+        path = options.table_path()
+        try:
+            columns, table_rows = read_table(path)
+        except TableError as exc:
+            raise SetupError(f"editor.import.table: {exc}") from None
+        unknown = sorted(set(options.condition_columns) - set(spec.axes))
+        if unknown:
+            raise SetupError(
+                f"editor.import.condition_columns names {', '.join(unknown)}, which are not axes of the design "
+                f"({', '.join(spec.axes)})"
+            )
+        condition_columns = {axis: options.condition_columns.get(axis, axis) for axis in spec.axes}
+        needed = [options.source_column, options.candidate_column, *condition_columns.values()]
+        missing = [c for c in dict.fromkeys(needed) if c not in columns]
+        if missing:
+            raise SetupError(
+                f"editor.import.table: {path}: no column {', '.join(repr(c) for c in missing)} (it has "
+                f"{', '.join(columns) or 'none'}); name the table's columns in editor.import (source_column, "
+                "candidate_column, condition_columns: {axis: column})"
+            )
+        try:
+            records = load_metadata(spec.metadata)
+        except MetadataError as exc:
+            raise SetupError(f"editor.import: the spec's metadata cannot be read: {exc}") from None
+        photos = spec.photos.resolve()
+        by_id = {r.id: r for r in records}
+        by_path = {(photos / r.path).resolve(): r.id for r in records}
+        folder = path.parent
+        resolver = _SourceResolver(by_id, by_path, photos)
+        allowed = {axis: {v.casefold(): v for v in values} for axis, values in spec.axes.items()}
+        rows: list[ImportRow] = []
+        first: dict[tuple[str, tuple[tuple[str, str], ...]], ImportRow] = {}
+        for row in table_rows:
+            resolved = cls._resolve(options, path, folder, row, condition_columns, allowed, resolver)
+            key = (resolved.source_id, tuple(resolved.condition.items()))
+            if key in first:
+                earlier = first[key]
+                raise SetupError(
+                    f"editor.import.table: {path}, row {row.number} (id {resolved.row_id!r}) gives source "
+                    f"{resolved.source_id!r} the same condition as row {earlier.number} (id {earlier.row_id!r}); "
+                    "a cell has one candidate: remove one of the rows"
+                )
+            first[key] = resolved
+            rows.append(resolved)
+        return cls(path, tuple(rows), spec.max_pixels)
+
+    @staticmethod
+    def _resolve(
+        options: ImportOptions,
+        path: Path,
+        folder: Path,
+        row: TableRow,
+        condition_columns: dict[str, str],
+        allowed: dict[str, dict[str, str]],
+        resolver: _SourceResolver,
+    ) -> ImportRow:
+        row_id = row.get(options.id_column) or f"row{row.number}"
+        where = f"editor.import.table: {path}, row {row.number} (id {row_id!r})"
+        condition: dict[str, str] = {}
+        for axis, column in condition_columns.items():
+            value = row.get(column)
+            if value is None:
+                raise SetupError(f"{where}: no value for the axis {axis!r} (column {column!r})")
+            spelt = allowed[axis].get(value.casefold())
+            if spelt is None:
+                raise SetupError(
+                    f"{where}: condition {axis}={value!r} is outside the spec's axes (design.axes.{axis}: "
+                    f"{', '.join(allowed[axis].values())}); fix the row or add the value to the spec"
+                )
+            condition[axis] = spelt
+        source = row.get(options.source_column)
+        if source is None:
+            raise SetupError(f"{where}: no source (column {options.source_column!r})")
+        found = resolver.find(source, folder)
+        if found is None:
+            raise SetupError(
+                f"{where}: source {source!r} is neither a source id of the spec's metadata nor the path of one of "
+                f"its photos (relative to the table's folder {folder}); add the photo to the metadata, or name it "
+                "by its id"
+            )
+        source_id, photo = found
+        candidate = row.get(options.candidate_column)
+        candidate_path = sha = None
+        if candidate is None:
+            problem = f"the row names no candidate (column {options.candidate_column!r} is empty)"
+        else:
+            candidate_path = folder / candidate
+            sha, problem = _file_sha256(candidate_path)
+        return ImportRow(
+            number=row.number,
+            row_id=row_id,
+            source_id=source_id,
+            source_photo=photo,
+            condition=condition,
+            candidate=candidate,
+            candidate_path=candidate_path,
+            candidate_sha256=sha,
+            problem=problem,
+            prompt=row.get(options.prompt_column),
+        )
+
+    def digest(self) -> str:
+        """sha256 of what decides the outputs and their records: every row's source, condition,
+        prompt and candidate (its sha256, or why it cannot be read)."""
+        rows = [
+            {
+                "source": r.source_id,
+                "condition": r.condition,
+                "candidate_sha256": r.candidate_sha256,
+                "problem": r.problem,
+                "prompt": r.prompt,
+                "row": [r.number, r.row_id, r.candidate],
+            }
+            for r in self.rows
+        ]
+        blob = json.dumps(rows, sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(blob.encode()).hexdigest()
+
+
+class _SourceResolver:
+    """A row's source as one of the spec's: by id, by path, or by the photo's bytes (a copy of
+    the spec's photo elsewhere); each photo's sha256 computed only when first needed."""
+
+    def __init__(self, by_id: dict[str, Any], by_path: dict[Path, str], photos: Path) -> None:
+        self.by_id, self.by_path, self.photos = by_id, by_path, photos
+        self._by_sha: dict[str, str] | None = None
+
+    def find(self, source: str, folder: Path) -> tuple[str, Path] | None:
+        if source in self.by_id:
+            return source, (self.photos / self.by_id[source].path).resolve()
+        path = (folder / source).resolve()
+        if path in self.by_path:
+            return self.by_path[path], path
+        if not path.is_file():
+            return None
+        sha, _ = _file_sha256(path)
+        if self._by_sha is None:
+            self._by_sha = {}
+            for photo, sid in self.by_path.items():
+                photo_sha, _ = _file_sha256(photo)
+                if photo_sha is not None:
+                    self._by_sha.setdefault(photo_sha, sid)
+        sid = self._by_sha.get(sha) if sha is not None else None
+        return (sid, (self.photos / self.by_id[sid].path).resolve()) if sid is not None else None
+
+
+class ImportOptions(BaseModel):
+    """Options of the ``import`` backend (``editor.import`` in the spec)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    #: the pair table (CSV, JSONL or Parquet), relative to the spec's folder
+    table: str = Field(min_length=1)
+    #: the column naming each row's source: a source id of the spec's metadata, or the path of
+    #: one of its photos relative to the table's folder
+    source_column: str = "source"
+    #: the column naming each row's candidate image, relative to the table's folder
+    candidate_column: str = "candidate"
+    #: design axis -> the column holding it; axes not listed are read from a column of their name
+    condition_columns: dict[str, str] = Field(default_factory=dict)
+    #: the column naming each row (shown in messages and on the item); rows without one are
+    #: named ``row<N>``
+    id_column: str = "id"
+    #: the column holding the prompt each candidate was made with, where the set records it
+    prompt_column: str = "prompt"
+    #: the editor that made the set and its version, as far as known (the items' lineage)
+    editor_name: str = Field("unknown", min_length=1)
+    editor_version: str | None = None
+
+    _spec: _SpecContext | None = PrivateAttr(default=None)
+    _table: ImportTable | None = PrivateAttr(default=None)
+
+    def bind_spec(self, spec: Any) -> None:
+        """Take what the table is read against from the loaded ``spec``: its folder (``table``
+        is relative to it), its design axes, its photos and metadata, and its pixel limit.
+        :func:`~counterfactory.manifests.spec.load_spec` calls this on the active backend."""
+        path = getattr(spec, "source_path", None)
+        self._spec = _SpecContext(
+            base_dir=Path(path).parent if path is not None else Path.cwd(),
+            axes={axis: [str(v) for v in values] for axis, values in spec.design.axes.items()},
+            strata=list(spec.design.strata),
+            photos=Path(spec.sources.photos),
+            metadata=Path(spec.sources.metadata),
+            max_pixels=int(spec.sources.max_pixels),
+        )
+        self._table = None
+
+    def table_path(self) -> Path:
+        """The table's path: relative to the spec's folder (the working folder when unbound)."""
+        path = Path(self.table)
+        if path.is_absolute():
+            return path
+        return (self._spec.base_dir if self._spec is not None else Path.cwd()) / path
+
+    def read(self) -> ImportTable:
+        """The table, read and checked once (:class:`ImportTable`).
+
+        Raises:
+            SetupError: the options are not bound to a spec, the table cannot be read, lacks a
+                column, or a row is refused (the message names the table and the row).
+        """
+        with _READ_LOCK:
+            if self._table is None:
+                if self._spec is None:
+                    raise SetupError(
+                        "editor.import: the import backend reads its table against a spec "
+                        "(load the spec with load_spec, which binds it)"
+                    )
+                self._table = ImportTable.read(self, self._spec)
+            return self._table
+
+    def plan_grid(self, records: Sequence[Any], design: Any) -> Any:
+        """The grid of a study whose cells are the table's rows (the run's
+        :func:`~counterfactory.flows.steps.plan_grid` asks the backend for it).
+
+        Args:
+            records: the usable sources' metadata records (a failed source's rows have no cell:
+                the source is listed as failed).
+            design: the spec's design (its axes order each condition, its strata name the
+                strata; neither templates_per_stratum nor conditions_per_template applies).
+        """
+        from counterfactory.generation.sampling import (
+            GENDER_AXIS,
+            Cell,
+            Exclusion,
+            Grid,
+            StratumSummary,
+            Template,
+            cell_id,
+        )
+
+        table = self.read()
+        by_id = {r.id: r for r in records}
+        rows_of: dict[str, list[ImportRow]] = {}
+        for row in table.rows:
+            if row.source_id in by_id:
+                rows_of.setdefault(row.source_id, []).append(row)
+        excluded = [
+            Exclusion(sid, f"no row of the import table {table.path.name} names this source")
+            for sid in sorted(by_id)
+            if sid not in rows_of
+        ]
+
+        def field_value(record: Any, name: str) -> str | None:
+            value = (record.extra or {}).get(name[6:]) if name.startswith("extra.") else getattr(record, name, None)
+            return None if value is None or not str(value).strip() else str(value).strip()
+
+        order = {tuple(c.items()): i for i, c in enumerate(_conditions(design.axes))}
+        strata: dict[tuple[str | None, ...], list[str]] = {}
+        for sid in sorted(rows_of):
+            strata.setdefault(tuple(field_value(by_id[sid], n) for n in design.strata), []).append(sid)
+        templates, summaries, cells = [], [], []
+        for key in sorted(strata, key=lambda k: tuple((v is not None, v or "") for v in k)):
+            stratum = dict(zip(design.strata, key))
+            ids = strata[key]
+            summaries.append(StratumSummary(stratum, len(ids), len(ids), tuple(ids)))
+            for index, sid in enumerate(ids):
+                templates.append(Template(sid, dict(stratum), index))
+                gender = (by_id[sid].presented_gender or "").strip().casefold() or None
+                for row in sorted(rows_of[sid], key=lambda r: order[tuple(r.condition.items())]):
+                    wanted = (row.condition.get(GENDER_AXIS) or "").casefold() or None
+                    match = None if wanted is None or gender is None else wanted == gender
+                    cells.append(Cell(sid, dict(row.condition), cell_id(sid, row.condition), match))
+        return Grid(design, tuple(templates), tuple(cells), tuple(summaries), tuple(excluded))
+
+
+class ImportEditor(SequentialEditor):
+    """Returns the candidate the table names for each request's source and condition."""
+
+    name = "import"
+
+    def __init__(self, options: ImportOptions) -> None:
+        self.options = options
+        self._lock = threading.Lock()
+        self._by_cell: dict[tuple[str, tuple[tuple[str, str], ...]], ImportRow] | None = None
+        self._source_of: dict[str, list[str]] | None = None
+
+    def lineage(self) -> dict[str, Any]:
+        """The set's editor and a digest of the table as read (:meth:`ImportTable.digest`):
+        the same table gives the same attempt ids."""
+        table = self.options.read()
+        return {
+            "backend": self.name,
+            "model_id": self.options.editor_name,
+            "revision": self.options.editor_version,
+            "table": self.options.table,
+            "table_sha256": table.digest(),
+        }
+
+    def consumes(self, kind: str) -> frozenset[str]:
+        """Nothing but the source and condition decides what the table returns."""
+        return frozenset()
+
+    def prepare(self) -> None:
+        """Read and check the table (before any work, so a refused row stops the run unrun).
+
+        Raises:
+            SetupError: naming the table and the row (see :meth:`ImportOptions.read`).
+        """
+        table = self.options.read()
+        # two ids for one photo file (legitimate with several limb masks) cannot be told apart
+        # by a request's pixels when the table gives both the same condition
+        by_photo: dict[tuple[Path, tuple[tuple[str, str], ...]], ImportRow] = {}
+        for row in table.rows:
+            key = (row.source_photo, tuple(row.condition.items()))
+            other = by_photo.setdefault(key, row)
+            if other.source_id != row.source_id:
+                raise SetupError(
+                    f"editor.import.table: {table.path}, rows {other.number} and {row.number} give sources "
+                    f"{other.source_id!r} and {row.source_id!r}, one photo ({row.source_photo.name}), the same "
+                    "condition; the import backend tells sources apart by their pixels: import them separately"
+                )
+
+    def _index(self) -> tuple[dict[tuple[str, tuple[tuple[str, str], ...]], ImportRow], dict[str, list[str]]]:
+        """(source id, condition) -> row, and pixel key -> source ids: each of the table's
+        source photos decoded once, as the run decodes it."""
+        with self._lock:
+            if self._by_cell is None or self._source_of is None:
+                table = self.options.read()
+                by_cell = {(r.source_id, tuple(r.condition.items())): r for r in table.rows}
+                photos: dict[str, Path] = {r.source_id: r.source_photo for r in table.rows}
+                source_of: dict[str, list[str]] = {}
+                for sid, photo in sorted(photos.items()):
+                    try:
+                        pixels = load_image(photo, max_pixels=table.max_pixels).pixels
+                    except SourceError:
+                        continue  # the run fails this source itself; it gets no request
+                    source_of.setdefault(_pixel_key(pixels), []).append(sid)
+                self._by_cell, self._source_of = by_cell, source_of
+            return self._by_cell, self._source_of
+
+    def edit(self, request: EditRequest) -> EditResult:
+        """The table's candidate for ``request``'s source and condition, decoded.
+
+        A candidate file that is missing or does not decode, and a request the table has no
+        row for, are final ``failed`` results whose reason names the file or the cell.
+        """
+        if not request.condition:
+            # the run's noise-floor request ("return this photo unchanged"): a set made elsewhere
+            # has no such output, so its cells are judged as measured
+            return EditResult(
+                request.attempt_id,
+                "failed",
+                reason="import_no_floor: an imported set has no noise-floor output for this source",
+                metadata={FINAL: True},
+            )
+        by_cell, source_of = self._index()
+        condition = tuple((k, str(v)) for k, v in request.condition.items())
+        rows = [
+            by_cell[(sid, condition)]
+            for sid in source_of.get(_pixel_key(request.image), ())
+            if (sid, condition) in by_cell
+        ]
+        if not rows:
+            return EditResult(
+                request.attempt_id,
+                "failed",
+                reason="import_no_row: the table has no candidate for this source and condition",
+                metadata={FINAL: True},
+            )
+        row = rows[0]
+        record: dict[str, Any] = {**row.record(), "editor": self.options.editor_name}
+        failed = {FINAL: True, "output": record}
+        if row.problem is not None:
+            where = row.candidate_path if row.candidate_path is not None else f"row {row.number} (id {row.row_id!r})"
+            return EditResult(
+                request.attempt_id, "failed", reason=f"import_unreadable: {where}: {row.problem}", metadata=failed
+            )
+        assert row.candidate_path is not None
+        try:
+            loaded = load_image(row.candidate_path)
+        except SourceError as exc:
+            return EditResult(request.attempt_id, "failed", reason=f"import_unreadable: {exc}", metadata=failed)
+        if loaded.sha256 != row.candidate_sha256:
+            # not final: the next run reads the table again and makes new attempts for it
+            return EditResult(
+                request.attempt_id,
+                "failed",
+                reason=f"import_changed: {row.candidate_path} changed since the table was read; run again",
+                metadata={"output": record},
+            )
+        record.update(
+            format=loaded.format,
+            size=list(loaded.original_size),
+            notes=list(loaded.notes),
+            warnings=decoder_warnings(loaded.notes),
+        )
+        return EditResult(request.attempt_id, "ok", image=loaded.pixels, metadata={"output": record})
+
+
+EDITORS.register("import", ImportOptions, ImportEditor)

@@ -1,0 +1,243 @@
+"""An existing counterfactual set on disk, for the ``import`` backend and ``measure --batch``.
+
+:func:`write_import_set` makes a labelled set from real photos with the failure corpus
+(:func:`counterfactory.validation.failures.build_corpus`: good face-only edits and failures,
+each re-rendered through TAEF2 and jittered as an editor returns it) and writes it out as a
+set from an editor arrives: source photos with their metadata, candidate files in the formats
+and frames editors return them in (PNG, JPEG, WebP, re-sized, re-framed), one PNG whose text
+chunk has a bad CRC (a ComfyUI output), one row whose file is missing, one file in two rows,
+and a pair table (``pairs.csv``) with the condition columns of the spec it writes.
+"""
+
+from __future__ import annotations
+
+import io
+import struct
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import cv2
+import numpy as np
+import yaml
+from PIL import Image
+
+from counterfactory.assets import PHOTOS_DIR
+from counterfactory.validation.failures import GOOD, build_corpus
+from tests.conftest import REPO
+
+LONDON = REPO.parent / "shared" / "photos" / "london"
+#: (photos, the corpus classes made for them): identity swaps take their donor from another
+#: photo of the same group, so each group has several people
+GROUPS = (
+    (
+        [PHOTOS_DIR / "grace_hopper.jpg", PHOTOS_DIR / "obama_portrait.jpg", PHOTOS_DIR / "biden_portrait.jpg"],
+        (GOOD, "expression", "identity_swap", "text_added", "global_colour"),
+    ),
+    (
+        # (042.jpg is not used: at 384 px its plain backdrop leaves the aligner too little outside
+        # the face, neck and ears, and it fails to register even good edits)
+        [LONDON / "neutral" / "025.jpg", LONDON / "neutral" / "030.jpg"],
+        (GOOD, "noop_copy", "object_added", "head_position", "hair"),
+    ),
+)
+AXES = {
+    "race": ["Black", "East Asian", "South Asian", "Middle Eastern", "Latino", "White"],
+    "gender": ["female", "male"],
+}
+GENDERS = {
+    "grace_hopper": "female",
+    "obama_portrait": "male",
+    "biden_portrait": "male",
+    "025": "female",
+    "030": "female",
+}
+MAX_SIDE = 384
+
+
+@dataclass
+class ImportSet:
+    """What :func:`write_import_set` wrote.
+
+    Attributes:
+        folder: the set's folder (``pairs.csv``, ``photos/``, ``candidates/``, ``spec.yaml``).
+        spec: the spec that imports it.
+        table: the pair table.
+        rows: one dict per table row: its columns, plus ``label`` (the corpus class, or
+            ``missing``), ``case_id`` and ``form`` (how the file was written).
+    """
+
+    folder: Path
+    spec: Path
+    table: Path
+    rows: list[dict[str, str]] = field(default_factory=list)
+
+    def by_form(self, form: str) -> list[dict[str, str]]:
+        return [r for r in self.rows if r["form"] == form]
+
+
+def _chunk(kind: bytes, data: bytes) -> bytes:
+    return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+
+
+def png_with_damaged_text(pixels: np.ndarray) -> bytes:
+    """A PNG of ``pixels`` with a ComfyUI-style ``tEXt`` workflow chunk before the pixels whose
+    CRC has one byte flipped (Pillow refuses such a file; libpng warns and skips the chunk)."""
+    buf = io.BytesIO()
+    Image.fromarray(pixels).save(buf, format="PNG")
+    data = buf.getvalue()
+    text = _chunk(b"tEXt", b'workflow\x00{"nodes": [1, 2, 3], "note": "ComfyUI"}')
+    at = data.index(b"IDAT") - 4
+    damaged = bytearray(data[:at] + text + data[at:])
+    damaged[at + len(text) - 1] ^= 0xFF
+    return bytes(damaged)
+
+
+def _reframe(image: np.ndarray) -> np.ndarray:
+    """Padded to a square with a grey border, as an editor that fits its output into its own
+    aspect ratio returns it."""
+    h, w = image.shape[:2]
+    side = max(h, w)
+    out = np.full((side, side, 3), 127, np.uint8)
+    top, left = (side - h) // 2, (side - w) // 2
+    out[top : top + h, left : left + w] = image
+    return out
+
+
+def _write(path: Path, image: np.ndarray, form: str) -> None:
+    if form == "webp":
+        Image.fromarray(image).save(path, format="WEBP", quality=95)
+    elif form == "jpeg":
+        Image.fromarray(image).save(path, format="JPEG", quality=95)
+    elif form == "damaged_png":
+        path.write_bytes(png_with_damaged_text(image))
+    else:
+        Image.fromarray(image).save(path, format="PNG")
+
+
+def write_import_set(folder: Path, *, seed: int = 0) -> ImportSet:
+    """Write the set into ``folder`` (see the module docstring) and return what it holds.
+
+    Every fifth candidate is WebP, every seventh re-sized to 60 % (JPEG), every eleventh padded
+    to a square (re-framed); the first good edit is the PNG with the damaged text chunk; the
+    second good edit's file is named again by a second row (another condition of its source);
+    one more row names a file that is not there.
+    """
+    photos, candidates = folder / "photos", folder / "candidates"
+    photos.mkdir(parents=True, exist_ok=True)
+    candidates.mkdir(exist_ok=True)
+    conditions = [(race, gender) for race in AXES["race"] for gender in AXES["gender"]]
+    metadata, rows = [], []
+    used: dict[str, int] = {}
+    n = 0
+    for paths, classes in GROUPS:
+        for case in build_corpus(paths, per_class=1, seed=seed, max_side=MAX_SIDE, classes=classes):
+            stem = Path(case.photo).stem
+            source_file = f"photos/{stem}.png"
+            if stem not in used:
+                used[stem] = 0
+                # the source as the corpus holds it (scaled to MAX_SIDE): the candidates are edits of it
+                Image.fromarray(case.source).save(folder / source_file)
+                metadata.append(
+                    {
+                        "id": f"src_{stem}",
+                        "path": f"{stem}.png",
+                        "licence": "CC BY 4.0 (Face Research Lab London Set)"
+                        if "london" in str(paths[0])
+                        else "public domain (U.S. government)",
+                        "occupation": "portrait",
+                        "presented_gender": GENDERS[stem],
+                    }
+                )
+            race, gender = conditions[used[stem]]
+            used[stem] += 1
+            n += 1
+            image, form = case.output, "png"
+            if case.label == GOOD and not any(r["form"] == "damaged_png" for r in rows):
+                form = "damaged_png"
+            elif n % 5 == 0:
+                form = "webp"
+            elif n % 7 == 0:
+                h, w = image.shape[:2]
+                image, form = (
+                    cv2.resize(image, (round(w * 0.6), round(h * 0.6)), interpolation=cv2.INTER_AREA),
+                    "resized",
+                )
+            elif n % 11 == 0:
+                image, form = _reframe(image), "reframed"
+            suffix = {"webp": ".webp", "resized": ".jpg", "jpeg": ".jpg"}.get(form, ".png")
+            name = f"candidates/{case.case_id.replace(':', '_').replace('.', '_')}{suffix}"
+            _write(folder / name, image, form)
+            rows.append(
+                {
+                    "id": f"pair{n:03d}",
+                    "source": source_file,
+                    "candidate": name,
+                    "race": race,
+                    "gender": gender,
+                    "prompt": _prompt(race, gender),
+                    "label": case.label,
+                    "case_id": case.case_id,
+                    "form": form,
+                }
+            )
+    # one file in two rows: the second good edit again, for another condition of its source
+    twice = [r for r in rows if r["label"] == GOOD][1]
+    stem = Path(twice["source"]).stem
+    race, gender = conditions[used[stem]]
+    used[stem] += 1
+    rows.append(
+        {**twice, "id": f"pair{len(rows) + 1:03d}", "race": race, "gender": gender, "prompt": _prompt(race, gender),
+         "form": "second_row"}
+    )  # fmt: skip
+    # one row whose candidate was never copied
+    last = rows[-2]
+    stem = Path(last["source"]).stem
+    race, gender = conditions[used[stem]]
+    used[stem] += 1
+    rows.append(
+        {
+            **last,
+            "id": f"pair{len(rows) + 1:03d}",
+            "candidate": "candidates/not_copied.png",
+            "race": race,
+            "gender": gender,
+            "prompt": _prompt(race, gender),
+            "label": "missing",
+            "case_id": "",
+            "form": "missing",
+        }
+    )
+    assert max(used.values()) <= len(conditions), used
+    (photos / "metadata.yaml").write_text(yaml.safe_dump({"sources": metadata}, sort_keys=False))
+    table = folder / "pairs.csv"
+    columns = ["id", "source", "candidate", "race", "gender", "prompt"]
+    lines = [",".join(columns)] + [",".join(_csv(r[c]) for c in columns) for r in rows]
+    table.write_text("\n".join(lines) + "\n")
+    spec = folder / "spec.yaml"
+    spec.write_text(yaml.safe_dump(import_spec("pairs.csv"), sort_keys=False))
+    return ImportSet(folder, spec, table, rows)
+
+
+def _prompt(race: str, gender: str) -> str:
+    return f"Change the person's race to {race}, gender {gender}; keep everything else."
+
+
+def _csv(value: str) -> str:
+    return f'"{value}"' if "," in value or '"' in value else value
+
+
+def import_spec(table: str, *, version: str = "0.1.0", **editor) -> dict:
+    """The spec that imports ``table`` (relative to the spec's folder) with the set's axes."""
+    return {
+        "name": "import-test",
+        "sources": {"photos": "photos", "metadata": "photos/metadata.yaml"},
+        "design": {"kind": "face", "axes": AXES, "strata": [], "templates_per_stratum": 1},
+        "prompts": {"face": "face_only_v1"},
+        "editor": {
+            "backend": "import",
+            "import": {"table": table, "editor_name": "failure-corpus", "editor_version": "1", **editor},
+        },
+        "release": {"name": "import-test", "version": version},
+        "trials": {"protocols": ["2afc", "mcq"]},
+    }
