@@ -95,6 +95,39 @@ class PairMeasurer:
             self._sources.popitem(last=False)
         return source
 
+    def noise_floor(self, source: _Source, floor_path: Path, kind: str) -> dict[str, Any]:
+        """The locality measures of ``floor_path``, the editor's output for "return this photo
+        unchanged" of this source, measured like a candidate (what a run's floor request gives).
+
+        Raises:
+            PairError: the file cannot be read, or could not be registered to the source.
+        """
+        from counterfactory.flows.steps import floor_metrics
+
+        try:
+            image = load_image(floor_path)
+        except SourceError as exc:
+            raise PairError("floor_unreadable", str(exc)) from None
+        judged = judge_output(
+            source.pixels,
+            image.pixels,
+            kind=kind,
+            region=source.region,
+            face_size_px=source.face_size,
+            align=self.align_config,
+            stack=self._stack(kind),
+            source_key=source.sha256,
+        )
+        floor = floor_metrics(judged.gates, str(floor_path))
+        if floor is None:
+            raise PairError(
+                "floor_unmeasurable",
+                f"{floor_path}: the noise-floor image could not be measured against the source "
+                f"({', '.join(judged.reasons) or 'no locality measures'}); give the editor's output for "
+                "'return this photo unchanged' of the same source",
+            )
+        return floor
+
     def measure(
         self,
         source_path: Path,
@@ -103,6 +136,7 @@ class PairMeasurer:
         mask_path: Path | None = None,
         kind: str | None = None,
         condition: Mapping[str, str] | None = None,
+        floor_path: Path | None = None,
     ) -> dict[str, Any]:
         """One pair's report (see :func:`measure_pair`).
 
@@ -115,6 +149,11 @@ class PairMeasurer:
             candidate = load_image(candidate_path)
         except SourceError as exc:
             raise PairError("candidate_unreadable", str(exc)) from None
+        extras: dict[str, Any] = {"condition": dict(condition)} if condition else {}
+        floor = None
+        if floor_path is not None:
+            floor = self.noise_floor(source, floor_path, kind)
+            extras["noise_floor"] = floor
         judged = judge_output(
             source.pixels,
             candidate.pixels,
@@ -123,10 +162,11 @@ class PairMeasurer:
             face_size_px=source.face_size,
             align=self.align_config,
             stack=self._stack(kind),
-            extras={"condition": dict(condition)} if condition else None,
+            extras=extras or None,
             source_key=source.sha256,
         )
         return {
+            "noise_floor": floor,
             "source": str(source_path),
             "candidate": str(candidate_path),
             "kind": kind,
@@ -146,8 +186,10 @@ def measure_pair(
     mask_path: Path | None = None,
     kind: str | None = None,
     spec_path: Path | None = None,
+    floor_path: Path | None = None,
 ) -> dict[str, Any]:
-    """Align ``candidate_path`` to ``source_path`` and judge it.
+    """Align ``candidate_path`` to ``source_path`` and judge it (relative to the editor's
+    noise floor when ``floor_path``, its output for "return this photo unchanged", is given).
 
     Judges through :func:`counterfactory.flows.steps.judge_output`, the run's own path.
     Returns a JSON-ready dict: ``verdict``, ``reasons``, ``alignment`` and per-gate
@@ -158,7 +200,9 @@ def measure_pair(
     ``ValueError`` naming the file.
     """
     try:
-        return PairMeasurer(spec_path).measure(source_path, candidate_path, mask_path=mask_path, kind=kind)
+        return PairMeasurer(spec_path).measure(
+            source_path, candidate_path, mask_path=mask_path, kind=kind, floor_path=floor_path
+        )
     except PairError as exc:
         raise ValueError(exc.message) from None
 

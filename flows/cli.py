@@ -360,6 +360,12 @@ def masks(spec_path: Path, checkpoint: Path, model_type: str, device: str | None
 @click.option(
     "--spec", "spec_path", type=click.Path(path_type=Path), help="Take gate and alignment settings from this spec."
 )
+@click.option(
+    "--floor",
+    "floor_path",
+    type=click.Path(path_type=Path),
+    help="The editor's output for 'return this photo unchanged' of SOURCE: judge locality above it.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (with --batch: one object per pair, JSONL).")
 def measure(
     source: Path | None,
@@ -368,6 +374,7 @@ def measure(
     mask: Path | None,
     kind: str | None,
     spec_path: Path | None,
+    floor_path: Path | None,
     as_json: bool,
 ) -> None:
     """Align CANDIDATE to SOURCE and print every gate's metrics (audit any counterfactual pair).
@@ -379,14 +386,14 @@ def measure(
     from counterfactory.flows.audit import measure_pair
 
     if table is not None:
-        if source is not None or candidate is not None or mask is not None:
-            _fail("--batch TABLE takes no SOURCE, CANDIDATE or --mask (the table names them per pair)")
+        if source is not None or candidate is not None or mask is not None or floor_path is not None:
+            _fail("--batch TABLE takes no SOURCE, CANDIDATE, --mask or --floor (the table names them per pair)")
         _measure_batch(table, kind=kind, spec_path=spec_path, as_json=as_json)
         return
     if source is None or candidate is None:
         _fail("give SOURCE and CANDIDATE, or --batch TABLE")
     try:
-        report = measure_pair(source, candidate, mask_path=mask, kind=kind, spec_path=spec_path)
+        report = measure_pair(source, candidate, mask_path=mask, kind=kind, spec_path=spec_path, floor_path=floor_path)
     except (OSError, ValueError) as exc:
         _fail(str(exc))
     if as_json:

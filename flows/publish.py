@@ -516,6 +516,32 @@ def pass_rates(items: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return out
 
 
+def noise_floor_stats(spec: Spec, ws: Workspace, grid: Grid) -> dict[str, Any]:
+    """Per template, what the editor's noise-floor request measured (``{template_id: {attempt_id,
+    image_sha256, reasons, metrics}}``), judged with this spec's settings; empty when the spec
+    judges without a floor. The floor's own reasons are what a copy earns (face unchanged)."""
+    from counterfactory.flows.steps import FLOOR_VERDICT, uses_noise_floor
+    from counterfactory.validation.gates.locality import FLOOR_RELATIVE
+
+    if not uses_noise_floor(spec):
+        return {}
+    jkey = judge_key(spec)
+    cells = [f"{t.source_id}|{FLOOR_VERDICT}" for t in grid.templates]
+    out: dict[str, Any] = {}
+    for c in ws.ledger.candidates_of_cells(cells):
+        if c.judge_key != jkey or c.verdict != FLOOR_VERDICT:
+            continue
+        m = (c.gates.get("locality") or {}).get("metrics") or {}
+        keys = (*FLOOR_RELATIVE, "diff_face", "diff_nonface", "face_change", "nonface_change")
+        out[c.cell_id.split("|", 1)[0]] = {
+            "attempt_id": c.attempt_id,
+            "image_sha256": c.image_sha256,
+            "reasons": list(c.reasons),
+            "metrics": {k: m.get(k) for k in keys if k in m},
+        }
+    return dict(sorted(out.items()))
+
+
 def build_stats(
     spec: Spec,
     items: Sequence[dict[str, Any]],
@@ -721,6 +747,7 @@ def publish_release(
             spec, items, failed, outcomes, grid, editor_calls=editor_calls, total_cost_usd=cost, report=report
         )
         stats["review"] = review
+        stats["noise_floor"] = noise_floor_stats(spec, ws, grid)
         stats["skin"] = skin_tone_stats(items, {p.id: _own_group(spec, p.meta) for p in prepared})
         stats["labels"] = label_consistency(items)
         if stats["skin"]["by_condition"] or stats["skin"]["lightened_by_source_group"]:

@@ -36,7 +36,7 @@ from counterfactory.generation.align import AlignConfig, align_candidate
 from counterfactory.generation.editors import Editor, EditRequest, EditResult, make_editor
 from counterfactory.generation.editors.base import EditJournal
 from counterfactory.generation.masks import apply_mask_options, mask_from_record
-from counterfactory.generation.prompts import RenderedPrompt, face_region, render_prompt
+from counterfactory.generation.prompts import RenderedPrompt, face_region, load_template, render_prompt
 from counterfactory.generation.sampling import Cell, Grid, expand_grid
 from counterfactory.generation.sources import FailedSource, Source, SourceError, iter_sources
 from counterfactory.manifests.errors import SetupError
@@ -410,6 +410,111 @@ def attempt_id(
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
+#: the prompt template of the noise-floor request (``assets/prompts/``)
+NOISE_FLOOR_PROMPT = "noise_floor_v1"
+#: the cell id suffix and the candidate verdict of a template's noise-floor request: not a
+#: cell of the grid, never reviewed or published as an item
+FLOOR_VERDICT = "floor"
+
+
+def uses_noise_floor(spec: Spec) -> bool:
+    """Whether the spec's cells are judged relative to a noise-floor request (face designs
+    with ``gates.noise_floor``)."""
+    return spec.design.kind == "face" and spec.gates.noise_floor
+
+
+def plan_noise_floor(spec: Spec, prepared: PreparedSource, editor: Editor, lineage: dict[str, Any]) -> PlannedAttempt:
+    """The template's noise-floor request: the photo, the prompt "return this photo unchanged",
+    no condition, the spec's first seed. Its id hashes what decides its output, like a cell's."""
+    text, sha = load_template(NOISE_FLOOR_PROMPT)
+    prompt = RenderedPrompt(template=NOISE_FLOOR_PROMPT, template_sha256=sha, text=text.strip())
+    region = prepared.region
+    cell = Cell(source_id=prepared.id, condition={}, cell_id=f"{prepared.id}|{FLOOR_VERDICT}", gender_match=None)
+    aid = attempt_id(
+        source_sha256=prepared.source.sha256,
+        cell=cell,
+        kind=spec.design.kind,
+        lineage=lineage,
+        prompt=prompt,
+        negative_prompt=None,
+        seed=spec.editor.seed,
+        region_sha256=hashlib.sha256(np.ascontiguousarray(region).tobytes()).hexdigest(),
+        inputs=editor_inputs(editor, spec.design.kind),
+    )
+    request = EditRequest(
+        attempt_id=aid,
+        image=prepared.source.pixels,
+        prompt=prompt.text,
+        seed=spec.editor.seed,
+        kind=spec.design.kind,
+        mask=region,
+        condition={},
+    )
+    return PlannedAttempt(cell, 1, aid, request, prompt)
+
+
+def floor_metrics(gates: Mapping[str, Any], attempt: str) -> dict[str, Any] | None:
+    """The measures a floor output gives the locality gate (``{metric: value, "attempt_id"}``),
+    from its candidate's gate records; None when locality could not measure it."""
+    from counterfactory.validation.gates.locality import FLOOR_RELATIVE
+
+    metrics = ((gates or {}).get("locality") or {}).get("metrics") or {}
+    floor = {k: metrics[k] for k in FLOOR_RELATIVE if isinstance(metrics.get(k), (int, float))}
+    return {**floor, "attempt_id": attempt} if floor else None
+
+
+def noise_floor(
+    spec: Spec,
+    ws: Workspace,
+    prepared: PreparedSource,
+    editor: Editor,
+    lineage: dict[str, Any],
+    stack: GateStack | None,
+    jkey: str,
+    *,
+    edit: Callable[..., int] | None = None,
+) -> tuple[dict[str, Any] | None, int]:
+    """``(floor, editor calls)``: run (once, ever: it is an attempt like any other, committed
+    to the ledger and never paid again) and measure the template's noise-floor request.
+
+    The output is measured like a candidate (aligned, every gate) and recorded as a candidate
+    with verdict ``floor``; what its locality gate measured is the floor. None when the
+    request failed, is still pending, or could not be registered: the template's cells are
+    then judged as measured (the ``floor_*`` fields are absent from their records).
+    """
+    plan = plan_noise_floor(spec, prepared, editor, lineage)
+    calls = (edit or run_edits)(ws, editor, [plan], lineage)
+    attempt = ws.ledger.attempt(plan.attempt_id)
+    if attempt is None or attempt.status != "ok" or not ws.store.has(attempt.output_sha256):
+        return None, calls
+    known = ws.ledger.candidate(plan.attempt_id)
+    if known is not None and known.judge_key == jkey:
+        return floor_metrics(known.gates, plan.attempt_id), calls
+    judged = judge_output(
+        prepared.source.pixels,
+        ws.store.get(attempt.output_sha256),
+        kind=spec.design.kind,
+        region=prepared.region,
+        face_size_px=prepared.face_size_px,
+        align=spec.align,
+        stack=stack if stack is not None else build_gate_stack(spec),
+        store=ws.store,
+        extras={"condition": {}, "source": prepared.meta},
+        source_key=prepared.source.sha256,
+    )
+    ws.ledger.record_candidate(
+        plan.attempt_id,
+        cell_id=plan.cell.cell_id,
+        judge_key=jkey,
+        image_sha256=judged.image_sha256,
+        alignment=judged.alignment,
+        verdict=FLOOR_VERDICT,
+        reasons=judged.reasons,
+        gates=judged.gates,
+    )
+    return floor_metrics(judged.gates, plan.attempt_id), calls
+
+
 def judge_key(spec: Spec) -> str:
     """Hash of what decides a verdict for a stored output: alignment, the active kind's gates,
     the face-mask mode the gates draw, and the limb-mask growth (limb cells only)."""
@@ -422,6 +527,7 @@ def judge_key(spec: Spec) -> str:
             "face_mask": spec.gates.face_mask,
             "edit_region": edit_region(spec) if kind == "face" else None,
             "masks": spec.masks.model_dump(mode="json") if kind == "limb" else None,
+            "noise_floor": NOISE_FLOOR_PROMPT if uses_noise_floor(spec) else None,
             "version": JUDGE_VERSION,
         },
         sort_keys=True,
@@ -522,7 +628,12 @@ def process_template(
     outcomes = {c.cell_id: CellOutcome(cell=c) for c in cells}
     open_cells = list(cells)
     calls = 0
-    template_judge = TemplateJudge(spec, ws, prepared, stack, jkey) if here else None
+    floor = None
+    # a backend that cannot make the floor (the import backend: its outputs exist already)
+    # answers the request failed; the template's cells are then judged as measured
+    if uses_noise_floor(spec):
+        floor, calls = noise_floor(spec, ws, prepared, editor, lineage, stack, jkey, edit=None if here else edit)
+    template_judge = TemplateJudge(spec, ws, prepared, stack, jkey, floor=floor) if here else None
     for attempt_no in range(1, spec.editor.max_attempts + 1):
         if not open_cells:
             break
@@ -557,7 +668,7 @@ def process_template(
                 known = (attempts.get(plan.attempt_id), candidates.get(plan.attempt_id))
                 judged[plan.attempt_id] = template_judge.attempt(plan.cell, plan.attempt_id, known=known)
         else:
-            for plan, verdict in zip(rest, judge(spec, ws, prepared, rest, stack, jkey), strict=True):
+            for plan, verdict in zip(rest, judge(spec, ws, prepared, rest, stack, jkey, floor), strict=True):
                 judged[plan.attempt_id] = verdict
         still_pending = pending_ids(ws, rest_ids)
         open_cells = []
@@ -728,12 +839,14 @@ def judge_attempts(
     plans: Sequence[PlannedAttempt],
     stack: GateStack,
     jkey: str,
+    floor: Mapping[str, Any] | None = None,
 ) -> list[tuple[str, list[str]]]:
     """``(verdict, reasons)`` per planned attempt, recording each new candidate in the ledger.
 
-    A candidate already judged under ``jkey`` is not judged again.
+    A candidate already judged under ``jkey`` is not judged again. ``floor``: the template's
+    noise floor (:func:`noise_floor`), or None.
     """
-    judge = TemplateJudge(spec, ws, prepared, stack, jkey)
+    judge = TemplateJudge(spec, ws, prepared, stack, jkey, floor=floor)
     return [judge.attempt(plan.cell, plan.attempt_id) for plan in plans]
 
 
@@ -787,8 +900,18 @@ class TemplateJudge:
     """Judges the attempts of one template: from the array an editor just returned, or from
     the store; the source's analysis is shared through the photo's sha256 (``source_key``)."""
 
-    def __init__(self, spec: Spec, ws: Workspace, prepared: PreparedSource, stack: GateStack, jkey: str) -> None:
+    def __init__(
+        self,
+        spec: Spec,
+        ws: Workspace,
+        prepared: PreparedSource,
+        stack: GateStack,
+        jkey: str,
+        *,
+        floor: Mapping[str, Any] | None = None,
+    ) -> None:
         self.spec, self.ws, self.prepared, self.stack, self.jkey = spec, ws, prepared, stack, jkey
+        self.floor = dict(floor) if floor else None
 
     def attempt(
         self,
@@ -830,7 +953,7 @@ class TemplateJudge:
                 align=spec.align,
                 stack=self.stack,
                 store=ws.store,
-                extras={"condition": dict(cell.condition), "source": prepared.meta},
+                extras={"condition": dict(cell.condition), "source": prepared.meta, "noise_floor": self.floor},
                 source_key=prepared.source.sha256,
             )
         ws.ledger.record_candidate(

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -514,6 +514,15 @@ class Ledger:
                 for chunk in _chunks(attempt_ids)
                 for row in s.scalars(select(CandidateRow).where(CandidateRow.attempt_id.in_(chunk)))
             }
+
+    def candidates_of_cells(self, cell_ids: Sequence[str]) -> list[Candidate]:
+        """The candidates recorded for those of ``cell_ids`` (every attempt of each), in a few queries."""
+        with self.session() as s:
+            return [
+                _candidate(row)
+                for chunk in _chunks(list(cell_ids))
+                for row in s.scalars(select(CandidateRow).where(CandidateRow.cell_id.in_(chunk)))
+            ]
 
     def candidates(self) -> list[Candidate]:
         with self.session() as s:

@@ -562,6 +562,8 @@ def plot_calibration(result: dict[str, Any], path_png: str | Path) -> Path:
     ]
     fig, axes = plt.subplots(2, 4, figsize=(18, 8))
     for ax, (metric, groups, lines, log) in zip(axes.ravel(), panels):
+        # a threshold that is not judged (None: FOCUS's raw figures on face edits) has no line
+        lines = [line for line in lines if line[0] is not None]
         all_values = [v for g, _ in groups for v in d.get(g, {}).get(metric, {}).get("values", [])]
         if not all_values:
             ax.set_visible(False)
@@ -705,15 +707,19 @@ CORPUS_THRESHOLDS: tuple[tuple[str, str, str, str], ...] = (
     ("expression", "max_mouth_corner_change_iod", "expression.mouth_corner_change_iod", "max"),
     ("expression", "max_brow_change_iod", "expression.brow_change_iod", "max"),
     ("expression", "max_mouth_open_change_iod", "expression.mouth_open_change_iod", "max"),
-    ("locality", "max_diff_nonface", "locality.diff_nonface", "max"),
-    ("locality", "min_ratio", "locality.ratio", "min"),
-    ("locality", "max_changed_share", "locality.changed_share", "max"),
-    ("locality", "max_global_shift", "locality.global_shift", "max"),
-    ("locality", "max_global_gain_change", "locality.global_gain_change", "max"),
-    ("locality", "max_body_skin_delta_e", "locality.body_skin_delta_e", "max"),
+    # judged above the photo's noise floor (the editor's "unchanged" output), as runs judge them
+    ("locality", "max_changed_share", "locality.changed_share_above_floor", "max"),
+    ("locality", "max_global_shift", "locality.global_shift_above_floor", "max"),
+    ("locality", "max_global_gain_change", "locality.global_gain_change_above_floor", "max"),
+    ("locality", "max_body_skin_delta_e", "locality.body_skin_delta_e_above_floor", "max"),
+    # a copy re-rendered is still a copy: the band-limited face change of a no-op is the
+    # decoder's alone (sent to review)
+    ("locality", "min_face_change", "locality.face_change", "min"),
 )
 
 #: The gates the failure corpus judges (the others judge against a requested condition).
+#: FOCUS's raw locality figures: recorded, never judged on corpus-calibrated face edits
+FOCUS_RAW_THRESHOLDS = ("max_diff_nonface", "min_ratio")
 CORPUS_GATES = tuple(dict.fromkeys(gate for gate, _, _, _ in CORPUS_THRESHOLDS))
 
 #: Safety factor between the good edits' extreme and the threshold: the training split's
@@ -721,7 +727,7 @@ CORPUS_GATES = tuple(dict.fromkeys(gate for gate, _, _, _ in CORPUS_THRESHOLDS))
 CORPUS_MARGIN = 1.5
 #: The resolution of a metric, below which a threshold means nothing: a median difference
 #: moves in whole grey levels.
-METRIC_RESOLUTION = {"locality.global_shift": 1.0 / 255.0}
+METRIC_RESOLUTION = {"locality.global_shift_above_floor": 1.0 / 255.0}
 
 #: The rule, in words, written into ``calibration.json`` and the README.
 CORPUS_RULE = (
@@ -736,6 +742,13 @@ CORPUS_RULE = (
 #: Metrics kept per corpus case in ``calibration.json`` (besides verdict and reasons).
 CORPUS_METRICS = tuple(m for _, _, m, _ in CORPUS_THRESHOLDS) + (
     "locality.diff_face",
+    "locality.diff_nonface",
+    "locality.ratio",
+    "locality.band_ratio",
+    "locality.changed_share",
+    "locality.global_shift",
+    "locality.global_gain_change",
+    "locality.body_skin_delta_e",
     "locality.focus_diff_face",
     "locality.focus_diff_nonface",
     "locality.focus_ratio",
@@ -749,10 +762,26 @@ def corpus_rules() -> dict[str, str]:
         rules[f"{gate}.face.{name}"] = f"failure corpus: {bound} bound on {metric}, " + CORPUS_RULE.split(";")[0]
     rules["identity.face.min_cosine"] += "; " + CORPUS_RULE.split("; ")[-1]
     rules["identity.face.max_cosine"] = "none: copies are caught by locality.min_diff_face (review)"
+    for name in FOCUS_RAW_THRESHOLDS:
+        rules[f"locality.face.{name}"] = (
+            "none: FOCUS's raw figure, recorded for comparison; re-rendering alone moves it (band-limited "
+            "changed_share, global_shift and global_gain_change judge locality)"
+        )
     return rules
 
 
-def measure_case(case, stack) -> dict[str, Any]:
+def noise_floor_metrics(record: dict[str, Any]) -> dict[str, float] | None:
+    """The :data:`~counterfactory.validation.gates.locality.FLOOR_RELATIVE` measures of a
+    noise-floor record (:func:`measure_case` of the editor's "unchanged" output), or None
+    when it could not be measured (registration failed)."""
+    from counterfactory.validation.gates.locality import FLOOR_RELATIVE
+
+    metrics = record.get("metrics") or {}
+    floor = {k: metrics[f"locality.{k}"] for k in FLOOR_RELATIVE if f"locality.{k}" in metrics}
+    return floor or None
+
+
+def measure_case(case, stack, floor: dict[str, Any] | None = None) -> dict[str, Any]:
     """Align one corpus case as the factory does and judge it with ``stack``.
 
     Returns ``{case, photo, label, split, verdict, reasons, metrics}`` (metrics: the
@@ -768,7 +797,12 @@ def measure_case(case, stack) -> dict[str, Any]:
         record.update(verdict="rejected", reasons=[alignment.reason.split(":")[0]], metrics={})
         return record
     judgement = stack.evaluate(
-        case.source, alignment.image, covered=alignment.covered, raw_candidate=alignment.raw, unregistered=case.output
+        case.source,
+        alignment.image,
+        covered=alignment.covered,
+        raw_candidate=alignment.raw,
+        unregistered=case.output,
+        extras={"noise_floor": floor} if floor else None,
     )
     metrics = judgement.metrics
     record.update(
@@ -885,13 +919,21 @@ def run_failure_corpus(
     "good_acceptance_heldout", "min_caught_heldout", "cases": [records]}``; held-out verdicts
     come from the gate stack built with the chosen thresholds, exactly as a run judges.
     """
-    from counterfactory.validation.failures import CLASSES, GOOD, build_corpus
+    from counterfactory.validation.failures import CLASSES, GOOD, build_corpus, build_floors
 
     if not 0.0 < target < 1.0:
         raise ValueError(f"target acceptance must be in (0, 1), got {target}")
     measuring = _stack(_measuring_config(base_face_gates), face_mask_mode)
+    # each photo's noise floor: its "unchanged" output, measured like any case; every case of
+    # the photo is judged relative to it, as a run judges a template's cells
+    floors = {
+        c.photo: noise_floor_metrics(measure_case(c, measuring))
+        for c in _progress(
+            build_floors(image_paths, seed=seed, max_side=max_side), progress, "noise floors", unit="photo"
+        )
+    }
     train = [
-        measure_case(c, measuring)
+        measure_case(c, measuring, floors.get(c.photo))
         # streamed: a case's images are dropped as soon as it is measured
         for c in _progress(
             build_corpus(
@@ -909,9 +951,14 @@ def run_failure_corpus(
     # copies are caught by locality.min_diff_face (review); a cosine ceiling would also send
     # strongly recoloured faces to review, which SFace scores as copies by design
     face_gates["identity"]["max_cosine"] = None
+    # FOCUS's raw figures (mean difference outside the face, face/non-face ratio) are kept in
+    # every record for comparison, not judged: a latent autoencoder's re-rendering alone moves
+    # diff_nonface past a no-op ceiling (grace_hopper 0.0176, FOCUS's own mean 0.022); the
+    # band-limited measures above tell re-rendering from content change
+    face_gates.setdefault("locality", {}).update({k: None for k in FOCUS_RAW_THRESHOLDS})
     judging = _stack(face_gates, face_mask_mode)
     heldout = [
-        measure_case(c, judging)
+        measure_case(c, judging, floors.get(c.photo))
         # streamed: a case's images are dropped as soon as it is measured
         for c in _progress(
             build_corpus(
@@ -951,6 +998,7 @@ def run_failure_corpus(
         "good_acceptance_heldout": rates.get(GOOD, {}).get("acceptance"),
         "min_caught_heldout": min(caught) if caught else None,
         "good_edits_locality": focus,
+        "noise_floors": floors,
         "cases": train + heldout,
     }
 

@@ -1,8 +1,9 @@
 """A seeded, labelled corpus of what image editors get wrong, made from real photos.
 
 Each case is a source photo and an "editor output" made from it: a *good* face-only edit, or
-a good edit with one failure on top, then editor jitter and re-encoding, as a diffusion
-editor returns it (a 1-3 px shift, a 0.5-2 % zoom about the centre, a resize to about 1 MP in
+a good edit with one failure on top, re-rendered through a real latent autoencoder (TAEF2,
+as a diffusion editor's decoder re-synthesises every pixel), then editor jitter and
+re-encoding, as a diffusion editor returns it (a 1-3 px shift, a 0.5-2 % zoom about the centre, a resize to about 1 MP in
 multiples of 16, JPEG at quality 85-95). The gates must accept the good edits and catch
 (reject, or send to review) every failure class.
 
@@ -48,6 +49,7 @@ the pixel count; the measures are size-free).
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import math
 from collections.abc import Iterator
@@ -572,6 +574,7 @@ def build_corpus(
     max_side: int = 512,
     splits: tuple[str, ...] = ("train", "heldout"),
     classes: tuple[str, ...] | None = None,
+    rerender: bool = True,
 ) -> Iterator[Case]:
     """Yield the corpus cases photo by photo, class by class (see the module docstring).
 
@@ -586,6 +589,9 @@ def build_corpus(
         max_side: sources larger than this are scaled down first, pixels.
         splits: which splits to yield.
         classes: which classes to make (all of :data:`CLASSES` by default).
+        rerender: pass every case (the no-op copies too) through the TAEF2 latent autoencoder
+            (:mod:`counterfactory.generation.rerender`) at its own size before the jitter, as
+            a diffusion editor's decoder re-synthesises every pixel it returns.
 
     A failure that cannot be made on a photo (no room away from the face for an object, no
     skin visible outside the head) is skipped for that photo.
@@ -601,12 +607,31 @@ def build_corpus(
                     continue
                 rng = np.random.default_rng(_seed(seed, photo.name, label, index))
                 donor = others[int(rng.integers(0, len(others)))] if others else None
-                case = _make_case(photo, label, index, split, rng, donor, seed)
+                case = _make_case(photo, label, index, split, rng, donor, seed, rerender)
                 if case is not None:
                     yield case
 
 
-def _make_case(photo: _Photo, label: str, index: int, split: str, rng, donor: _Photo | None, seed: int) -> Case | None:
+#: the label of a photo's noise-floor case (:func:`build_floors`): not a corpus class
+FLOOR = "floor"
+
+
+def build_floors(paths: list[Path], *, seed: int = 0, max_side: int = 512, rerender: bool = True) -> Iterator[Case]:
+    """One noise-floor case per one-face photo: the source unchanged, re-rendered and jittered
+    with its own seed, as an editor answers the request "return this photo unchanged".
+
+    The corpus judges every case of a photo relative to it, as a run judges every cell of a
+    template relative to the editor's floor request for that template.
+    """
+    for photo in _load_photos([Path(p) for p in paths], max_side):
+        rng = np.random.default_rng(_seed(seed, photo.name, FLOOR, 0))
+        case = _make_case(photo, "noop_copy", 0, FLOOR, rng, None, seed, rerender)
+        yield dataclasses.replace(case, case_id=f"{photo.name}:{FLOOR}", label=FLOOR)
+
+
+def _make_case(
+    photo: _Photo, label: str, index: int, split: str, rng, donor: _Photo | None, seed: int, rerender: bool = True
+) -> Case | None:
     image, face, oval = photo.image, photo.face, photo.oval
     params: dict[str, Any] = {}
     if label == "noop_copy":
@@ -645,6 +670,11 @@ def _make_case(photo: _Photo, label: str, index: int, split: str, rng, donor: _P
             if edited is None:
                 return None
             params.update(extra)
+    if rerender:
+        from counterfactory.generation.rerender import rerender_like
+
+        edited = rerender_like(edited, edited.shape)
+        params["rerendered"] = "taef2"
     output, jitter = editor_jitter(edited, rng)
     params["jitter"] = jitter
     return Case(

@@ -165,6 +165,11 @@ class GatesConfig(BaseModel):
     #: (:data:`~counterfactory.generation.regions.REGIONS`); None: the one the face prompt
     #: names (the run passes it to :meth:`GateStack.from_config`), else ``face``.
     edit_region: str | None = None
+    #: Face designs: spend one request per template and editor asking for the photo unchanged
+    #: (``assets/prompts/noise_floor_v1.txt``) and judge the locality measures of its cells
+    #: relative to that output, the editor's own re-rendering of the photo
+    #: (:func:`~counterfactory.validation.gates.locality.noise_floor_of`). False: judged as measured.
+    noise_floor: bool = True
     face: KindGatesConfig = Field(default_factory=lambda: KindGatesConfig(kind="face"))
     limb: KindGatesConfig = Field(default_factory=lambda: KindGatesConfig(kind="limb"))
 

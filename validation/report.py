@@ -150,6 +150,22 @@ def write_report(release_dir: Path, *, spec: Any, items: Sequence[dict[str, Any]
         for g in completeness.get("per_group", [])
     )
     expression = stats.get("expression", {})
+    floor = stats.get("noise_floor") or {}
+
+    def num(value: Any) -> str:
+        return f"{value:.4g}" if isinstance(value, (int, float)) else "-"
+
+    floor_keys = ("changed_share", "global_shift", "global_gain_change", "body_skin_delta_e", "diff_nonface")
+    floor_rows = (
+        "".join(
+            f"<tr><td>{html.escape(tid)}</td>"
+            + "".join(f"<td>{num(f['metrics'].get(k))}</td>" for k in floor_keys)
+            + f"<td><code>{html.escape(str(f['attempt_id'])[:12])}</code></td></tr>"
+            for tid, f in floor.items()
+        )
+        or f'<tr><td colspan="{len(floor_keys) + 2}">no noise-floor request (limb design, or gates.noise_floor off)</td></tr>'
+    )
+    floor_head = "".join(f"<th>{k}</th>" for k in floor_keys)
 
     def drift(rate: dict[str, Any]) -> str:
         if not rate or not rate.get("n"):
@@ -187,6 +203,11 @@ Editor calls in the run that wrote this release: {stats["editor_calls_this_run"]
     }</p>
 <table id="completeness"><tr><th>group</th><th>cells</th><th>accepted</th><th>undecided (needs review)</th>
 <th>unfilled (rejected, failed)</th></tr>{group_rows}</table>
+<h2>Editor noise floor</h2>
+<p>Per template, the editor's output for "return this photo unchanged", measured like a candidate:
+its re-rendering of the photo. The cells' changed share, global shift, gain and body-skin change are
+judged above these values (each item's <code>floor_*</code> and <code>*_above_floor</code> fields).</p>
+<table id="noise-floor"><tr><th>template</th>{floor_head}<th>attempt</th></tr>{floor_rows}</table>
 <h2>Expression drift</h2>
 <p>Variants whose SMILE / NEUTRAL / SERIOUS label differs from their template's modal label:
 {drift(expression.get("overall", {}))}.</p>

@@ -200,6 +200,12 @@ class ClassicalEditor(SequentialEditor):
                 self.options.inpaint_radius_px,
                 cv2.INPAINT_TELEA,
             )
+        elif not request.condition:
+            # a request without a condition asks for the photo unchanged (the noise-floor
+            # request): what comes back is the re-rendering alone, as from a real editor
+            out, facts = image.copy(), {"noise_floor": True}
+            if self.options.rerender:
+                out = self.rerender(out)
         else:
             out, facts = donor_tone_shift(
                 image,

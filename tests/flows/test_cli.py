@@ -216,3 +216,38 @@ def test_verify_reports_a_tampered_release(tmp_path):
     (path / "manifest.jsonl").write_text("changed\n")
     bad = _run(["verify", str(path)])
     assert bad.returncode == 1 and "manifest.jsonl: checksum mismatch" in bad.stderr
+
+
+@pytest.mark.slow
+def test_measure_with_the_editors_noise_floor(tmp_path):
+    """``--floor FILE``: the editor's output for "return this photo unchanged" of the source
+    is measured like a candidate, and locality is judged above it (issue 19)."""
+    from counterfactory.generation.rerender import rerender_like
+
+    source = read_rgb("astronaut.png")
+    Image.fromarray(source).save(tmp_path / "source.png")
+    # what a latent editor returns when asked for nothing: the photo re-rendered
+    Image.fromarray(rerender_like(source, source.shape)).save(tmp_path / "floor.png")
+    # a candidate that pastes an object of 2 % of the image in a corner, then re-rendered
+    edited = source.copy()
+    h, w = source.shape[:2]
+    side = int((0.02 * h * w) ** 0.5)
+    edited[h - side - 10 : h - 10, 10 : 10 + side] = read_rgb("grace_hopper.jpg")[:side, :side]
+    Image.fromarray(rerender_like(edited, source.shape)).save(tmp_path / "candidate.png")
+    args = ["measure", str(tmp_path / "source.png"), str(tmp_path / "candidate.png"), "--json"]
+    plain = json.loads(_run(args).stdout)
+    assert plain["noise_floor"] is None
+    assert "floor_changed_share" not in plain["gates"]["locality"]["metrics"]
+    result = _run([*args, "--floor", str(tmp_path / "floor.png")])
+    assert result.returncode == 0, result.stderr[-2000:]
+    report = json.loads(result.stdout)
+    floor, m = report["noise_floor"], report["gates"]["locality"]["metrics"]
+    assert set(floor) >= {"changed_share", "global_shift", "global_gain_change"}
+    for key in ("changed_share", "global_shift", "global_gain_change"):
+        assert m[f"floor_{key}"] == pytest.approx(floor[key])
+        assert m[f"{key}_above_floor"] == pytest.approx(m[key] - floor[key])
+    # the object stands above the re-rendering: rejected either way
+    assert m["changed_share_above_floor"] > 0.01
+    assert "locality_changed_share_above_max" in report["reasons"]
+    missing = _run([*args, "--floor", str(tmp_path / "nope.png")])
+    assert missing.returncode == 2 and "nope.png" in missing.stderr and "Traceback" not in missing.stderr

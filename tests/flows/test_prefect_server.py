@@ -248,7 +248,7 @@ def test_scheduled_runs_publish_only_when_an_input_changed(prefect_server, tmp_p
         try:
             lines = _wait_for(lambda: len(_log(out)) >= 2 and _log(out), 300, "two scheduled runs", proc, log_path)
             first, second = lines[0], lines[1]
-            assert first["published"] == "0.1.0" and first["editor_calls"] == 2
+            assert first["published"] == "0.1.0" and first["editor_calls"] == 3  # two cells and the noise floor
             # nothing changed: no version, and no attempt paid for again
             assert second["published"] is None and second["previous"] == "0.1.0" and second["editor_calls"] == 0
             assert sorted(p.name for p in releases.iterdir()) == ["0.1.0"]
@@ -276,8 +276,8 @@ def test_scheduled_runs_publish_only_when_an_input_changed(prefect_server, tmp_p
     assert leftover == []
 
     assert later["published"] == "0.1.1" and later["previous"] == "0.1.0"
-    assert later["editor_calls"] == 2  # only the new photo's two cells were paid for
-    assert sum(r.get("editor_calls", 0) for r in _log(out)[2:]) == 2  # and never again after
+    assert later["editor_calls"] == 3  # only the new photo's two cells and its noise floor were paid for
+    assert sum(r.get("editor_calls", 0) for r in _log(out)[2:]) == 3  # and never again after
     v2 = releases / "0.1.1"
     assert verify_release(v2) == []
     diff = json.loads((v2 / "diff.json").read_text())

@@ -92,21 +92,26 @@ def test_two_workers_on_one_postgres_ledger_pay_each_edit_once(tmp_path):
             assert worker.returncode == 0, (out[-2000:], err[-3000:])
         engine = create_engine(url)
         with engine.connect() as db:
-            attempts = db.execute(text("select attempt_id, status, calls, claimed_by from attempts")).all()
+            attempts = db.execute(text("select attempt_id, cell_id, status, calls, claimed_by from attempts")).all()
             judged = db.execute(text("select count(distinct attempt_id) from candidates")).scalar()
             runs = db.execute(text("select count(*) from runs")).scalar()
         engine.dispose()
         billed = server.billed_per_payload()
 
-    # the fake returns the photo unchanged: every face cell fills with its first seed (review)
-    assert len(attempts) == 8 and all(a.status == "ok" for a in attempts), attempts
-    assert judged == 8 and runs == 2
+    # the fake returns the photo unchanged: every face cell fills with its first seed (review);
+    # each template also spent its one noise-floor request
+    cells = [a for a in attempts if not a.cell_id.endswith("|floor")]
+    floors = [a for a in attempts if a.cell_id.endswith("|floor")]
+    assert len(cells) == 8 and all(a.status == "ok" for a in attempts), attempts
+    assert sorted(a.cell_id.split("|")[0] for a in floors) == sorted({a.cell_id.split("|")[0] for a in cells})
+    paid = len(attempts)
+    assert judged == paid and runs == 2
     # each attempt's editor was called exactly once across both workers: by the ledger's
     # count and by the queue's, which sees every paid request
-    assert [a.calls for a in attempts] == [1] * 8
-    assert len(billed) == 8 and set(billed.values()) == {1}, billed
-    assert server.stats()["paid_submits"] == 8
+    assert [a.calls for a in attempts] == [1] * paid
+    assert len(billed) == paid and set(billed.values()) == {1}, billed
+    assert server.stats()["paid_submits"] == paid
     # the claims shared the grid out: both workers edited
     assert len({a.claimed_by for a in attempts}) == 2
     calls = [int(out.split("editor calls: ")[1].split()[0]) for out, _ in results]
-    assert sum(calls) == 8 and min(calls) > 0, calls
+    assert sum(calls) == paid and min(calls) > 0, calls

@@ -666,6 +666,26 @@ def _face_measures(
     return out
 
 
+#: The measures judged relative to the editor's noise floor (:func:`noise_floor_of`).
+FLOOR_RELATIVE = ("changed_share", "global_shift", "global_gain_change", "body_skin_delta_e")
+
+
+def noise_floor_of(pair: PairContext) -> dict | None:
+    """The editor's noise floor for this pair's source, when the caller has one: the locality
+    metrics of the editor's output for the request "return this photo unchanged"
+    (``pair.extras["noise_floor"]``, a ``{metric: value}`` mapping), else None.
+
+    Every editor that decodes through a latent autoencoder re-synthesises the whole image, and
+    how much that moves each measure depends on the photo (fine fabric, text and flags move
+    ``changed_share``; a colour bias of the decoder moves ``global_shift``). With a floor, the
+    :data:`FLOOR_RELATIVE` measures are judged as their excess over it (``<metric>_above_floor``,
+    recorded beside ``floor_<metric>``), so the limits hold for a new editor without
+    recalibration; without one they are judged as measured.
+    """
+    floor = (pair.extras or {}).get("noise_floor")
+    return dict(floor) if floor else None
+
+
 def locality_gate(
     pair: PairContext,
     *,
@@ -781,6 +801,7 @@ def locality_gate(
         else:
             if max_diff_nonface is not None and m["diff_nonface"] > max_diff_nonface:
                 reasons.append("locality_nonface_diff_above_max")
+            floor = noise_floor_of(pair)
             for key, bound, code in (
                 ("changed_share", max_changed_share, "locality_changed_share_above_max"),
                 ("global_shift", max_global_shift, "locality_global_shift_above_max"),
@@ -788,6 +809,11 @@ def locality_gate(
                 ("body_skin_delta_e", max_body_skin_delta_e, "locality_body_skin_above_max"),
             ):
                 value = metrics.get(key)
+                base = None if floor is None else finite_or_none(floor.get(key))
+                if value is not None and base is not None:
+                    # judged above the editor's own re-rendering of this photo
+                    metrics[f"floor_{key}"] = base
+                    value = metrics[f"{key}_above_floor"] = value - base
                 if bound is not None and value is not None and value > bound:
                     reasons.append(code)
             face_change = metrics.get("face_change")
