@@ -98,6 +98,8 @@ class ImportRow:
         candidate_sha256: the file's bytes' sha256 when read (None: missing or unreadable).
         problem: why the candidate cannot be read, when it cannot.
         prompt: the prompt the row says the candidate was made with.
+        floor: the file the row names as the editor's output for "return this photo unchanged"
+            of its source (the ``floor`` column), relative to the table's folder, or None.
     """
 
     number: int
@@ -110,6 +112,7 @@ class ImportRow:
     candidate_sha256: str | None
     problem: str | None
     prompt: str | None
+    floor: Path | None = None
 
     def record(self) -> dict[str, Any]:
         """What the item records about its row (``editor.output``)."""
@@ -262,11 +265,12 @@ class ImportTable:
             candidate_sha256=sha,
             problem=problem,
             prompt=row.get(options.prompt_column),
+            floor=folder / row.get(options.floor_column) if row.get(options.floor_column) else None,
         )
 
     def digest(self) -> str:
         """sha256 of what decides the outputs and their records: every row's source, condition,
-        prompt and candidate (its sha256, or why it cannot be read)."""
+        prompt, candidate (its sha256, or why it cannot be read) and floor file."""
         rows = [
             {
                 "source": r.source_id,
@@ -275,6 +279,7 @@ class ImportTable:
                 "problem": r.problem,
                 "prompt": r.prompt,
                 "row": [r.number, r.row_id, r.candidate],
+                "floor_sha256": _file_sha256(r.floor) if r.floor is not None else None,
             }
             for r in self.rows
         ]
@@ -328,6 +333,10 @@ class ImportOptions(BaseModel):
     id_column: str = "id"
     #: the column holding the prompt each candidate was made with, where the set records it
     prompt_column: str = "prompt"
+    #: the column naming, per row, the set's editor's output for "return this photo unchanged"
+    #: of the row's source (its noise floor, relative to the table's folder); the run judges the
+    #: source's cells above it. Rows without one: the cells are judged as measured
+    floor_column: str = "floor"
     #: the editor that made the set and its version, as far as known (the items' lineage)
     editor_name: str = Field("unknown", min_length=1)
     editor_version: str | None = None
@@ -494,6 +503,15 @@ class ImportEditor(SequentialEditor):
                 self._by_cell, self._source_of = by_cell, source_of
             return self._by_cell, self._source_of
 
+    def _floor_of(self, request: EditRequest) -> Path | None:
+        """The floor file the table names for the request's source (its first row that names one)."""
+        by_cell, source_of = self._index()
+        ids = set(source_of.get(_pixel_key(request.image), ()))
+        for (sid, _), row in sorted(by_cell.items(), key=lambda kv: kv[1].number):
+            if sid in ids and row.floor is not None:
+                return row.floor
+        return None
+
     def edit(self, request: EditRequest) -> EditResult:
         """The table's candidate for ``request``'s source and condition, decoded.
 
@@ -501,8 +519,23 @@ class ImportEditor(SequentialEditor):
         row for, are final ``failed`` results whose reason names the file or the cell.
         """
         if not request.condition:
-            # the run's noise-floor request ("return this photo unchanged"): a set made elsewhere
-            # has no such output, so its cells are judged as measured
+            # the run's noise-floor request ("return this photo unchanged"): the table's floor
+            # file for this source, when it names one; else a set made elsewhere has no such
+            # output, and its cells are judged as measured
+            floor = self._floor_of(request)
+            if floor is not None:
+                try:
+                    image = load_image(floor)
+                except SourceError as exc:
+                    return EditResult(
+                        request.attempt_id, "failed", reason=f"import_floor_unreadable: {exc}", metadata={FINAL: True}
+                    )
+                return EditResult(
+                    request.attempt_id,
+                    "ok",
+                    image=image.pixels,
+                    metadata={"output": {"file": str(floor), "warnings": decoder_warnings(image.notes)}},
+                )
             return EditResult(
                 request.attempt_id,
                 "failed",

@@ -23,7 +23,7 @@ import yaml
 from PIL import Image
 
 from counterfactory.assets import PHOTOS_DIR
-from counterfactory.validation.failures import GOOD, build_corpus
+from counterfactory.validation.failures import GOOD, build_corpus, build_floors
 from tests.conftest import REPO
 
 LONDON = REPO.parent / "shared" / "photos" / "london"
@@ -208,9 +208,19 @@ def write_import_set(folder: Path, *, seed: int = 0) -> ImportSet:
         }
     )
     assert max(used.values()) <= len(conditions), used
+    # each source's noise floor, as the set's editor would answer "return this photo unchanged"
+    # (re-rendered, jittered): the table's floor column, which the run judges the cells above
+    (folder / "floors").mkdir(exist_ok=True)
+    for paths, _ in GROUPS:
+        for case in build_floors(paths, seed=seed, max_side=MAX_SIDE):
+            stem = Path(case.photo).stem
+            if stem in used:
+                Image.fromarray(case.output).save(folder / "floors" / f"{stem}.png")
+    for r in rows:
+        r["floor"] = f"floors/{Path(r['source']).stem}.png"
     (photos / "metadata.yaml").write_text(yaml.safe_dump({"sources": metadata}, sort_keys=False))
     table = folder / "pairs.csv"
-    columns = ["id", "source", "candidate", "race", "gender", "prompt"]
+    columns = ["id", "source", "candidate", "race", "gender", "prompt", "floor"]
     lines = [",".join(columns)] + [",".join(_csv(r[c]) for c in columns) for r in rows]
     table.write_text("\n".join(lines) + "\n")
     spec = folder / "spec.yaml"
