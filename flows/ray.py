@@ -362,9 +362,9 @@ def process_templates_on_ray(
         with remote_options(**edit_options):
             return edit_task.submit(wt, list(plans), lineage).result()
 
-    def judge(spec_, ws_, prepared, plans, stack, jkey, floor=None) -> list[tuple[str, list[str]]]:
+    def judge(spec_, ws_, prepared, plans, stack, jkey, floor=None, as_floor=False) -> list[tuple[str, list[str]]]:
         with remote_options(**judge_options):
-            return judge_task.submit(wt, prepared, list(plans), jkey, floor).result()
+            return judge_task.submit(wt, prepared, list(plans), jkey, floor, as_floor).result()
 
     def one(prepared: steps.PreparedSource, cells: Sequence[Any]) -> steps.TemplateOutcome:
         return steps.process_template(spec, ws, prepared, cells, editor, None, edit=edit, judge=judge)
@@ -461,13 +461,14 @@ def judge_task(
     plans: list[steps.PlannedAttempt],
     jkey: str,
     floor: dict | None = None,
+    as_floor: bool = False,
 ) -> list[tuple[str, list[str]]]:
     """:func:`~counterfactory.flows.steps.judge_attempts` on a worker: align, measure, judge."""
     state = _worker_state(target)
     if state.stack is None:
         stack = steps.build_gate_stack(target.spec, journal=state.ws.ledger.journal("fal_vlm"))
         state.stack = limited_gates(stack, target.spec)
-    return steps.judge_attempts(target.spec, state.ws, prepared, plans, state.stack, jkey, floor)
+    return steps.judge_attempts(target.spec, state.ws, prepared, plans, state.stack, jkey, floor, as_floor)
 
 
 __all__ = [

@@ -473,6 +473,7 @@ def noise_floor(
     jkey: str,
     *,
     edit: Callable[..., int] | None = None,
+    judge: Callable[..., list[tuple[str, list[str]]]] | None = None,
 ) -> tuple[dict[str, Any] | None, int]:
     """``(floor, editor calls)``: run (once, ever: it is an attempt like any other, committed
     to the ledger and never paid again) and measure the template's noise-floor request.
@@ -487,32 +488,12 @@ def noise_floor(
     attempt = ws.ledger.attempt(plan.attempt_id)
     if attempt is None or attempt.status != "ok" or not ws.store.has(attempt.output_sha256):
         return None, calls
+    # judged where the cells are (this process, or a worker on Ray), recorded as a floor
+    (judge or judge_attempts)(spec, ws, prepared, [plan], stack, jkey, None, True)
     known = ws.ledger.candidate(plan.attempt_id)
-    if known is not None and known.judge_key == jkey:
-        return floor_metrics(known.gates, plan.attempt_id), calls
-    judged = judge_output(
-        prepared.source.pixels,
-        ws.store.get(attempt.output_sha256),
-        kind=spec.design.kind,
-        region=prepared.region,
-        face_size_px=prepared.face_size_px,
-        align=spec.align,
-        stack=stack if stack is not None else build_gate_stack(spec),
-        store=ws.store,
-        extras={"condition": {}, "source": prepared.meta},
-        source_key=prepared.source.sha256,
-    )
-    ws.ledger.record_candidate(
-        plan.attempt_id,
-        cell_id=plan.cell.cell_id,
-        judge_key=jkey,
-        image_sha256=judged.image_sha256,
-        alignment=judged.alignment,
-        verdict=FLOOR_VERDICT,
-        reasons=judged.reasons,
-        gates=judged.gates,
-    )
-    return floor_metrics(judged.gates, plan.attempt_id), calls
+    if known is None or known.verdict != FLOOR_VERDICT:
+        return None, calls
+    return floor_metrics(known.gates, plan.attempt_id), calls
 
 
 def judge_key(spec: Spec) -> str:
@@ -632,7 +613,9 @@ def process_template(
     # a backend that cannot make the floor (the import backend: its outputs exist already)
     # answers the request failed; the template's cells are then judged as measured
     if uses_noise_floor(spec):
-        floor, calls = noise_floor(spec, ws, prepared, editor, lineage, stack, jkey, edit=None if here else edit)
+        floor, calls = noise_floor(
+            spec, ws, prepared, editor, lineage, stack, jkey, edit=None if here else edit, judge=None if here else judge
+        )
     template_judge = TemplateJudge(spec, ws, prepared, stack, jkey, floor=floor) if here else None
     for attempt_no in range(1, spec.editor.max_attempts + 1):
         if not open_cells:
@@ -840,13 +823,15 @@ def judge_attempts(
     stack: GateStack,
     jkey: str,
     floor: Mapping[str, Any] | None = None,
+    as_floor: bool = False,
 ) -> list[tuple[str, list[str]]]:
     """``(verdict, reasons)`` per planned attempt, recording each new candidate in the ledger.
 
     A candidate already judged under ``jkey`` is not judged again. ``floor``: the template's
-    noise floor (:func:`noise_floor`), or None.
+    noise floor (:func:`noise_floor`), or None. ``as_floor``: these are noise-floor requests,
+    recorded with the verdict :data:`FLOOR_VERDICT`.
     """
-    judge = TemplateJudge(spec, ws, prepared, stack, jkey, floor=floor)
+    judge = TemplateJudge(spec, ws, prepared, stack, jkey, floor=floor, as_floor=as_floor)
     return [judge.attempt(plan.cell, plan.attempt_id) for plan in plans]
 
 
@@ -909,9 +894,11 @@ class TemplateJudge:
         jkey: str,
         *,
         floor: Mapping[str, Any] | None = None,
+        as_floor: bool = False,
     ) -> None:
         self.spec, self.ws, self.prepared, self.stack, self.jkey = spec, ws, prepared, stack, jkey
         self.floor = dict(floor) if floor else None
+        self.as_floor = as_floor
 
     def attempt(
         self,
@@ -962,7 +949,7 @@ class TemplateJudge:
             judge_key=self.jkey,
             image_sha256=judged.image_sha256,
             alignment=judged.alignment,
-            verdict=judged.verdict,
+            verdict=FLOOR_VERDICT if self.as_floor else judged.verdict,
             reasons=judged.reasons,
             gates=judged.gates,
         )

@@ -67,7 +67,8 @@ def write_spec(folder: Path, *, version: str = "0.1.0", ledger_url: str | None =
         },
         "prompts": {"face": "face_only_v1"},
         "editor": {"backend": "classical", "max_attempts": 2},
-        "gates": {"face": {"identity": {"max_cosine": 0.995}}},
+        # a near-copy goes to review (identity above the band): grace_hopper's lighter edit scores 0.964
+        "gates": {"face": {"identity": {"max_cosine": 0.96}}},
         "release": {"name": "review-test", "version": version},
         "review": {"audit_accepted_rate": 1.0, "audit_rejected_rate": 1.0, **review},
     }

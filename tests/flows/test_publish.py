@@ -132,7 +132,7 @@ def test_publish_with_allow_incomplete_from_the_ledger_with_zero_editor_calls(st
         "editor_seed",
         "alignment",
         "gate.identity.cosine",
-        "gate.locality.threshold.max_diff_nonface",
+        "gate.locality.threshold.max_changed_share",
         "review",
     ):
         assert column in table.column_names, column

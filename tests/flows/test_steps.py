@@ -225,6 +225,10 @@ def test_outputs_judged_from_memory_match_a_judgement_read_back_from_the_store(s
     cells = steps.plan_grid(spec, [source]).cells_of(source.id)[:2]
     outcome = steps.process_template(spec, ws, source, cells, FakeEditor(), stack)
     fresh_store = ImageStore(tmp_path / "fresh")
+    # the cells were judged above the template's noise floor: the fresh judgement is too
+    (floor_row,) = ws.ledger.candidates_of_cells([f"{source.id}|{steps.FLOOR_VERDICT}"])
+    floor = steps.floor_metrics(floor_row.gates, floor_row.attempt_id)
+    assert floor is not None
     for cell in outcome.cells:
         attempt, candidate = ws.ledger.attempt(cell.final_attempt), ws.ledger.candidate(cell.final_attempt)
         fresh = steps.judge_output(
@@ -236,7 +240,7 @@ def test_outputs_judged_from_memory_match_a_judgement_read_back_from_the_store(s
             align=spec.align,
             stack=stack,
             store=fresh_store,
-            extras={"condition": dict(cell.cell.condition), "source": source.meta},
+            extras={"condition": dict(cell.cell.condition), "source": source.meta, "noise_floor": floor},
         )
         assert candidate.image_sha256 == fresh.image_sha256 is not None
         assert (candidate.verdict, candidate.reasons) == (fresh.verdict, fresh.reasons)
@@ -284,7 +288,8 @@ def test_a_status_poll_outage_buys_zero_extra_requests(spec, prepared, stack, tm
         ws = steps.open_workspace(spec, tmp_path)
         outcome = steps.process_template(spec, ws, source, cells, editor, stack)
         # reproduction: every cell used to fail its first attempt and buy seed 2 (2 paid each)
-        assert sum(server.paid_submits.values()) == len(cells)
+        # (one request per cell, and the template's one noise-floor request)
+        assert sum(server.paid_submits.values()) == len(cells) + 1
         assert max(server.paid_submits.values()) == 1
         assert [len(c.attempt_ids) for c in outcome.cells] == [1] * len(cells)
         assert all(c.verdict == "needs_review" for c in outcome.cells), [c.reasons for c in outcome.cells]
