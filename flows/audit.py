@@ -95,6 +95,20 @@ class PairMeasurer:
             self._sources.popitem(last=False)
         return source
 
+    def _judge(self, source: _Source, pixels: np.ndarray, kind: str, extras: dict[str, Any] | None = None):
+        """``pixels`` aligned to ``source`` and judged, the run's way (:func:`judge_output`)."""
+        return judge_output(
+            source.pixels,
+            pixels,
+            kind=kind,
+            region=source.region,
+            face_size_px=source.face_size,
+            align=self.align_config,
+            stack=self._stack(kind),
+            extras=extras,
+            source_key=source.sha256,
+        )
+
     def noise_floor(self, source: _Source, floor_path: Path, kind: str) -> dict[str, Any]:
         """The locality measures of ``floor_path``, the editor's output for "return this photo
         unchanged" of this source, measured like a candidate (what a run's floor request gives).
@@ -108,16 +122,7 @@ class PairMeasurer:
             image = load_image(floor_path)
         except SourceError as exc:
             raise PairError("floor_unreadable", str(exc)) from None
-        judged = judge_output(
-            source.pixels,
-            image.pixels,
-            kind=kind,
-            region=source.region,
-            face_size_px=source.face_size,
-            align=self.align_config,
-            stack=self._stack(kind),
-            source_key=source.sha256,
-        )
+        judged = self._judge(source, image.pixels, kind)
         floor = floor_metrics(judged.gates, str(floor_path))
         if floor is None:
             raise PairError(
@@ -154,17 +159,7 @@ class PairMeasurer:
         if floor_path is not None:
             floor = self.noise_floor(source, floor_path, kind)
             extras["noise_floor"] = floor
-        judged = judge_output(
-            source.pixels,
-            candidate.pixels,
-            kind=kind,
-            region=source.region,
-            face_size_px=source.face_size,
-            align=self.align_config,
-            stack=self._stack(kind),
-            extras=extras or None,
-            source_key=source.sha256,
-        )
+        judged = self._judge(source, candidate.pixels, kind, extras or None)
         return {
             "noise_floor": floor,
             "source": str(source_path),
