@@ -667,7 +667,7 @@ def release_diff(a: Path, b: Path, as_json: bool) -> None:
 
     Exit codes: 0 identical, 1 different, 2 not comparable (not releases, or of different studies).
     """
-    from counterfactory.manifests.release_diff import DiffError, diff_releases
+    from counterfactory.validation.release_diff import DiffError, diff_releases
 
     try:
         result = diff_releases(a, b)
