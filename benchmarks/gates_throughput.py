@@ -162,7 +162,7 @@ def _source_face(source: np.ndarray):
 
 
 def _source_models(source: np.ndarray):
-    """The model calls :meth:`GateStack.prepare_source` makes, once per source; returns its face."""
+    """The model calls :meth:`GateStack.analyse_source` makes, once per source; returns its face."""
     from counterfactory.validation.gates.expression import ExpressionGate
     from counterfactory.validation.gates.face import FaceGate
     from counterfactory.validation.gates.identity import IdentityGate
