@@ -87,7 +87,8 @@ def _resolve(name: str, known: dict[str, tuple[Path, bool]]) -> str:
     return name
 
 
-def imports_of(module: str) -> list[Import]:
+@cache
+def imports_of(module: str) -> tuple[Import, ...]:
     """Every import ``module`` makes, at any depth of its syntax tree."""
     known = modules()
     path, is_package = known[module]
@@ -122,7 +123,7 @@ def imports_of(module: str) -> list[Import]:
                 visit(child, lazy, type_only)
 
     visit(tree, False, False)
-    return found
+    return tuple(found)
 
 
 def _in(name: str, prefixes: tuple[str, ...]) -> bool:
