@@ -467,7 +467,8 @@ def calibrate(out: Path, spec_path: Path | None, failures: int, seed: int, targe
     """Measure the no-op ceiling and different-person floor; with --failures, build the
     failure-mode corpus, set the face-edit thresholds from it and report the held-out
     good-edit acceptance and per-class catch rates."""
-    from counterfactory.validation.calibrate import bundled_photo_paths, run_calibration
+    from counterfactory.validation.calibrate import run_calibration
+    from counterfactory.validation.calibration_base import bundled_photo_paths
 
     paths = bundled_photo_paths()
     if spec_path is not None:
@@ -666,7 +667,7 @@ def release_diff(a: Path, b: Path, as_json: bool) -> None:
 
     Exit codes: 0 identical, 1 different, 2 not comparable (not releases, or of different studies).
     """
-    from counterfactory.manifests.release_diff import DiffError, diff_releases
+    from counterfactory.validation.release_diff import DiffError, diff_releases
 
     try:
         result = diff_releases(a, b)

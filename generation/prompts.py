@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from counterfactory.assets import PROMPTS_DIR
 from counterfactory.generation.regions import DEFAULT_REGION, template_region
+from counterfactory.generation.sampling import DesignConfig, conditions
 from counterfactory.manifests.errors import SetupError
 
 _NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
@@ -41,6 +42,31 @@ class PromptConfig(BaseModel):
     negative: str | None = None
     #: extra folder searched before the bundled ``assets/prompts``.
     directory: Path | None = None
+
+    def check_renders(self, design: DesignConfig) -> None:
+        """Render every condition of ``design`` once, so a missing template or an unknown field
+        in ``target_group`` stops the spec when it loads instead of failing every cell mid-run.
+
+        The spec (:class:`counterfactory.manifests.spec.Spec`) calls this on its own sections, so
+        the spec module never imports this package.
+
+        Raises:
+            ValueError: naming the template or field at fault (pydantic reports it as the
+                spec's validation error).
+        """
+        for condition in conditions(design):
+            try:
+                render_prompt(self, kind=design.kind, condition=condition, source_meta={})
+            except SetupError as exc:  # a missing template
+                raise ValueError(f"prompts: {exc}") from None
+            except KeyError as exc:
+                raise ValueError(
+                    f"prompts.target_group {self.target_group!r} uses {{{exc.args[0]}}}, which is "
+                    f"not one of the fields it can use: the design's axes {sorted(design.axes)}, "
+                    "gender_noun and article (rename the axis, e.g. to 'race', or change target_group)"
+                ) from None
+            except (ValueError, IndexError) as exc:
+                raise ValueError(f"prompts: {exc}") from None
 
 
 @dataclass(frozen=True)

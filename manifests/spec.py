@@ -28,7 +28,6 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 
 from counterfactory.manifests.derived import RobustnessConfig
-from counterfactory.manifests.errors import SetupError
 from counterfactory.manifests.registry import EDITORS, model_at
 from counterfactory.manifests.review import ReviewOptions
 from counterfactory.manifests.trials import TrialsConfig
@@ -276,28 +275,10 @@ class Spec(BaseModel):
             missing = set(self.design.axes["cue"]) - set(self.prompts.limb)
             if missing:
                 raise ValueError(f"prompts.limb has no template for cue values {sorted(missing)}")
-        self._check_prompts()
+        # every condition's prompt rendered once: a missing template or an unknown field in
+        # prompts.target_group stops the spec here instead of failing every cell mid-run
+        self.prompts.check_renders(self.design)
         return self
-
-    def _check_prompts(self) -> None:
-        """Render every condition's prompt once, so a missing template or an unknown field in
-        ``prompts.target_group`` stops the spec here instead of failing every cell mid-run."""
-        from counterfactory.generation.prompts import render_prompt
-        from counterfactory.generation.sampling import conditions
-
-        for condition in conditions(self.design):
-            try:
-                render_prompt(self.prompts, kind=self.design.kind, condition=condition, source_meta={})
-            except SetupError as exc:  # a missing template
-                raise ValueError(f"prompts: {exc}") from None
-            except KeyError as exc:
-                raise ValueError(
-                    f"prompts.target_group {self.prompts.target_group!r} uses {{{exc.args[0]}}}, which is "
-                    f"not one of the fields it can use: the design's axes {sorted(self.design.axes)}, "
-                    "gender_noun and article (rename the axis, e.g. to 'race', or change target_group)"
-                ) from None
-            except (ValueError, IndexError) as exc:
-                raise ValueError(f"prompts: {exc}") from None
 
     @property
     def source_path(self) -> Path | None:
