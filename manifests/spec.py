@@ -28,7 +28,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 
 from counterfactory.manifests.derived import RobustnessConfig
-from counterfactory.manifests.errors import SetupError
+from counterfactory.manifests.errors import CounterfactoryError, SetupError
 from counterfactory.manifests.registry import EDITORS, model_at
 from counterfactory.manifests.review import ReviewOptions
 from counterfactory.manifests.trials import TrialsConfig
@@ -55,7 +55,7 @@ _SEMVER = re.compile(r"^\d+\.\d+\.\d+(?:[-+][0-9A-Za-z.-]+)?$")
 _SLUG = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 
-class SpecError(ValueError):
+class SpecError(CounterfactoryError, ValueError):
     """A spec that cannot run; the message names the file and the field."""
 
 
