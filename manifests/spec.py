@@ -27,6 +27,7 @@ from pydantic_core import PydanticCustomError
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 
+from counterfactory.assets import PROMPTS_DIR
 from counterfactory.manifests.derived import RobustnessConfig
 from counterfactory.manifests.errors import CounterfactoryError, SetupError
 from counterfactory.manifests.registry import EDITORS, model_at
@@ -280,11 +281,34 @@ class Spec(BaseModel):
         return self
 
     def _check_prompts(self) -> None:
-        """Render every condition's prompt once, so a missing template or an unknown field in
-        ``prompts.target_group`` stops the spec here instead of failing every cell mid-run."""
-        from counterfactory.generation.prompts import render_prompt
+        """Read every template the design names and render every condition's prompt once, so a
+        missing template (reported at its field, ``prompts.face`` or ``prompts.limb.<cue>``, with
+        the files looked for) or an unknown field in ``prompts.target_group`` stops the spec here
+        instead of failing every cell mid-run."""
+        from counterfactory.generation.prompts import load_template, render_prompt
         from counterfactory.generation.sampling import conditions
 
+        if self.design.kind == "face":
+            named = {"prompts.face": self.prompts.face}
+        else:
+            named = {f"prompts.limb.{cue}": self.prompts.limb[cue] for cue in self.design.axes["cue"]}
+        for field_name, name in named.items():
+            try:
+                load_template(name, self.prompts.directory)
+            except ValueError as exc:  # a name that cannot be a file's
+                message = f"the name of a prompt template: {exc}"
+            except SetupError as exc:  # no such file
+                folders = [d for d in (self.prompts.directory, PROMPTS_DIR) if d is not None]
+                tried = ", ".join(str((Path(d) / f"{name}.txt").resolve()) for d in folders)
+                message = (
+                    f"the name of a prompt template, but {exc} (looked for {tried}); name a bundled "
+                    f"template, or put {name}.txt in prompts.directory"
+                )
+            else:
+                continue
+            raise PydanticCustomError(
+                "nested_invalid", "{message}", {"field": field_name, "message": message, "input": name}
+            )
         for condition in conditions(self.design):
             try:
                 render_prompt(self.prompts, kind=self.design.kind, condition=condition, source_meta={})
