@@ -429,7 +429,10 @@ def _check_named_files(path: Path, spec: Spec, *, check_paths: bool) -> None:
     field, the path as resolved and the fix. The prompt templates themselves are checked by
     validation (:meth:`Spec._check_prompts`). The photos and limb masks each metadata record
     names are not checked here: one of them missing fails that source only, which the run
-    records in the release's stats (the editor is never called for it).
+    records in the release's stats (the editor is never called for it). Model files (an editor's
+    weights, a gate's ``weights``, ``insightface_pack``, ``libreface_weights``) belong to the
+    machine that runs them, a Ray node perhaps, not to the study: the editor and gate stacks
+    check them when they are built, before any work (a :class:`SetupError`).
     """
     bank = TRIALS_DIR / f"{spec.trials.prompts}.yaml"
     if not bank.is_file():
