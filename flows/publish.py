@@ -34,6 +34,7 @@ from counterfactory.generation.editors import make_editor
 from counterfactory.generation.sampling import Grid, grid_summary
 from counterfactory.generation.sources import FailedSource, load_image
 from counterfactory.manifests.derived import apply_transform, crop_series, derived_id
+from counterfactory.manifests.errors import CounterfactoryError
 from counterfactory.manifests.release import (
     ITEMS,
     MANIFEST,
@@ -69,7 +70,7 @@ from counterfactory.validation.target_stats import label_consistency, plot_skin_
 STATUSES = VERDICTS
 
 
-class PublishError(RuntimeError):
+class PublishError(CounterfactoryError, RuntimeError):
     """A release that must not be sealed; the message says why and how to go on."""
 
 

@@ -47,13 +47,14 @@ from prefect.task_runners import ThreadPoolTaskRunner  # noqa: E402
 
 from counterfactory.flows.artifacts import artifact_key  # noqa: E402
 from counterfactory.flows.retries import RETRIES, RETRY_DELAYS_S, retry_transient  # noqa: E402
+from counterfactory.manifests.errors import CounterfactoryError
 
 SCHEDULE_LOG = "schedule.jsonl"
 DIFF = "diff.json"
 _VERSION = re.compile(r"^(\d+)\.(\d+)\.(\d+)(?:[-+].*)?$")
 
 
-class ScheduleError(ValueError):
+class ScheduleError(CounterfactoryError, ValueError):
     """A schedule that cannot be served; the message says how to write a valid one."""
 
 

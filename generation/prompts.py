@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
+from pydantic_core import PydanticCustomError
 
 from counterfactory.assets import PROMPTS_DIR
 from counterfactory.generation.regions import DEFAULT_REGION, template_region
@@ -54,6 +55,34 @@ class PromptConfig(BaseModel):
             ValueError: naming the template or field at fault (pydantic reports it as the
                 spec's validation error).
         """
+        # each template the design names, at its field (prompts.face, prompts.limb.<cue>), with
+        # the files looked for
+        if design.kind == "face":
+            named = {"prompts.face": self.face}
+        else:
+            named = {f"prompts.limb.{cue}": self.limb[cue] for cue in design.axes["cue"]}
+        for field_name, name in named.items():
+            try:
+                load_template(name, self.directory)
+            except SetupError as exc:  # no such file
+                folders = [d for d in (self.directory, PROMPTS_DIR) if d is not None]
+                tried = ", ".join(str((Path(d) / f"{name}.txt").resolve()) for d in folders)
+                raise PydanticCustomError(
+                    "nested_invalid",
+                    "{message}",
+                    {
+                        "field": field_name,
+                        "message": f"the name of a prompt template, but {exc} (looked for {tried}); name a "
+                        f"bundled template, or put {name}.txt in prompts.directory",
+                        "input": name,
+                    },
+                ) from None
+            except ValueError as exc:  # a name that cannot be a file's
+                raise PydanticCustomError(
+                    "nested_invalid",
+                    "{message}",
+                    {"field": field_name, "message": f"the name of a prompt template: {exc}", "input": name},
+                ) from None
         for condition in conditions(design):
             try:
                 render_prompt(self, kind=design.kind, condition=condition, source_meta={})

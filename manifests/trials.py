@@ -36,6 +36,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
 from counterfactory.assets import ASSETS_DIR
+from counterfactory.manifests.errors import CounterfactoryError
 
 TRIALS_DIR = ASSETS_DIR / "trials"
 PROTOCOLS = ("2afc", "mcq", "salary", "disability_context", "limb_pair", "person_irrelevant")
@@ -130,7 +131,7 @@ class TrialsConfig(BaseModel):
     expression_consistent_only: bool = False
 
 
-class TrialError(ValueError):
+class TrialError(CounterfactoryError, ValueError):
     """A trial bank that cannot be built; the message names the file and the fix."""
 
 
