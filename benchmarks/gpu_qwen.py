@@ -28,6 +28,7 @@ the numbers then say nothing about a GPU, and the script says so)::
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import statistics
 import sys
@@ -109,10 +110,10 @@ def batch_job(editor: QwenEditor, n_edits: int, cpu_workers: int, size: int, cud
 
     from PIL import Image
 
-    from counterfactory.flows.steps import judge_output
     from counterfactory.generation.align import AlignConfig
     from counterfactory.validation.faces import face_mask, get_face_landmarker
     from counterfactory.validation.judge import GatesConfig, GateStack
+    from counterfactory.validation.judging import judge_output
 
     stack = GateStack.from_config(GatesConfig(), "face")
     landmarker = get_face_landmarker()
@@ -202,6 +203,21 @@ def _record_gpu_seconds(editor: QwenEditor) -> None:
     editor._run = run  # type: ignore[method-assign]
 
 
+def cap_pipeline_area(area: int) -> None:
+    """Make every Qwen-Image-Edit pipeline module (and so the editor, which asks the pipeline's own
+    module) size images for at most ``area`` pixels: diffusers hard-codes 1024 x 1024, which costs
+    a tiny random pipeline on a CPU 20 s an edit in its VAE alone."""
+    for name in ("pipeline_qwenimage_edit", "pipeline_qwenimage_edit_plus", "pipeline_qwenimage_edit_inpaint"):
+        module = importlib.import_module(f"diffusers.pipelines.qwenimage.{name}")
+        original = getattr(module, "_uncapped_calculate_dimensions", module.calculate_dimensions)
+
+        def capped(target_area, ratio, _original=original):
+            return _original(min(target_area, area), ratio)
+
+        module._uncapped_calculate_dimensions = original
+        module.calculate_dimensions = capped
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model-id", default="Qwen/Qwen-Image-Edit-2509")
@@ -225,8 +241,19 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument(
         "--tiny", action="store_true", help="build the tiny random test pipeline and run on the CPU (smoke test)"
     )
+    parser.add_argument(
+        "--area",
+        type=int,
+        default=None,
+        help="CPU smoke tests only: condition on and generate at most this many pixels instead of "
+        "diffusers' 1024x1024 (both sides of the comparison; the figures are then no editor's)",
+    )
     parser.add_argument("--json-out", type=Path, default=None)
     args = parser.parse_args(argv)
+    if args.area is not None:
+        if args.device.startswith("cuda") and not args.tiny:
+            parser.error("--area is for CPU smoke tests with tiny pipelines: a GPU run measures diffusers' own size")
+        cap_pipeline_area(args.area)
     if args.repeats < 1 or args.warmup < 0:
         parser.error("--repeats must be at least 1 and --warmup at least 0")
     if args.job_edits < 0 or args.cpu_workers < 1 or args.batch_size < 1:

@@ -65,6 +65,7 @@ def one_size(cells: int, stage: str, root: Path, gates: bool) -> dict:
     import yaml
 
     from counterfactory.flows import steps
+    from counterfactory.generation.attempts import plan_attempts
     from counterfactory.manifests.spec import load_spec
 
     photos = REPO / "assets" / "photos"
@@ -101,7 +102,7 @@ def one_size(cells: int, stage: str, root: Path, gates: bool) -> dict:
     stack = steps.build_gate_stack(spec) if stage == "judge" else None
     baseline = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     started = time.perf_counter()
-    plans = steps.plan_attempts(spec, prepared[0], template_cells, editor, editor.lineage(), 1)
+    plans = plan_attempts(spec, prepared[0], template_cells, editor, editor.lineage(), 1)
     if stage == "edit":
         calls = steps.run_edits(ws, editor, plans, editor.lineage())
         verdicts = {}

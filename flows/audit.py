@@ -11,7 +11,6 @@ from typing import Any
 
 import numpy as np
 
-from counterfactory.flows.steps import judge_output
 from counterfactory.generation.align import AlignConfig
 from counterfactory.generation.editors.tables import TableError, read_table
 from counterfactory.generation.images import decoder_warnings
@@ -20,6 +19,7 @@ from counterfactory.generation.sources import SourceError, load_image
 from counterfactory.manifests.errors import CounterfactoryError
 from counterfactory.validation.faces import face_mask, get_face_landmarker
 from counterfactory.validation.judge import GatesConfig, GateStack
+from counterfactory.validation.judging import judge_output
 
 #: decoded sources kept for the next pairs (a batch table is usually sorted by source)
 SOURCES_KEPT = 4
@@ -187,7 +187,7 @@ def measure_pair(
     """Align ``candidate_path`` to ``source_path`` and judge it (relative to the editor's
     noise floor when ``floor_path``, its output for "return this photo unchanged", is given).
 
-    Judges through :func:`counterfactory.flows.steps.judge_output`, the run's own path.
+    Judges through :func:`counterfactory.validation.judging.judge_output`, the run's own path.
     Returns a JSON-ready dict: ``verdict``, ``reasons``, ``alignment`` and per-gate
     ``gates`` (metrics, thresholds, reasons), ``notes`` (what decoding normalised, per file)
     and ``warnings`` (the files' decoder warnings, e.g. a damaged PNG chunk skipped). When

@@ -20,19 +20,12 @@ from pathlib import Path
 from typing import Any
 
 import counterfactory
-from counterfactory.flows.steps import (
-    FILLED,
-    FINISHED_ATTEMPT,
-    CellOutcome,
-    PreparedSource,
-    TemplateOutcome,
-    Workspace,
-    judge_key,
-    plan_attempts,
-)
+from counterfactory.flows.steps import Workspace, judge_key
+from counterfactory.generation.attempts import FINISHED_ATTEMPT, PlannedAttempt, plan_attempts
+from counterfactory.generation.cells import CellOutcome, Settled, TemplateOutcome, fill_cells
 from counterfactory.generation.editors import make_editor
 from counterfactory.generation.sampling import Grid, grid_summary
-from counterfactory.generation.sources import FailedSource, load_image
+from counterfactory.generation.sources import FailedSource, PreparedSource, load_image
 from counterfactory.manifests.derived import apply_transform, crop_series, derived_id
 from counterfactory.manifests.errors import CounterfactoryError
 from counterfactory.manifests.release import (
@@ -95,7 +88,8 @@ def with_version(spec: Spec, version: str | None) -> Spec:
 def collect_outcomes(
     spec: Spec, ws: Workspace, prepared: Sequence[PreparedSource], grid: Grid
 ) -> list[TemplateOutcome]:
-    """Every cell's attempts and final verdict, read from the ledger; no editor is called.
+    """Every cell's attempts and final verdict, read from the ledger; no editor is called (the
+    publishing policy over :func:`~counterfactory.generation.cells.fill_cells`).
 
     Attempt ids are planned exactly as the run plans them (seed ``editor.seed + n - 1`` for
     attempt ``n``), so a cell's outcome is the one the run reached. A cell with no attempt in
@@ -111,46 +105,40 @@ def collect_outcomes(
     cells_by_template: dict[str, list] = {}
     for cell in grid.cells:
         cells_by_template.setdefault(cell.source_id, []).append(cell)
+
+    def settle(plans: Sequence[PlannedAttempt]) -> dict[str, Settled | None]:
+        settled: dict[str, Settled | None] = {}
+        for planned in plans:
+            aid = planned.attempt_id
+            attempt = ws.ledger.attempt(aid)
+            if attempt is None:
+                settled[aid] = None  # the run never got this far: the cell stays as it is
+                continue
+            if attempt.status not in FINISHED_ATTEMPT:
+                settled[aid] = Settled("failed", [attempt.reason or f"editor_{attempt.status}"])
+                continue
+            candidate = ws.ledger.candidate(aid)
+            if candidate is None or candidate.judge_key != jkey:
+                raise PublishError(
+                    f"cell {planned.cell.cell_id}: attempt {aid[:12]} was not judged with this spec's alignment "
+                    "and gate settings; run the spec again (`counterfactory run`, zero editor calls) to "
+                    "re-judge, then publish"
+                )
+            settled[aid] = Settled(candidate.verdict, candidate.reasons)
+        return settled
+
+    def not_run(cell) -> CellOutcome:
+        return CellOutcome(cell=cell, verdict="failed", reasons=["not_run: no attempt in the ledger; run the spec"])
+
     outcomes = []
     for template_id, cells in sorted(cells_by_template.items()):
         source = by_id[template_id]
-        results = {
-            c.cell_id: CellOutcome(
-                cell=c, verdict="failed", reasons=["not_run: no attempt in the ledger; run the spec"]
-            )
-            for c in cells
-        }
-        open_cells = list(cells)
-        for attempt_no in range(1, spec.editor.max_attempts + 1):
-            if not open_cells:
-                break
-            still_open = []
-            for plan in plan_attempts(spec, source, open_cells, editor, lineage, attempt_no):
-                out, aid = results[plan.cell.cell_id], plan.attempt_id
-                attempt = ws.ledger.attempt(aid)
-                if attempt is None:
-                    continue  # the run never got this far: the cell stays as it is
-                if aid not in out.attempt_ids:  # a seedless editor repeats its id
-                    out.attempt_ids.append(aid)
-                out.final_attempt = aid
-                if attempt.status not in FINISHED_ATTEMPT:
-                    out.verdict, out.reasons = "failed", [attempt.reason or f"editor_{attempt.status}"]
-                    still_open.append(plan.cell)
-                    continue
-                candidate = ws.ledger.candidate(aid)
-                if candidate is None or candidate.judge_key != jkey:
-                    raise PublishError(
-                        f"cell {plan.cell.cell_id}: attempt {aid[:12]} was not judged with this spec's alignment "
-                        "and gate settings; run the spec again (`counterfactory run`, zero editor calls) to "
-                        "re-judge, then publish"
-                    )
-                out.verdict, out.reasons = candidate.verdict, list(candidate.reasons)
-                if candidate.verdict not in FILLED:
-                    still_open.append(plan.cell)
-            open_cells = still_open
-        outcomes.append(
-            TemplateOutcome(template_id=template_id, cells=[results[c.cell_id] for c in cells], editor_calls=0)
-        )
+
+        def plan(open_cells, attempt_no, source=source) -> list[PlannedAttempt]:
+            return plan_attempts(spec, source, open_cells, editor, lineage, attempt_no)
+
+        results = fill_cells(cells, spec.editor.max_attempts, plan, settle, initial=not_run)
+        outcomes.append(TemplateOutcome(template_id=template_id, cells=list(results.values()), editor_calls=0))
     return outcomes
 
 
@@ -521,8 +509,9 @@ def noise_floor_stats(spec: Spec, ws: Workspace, grid: Grid) -> dict[str, Any]:
     """Per template, what the editor's noise-floor request measured (``{template_id: {attempt_id,
     image_sha256, reasons, metrics}}``), judged with this spec's settings; empty when the spec
     judges without a floor. The floor's own reasons are what a copy earns (face unchanged)."""
-    from counterfactory.flows.steps import FLOOR_VERDICT, uses_noise_floor
+    from counterfactory.flows.steps import uses_noise_floor
     from counterfactory.validation.gates.locality import FLOOR_RELATIVE
+    from counterfactory.validation.judging import FLOOR_VERDICT
 
     if not uses_noise_floor(spec):
         return {}

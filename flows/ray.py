@@ -45,7 +45,10 @@ from prefect.cache_policies import NONE
 
 from counterfactory.flows import steps
 from counterfactory.flows.limits import limited_editor, limited_gates
+from counterfactory.generation.attempts import PlannedAttempt, editor_inputs
+from counterfactory.generation.cells import TemplateOutcome
 from counterfactory.generation.editors.base import EditRequest, EditResult
+from counterfactory.generation.sources import PreparedSource
 from counterfactory.manifests.errors import SetupError
 from counterfactory.manifests.spec import RayConfig, Spec
 
@@ -336,14 +339,38 @@ def task_resources(target: RayTarget) -> tuple[dict[str, Any], dict[str, Any]]:
     return edit, {"num_cpus": target.num_cpus}
 
 
+class RayExecutor:
+    """Edits and judgements as Ray tasks (the executor interface of
+    :class:`~counterfactory.flows.steps.LocalExecutor`): each batch of attempts goes to an edit
+    task asking for the edit resources, each judgement to a judge task; outputs are judged from
+    the store there, not handed back (``inline`` is False). Used inside the flow only."""
+
+    inline = False
+
+    def __init__(self, target: WorkerTarget, edit_options: dict[str, Any], judge_options: dict[str, Any]) -> None:
+        self.target, self.edit_options, self.judge_options = target, edit_options, judge_options
+
+    def edit(self, ws: steps.Workspace, editor: Any, plans: Sequence[PlannedAttempt], lineage: dict, **_: Any) -> int:
+        from prefect_ray.context import remote_options
+
+        with remote_options(**self.edit_options):
+            return edit_task.submit(self.target, list(plans), lineage).result()
+
+    def judge(self, spec, ws, prepared, plans, stack, jkey, floor=None, as_floor=False) -> list[tuple[str, list[str]]]:
+        from prefect_ray.context import remote_options
+
+        with remote_options(**self.judge_options):
+            return judge_task.submit(self.target, prepared, list(plans), jkey, floor, as_floor).result()
+
+
 def process_templates_on_ray(
     spec: Spec,
     ws: steps.Workspace,
-    templates: Sequence[tuple[steps.PreparedSource, Sequence[Any]]],
+    templates: Sequence[tuple[PreparedSource, Sequence[Any]]],
     target: RayTarget,
     *,
     workers: int,
-) -> Iterator[steps.TemplateOutcome]:
+) -> Iterator[TemplateOutcome]:
     """Run :func:`~counterfactory.flows.steps.process_template` for every template, ``workers``
     at a time, with edits and judgements as Ray tasks; yields outcomes as templates finish.
 
@@ -358,16 +385,10 @@ def process_templates_on_ray(
         facts = editor_facts_task.submit(wt).result()
     editor = ClusterEditor(facts)
 
-    def edit(ws_: steps.Workspace, editor_: Any, plans: Sequence[steps.PlannedAttempt], lineage: dict) -> int:
-        with remote_options(**edit_options):
-            return edit_task.submit(wt, list(plans), lineage).result()
+    executor = RayExecutor(wt, edit_options, judge_options)
 
-    def judge(spec_, ws_, prepared, plans, stack, jkey, floor=None, as_floor=False) -> list[tuple[str, list[str]]]:
-        with remote_options(**judge_options):
-            return judge_task.submit(wt, prepared, list(plans), jkey, floor, as_floor).result()
-
-    def one(prepared: steps.PreparedSource, cells: Sequence[Any]) -> steps.TemplateOutcome:
-        return steps.process_template(spec, ws, prepared, cells, editor, None, edit=edit, judge=judge)
+    def one(prepared: PreparedSource, cells: Sequence[Any]) -> TemplateOutcome:
+        return steps.process_template(spec, ws, prepared, cells, editor, None, executor=executor)
 
     # each template's plan-edit-judge loop waits on its tasks in a driver thread; the copied
     # context carries the flow run (and its task runner) into the thread
@@ -435,13 +456,13 @@ def editor_facts_task(target: WorkerTarget) -> EditorFacts:
     return EditorFacts(
         name=editor.name,
         lineage=editor.lineage(),
-        consumes={kind: steps.editor_inputs(editor, kind) for kind in ("face", "limb")},
+        consumes={kind: editor_inputs(editor, kind) for kind in ("face", "limb")},
         batch_size=steps.editor_batch_size(editor),
     )
 
 
 @task(name="edit", cache_policy=NONE)
-def edit_task(target: WorkerTarget, plans: list[steps.PlannedAttempt], lineage: dict[str, Any]) -> int:
+def edit_task(target: WorkerTarget, plans: list[PlannedAttempt], lineage: dict[str, Any]) -> int:
     """:func:`~counterfactory.flows.steps.run_edits` on a worker; the number of editor calls."""
     state, editor = _worker_editor(target)
     here = editor.lineage()
@@ -457,8 +478,8 @@ def edit_task(target: WorkerTarget, plans: list[steps.PlannedAttempt], lineage: 
 @task(name="judge", cache_policy=NONE)
 def judge_task(
     target: WorkerTarget,
-    prepared: steps.PreparedSource,
-    plans: list[steps.PlannedAttempt],
+    prepared: PreparedSource,
+    plans: list[PlannedAttempt],
     jkey: str,
     floor: dict | None = None,
     as_floor: bool = False,

@@ -13,98 +13,83 @@ Plain functions, no Prefect import.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 from counterfactory.flows import steps
 from counterfactory.flows.publish import publish_release, remember_spec
+from counterfactory.flows.steps import RunSummary
+from counterfactory.generation.attempts import PlannedAttempt, attempt_finished, plan_attempts
+from counterfactory.generation.cells import CellOutcome, Settled, TemplateOutcome, fill_cells
 from counterfactory.generation.editors import Editor, make_editor
-from counterfactory.generation.sampling import Grid
+from counterfactory.generation.sampling import Cell, Grid
+from counterfactory.generation.sources import PreparedSource
 from counterfactory.manifests.release import ReleaseExistsError, existing_release_conflict
 from counterfactory.manifests.runlock import RunFolderLock
 from counterfactory.manifests.spec import Spec, load_spec
 
 
-@dataclass(frozen=True)
-class RunSummary:
-    #: None when the run did not publish (``publish=False``)
-    release_path: Path | None
-    release_created: bool
-    counts: dict[str, int]
-    failed_sources: int
-    templates: int
-    complete_templates: int
-    editor_calls: int
-    #: finished attempts whose output image was gone from the store when the run started
-    missing_outputs: int = 0
-    #: True when the ledger already held every cell's outcome and Prefect was not started
-    settled: bool = False
+class _WorkToDo(Exception):
+    """Raised inside :func:`settled_outcomes`' policy at the first attempt a run must still make."""
 
 
 def settled_outcomes(
-    spec: Spec, ws: steps.Workspace, prepared: Sequence[steps.PreparedSource], grid: Grid, editor: Editor
-) -> list[steps.TemplateOutcome] | None:
+    spec: Spec, ws: steps.Workspace, prepared: Sequence[PreparedSource], grid: Grid, editor: Editor
+) -> list[TemplateOutcome] | None:
     """Every template's outcome as :func:`~counterfactory.flows.steps.process_template` would
-    return it with zero editor calls, or None when a run has work to do.
+    return it with zero editor calls, or None when a run has work to do (the resuming policy
+    over :func:`~counterfactory.generation.cells.fill_cells`).
 
     Work to do: a planned attempt that is not in the ledger or not finished (``ok``/``refused``),
     an output or aligned image missing from the store, a candidate judged with other settings
     (or not judged), or a cell that is not filled while it has attempts left. Attempts are
-    planned exactly as the run plans them and read a round at a time in a few queries.
+    planned exactly as the run plans them, every template's at once, and read a round at a time
+    in a few queries.
     """
     lineage = editor.lineage()
     jkey = steps.judge_key(spec)
     by_id = {p.id: p for p in prepared}
-    results: dict[str, dict[str, steps.CellOutcome]] = {}
-    open_cells: dict[str, list] = {}
-    for cell in grid.cells:
-        results.setdefault(cell.source_id, {})[cell.cell_id] = steps.CellOutcome(cell=cell)
-        open_cells.setdefault(cell.source_id, []).append(cell)
-    for attempt_no in range(1, spec.editor.max_attempts + 1):
-        plans = [
-            plan
-            for tid, cells in open_cells.items()
-            if cells
-            for plan in steps.plan_attempts(spec, by_id[tid], cells, editor, lineage, attempt_no)
+
+    def plan(open_cells: Sequence[Cell], attempt_no: int) -> list[PlannedAttempt]:
+        by_template: dict[str, list[Cell]] = {}
+        for cell in open_cells:
+            by_template.setdefault(cell.source_id, []).append(cell)
+        return [
+            planned
+            for tid, cells in by_template.items()
+            for planned in plan_attempts(spec, by_id[tid], cells, editor, lineage, attempt_no)
         ]
-        if not plans:
-            break
-        ids = [plan.attempt_id for plan in plans]
-        attempts = ws.ledger.attempts_by_id(ids)
-        candidates = ws.ledger.candidates_by_id(ids)
-        open_cells = {tid: [] for tid in open_cells}
-        for plan in plans:
-            attempt, candidate = attempts.get(plan.attempt_id), candidates.get(plan.attempt_id)
-            if attempt is None or not steps.attempt_finished(attempt):
-                return None
-            out = results[plan.cell.source_id][plan.cell.cell_id]
+
+    def settle(plans: Sequence[PlannedAttempt]) -> dict[str, Settled]:
+        ids = [planned.attempt_id for planned in plans]
+        attempts, candidates = ws.ledger.attempts_by_id(ids), ws.ledger.candidates_by_id(ids)
+        settled = {}
+        for aid in ids:
+            attempt, candidate = attempts.get(aid), candidates.get(aid)
+            if attempt is None or not attempt_finished(attempt):
+                raise _WorkToDo
             if attempt.status == "failed":  # final: its backend said running it again cannot change it
-                if plan.attempt_id not in out.attempt_ids:
-                    out.attempt_ids.append(plan.attempt_id)
-                out.final_attempt, out.verdict, out.reasons = (
-                    plan.attempt_id,
-                    "failed",
-                    [attempt.reason or "editor_failed"],
-                )
-                open_cells[plan.cell.source_id].append(plan.cell)
+                settled[aid] = Settled("failed", [attempt.reason or "editor_failed"])
                 continue
             if attempt.status == "ok" and not ws.store.has(attempt.output_sha256):
-                return None
+                raise _WorkToDo
             if candidate is None or candidate.judge_key != jkey:
-                return None
+                raise _WorkToDo
             if candidate.image_sha256 and not ws.store.has(candidate.image_sha256):
-                return None
-            if plan.attempt_id not in out.attempt_ids:  # a seedless editor repeats its id
-                out.attempt_ids.append(plan.attempt_id)
-            out.final_attempt, out.verdict, out.reasons = plan.attempt_id, candidate.verdict, list(candidate.reasons)
-            if candidate.verdict not in steps.FILLED:
-                open_cells[plan.cell.source_id].append(plan.cell)
-    return [
-        steps.TemplateOutcome(template_id=tid, cells=list(cells.values()), editor_calls=0)
-        for tid, cells in sorted(results.items())
-    ]
+                raise _WorkToDo
+            settled[aid] = Settled(candidate.verdict, candidate.reasons)
+        return settled
+
+    try:
+        outcomes = fill_cells(grid.cells, spec.editor.max_attempts, plan, settle)
+    except _WorkToDo:
+        return None
+    by_template: dict[str, list[CellOutcome]] = {}
+    for outcome in outcomes.values():
+        by_template.setdefault(outcome.cell.source_id, []).append(outcome)
+    return [TemplateOutcome(template_id=tid, cells=cells, editor_calls=0) for tid, cells in sorted(by_template.items())]
 
 
 def run_settled(
@@ -159,36 +144,38 @@ def run_spec(
     allow_incomplete: bool = False,
     ray: str | None = None,
     check_setup: Callable[[Spec], None] | None = None,
+    spec: Spec | None = None,
+    locked: bool = False,
 ) -> RunSummary:
     """Run ``spec_path`` into ``out`` with ``workers`` templates at a time; with ``publish``,
     seal the release at the end (refused up front when its version is taken by another spec).
+    The one entry point of a run: the command line, the scheduler and Ray all come here.
 
-    The run holds ``out``'s lock throughout, so a second run on the same folder is refused
-    (:class:`~counterfactory.manifests.runlock.RunFolderError`) before it pays for anything; the
-    ledger is opened once before anything else, so a damaged one is refused with one message
+    The spec is parsed once (or given as ``spec``, already parsed from ``spec_path``), and the
+    release-version conflict checked once, before anything is paid for. The run holds ``out``'s
+    lock throughout (``locked``: the caller holds it, as the scheduler does around its run and
+    publish), so a second run on the same folder is refused
+    (:class:`~counterfactory.manifests.runlock.RunFolderError`); the ledger is opened before
+    anything else, so a damaged one is refused with one message
     (:class:`~counterfactory.manifests.ledger.LedgerError`). A spec whose cells are all settled
-    in the ledger finishes here (:func:`run_settled`); otherwise ``check_setup(spec)`` (the
-    command line's check of the editor and gate models, which a settled re-run does not need)
-    and the Prefect flow (:func:`counterfactory.flows.run.run_locked`). A run on Ray (``ray``
-    or the spec's ``run.ray``) goes to :func:`counterfactory.flows.run.run_spec`, which checks
-    the cluster before the folder is touched.
+    in the ledger finishes here (:func:`run_settled`) without importing Prefect; otherwise
+    ``check_setup(spec)`` (the command line's check of the editor and gate models, which a
+    settled re-run does not need) and the Prefect flow
+    (:func:`counterfactory.flows.run.run_locked`). On Ray (``ray`` or the spec's ``run.ray``)
+    the cluster is checked before the folder is touched
+    (:func:`~counterfactory.flows.ray.check_ray_target`), and the flow always runs.
     """
-    spec = load_spec(spec_path)
+    spec = spec if spec is not None else load_spec(spec_path)
+    on_ray = address = None
     if ray is not None or spec.run.ray is not None:
-        from counterfactory.flows.run import run_spec as run_on_ray
+        from prefect.settings import PREFECT_API_URL
 
-        return run_on_ray(
-            spec_path,
-            out,
-            workers=workers,
-            progress=progress,
-            publish=publish,
-            allow_incomplete=allow_incomplete,
-            ray=ray,
-            check_setup=check_setup,
-        )
-    with RunFolderLock(out):
-        spec = load_spec(spec_path)
+        from counterfactory.flows.ray import check_ray_target, ray_target
+
+        on_ray = ray_target(spec, ray)
+        # before the folder lock or the ledger: a cluster that cannot run this costs nothing
+        address = check_ray_target(on_ray, spec, prefect_api_url=PREFECT_API_URL.value() or None) if on_ray else None
+    with contextlib.nullcontext() if locked else RunFolderLock(out):
         if publish:
             conflict = existing_release_conflict(
                 Path(out) / "releases", spec.release.name, spec.release.version, spec.as_written()[1]
@@ -198,7 +185,11 @@ def run_spec(
         ws = steps.open_workspace(spec, out)
         try:
             missing = steps.count_missing_outputs(ws)
-            settled = None if missing else run_settled(spec, ws, publish=publish, allow_incomplete=allow_incomplete)
+            settled = (
+                None
+                if missing or on_ray is not None
+                else run_settled(spec, ws, publish=publish, allow_incomplete=allow_incomplete)
+            )
         finally:
             ws.ledger.close()
         if settled is not None:
@@ -207,11 +198,15 @@ def run_spec(
         from counterfactory.flows.run import run_locked
 
         return run_locked(
+            spec,
             spec_path,
             out,
             workers=workers,
             progress=progress,
             publish=publish,
             allow_incomplete=allow_incomplete,
+            on_ray=on_ray,
+            address=address,
+            missing=missing,
             check_setup=check_setup,
         )

@@ -27,14 +27,12 @@ from counterfactory.flows.artifacts import ProgressArtifact, publish_artifacts  
 from counterfactory.flows.keys import template_key  # noqa: E402
 from counterfactory.flows.limits import apply_limits, limited_editor, limited_gates, spec_limits  # noqa: E402
 from counterfactory.flows.publish import publish_release, remember_spec  # noqa: E402
-from counterfactory.flows.ray import check_ray_target, process_templates_on_ray, ray_cluster, ray_target  # noqa: E402
-from counterfactory.flows.resume import RunSummary  # noqa: E402
+from counterfactory.flows.ray import RayTarget, process_templates_on_ray, ray_cluster  # noqa: E402
 from counterfactory.flows.retries import RETRIES, RETRY_DELAYS_S, retry_transient  # noqa: E402
 from counterfactory.flows.server import prefect_api  # noqa: E402
+from counterfactory.flows.steps import RunSummary  # noqa: E402
 from counterfactory.flows.stopping import reinstall_stop_handlers  # noqa: E402
-from counterfactory.manifests.release import ReleaseExistsError, existing_release_conflict  # noqa: E402
-from counterfactory.manifests.runlock import RunFolderLock  # noqa: E402
-from counterfactory.manifests.spec import load_spec  # noqa: E402
+from counterfactory.manifests.spec import Spec  # noqa: E402
 
 # Prefect's caching stays off (cache_policy=NONE: it would hash photos as arrays, and the ledger,
 # not a cached task result, decides what is done); template tasks are named by their content key
@@ -78,29 +76,24 @@ def _template_key(cell) -> str:
 
 @flow(name="counterfactory-run", log_prints=True)
 def run_flow(
+    spec: Any,
     spec_path: str,
     out: str,
     progress: bool = True,
     publish: bool = False,
     allow_incomplete: bool = False,
-    ray_address: str | None = None,
+    on_ray: Any = None,
     workers: int = 2,
 ) -> RunSummary:
-    """Run one spec end to end into ``out``; with ``publish``, seal its release too.
+    """Run one spec (parsed from ``spec_path``) end to end into ``out``; with ``publish``, seal
+    its release too. Started by :func:`run_locked`, which has checked everything that could
+    refuse the run.
 
-    Templates run concurrently on the flow's task runner (see :func:`run_spec`). A release
-    version that is already taken by another spec is refused before any editing. With Ray
-    (``ray_address`` or the spec's ``run.ray``), the flow's task runner is prefect-ray's and
-    edits and judgements run as tasks on the cluster (:mod:`counterfactory.flows.ray`).
+    Templates run concurrently on the flow's task runner. On Ray (``on_ray``, the checked
+    target), the flow's task runner is prefect-ray's and edits and judgements run as tasks on
+    the cluster (:mod:`counterfactory.flows.ray`).
     """
     reinstall_stop_handlers()
-    spec = load_spec(spec_path)
-    if publish:
-        conflict = existing_release_conflict(
-            Path(out) / "releases", spec.release.name, spec.release.version, spec.as_written()[1]
-        )
-        if conflict:
-            raise ReleaseExistsError(conflict)
     ws = steps.open_workspace(spec, out)
     remember_spec(ws.out, spec_path)
     # the ledger's run is Prefect's flow run: the same id in both views
@@ -108,7 +101,6 @@ def run_flow(
     ws.ledger.start_run(run_id, spec_name=spec.name, spec_hash=spec.spec_hash())
     ws.run_id = run_id
     apply_limits(spec_limits(spec))
-    on_ray = ray_target(spec, ray_address)
     if on_ray is None:
         editor = limited_editor(steps.build_editor(spec), spec)
         stack = limited_gates(steps.build_gate_stack(spec, journal=ws.ledger.journal("fal_vlm")), spec)
@@ -163,55 +155,8 @@ def run_flow(
     return summary
 
 
-def run_spec(
-    spec_path: str | Path,
-    out: str | Path,
-    *,
-    workers: int = 2,
-    progress: bool = True,
-    publish: bool = False,
-    allow_incomplete: bool = False,
-    ray: str | None = None,
-    check_setup: Callable[[Any], None] | None = None,
-) -> RunSummary:
-    """Run the flow with ``workers`` templates at a time (threads on this machine); with
-    ``publish``, seal the release at the end (refused up front when its version is taken).
-
-    ``ray`` (a Ray address, or ``"local"``; default the spec's ``run.ray``) runs the edits and
-    judgements as tasks on a Ray cluster; the cluster is checked before anything else
-    (:func:`~counterfactory.flows.ray.check_ray_target`: a remote cluster needs a PostgreSQL
-    ledger, and an address that does not answer stops the run).
-
-    The run holds ``out``'s lock throughout, so a second run on the same folder is refused
-    (:class:`~counterfactory.manifests.runlock.RunFolderError`) before it pays for anything; the
-    ledger is opened once before the flow starts, so a damaged one is refused with one message
-    (:class:`~counterfactory.manifests.ledger.LedgerError`). Prefect's API is served from this
-    process (:func:`~counterfactory.flows.server.prefect_api`), so no server outlives the run.
-    :func:`counterfactory.flows.resume.run_spec` (what the command line calls) first settles a
-    finished spec from the ledger without Prefect.
-    """
-    from prefect.settings import PREFECT_API_URL
-
-    spec = load_spec(spec_path)
-    on_ray = ray_target(spec, ray)
-    user_api = PREFECT_API_URL.value() or None
-    # before the folder lock or the ledger: a cluster that cannot run this costs nothing
-    address = check_ray_target(on_ray, spec, prefect_api_url=user_api) if on_ray else None
-    with RunFolderLock(out):
-        return run_locked(
-            spec_path,
-            out,
-            workers=workers,
-            progress=progress,
-            publish=publish,
-            allow_incomplete=allow_incomplete,
-            ray=ray,
-            address=address,
-            check_setup=check_setup,
-        )
-
-
 def run_locked(
+    spec: Spec,
     spec_path: str | Path,
     out: str | Path,
     *,
@@ -219,35 +164,38 @@ def run_locked(
     progress: bool = True,
     publish: bool = False,
     allow_incomplete: bool = False,
-    ray: str | None = None,
+    on_ray: RayTarget | None = None,
     address: str | None = None,
+    missing: int = 0,
     check_setup: Callable[[Any], None] | None = None,
 ) -> RunSummary:
-    """:func:`run_spec` once ``out``'s lock is held (and a Ray target checked, ``address``):
-    ``check_setup(spec)`` (the command line's model checks), then the flow."""
+    """The Prefect flow for :func:`counterfactory.flows.resume.run_spec`, once it holds ``out``'s
+    lock, has checked the release version and the Ray target (``on_ray``, ``address``) and found
+    work to do: ``check_setup(spec)`` (the command line's model checks), then the flow, on
+    threads (``workers`` templates at a time) or on prefect-ray's runner. Prefect's API is served
+    from this process (:func:`~counterfactory.flows.server.prefect_api`), so no server outlives
+    the run. ``missing``: finished attempts whose output was gone from the store at the start."""
     from prefect.settings import PREFECT_API_URL
 
-    spec = load_spec(spec_path)
-    on_ray = ray_target(spec, ray)
     user_api = PREFECT_API_URL.value() or None
-    ws = steps.open_workspace(spec, out)
-    missing = steps.count_missing_outputs(ws)
-    ws.ledger.close()
     if check_setup is not None:
         check_setup(spec)
     with contextlib.ExitStack() as stack:
         if on_ray is None:
             runner = ThreadPoolTaskRunner(max_workers=max(1, workers))
         else:
-            runner = stack.enter_context(ray_cluster(on_ray, address, spec, ws.out, prefect_api_url=user_api))
+            runner = stack.enter_context(
+                ray_cluster(on_ray, address, spec, Path(out).resolve(), prefect_api_url=user_api)
+            )
         stack.enter_context(prefect_api())
         summary = run_flow.with_options(task_runner=runner)(
+            spec,
             str(spec_path),
             str(out),
             progress=progress,
             publish=publish,
             allow_incomplete=allow_incomplete,
-            ray_address=ray,
+            on_ray=on_ray,
             workers=workers,
         )
     return dataclasses.replace(summary, missing_outputs=missing)

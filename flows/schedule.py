@@ -43,7 +43,6 @@ os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 
 from prefect import flow, task  # noqa: E402
 from prefect.cache_policies import NONE  # noqa: E402
-from prefect.task_runners import ThreadPoolTaskRunner  # noqa: E402
 
 from counterfactory.flows.artifacts import artifact_key  # noqa: E402
 from counterfactory.flows.retries import RETRIES, RETRY_DELAYS_S, retry_transient  # noqa: E402
@@ -285,7 +284,7 @@ def regenerate_flow(spec_path: str, out: str, workers: int = 2, allow_incomplete
     from prefect.artifacts import create_markdown_artifact
     from prefect.runtime import flow_run
 
-    from counterfactory.flows.run import run_flow
+    from counterfactory.flows.resume import run_spec
     from counterfactory.manifests.runlock import RunFolderLock
     from counterfactory.manifests.spec import load_spec
 
@@ -294,9 +293,8 @@ def regenerate_flow(spec_path: str, out: str, workers: int = 2, allow_incomplete
     base = {"flow_run_id": str(flow_run.id) if flow_run.id else None, "started_at": started}
     try:
         with RunFolderLock(out):
-            summary = run_flow.with_options(task_runner=ThreadPoolTaskRunner(max_workers=max(1, workers)))(
-                spec_path, out, progress=False, publish=False
-            )
+            # the run's one entry point, under the lock this flow holds through its publish
+            summary = run_spec(spec_path, out, spec=spec, workers=workers, progress=False, locked=True)
             result = publish_if_changed_task(spec_path, out, allow_incomplete)
     except Exception as exc:
         # a failed run is a line too (an incomplete grid, a folder another run holds, ...)

@@ -26,35 +26,40 @@ import hashlib
 import json
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from counterfactory.generation.align import AlignConfig, align_candidate
+from counterfactory.generation.attempts import (
+    PlannedAttempt,
+    attempt_finished,
+    attempt_id,
+    attempt_pending,
+    editor_inputs,
+    plan_attempts,
+    region_sha256,
+)
+from counterfactory.generation.cells import CellOutcome, Settled, TemplateOutcome, fill_cells
 from counterfactory.generation.editors import Editor, EditRequest, EditResult, make_editor
 from counterfactory.generation.editors.base import EditJournal
 from counterfactory.generation.masks import apply_mask_options, mask_from_record
-from counterfactory.generation.prompts import RenderedPrompt, face_region, load_template, render_prompt
+from counterfactory.generation.prompts import RenderedPrompt, face_region, load_template
 from counterfactory.generation.sampling import Cell, Grid, expand_grid
-from counterfactory.generation.sources import FailedSource, Source, SourceError, iter_sources
+from counterfactory.generation.sources import FailedSource, PreparedSource, Source, SourceError, iter_sources
 from counterfactory.manifests.errors import SetupError
-from counterfactory.manifests.ledger import Attempt, Candidate, Ledger
+from counterfactory.manifests.ledger import Ledger
 from counterfactory.manifests.spec import Spec
 from counterfactory.manifests.store import ImageStore
 from counterfactory.validation.faces import get_face_landmarker
 from counterfactory.validation.gates.attribute import AttributeGate, check_label_map
-from counterfactory.validation.gates.base import FILLING_VERDICTS
 from counterfactory.validation.judge import GateStack
+from counterfactory.validation.judging import FLOOR_VERDICT, TemplateJudge
 from counterfactory.validation.skin import source_edit_region
 
 #: bump when the meaning of a judgement changes, so stored verdicts are recomputed
 JUDGE_VERSION = 2
-#: attempt statuses that are final: never run again
-FINISHED_ATTEMPT = ("ok", "refused")
-#: verdicts that fill a cell (review is a person's job, not another seed's)
-FILLED = FILLING_VERDICTS
 #: seconds to wait before each re-fetch of a paid remote request that did not come back
 #: (its editor already retried each HTTP call); after the last, the next run fetches it
 RESUME_WAITS_S = (1.0, 4.0, 16.0)
@@ -93,79 +98,6 @@ def count_missing_outputs(ws: Workspace) -> int:
     return sum(
         1 for a in ws.ledger.attempts() if a.status == "ok" and a.output_sha256 and not ws.store.has(a.output_sha256)
     )
-
-
-class PreparedSource:
-    """A usable source with what every cell of its template needs.
-
-    Attributes:
-        source: the :class:`~counterfactory.generation.sources.Source`.
-        region: ``(H, W)`` uint8 {0, 255}: face mask (face designs) or limb mask (limb designs).
-        face_size_px: the face's size, or None.
-        meta: the source's metadata record as JSON.
-
-    A run keeps every template's source for its whole length, so it keeps them
-    :meth:`released`: the photo's pixels are not held (decoded again when asked for) and the
-    region is packed to one bit a pixel. :func:`process_template` works on a :meth:`held`
-    copy for as long as the template runs.
-    """
-
-    __slots__ = ("source", "face_size_px", "meta", "_region", "_bits", "_shape")
-
-    def __init__(self, source: Source, region: np.ndarray, face_size_px: float | None, meta: dict[str, Any]) -> None:
-        object.__setattr__(self, "source", source)
-        object.__setattr__(self, "face_size_px", face_size_px)
-        object.__setattr__(self, "meta", meta)
-        object.__setattr__(self, "_region", region)
-        object.__setattr__(self, "_bits", None)
-        object.__setattr__(self, "_shape", tuple(region.shape))
-
-    def __setattr__(self, name: str, value: object) -> None:
-        raise AttributeError(f"PreparedSource is read-only (tried to set {name!r})")
-
-    def __repr__(self) -> str:
-        return f"PreparedSource(id={self.id!r}, face_size_px={self.face_size_px!r}, {self.source!r})"
-
-    def __getstate__(self) -> dict:
-        return {"source": self.source, "region": self.region, "face_size_px": self.face_size_px, "meta": self.meta}
-
-    def __setstate__(self, state: dict) -> None:
-        PreparedSource.__init__(self, state["source"], state["region"], state["face_size_px"], state["meta"])
-
-    @property
-    def id(self) -> str:
-        return self.source.record.id
-
-    @property
-    def region(self) -> np.ndarray:
-        if self._region is not None:
-            return self._region
-        flat = np.unpackbits(self._bits, count=int(np.prod(self._shape)))
-        return (flat.reshape(self._shape) * np.uint8(255)).astype(np.uint8, copy=False)
-
-    def released(self) -> PreparedSource:
-        """A copy holding neither the photo's pixels nor the unpacked region (see the class
-        docstring); a region that is not exactly {0, 255} stays unpacked."""
-        region, bits = self._region, self._bits
-        if region is not None and region.dtype == np.uint8 and not np.any((region != 0) & (region != 255)):
-            region, bits = None, np.packbits(region.reshape(-1) == 255)
-        copy = PreparedSource.__new__(PreparedSource)
-        for name, value in (
-            ("source", self.source.released()),
-            ("face_size_px", self.face_size_px),
-            ("meta", self.meta),
-            ("_region", region),
-            ("_bits", bits),
-            ("_shape", self._shape),
-        ):
-            object.__setattr__(copy, name, value)
-        return copy
-
-    def held(self) -> PreparedSource:
-        """A copy with the photo's pixels decoded and the region unpacked."""
-        if self._region is not None and self.source.holds_pixels:
-            return self
-        return PreparedSource(self.source.held(), self.region, self.face_size_px, self.meta)
 
 
 def _record_meta(source: Source | FailedSource) -> dict[str, Any]:
@@ -358,63 +290,8 @@ def plan_grid(spec: Spec, sources: Sequence[PreparedSource]) -> Grid:
     return given(records, spec.design) if callable(given) else expand_grid(records, spec.design)
 
 
-#: what an editor may read from an :class:`EditRequest` besides the source, kind and condition
-#: (always hashed); :meth:`Editor.consumes` names the subset a backend uses for a kind.
-EDITOR_INPUTS = frozenset({"prompt", "negative_prompt", "seed", "mask"})
-
-
-def editor_inputs(editor: Editor, kind: str) -> frozenset[str]:
-    """The request inputs ``editor`` reads for ``kind`` cells; every input when it does not say."""
-    consumes = getattr(editor, "consumes", None)
-    if consumes is None:
-        return EDITOR_INPUTS
-    chosen = frozenset(consumes(kind))
-    unknown = chosen - EDITOR_INPUTS
-    if unknown:
-        raise ValueError(f"{editor.name}.consumes({kind!r}) names unknown inputs {sorted(unknown)}")
-    return chosen
-
-
-def attempt_id(
-    *,
-    source_sha256: str,
-    cell: Cell,
-    kind: str,
-    lineage: dict[str, Any],
-    prompt: RenderedPrompt,
-    negative_prompt: str | None,
-    seed: int,
-    region_sha256: str,
-    inputs: frozenset[str] = EDITOR_INPUTS,
-) -> str:
-    """sha256 of everything that decides an attempt's output (DESIGN.md, "Attempt").
-
-    Only the request inputs the backend reads (``inputs``, from :func:`editor_inputs`) are
-    hashed: a mask the editor never sees must not re-buy its edits when the mask changes.
-    The condition is always in: it names the cell the attempt belongs to.
-    """
-    payload: dict[str, Any] = {
-        "source_sha256": source_sha256,
-        "condition": dict(sorted(cell.condition.items())),
-        "kind": kind,
-        "editor": lineage,
-    }
-    optional = {
-        "prompt": prompt.lineage(),
-        "negative_prompt": negative_prompt,
-        "seed": seed,
-        "mask": region_sha256,
-    }
-    payload.update({name: value for name, value in optional.items() if name in inputs})
-    blob = json.dumps(payload, sort_keys=True, separators=(",", ":"), default=str)
-    return hashlib.sha256(blob.encode()).hexdigest()
-
-
 #: the prompt template of the noise-floor request (``assets/prompts/``)
 NOISE_FLOOR_PROMPT = "noise_floor_v1"
-#: the cell id suffix and the candidate verdict of a template's noise-floor request: not a
-#: cell of the grid, never reviewed or published as an item
-FLOOR_VERDICT = "floor"
 
 
 def uses_noise_floor(spec: Spec) -> bool:
@@ -438,7 +315,7 @@ def plan_noise_floor(spec: Spec, prepared: PreparedSource, editor: Editor, linea
         prompt=prompt,
         negative_prompt=None,
         seed=spec.editor.seed,
-        region_sha256=hashlib.sha256(np.ascontiguousarray(region).tobytes()).hexdigest(),
+        region_sha256=region_sha256(region),
         inputs=editor_inputs(editor, spec.design.kind),
     )
     request = EditRequest(
@@ -472,8 +349,7 @@ def noise_floor(
     stack: GateStack | None,
     jkey: str,
     *,
-    edit: Callable[..., int] | None = None,
-    judge: Callable[..., list[tuple[str, list[str]]]] | None = None,
+    executor: LocalExecutor | Any = None,
 ) -> tuple[dict[str, Any] | None, int]:
     """``(floor, editor calls)``: run (once, ever: it is an attempt like any other, committed
     to the ledger and never paid again) and measure the template's noise-floor request.
@@ -483,13 +359,14 @@ def noise_floor(
     request failed, is still pending, or could not be registered: the template's cells are
     then judged as measured (the ``floor_*`` fields are absent from their records).
     """
+    executor = executor or LOCAL
     plan = plan_noise_floor(spec, prepared, editor, lineage)
-    calls = (edit or run_edits)(ws, editor, [plan], lineage)
+    calls = executor.edit(ws, editor, [plan], lineage)
     attempt = ws.ledger.attempt(plan.attempt_id)
     if attempt is None or attempt.status != "ok" or not ws.store.has(attempt.output_sha256):
         return None, calls
     # judged where the cells are (this process, or a worker on Ray), recorded as a floor
-    (judge or judge_attempts)(spec, ws, prepared, [plan], stack, jkey, None, True)
+    executor.judge(spec, ws, prepared, [plan], stack, jkey, None, True)
     known = ws.ledger.candidate(plan.attempt_id)
     if known is None or known.verdict != FLOOR_VERDICT:
         return None, calls
@@ -516,57 +393,48 @@ def judge_key(spec: Spec) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
-@dataclass
-class CellOutcome:
-    cell: Cell
-    attempt_ids: list[str] = field(default_factory=list)
-    final_attempt: str | None = None
-    verdict: str = "failed"
-    reasons: list[str] = field(default_factory=list)
-
-
-@dataclass
-class TemplateOutcome:
-    template_id: str
-    cells: list[CellOutcome]
-    editor_calls: int = 0
-
-    @property
-    def complete(self) -> bool:
-        return all(c.verdict in FILLED for c in self.cells)
-
-
 @dataclass(frozen=True)
-class PlannedAttempt:
-    """One cell's attempt number ``attempt_no``: its id, the editor request and the rendered prompt."""
-
-    cell: Cell
-    attempt_no: int
-    attempt_id: str
-    request: EditRequest
-    prompt: RenderedPrompt
-
-
-@dataclass(frozen=True)
-class Judged:
-    """One stored output after alignment and the gates.
-
-    Attributes:
-        verdict: ``accepted``, ``rejected``, ``needs_review`` or ``failed``.
-        reasons: stable reason codes (``align_...``, ``<gate>_...``).
-        image_sha256: the aligned image in the store, or None (not aligned, or no store).
-        alignment: :meth:`~counterfactory.generation.align.Alignment.record`.
-        gates: per-gate metrics, thresholds and reasons (``Judgement.to_dict()["gates"]``).
-    """
-
-    verdict: str
-    reasons: list[str]
-    image_sha256: str | None
-    alignment: dict[str, Any]
-    gates: dict[str, Any]
+class RunSummary:
+    #: None when the run did not publish (``publish=False``)
+    release_path: Path | None
+    release_created: bool
+    counts: dict[str, int]
+    failed_sources: int
+    templates: int
+    complete_templates: int
+    editor_calls: int
+    #: finished attempts whose output image was gone from the store when the run started
+    missing_outputs: int = 0
+    #: True when the ledger already held every cell's outcome and Prefect was not started
+    settled: bool = False
 
 
 # --------------------------------------------------------------------------- one template
+
+
+class LocalExecutor:
+    """Edits and judgements in this process: each output judged from the array the editor
+    returned, as soon as it is committed (one template's outputs are never all held, and
+    nothing is read back from the store).
+
+    The executor interface (:class:`counterfactory.flows.ray.RayExecutor` is the other one):
+    ``edit(ws, editor, plans, lineage, on_output=None) -> editor calls`` and ``judge(spec, ws,
+    prepared, plans, stack, jkey, floor=None, as_floor=False) -> [(verdict, reasons)]``, with
+    ``inline`` saying whether ``edit`` hands each output to ``on_output`` (then the template's
+    :class:`TemplateJudge` judges it there).
+    """
+
+    inline = True
+
+    def edit(self, ws, editor, plans, lineage, *, on_output=None) -> int:
+        return run_edits(ws, editor, plans, lineage, on_output=on_output)
+
+    def judge(self, spec, ws, prepared, plans, stack, jkey, floor=None, as_floor=False):
+        return judge_attempts(spec, ws, prepared, plans, stack, jkey, floor, as_floor)
+
+
+#: the executor of a run on one machine
+LOCAL = LocalExecutor()
 
 
 def process_template(
@@ -577,22 +445,17 @@ def process_template(
     editor: Editor,
     stack: GateStack | None,
     *,
-    edit: Callable[..., int] | None = None,
-    judge: Callable[..., list[tuple[str, list[str]]]] | None = None,
+    executor: LocalExecutor | Any = LOCAL,
 ) -> TemplateOutcome:
-    """Fill every cell of one template: plan, edit, judge, and retry the open cells with the next seed.
+    """Fill every cell of one template: plan, edit, judge, and retry the open cells with the next
+    seed (the running policy over :func:`~counterfactory.generation.cells.fill_cells`).
 
     Finished attempts (``ok`` or ``refused`` in the ledger) are never run again; their stored
-    output is re-judged only when the alignment or gate settings changed. In this process,
-    each output is judged as soon as it is committed, from the array the editor returned (one
-    template's outputs are never all held, and nothing is read back from the store).
-
-    ``edit`` and ``judge`` replace :func:`run_edits` and :func:`judge_attempts` (same
-    arguments and results) where the work runs elsewhere: on a Ray cluster they send each
-    batch of attempts to a GPU task and each judgement to a CPU task
-    (:mod:`counterfactory.flows.ray`), and ``stack`` may then be None.
+    output is re-judged only when the alignment or gate settings changed. ``executor`` decides
+    where edits and judgements run (:class:`LocalExecutor`; on a Ray cluster
+    :class:`counterfactory.flows.ray.RayExecutor` sends each batch of attempts to a GPU task and
+    each judgement to a CPU task, and ``stack`` may then be None).
     """
-    here = edit is None and judge is None
     # the run keeps its sources released; this template holds its photo and region while it runs
     try:
         prepared = prepared.held()
@@ -602,115 +465,63 @@ def process_template(
         reasons = [exc.reason]
         failed = [CellOutcome(cell=c, verdict="failed", reasons=list(reasons)) for c in cells]
         return TemplateOutcome(template_id=prepared.id, cells=failed, editor_calls=0)
-    edit = edit or run_edits
-    judge = judge or judge_attempts
     lineage = editor.lineage()
     jkey = judge_key(spec)
-    outcomes = {c.cell_id: CellOutcome(cell=c) for c in cells}
-    open_cells = list(cells)
     calls = 0
     floor = None
     # a backend that cannot make the floor (the import backend: its outputs exist already)
     # answers the request failed; the template's cells are then judged as measured
     if uses_noise_floor(spec):
-        floor, calls = noise_floor(
-            spec, ws, prepared, editor, lineage, stack, jkey, edit=None if here else edit, judge=None if here else judge
-        )
-    template_judge = TemplateJudge(spec, ws, prepared, stack, jkey, floor=floor) if here else None
-    for attempt_no in range(1, spec.editor.max_attempts + 1):
-        if not open_cells:
-            break
-        plans = plan_attempts(spec, prepared, open_cells, editor, lineage, attempt_no)
-        judged: dict[str, tuple[str, list[str]]] = {}
-        by_id = {plan.attempt_id: plan for plan in plans}
+        floor, calls = noise_floor(spec, ws, prepared, editor, lineage, stack, jkey, executor=executor)
+    template_judge = TemplateJudge(spec, ws, prepared, stack, jkey, floor=floor) if executor.inline else None
 
-        def judge_now(aid: str, image: np.ndarray, by_id=by_id, judged=judged) -> None:
+    def plan(open_cells: Sequence[Cell], attempt_no: int) -> list[PlannedAttempt]:
+        return plan_attempts(spec, prepared, open_cells, editor, lineage, attempt_no)
+
+    def settle(plans: Sequence[PlannedAttempt]) -> dict[str, Settled]:
+        nonlocal calls
+        judged: dict[str, tuple[str, list[str]]] = {}
+        by_id = {planned.attempt_id: planned for planned in plans}
+
+        def judge_now(aid: str, image: np.ndarray) -> None:
             judged[aid] = template_judge.attempt(by_id[aid].cell, aid, output=image, fresh=True)
 
         def edit_round(chosen: Sequence[PlannedAttempt]) -> int:
-            if here:
-                return run_edits(ws, editor, chosen, lineage, on_output=judge_now)
-            return edit(ws, editor, chosen, lineage)
+            if executor.inline:
+                return executor.edit(ws, editor, chosen, lineage, on_output=judge_now)
+            return executor.edit(ws, editor, chosen, lineage)
 
         calls += edit_round(plans)
         # a paid remote request that failed to come back (status outage, download error) is
         # fetched again, never replaced by the next seed: that would pay twice
         for wait_s in RESUME_WAITS_S:
-            waiting = pending_ids(ws, [plan.attempt_id for plan in plans if plan.attempt_id not in judged])
+            waiting = pending_ids(ws, [aid for aid in by_id if aid not in judged])
             if not waiting:
                 break
             time.sleep(wait_s)
-            calls += edit_round([plan for plan in plans if plan.attempt_id in waiting])
+            calls += edit_round([planned for planned in plans if planned.attempt_id in waiting])
         # what was finished before this run (or did not come back) is judged from the ledger,
         # read in a few queries for the whole round
-        rest = [plan for plan in plans if plan.attempt_id not in judged]
-        rest_ids = [plan.attempt_id for plan in rest]
-        if here:
+        rest = [planned for planned in plans if planned.attempt_id not in judged]
+        rest_ids = [planned.attempt_id for planned in rest]
+        if executor.inline:
             attempts, candidates = ws.ledger.attempts_by_id(rest_ids), ws.ledger.candidates_by_id(rest_ids)
-            for plan in rest:
-                known = (attempts.get(plan.attempt_id), candidates.get(plan.attempt_id))
-                judged[plan.attempt_id] = template_judge.attempt(plan.cell, plan.attempt_id, known=known)
+            for planned in rest:
+                known = (attempts.get(planned.attempt_id), candidates.get(planned.attempt_id))
+                judged[planned.attempt_id] = template_judge.attempt(planned.cell, planned.attempt_id, known=known)
         else:
-            for plan, verdict in zip(rest, judge(spec, ws, prepared, rest, stack, jkey, floor), strict=True):
-                judged[plan.attempt_id] = verdict
+            verdicts = executor.judge(spec, ws, prepared, rest, stack, jkey, floor)
+            for planned, verdict in zip(rest, verdicts, strict=True):
+                judged[planned.attempt_id] = verdict
+        # still pending after the waits: the cell stays failed in this run and the next run
+        # fetches the journalled request; no new seed is bought for it
         still_pending = pending_ids(ws, rest_ids)
-        open_cells = []
-        for plan in plans:
-            verdict, reasons = judged[plan.attempt_id]
-            out = outcomes[plan.cell.cell_id]
-            if plan.attempt_id not in out.attempt_ids:  # a seedless editor repeats its id
-                out.attempt_ids.append(plan.attempt_id)
-            out.final_attempt, out.verdict, out.reasons = plan.attempt_id, verdict, reasons
-            # still pending after the waits: the cell stays failed in this run and the next
-            # run fetches the journalled request; no new seed is bought for it
-            if verdict not in FILLED and plan.attempt_id not in still_pending:
-                open_cells.append(plan.cell)
+        return {
+            aid: Settled(verdict, reasons, pending=aid in still_pending) for aid, (verdict, reasons) in judged.items()
+        }
+
+    outcomes = fill_cells(cells, spec.editor.max_attempts, plan, settle)
     return TemplateOutcome(template_id=prepared.id, cells=list(outcomes.values()), editor_calls=calls)
-
-
-def plan_attempts(
-    spec: Spec,
-    prepared: PreparedSource,
-    cells: Sequence[Cell],
-    editor: Editor,
-    lineage: dict[str, Any],
-    attempt_no: int,
-) -> list[PlannedAttempt]:
-    """Attempt ``attempt_no`` of each cell: the rendered prompt, the seed, the request and its id.
-
-    Pure: reads nothing but its arguments. The seed is ``editor.seed + attempt_no - 1``.
-    """
-    kind = spec.design.kind
-    inputs = editor_inputs(editor, kind)
-    region = prepared.region  # once: a released source unpacks its region on each access
-    region_sha = hashlib.sha256(np.ascontiguousarray(region).tobytes()).hexdigest()
-    seed = spec.editor.seed + attempt_no - 1
-    plans = []
-    for cell in cells:
-        prompt = render_prompt(spec.prompts, kind=kind, condition=cell.condition, source_meta=prepared.meta)
-        aid = attempt_id(
-            source_sha256=prepared.source.sha256,
-            cell=cell,
-            kind=kind,
-            lineage=lineage,
-            prompt=prompt,
-            negative_prompt=spec.prompts.negative,
-            seed=seed,
-            region_sha256=region_sha,
-            inputs=inputs,
-        )
-        request = EditRequest(
-            attempt_id=aid,
-            image=prepared.source.pixels,
-            prompt=prompt.text,
-            seed=seed,
-            kind=kind,
-            mask=region,
-            condition=dict(cell.condition),
-            negative_prompt=spec.prompts.negative,
-        )
-        plans.append(PlannedAttempt(cell, attempt_no, aid, request, prompt))
-    return plans
 
 
 def run_edits(
@@ -745,16 +556,6 @@ def run_edits(
     if batch:
         calls += _edit_batch(ws, editor, batch, journal, on_output)
     return calls
-
-
-def attempt_finished(attempt: Attempt) -> bool:
-    """Whether ``attempt`` is never run again: ``ok`` or ``refused`` (:data:`FINISHED_ATTEMPT`),
-    or ``failed`` where its backend said running it again cannot change it (``meta["final"]``:
-    the ``import`` backend's missing or unreadable candidate file, whose attempt id hashes the
-    table as read)."""
-    return attempt.status in FINISHED_ATTEMPT or (
-        attempt.status == "failed" and bool((attempt.meta or {}).get("final"))
-    )
 
 
 def _claim(ws: Workspace, editor: Editor, plan: PlannedAttempt, lineage: dict[str, Any]) -> bool:
@@ -798,21 +599,9 @@ def editor_batch_size(editor: Editor) -> int:
 
 
 def pending_ids(ws: Workspace, attempt_ids: Sequence[str]) -> set[str]:
-    """The ids among ``attempt_ids`` that :func:`is_pending` (one read for all of them)."""
-    return {
-        aid
-        for aid, attempt in ws.ledger.attempts_by_id(attempt_ids).items()
-        if attempt.status == "running" or (attempt.status == "failed" and bool(attempt.meta.get("pending_request_id")))
-    }
-
-
-def is_pending(ws: Workspace, attempt_id: str) -> bool:
-    """An attempt whose outcome is still coming: a failed one whose paid remote request is
-    journalled and may still be fetched, or one another run is executing (still ``running``)."""
-    attempt = ws.ledger.attempt(attempt_id)
-    if attempt is None:
-        return False
-    return attempt.status == "running" or (attempt.status == "failed" and bool(attempt.meta.get("pending_request_id")))
+    """The ids among ``attempt_ids`` whose outcome is still coming
+    (:func:`~counterfactory.generation.attempts.attempt_pending`; one read for all of them)."""
+    return {aid for aid, attempt in ws.ledger.attempts_by_id(attempt_ids).items() if attempt_pending(attempt)}
 
 
 def judge_attempts(
@@ -879,159 +668,6 @@ def _store_result(ws: Workspace, result: EditResult) -> bool:
         result.attempt_id, status=result.status, reason=result.reason, cost_usd=result.cost_usd, meta=meta
     )
     return False
-
-
-class TemplateJudge:
-    """Judges the attempts of one template: from the array an editor just returned, or from
-    the store; the source's analysis is shared through the photo's sha256 (``source_key``)."""
-
-    def __init__(
-        self,
-        spec: Spec,
-        ws: Workspace,
-        prepared: PreparedSource,
-        stack: GateStack,
-        jkey: str,
-        *,
-        floor: Mapping[str, Any] | None = None,
-        as_floor: bool = False,
-    ) -> None:
-        self.spec, self.ws, self.prepared, self.stack, self.jkey = spec, ws, prepared, stack, jkey
-        self.floor = dict(floor) if floor else None
-        self.as_floor = as_floor
-
-    def attempt(
-        self,
-        cell: Cell,
-        aid: str,
-        *,
-        output: np.ndarray | None = None,
-        fresh: bool = False,
-        known: tuple[Attempt | None, Candidate | None] | None = None,
-    ) -> tuple[str, list[str]]:
-        """``(verdict, reasons)`` of attempt ``aid``, recording a new candidate in the ledger.
-
-        ``output`` is the attempt's image as the editor returned it, when the caller still holds
-        it (the same pixels as its stored PNG); otherwise it is read from the store. ``fresh``:
-        the caller has just committed ``output`` as this attempt's ``ok`` result (so it has no
-        candidate yet and the ledger need not be read). ``known``: the attempt's and candidate's
-        rows, when the caller read them already.
-        """
-        spec, ws, prepared = self.spec, self.ws, self.prepared
-        if fresh and output is not None:
-            attempt, existing = None, None
-        else:
-            attempt, existing = known if known is not None else (ws.ledger.attempt(aid), ws.ledger.candidate(aid))
-            if attempt is None or attempt.status not in FINISHED_ATTEMPT:
-                reason = attempt.reason if attempt is not None else "editor_not_run"
-                return "failed", [reason or "editor_failed"]
-            aligned_missing = existing is not None and existing.image_sha256 and not ws.store.has(existing.image_sha256)
-            if existing is not None and existing.judge_key == self.jkey and not aligned_missing:
-                return existing.verdict, list(existing.reasons)
-        if attempt is not None and attempt.status == "refused":
-            judged = Judged("rejected", [f"editor_refused: {attempt.reason}"], None, {}, {})
-        else:
-            judged = judge_output(
-                prepared.source.pixels,
-                output if output is not None else ws.store.get(attempt.output_sha256),
-                kind=spec.design.kind,
-                region=prepared.region,
-                face_size_px=prepared.face_size_px,
-                align=spec.align,
-                stack=self.stack,
-                store=ws.store,
-                extras={"condition": dict(cell.condition), "source": prepared.meta, "noise_floor": self.floor},
-                source_key=prepared.source.sha256,
-            )
-        ws.ledger.record_candidate(
-            aid,
-            cell_id=cell.cell_id,
-            judge_key=self.jkey,
-            image_sha256=judged.image_sha256,
-            alignment=judged.alignment,
-            verdict=FLOOR_VERDICT if self.as_floor else judged.verdict,
-            reasons=judged.reasons,
-            gates=judged.gates,
-        )
-        return judged.verdict, judged.reasons
-
-
-#: the gates whose metrics need a registered candidate (skin measures both images on the
-#: source's body mask); the others measure faces, which an unregistered candidate still has
-PIXEL_GATES = ("locality", "skin")
-
-
-def judge_output(
-    source: np.ndarray,
-    output: np.ndarray,
-    *,
-    kind: str,
-    region: np.ndarray | None,
-    face_size_px: float | None,
-    align: AlignConfig,
-    stack: GateStack,
-    store: ImageStore | None = None,
-    extras: Mapping[str, Any] | None = None,
-    source_key: str | None = None,
-) -> Judged:
-    """Align one editor output to its source and run the gates on it: the one judging path of
-    ``run`` and ``measure``.
-
-    Args:
-        source: ``(H, W, 3)`` uint8 RGB.
-        output: ``(h, w, 3)`` uint8 RGB as the editor returned it, any size.
-        kind: ``"face"`` or ``"limb"``.
-        region: ``(H, W)`` uint8 {0, 255}, the region the study varies (face or limb mask), or None.
-        face_size_px: the source face's size in pixels, or None.
-        align: alignment settings.
-        stack: the gates for ``kind``.
-        store: where the aligned image is put (None: not stored).
-        extras: the cell's ``condition`` (axis -> value) and the ``source`` metadata record,
-            for the gates that judge the requested change (skin tone).
-        source_key: names the source's pixels (the photo file's sha256) for the stack's
-            source cache, so every cell of a template reuses one analysis of its source
-            (:meth:`~counterfactory.validation.judge.GateStack.analysis_for`); None: hashed.
-
-    When registration fails the verdict is ``rejected`` with the ``align_...`` reason, and the
-    gates that do not need pixel registration (face, identity, expression) still measure the
-    unregistered candidate, so an audit sees them; ``locality`` is recorded as not measurable.
-    """
-    alignment = align_candidate(source, output, mask=region, kind=kind, face_size_px=face_size_px, config=align)
-    record = alignment.record()
-    edit_mask = region if kind == "limb" else None
-    if not alignment.ok:
-        reasons = [alignment.reason or "align_failed"]
-        gates: dict[str, Any] = {}
-        if alignment.image is not None and alignment.image.shape == source.shape:
-            gates = (
-                stack.without(*PIXEL_GATES)
-                .evaluate(source, alignment.image, edit_mask=edit_mask, extras=extras, source_key=source_key)
-                .to_dict()["gates"]
-            )
-        for name in PIXEL_GATES:
-            if stack.has(name):
-                gates[name] = {
-                    "passed": False,
-                    "measurable": False,
-                    "metrics": {},
-                    "reasons": [],
-                    "review": [],
-                    "thresholds": {},
-                    "note": "not measurable: the candidate could not be registered to the source",
-                }
-        return Judged("rejected", reasons, None, record, gates)
-    sha = store.put(alignment.image) if store is not None else None
-    judgement = stack.evaluate(
-        source,
-        alignment.image,
-        edit_mask=edit_mask,
-        extras=extras,
-        covered=alignment.covered,
-        raw_candidate=alignment.raw,
-        unregistered=output,
-        source_key=source_key,
-    )
-    return Judged(judgement.verdict, list(judgement.reasons), sha, record, judgement.to_dict()["gates"])
 
 
 def build_editor(spec: Spec) -> Editor:

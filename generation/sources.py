@@ -23,6 +23,7 @@ import functools
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
@@ -299,3 +300,76 @@ __all__ = [
     "load_sources",
     "scale_16bit_to_8bit",
 ]
+
+
+class PreparedSource:
+    """A usable source with what every cell of its template needs.
+
+    Attributes:
+        source: the :class:`~counterfactory.generation.sources.Source`.
+        region: ``(H, W)`` uint8 {0, 255}: face mask (face designs) or limb mask (limb designs).
+        face_size_px: the face's size, or None.
+        meta: the source's metadata record as JSON.
+
+    A run keeps every template's source for its whole length, so it keeps them
+    :meth:`released`: the photo's pixels are not held (decoded again when asked for) and the
+    region is packed to one bit a pixel. :func:`process_template` works on a :meth:`held`
+    copy for as long as the template runs.
+    """
+
+    __slots__ = ("source", "face_size_px", "meta", "_region", "_bits", "_shape")
+
+    def __init__(self, source: Source, region: np.ndarray, face_size_px: float | None, meta: dict[str, Any]) -> None:
+        object.__setattr__(self, "source", source)
+        object.__setattr__(self, "face_size_px", face_size_px)
+        object.__setattr__(self, "meta", meta)
+        object.__setattr__(self, "_region", region)
+        object.__setattr__(self, "_bits", None)
+        object.__setattr__(self, "_shape", tuple(region.shape))
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"PreparedSource is read-only (tried to set {name!r})")
+
+    def __repr__(self) -> str:
+        return f"PreparedSource(id={self.id!r}, face_size_px={self.face_size_px!r}, {self.source!r})"
+
+    def __getstate__(self) -> dict:
+        return {"source": self.source, "region": self.region, "face_size_px": self.face_size_px, "meta": self.meta}
+
+    def __setstate__(self, state: dict) -> None:
+        PreparedSource.__init__(self, state["source"], state["region"], state["face_size_px"], state["meta"])
+
+    @property
+    def id(self) -> str:
+        return self.source.record.id
+
+    @property
+    def region(self) -> np.ndarray:
+        if self._region is not None:
+            return self._region
+        flat = np.unpackbits(self._bits, count=int(np.prod(self._shape)))
+        return (flat.reshape(self._shape) * np.uint8(255)).astype(np.uint8, copy=False)
+
+    def released(self) -> PreparedSource:
+        """A copy holding neither the photo's pixels nor the unpacked region (see the class
+        docstring); a region that is not exactly {0, 255} stays unpacked."""
+        region, bits = self._region, self._bits
+        if region is not None and region.dtype == np.uint8 and not np.any((region != 0) & (region != 255)):
+            region, bits = None, np.packbits(region.reshape(-1) == 255)
+        copy = PreparedSource.__new__(PreparedSource)
+        for name, value in (
+            ("source", self.source.released()),
+            ("face_size_px", self.face_size_px),
+            ("meta", self.meta),
+            ("_region", region),
+            ("_bits", bits),
+            ("_shape", self._shape),
+        ):
+            object.__setattr__(copy, name, value)
+        return copy
+
+    def held(self) -> PreparedSource:
+        """A copy with the photo's pixels decoded and the region unpacked."""
+        if self._region is not None and self.source.holds_pixels:
+            return self
+        return PreparedSource(self.source.held(), self.region, self.face_size_px, self.meta)

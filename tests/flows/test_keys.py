@@ -6,6 +6,7 @@ import pytest
 
 from counterfactory.flows import steps
 from counterfactory.flows.keys import template_key
+from counterfactory.generation.sources import PreparedSource
 from counterfactory.manifests.spec import RunConfig, load_spec
 from tests.flows.fake_editor import FakeEditor
 
@@ -49,7 +50,7 @@ def test_the_key_changes_with_what_decides_the_outcome_only(spec, astronaut):
         ),
         "edit region": template_key(
             spec,
-            steps.PreparedSource(astronaut.source, 255 - astronaut.region, astronaut.face_size_px, astronaut.meta),
+            PreparedSource(astronaut.source, 255 - astronaut.region, astronaut.face_size_px, astronaut.meta),
             cells,
             editor,
         ),

@@ -167,7 +167,7 @@ def local_ray():
 @pytest.mark.slow
 def test_a_run_on_ray_matches_the_local_run(local_ray, tmp_path):
     from counterfactory.flows import steps
-    from counterfactory.flows.run import run_spec
+    from counterfactory.flows.resume import run_spec
 
     spec = write_spec(tmp_path)
     local = run_spec(spec, tmp_path / "local", workers=2, progress=False)

@@ -10,11 +10,14 @@ import pytest
 
 from counterfactory.flows import steps
 from counterfactory.flows.resume import settled_outcomes
+from counterfactory.generation.attempts import plan_attempts
 from counterfactory.generation.editors.classical import ClassicalEditor
 from counterfactory.generation.editors.fal import FalEditor
 from counterfactory.generation.editors.qwen import QwenEditor
+from counterfactory.generation.sources import PreparedSource
 from counterfactory.manifests.spec import load_spec
 from counterfactory.validation.faces import face_mask, get_face_landmarker
+from counterfactory.validation.judging import FLOOR_VERDICT, judge_output
 from tests.flows.fake_editor import FakeEditor
 
 
@@ -37,15 +40,15 @@ def stack(spec):
     return steps.build_gate_stack(spec)
 
 
-def _with_face_mask(prepared: steps.PreparedSource, mode: str) -> steps.PreparedSource:
+def _with_face_mask(prepared: PreparedSource, mode: str) -> PreparedSource:
     faces = get_face_landmarker().detect(prepared.source.pixels)
     region = face_mask(faces[0].landmarks, prepared.source.pixels.shape[:2], mode=mode)
-    return steps.PreparedSource(prepared.source, region, prepared.face_size_px, prepared.meta)
+    return PreparedSource(prepared.source, region, prepared.face_size_px, prepared.meta)
 
 
 def _ids(spec, prepared, editor, attempt_no: int = 1) -> list[str]:
     cells = steps.plan_grid(spec, [prepared]).cells_of(prepared.id)
-    return [p.attempt_id for p in steps.plan_attempts(spec, prepared, cells, editor, editor.lineage(), attempt_no)]
+    return [p.attempt_id for p in plan_attempts(spec, prepared, cells, editor, editor.lineage(), attempt_no)]
 
 
 @pytest.mark.slow
@@ -198,7 +201,7 @@ def test_refused_and_failed_attempts_are_retried_with_the_next_seed(spec, prepar
     source = prepared["grace_hopper"]
     cells = steps.plan_grid(spec, [source]).cells_of(source.id)[:2]
     editor = FakeEditor()
-    plans = steps.plan_attempts(spec, source, cells, editor, editor.lineage(), 1)
+    plans = plan_attempts(spec, source, cells, editor, editor.lineage(), 1)
     editor.script = {plans[0].attempt_id: "refused", plans[1].attempt_id: "failed"}
     assert steps.run_edits(ws, editor, plans, editor.lineage()) == 2
     verdicts = steps.judge_attempts(spec, ws, source, plans, stack, steps.judge_key(spec))
@@ -226,12 +229,12 @@ def test_outputs_judged_from_memory_match_a_judgement_read_back_from_the_store(s
     outcome = steps.process_template(spec, ws, source, cells, FakeEditor(), stack)
     fresh_store = ImageStore(tmp_path / "fresh")
     # the cells were judged above the template's noise floor: the fresh judgement is too
-    (floor_row,) = ws.ledger.candidates_of_cells([f"{source.id}|{steps.FLOOR_VERDICT}"])
+    (floor_row,) = ws.ledger.candidates_of_cells([f"{source.id}|{FLOOR_VERDICT}"])
     floor = steps.floor_metrics(floor_row.gates, floor_row.attempt_id)
     assert floor is not None
     for cell in outcome.cells:
         attempt, candidate = ws.ledger.attempt(cell.final_attempt), ws.ledger.candidate(cell.final_attempt)
-        fresh = steps.judge_output(
+        fresh = judge_output(
             source.source.pixels,
             ws.store.get(attempt.output_sha256),
             kind="face",
@@ -253,7 +256,7 @@ def test_unregistrable_output_still_gets_face_metrics(spec, prepared, stack):
     source = prepared["grace_hopper"]
     pixels = source.source.pixels
     flipped = np.ascontiguousarray(pixels[::-1])  # upside down: no transform within bounds maps it back
-    judged = steps.judge_output(
+    judged = judge_output(
         pixels,
         flipped,
         kind="face",
@@ -279,7 +282,7 @@ def test_a_status_poll_outage_buys_zero_extra_requests(spec, prepared, stack, tm
     )
     with FalServer(latency_s=0.05, model="copy") as server, server.patch_environment():
         editor.prepare()
-        plans = steps.plan_attempts(spec, source, cells, editor, editor.lineage(), 1)
+        plans = plan_attempts(spec, source, cells, editor, editor.lineage(), 1)
         # the outage: the first four status polls of every job fail (503), more than one
         # editor-level try (1 + max_retries) can absorb; the jobs are already running, so the
         # cancel sent when the polls give up comes too late to stop them
@@ -310,7 +313,7 @@ def test_a_request_still_out_after_the_waits_is_fetched_by_the_next_run(spec, pr
     )
     with FalServer(latency_s=0.05, model="copy") as server, server.patch_environment():
         editor.prepare()
-        for plan in steps.plan_attempts(spec, source, cells, editor, editor.lineage(), 1):
+        for plan in plan_attempts(spec, source, cells, editor, editor.lineage(), 1):
             server.behave(plan.request.prompt, Behaviour(status_errors=(503, 503, 503), queued_s=0.0))
         ws = steps.open_workspace(spec, tmp_path)
         first = steps.process_template(spec, ws, source, cells, editor, stack)
@@ -329,6 +332,7 @@ KILL_SCRIPT = """
 import sys, time
 import yaml
 from counterfactory.flows import steps
+from counterfactory.generation.attempts import plan_attempts
 from counterfactory.flows.resume import settled_outcomes
 from counterfactory.manifests.spec import load_spec
 from tests.flows.fake_editor import FakeEditor
@@ -345,7 +349,7 @@ source = prepared[0]
 cells = steps.plan_grid(spec, [source]).cells_of(source.id)
 assert len(cells) == 80, len(cells)
 editor = Slow()
-plans = steps.plan_attempts(spec, source, cells, editor, editor.lineage(), 1)
+plans = plan_attempts(spec, source, cells, editor, editor.lineage(), 1)
 print("calls", steps.run_edits(ws, editor, plans, editor.lineage()), flush=True)
 """
 

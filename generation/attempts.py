@@ -1,0 +1,161 @@
+"""Attempts: what one editor request for one cell is, and its content-addressed id.
+
+An attempt id is the sha256 of everything that decides the attempt's output (DESIGN.md,
+"Attempt"): the source's bytes, the cell's condition, the design's kind, the editor's lineage
+and the request inputs the backend reads (prompt, negative prompt, seed, edit mask). The ledger
+keys every attempt by it, so a finished attempt is never run (or paid for) again.
+
+Pure functions over their arguments: no ledger, no store, no Prefect.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from counterfactory.generation.editors import Editor, EditRequest
+from counterfactory.generation.prompts import RenderedPrompt, render_prompt
+from counterfactory.generation.sampling import Cell
+
+if TYPE_CHECKING:
+    from counterfactory.generation.sources import PreparedSource
+    from counterfactory.manifests.ledger import Attempt
+    from counterfactory.manifests.spec import Spec
+
+#: what an editor may read from an :class:`EditRequest` besides the source, kind and condition
+#: (always hashed); :meth:`Editor.consumes` names the subset a backend uses for a kind
+EDITOR_INPUTS = frozenset({"prompt", "negative_prompt", "seed", "mask"})
+#: attempt statuses that are final: never run again
+FINISHED_ATTEMPT = ("ok", "refused")
+
+
+@dataclass(frozen=True)
+class PlannedAttempt:
+    """One cell's attempt number ``attempt_no``: its id, the editor request and the rendered prompt."""
+
+    cell: Cell
+    attempt_no: int
+    attempt_id: str
+    request: EditRequest
+    prompt: RenderedPrompt
+
+
+def editor_inputs(editor: Editor, kind: str) -> frozenset[str]:
+    """The request inputs ``editor`` reads for ``kind`` cells; every input when it does not say."""
+    consumes = getattr(editor, "consumes", None)
+    if consumes is None:
+        return EDITOR_INPUTS
+    chosen = frozenset(consumes(kind))
+    unknown = chosen - EDITOR_INPUTS
+    if unknown:
+        raise ValueError(f"{editor.name}.consumes({kind!r}) names unknown inputs {sorted(unknown)}")
+    return chosen
+
+
+def attempt_id(
+    *,
+    source_sha256: str,
+    cell: Cell,
+    kind: str,
+    lineage: dict[str, Any],
+    prompt: RenderedPrompt,
+    negative_prompt: str | None,
+    seed: int,
+    region_sha256: str,
+    inputs: frozenset[str] = EDITOR_INPUTS,
+) -> str:
+    """sha256 of everything that decides an attempt's output (DESIGN.md, "Attempt").
+
+    Only the request inputs the backend reads (``inputs``, from :func:`editor_inputs`) are
+    hashed: a mask the editor never sees must not re-buy its edits when the mask changes.
+    The condition is always in: it names the cell the attempt belongs to.
+    """
+    payload: dict[str, Any] = {
+        "source_sha256": source_sha256,
+        "condition": dict(sorted(cell.condition.items())),
+        "kind": kind,
+        "editor": lineage,
+    }
+    optional = {
+        "prompt": prompt.lineage(),
+        "negative_prompt": negative_prompt,
+        "seed": seed,
+        "mask": region_sha256,
+    }
+    payload.update({name: value for name, value in optional.items() if name in inputs})
+    blob = json.dumps(payload, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def region_sha256(region: np.ndarray) -> str:
+    """The edit region's hash, as attempt ids take it."""
+    return hashlib.sha256(np.ascontiguousarray(region).tobytes()).hexdigest()
+
+
+def plan_attempts(
+    spec: Spec,
+    prepared: PreparedSource,
+    cells: Sequence[Cell],
+    editor: Editor,
+    lineage: dict[str, Any],
+    attempt_no: int,
+) -> list[PlannedAttempt]:
+    """Attempt ``attempt_no`` of each cell: the rendered prompt, the seed, the request and its id.
+
+    Pure: reads nothing but its arguments. The seed is ``editor.seed + attempt_no - 1``.
+    """
+    kind = spec.design.kind
+    inputs = editor_inputs(editor, kind)
+    region = prepared.region  # once: a released source unpacks its region on each access
+    region_sha = region_sha256(region)
+    seed = spec.editor.seed + attempt_no - 1
+    plans = []
+    for cell in cells:
+        prompt = render_prompt(spec.prompts, kind=kind, condition=cell.condition, source_meta=prepared.meta)
+        aid = attempt_id(
+            source_sha256=prepared.source.sha256,
+            cell=cell,
+            kind=kind,
+            lineage=lineage,
+            prompt=prompt,
+            negative_prompt=spec.prompts.negative,
+            seed=seed,
+            region_sha256=region_sha,
+            inputs=inputs,
+        )
+        request = EditRequest(
+            attempt_id=aid,
+            image=prepared.source.pixels,
+            prompt=prompt.text,
+            seed=seed,
+            kind=kind,
+            mask=region,
+            condition=dict(cell.condition),
+            negative_prompt=spec.prompts.negative,
+        )
+        plans.append(PlannedAttempt(cell, attempt_no, aid, request, prompt))
+    return plans
+
+
+def attempt_finished(attempt: Attempt) -> bool:
+    """Whether ``attempt`` is never run again: ``ok`` or ``refused`` (:data:`FINISHED_ATTEMPT`),
+    or ``failed`` where its backend said running it again cannot change it (``meta["final"]``:
+    the ``import`` backend's missing or unreadable candidate file, whose attempt id hashes the
+    table as read)."""
+    return attempt.status in FINISHED_ATTEMPT or (
+        attempt.status == "failed" and bool((attempt.meta or {}).get("final"))
+    )
+
+
+def attempt_pending(attempt: Attempt) -> bool:
+    """Whether ``attempt``'s outcome is still coming: another run is executing it (``running``),
+    or it failed with its paid remote request journalled (``meta["pending_request_id"]``), so a
+    later run fetches that request instead of buying the next seed."""
+    return attempt.status == "running" or (
+        attempt.status == "failed" and bool((attempt.meta or {}).get("pending_request_id"))
+    )

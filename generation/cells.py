@@ -1,0 +1,114 @@
+"""A cell's life: attempt 1, 2, ... until one fills it or its attempts run out.
+
+This module owns the one loop over attempt numbers. Each round plans the next attempt of
+every open cell (:func:`~counterfactory.generation.attempts.plan_attempts`: seed
+``editor.seed + n - 1``), asks a *policy* what each planned attempt came to, and decides per
+cell with :func:`needs_next_attempt`. The three policies are short and live with their callers:
+
+- running (:func:`counterfactory.flows.steps.process_template`): claim, edit, commit and judge
+  each attempt (in this process or on Ray);
+- resuming (:func:`counterfactory.flows.resume.settled_outcomes`): read each attempt and its
+  candidate from the ledger, and stop at the first one that still needs work;
+- publishing (:func:`counterfactory.flows.publish.collect_outcomes`): read them from the ledger,
+  with a cell the run never reached kept as ``not_run``.
+
+Pure: no ledger, no store, no Prefect.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from counterfactory.generation.attempts import PlannedAttempt
+from counterfactory.generation.sampling import Cell
+from counterfactory.validation.gates.base import FILLING_VERDICTS
+
+#: verdicts that fill a cell (review is a person's job, not another seed's)
+FILLED = FILLING_VERDICTS
+
+
+@dataclass
+class CellOutcome:
+    """Where a cell stands: its attempts in order, the last one, and that one's verdict."""
+
+    cell: Cell
+    attempt_ids: list[str] = field(default_factory=list)
+    final_attempt: str | None = None
+    verdict: str = "failed"
+    reasons: list[str] = field(default_factory=list)
+
+
+@dataclass
+class TemplateOutcome:
+    template_id: str
+    cells: list[CellOutcome]
+    editor_calls: int = 0
+
+    @property
+    def complete(self) -> bool:
+        return all(c.verdict in FILLED for c in self.cells)
+
+
+@dataclass(frozen=True)
+class Settled:
+    """What one planned attempt came to, as a policy found it.
+
+    Attributes:
+        verdict: the candidate's verdict, or ``failed`` (the editor failed, refused nothing).
+        reasons: its reason codes.
+        pending: its outcome is still coming (another run is executing it, or a paid remote
+            request is journalled and will be fetched): the cell waits for it, no next seed.
+    """
+
+    verdict: str
+    reasons: Sequence[str] = ()
+    pending: bool = False
+
+
+def needs_next_attempt(settled: Settled) -> bool:
+    """The one rule for a cell after an attempt: it is filled (accepted, or waiting for a
+    person's review), it waits for an outcome still coming, or it gets the next seed."""
+    return settled.verdict not in FILLED and not settled.pending
+
+
+#: plans a round: ``(open cells, attempt number) -> planned attempts``
+PlanRound = Callable[[Sequence[Cell], int], Sequence[PlannedAttempt]]
+#: settles a round: ``planned attempts -> {attempt id: Settled, or None}``; None: the attempt
+#: was never made (a ledger without it), the cell stays as it is and gets no further attempt
+SettleRound = Callable[[Sequence[PlannedAttempt]], Mapping[str, Settled | None]]
+
+
+def fill_cells(
+    cells: Sequence[Cell],
+    max_attempts: int,
+    plan: PlanRound,
+    settle: SettleRound,
+    *,
+    initial: Callable[[Cell], CellOutcome] = CellOutcome,
+) -> dict[str, CellOutcome]:
+    """Every cell's outcome (by cell id, in ``cells``' order) after up to ``max_attempts`` rounds.
+
+    ``plan`` makes the round's attempts for the cells still open; ``settle`` says what each
+    came to (a policy may raise to stop early). A cell's attempt ids are listed once each (a
+    seedless editor repeats its id), and its verdict is its last attempt's.
+    """
+    outcomes = {cell.cell_id: initial(cell) for cell in cells}
+    open_cells = list(cells)
+    for attempt_no in range(1, max_attempts + 1):
+        if not open_cells:
+            break
+        plans = plan(open_cells, attempt_no)
+        settled = settle(plans)
+        open_cells = []
+        for planned in plans:
+            found = settled.get(planned.attempt_id)
+            if found is None:
+                continue
+            out = outcomes[planned.cell.cell_id]
+            if planned.attempt_id not in out.attempt_ids:
+                out.attempt_ids.append(planned.attempt_id)
+            out.final_attempt, out.verdict, out.reasons = planned.attempt_id, found.verdict, list(found.reasons)
+            if needs_next_attempt(found):
+                open_cells.append(planned.cell)
+    return outcomes
