@@ -55,6 +55,7 @@ from counterfactory.manifests.trials import (
     bank_record,
     build_trials,
     load_biographies,
+    needs_biographies,
     trial_input_files,
     trial_summary,
     trials_left_out,
@@ -718,7 +719,7 @@ def publish_release(
             "Review the undecided cells, add sources, or publish what there is with --allow-incomplete "
             f"(the release then lists what was left out).\n{summary}"
         )
-    biographies = load_biographies(spec.trials.biographies) if "salary" in spec.trials.protocols else None
+    biographies = load_biographies(spec.trials.biographies) if needs_biographies(spec.trials) else None
     items = item_rows(spec, ws, prepared, outcomes)
     review = release_review_stats(ws.ledger, spec.review, items)
     # this release's attempts only: other specs may share the ledger

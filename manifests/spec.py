@@ -31,7 +31,7 @@ from counterfactory.manifests.derived import RobustnessConfig
 from counterfactory.manifests.errors import SetupError
 from counterfactory.manifests.registry import EDITORS, model_at
 from counterfactory.manifests.review import ReviewOptions
-from counterfactory.manifests.trials import TrialsConfig
+from counterfactory.manifests.trials import TrialsConfig, needs_biographies
 from counterfactory.manifests.yamlsafe import MAX_YAML_BYTES, YamlLimitError, safe_load_limited
 
 if TYPE_CHECKING:
@@ -346,6 +346,8 @@ class Spec(BaseModel):
         else:  # how a face condition becomes words
             for unused in ("target_group", "gender_nouns"):
                 data["prompts"].pop(unused, None)
+        if not data["trials"]["options"]:  # no protocol options: as before protocols could have any
+            data["trials"].pop("options")
         data.pop("ledger_url", None)
         data.pop("run", None)
         data.pop("store_dir", None)
@@ -445,9 +447,10 @@ def load_spec(path: str | Path, *, check_paths: bool = True) -> Spec:
     bind = getattr(spec.editor.options(), "bind_spec", None)
     if callable(bind):
         bind(spec)
-    if "salary" in spec.trials.protocols and spec.trials.biographies is None:
+    if spec.trials.biographies is None and needs_biographies(spec.trials):
+        needing = [p for p in spec.trials.protocols if needs_biographies(TrialsConfig(protocols=[p]))]
         raise SpecError(
-            f"{path}: field `trials.biographies`: the salary protocol needs a biographies file; "
+            f"{path}: field `trials.biographies`: the {needing[0]} protocol needs a biographies file; "
             "set trials.biographies (see assets/trials/biographies_example_v1.yaml)"
         )
     checks = [("sources.photos", spec.sources.photos), ("sources.metadata", spec.sources.metadata)]
