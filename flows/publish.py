@@ -47,6 +47,12 @@ from counterfactory.manifests.release import (
     write_json,
     write_jsonl,
 )
+from counterfactory.manifests.release_files import (
+    ReleaseContext,
+    build_release_files,
+    release_file_entries,
+    write_release_schemas,
+)
 from counterfactory.manifests.release_schema import schema_files, validate_rows
 from counterfactory.manifests.review import apply_reviews
 from counterfactory.manifests.spec import Spec
@@ -786,6 +792,10 @@ def publish_release(
             "trials.jsonl": trials,
             "derived.jsonl": derived,
         }
+        # files a plug-in adds, when the spec's release.files names them (none: nothing changes)
+        extra = build_release_files(ReleaseContext(spec, items, manifest, derived, trials, stats))
+        files.update({name: rows for name, (rows, _) in extra.items()})
+        release_info["files"].update(release_file_entries(extra))
         problems = [p for name, rows in files.items() for p in validate_rows(name, rows)]
         problems += validate_rows("stats.json", [stats]) + validate_rows(RELEASE_JSON, [release_info])
         if problems:
@@ -800,6 +810,7 @@ def publish_release(
         (stage.dir / "schemas").mkdir()
         for schema in schema_files():
             shutil.copyfile(schema, stage.dir / "schemas" / schema.name)
+        write_release_schemas(stage.dir / "schemas", spec.trials.protocols, extra)
         write_json(stage.dir / "stats.json", stats)
         plot_attrition(stats["attrition"], stage.dir / "attrition.png")
         write_json(stage.dir / RELEASE_JSON, release_info)

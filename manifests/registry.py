@@ -381,3 +381,17 @@ TRIAL_PROTOCOLS = Registry("trial protocol", "counterfactory.manifests.trials", 
 RELEASE_FILES = Registry("release file", "counterfactory.manifests.release_files", "release_file")
 #: every registry, in the order ``counterfactory plugins`` lists them
 REGISTRIES = (EDITORS, GATES, TRIAL_PROTOCOLS, RELEASE_FILES)
+
+
+def plugin_listing() -> list[dict[str, Any]]:
+    """Every registered plug-in of every kind (loading the built-ins and the installed
+    packages' entry points): ``kind``, ``name``, ``origin`` and what it declares, by kind then name.
+
+    Raises:
+        PluginError: an installed plug-in failed to import.
+    """
+    rows = []
+    for registry in REGISTRIES:
+        for plugin in registry.plugins():
+            rows.append({"kind": registry.kind, "name": plugin.name, "origin": plugin.origin, **plugin.describe()})
+    return rows

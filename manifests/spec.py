@@ -137,6 +137,22 @@ class ReleaseConfig(BaseModel):
     version: str = "0.1.0"
     description: str = ""
     licence: str = "see sources"
+    #: optional release files a plug-in registered, by file name, each with its options
+    #: (:mod:`counterfactory.manifests.release_files`); left out of the canonical spec when empty
+    files: dict[str, dict[str, Any]] = Field(default_factory=dict)
+
+    @field_validator("files")
+    @classmethod
+    def _registered_files(cls, value: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+        from counterfactory.manifests.registry import RELEASE_FILES
+        from counterfactory.manifests.release_files import check_name
+
+        for name, options in value.items():
+            check_name(name)
+            if name not in RELEASE_FILES:
+                raise ValueError(f"{name!r} is not a registered release file; registered: {RELEASE_FILES.names()}")
+            RELEASE_FILES.get(name).options.model_validate(options)
+        return value
 
     @field_validator("name")
     @classmethod
@@ -346,6 +362,8 @@ class Spec(BaseModel):
         else:  # how a face condition becomes words
             for unused in ("target_group", "gender_nouns"):
                 data["prompts"].pop(unused, None)
+        if not data["release"]["files"]:  # no plug-in release file: as before there were any
+            data["release"].pop("files")
         if not data["trials"]["options"]:  # no protocol options: as before protocols could have any
             data["trials"].pop("options")
         data.pop("ledger_url", None)
