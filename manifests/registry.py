@@ -48,8 +48,9 @@ class Plugin:
     """One registered plug-in: its name, its options model and what builds it from options.
 
     Attributes:
-        origin: where it comes from, for ``counterfactory plugins``: ``built-in <module>``, or
-            ``<distribution> <version> (<module>)`` for one an entry point loaded.
+        origin: where it comes from, for ``counterfactory plugins``: ``built-in <module>``,
+            ``<distribution> <version> (<module>)`` for one an entry point loaded, or
+            ``module <module>`` for one registered by importing a module directly.
     """
 
     name: str
@@ -117,8 +118,11 @@ class EditorPlugin(Plugin):
         return out
 
 
-#: the distribution whose entry point is being imported (its registrations record it)
-_LOADING: contextvars.ContextVar[str | None] = contextvars.ContextVar("counterfactory_plugin_loading", default=None)
+#: ``(distribution, top-level package)`` of the entry point being imported: registrations from
+#: that package record the distribution (a built-in it imports on the way stays built-in)
+_LOADING: contextvars.ContextVar[tuple[str, str] | None] = contextvars.ContextVar(
+    "counterfactory_plugin_loading", default=None
+)
 _ENTRY_LOCK = threading.RLock()
 _entry_state: dict[str, Any] = {"loaded": False, "error": None}
 
@@ -142,9 +146,10 @@ def load_entry_points() -> None:
         for point in sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda p: (p.name, p.value)):
             dist = getattr(point, "dist", None)
             where = f"{dist.name} {dist.version}" if dist is not None else "an unnamed distribution"
-            token = _LOADING.set(where)
+            module = point.value.split(":", 1)[0].strip()
+            token = _LOADING.set((where, module.split(".", 1)[0]))
             try:
-                importlib.import_module(point.value.split(":", 1)[0])
+                importlib.import_module(module)
             except Exception as exc:  # noqa: BLE001 - any failure of a plug-in's import is reported as its own
                 error = PluginError(
                     f"plug-in {point.name!r} of distribution {where} failed to import its module {point.value!r}: "
@@ -157,9 +162,13 @@ def load_entry_points() -> None:
 
 
 def _origin_of(factory: Callable[..., Any]) -> str:
-    module = getattr(factory, "__module__", "?")
+    module = str(getattr(factory, "__module__", "?"))
     loading = _LOADING.get()
-    return f"{loading} ({module})" if loading else f"built-in {module}"
+    if loading is not None and module.split(".", 1)[0] == loading[1]:
+        return f"{loading[0]} ({module})"
+    if module == "counterfactory" or module.startswith("counterfactory."):
+        return f"built-in {module}"
+    return f"module {module}"
 
 
 class Registry:
