@@ -97,7 +97,7 @@ class LimitedEditor:
     @property
     def batch_size(self) -> int:
         """The wrapped editor's batch size, at most the limit's slots when each request holds one."""
-        size = max(1, int(getattr(self.inner, "batch_size", 1) or 1))
+        size = EDITORS.batch_size_of(self.inner)
         return min(size, self.slots) if self.occupy_per_request else size
 
     def _occupy(self, n_requests: int) -> int:

@@ -797,10 +797,7 @@ def editor_batch_size(editor: Editor) -> int:
     declared at registration (``EditorCapabilities.batch_size``, ``1`` by default)."""
     from counterfactory.manifests.registry import EDITORS
 
-    size = getattr(editor, "batch_size", None)
-    if size is None and getattr(editor, "options", None) is not None:
-        size = EDITORS.capabilities(str(getattr(editor, "name", ""))).batch_size(editor.options)
-    return max(1, int(size or 1))
+    return EDITORS.batch_size_of(editor)
 
 
 def pending_ids(ws: Workspace, attempt_ids: Sequence[str]) -> set[str]:

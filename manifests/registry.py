@@ -282,6 +282,14 @@ class EditorRegistry(Registry):
     def get(self, name: str) -> EditorPlugin:
         return cast(EditorPlugin, super().get(name))
 
+    def batch_size_of(self, editor: Any) -> int:
+        """Requests to hand ``editor`` at once: its own ``batch_size``, else what its backend
+        declared (``EditorCapabilities.batch_size`` of its options; ``1`` by default)."""
+        size = getattr(editor, "batch_size", None)
+        if size is None and getattr(editor, "options", None) is not None:
+            size = self.capabilities(str(getattr(editor, "name", ""))).batch_size(editor.options)
+        return max(1, int(size or 1))
+
     def capabilities(self, name: str) -> EditorCapabilities:
         """What the backend ``name`` declared (the defaults for an unknown name, e.g. a test double)."""
         if name not in self:

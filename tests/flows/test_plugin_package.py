@@ -88,7 +88,9 @@ def test_the_cli_runs_a_spec_made_of_the_packages_plugins(plugin_path, tmp_path)
     path = tmp_path / "warmth.yaml"
     path.write_text(yaml.safe_dump(spec))
     out = tmp_path / "out"
-    result = _cli(["run", str(path), "--out", str(out), "--no-progress", "--publish", "--allow-incomplete"], plugin_path)
+    result = _cli(
+        ["run", str(path), "--out", str(out), "--no-progress", "--publish", "--allow-incomplete"], plugin_path
+    )
     assert result.returncode == 0, (result.stdout[-2000:], result.stderr[-3000:])
     release = out / "releases" / "demo-face" / "0.1.0"
     items = [json.loads(line) for line in (release / "items.jsonl").read_text().splitlines()]
