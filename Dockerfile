@@ -7,7 +7,9 @@
 # Both install exactly the versions CI tested (docker/constraints.txt, from
 # docker/freeze_constraints.py), run as the non-root user `app` (uid 10001), carry the bundled
 # offline models (assets/models: MediaPipe, SFace) inside the package, and keep the
-# ledger, the image store, the releases and Prefect's home on the /data volume.
+# ledger, the image store, the releases and Prefect's home on the /data volume. Prefect's UI is off
+# (PREFECT_UI_ENABLED=false): a run serves Prefect's API for itself, and the UI's bundle would be
+# unpacked into the read-only venv (the smoke run logged two "Permission denied" errors for it).
 # Qwen-Image-Edit's weights (~60 GB) are not baked in: mount a Hugging Face cache.
 #
 # No `# syntax=` line: the Dockerfile frontend built into the daemon is used, so nothing is
@@ -94,6 +96,7 @@ ENV PATH=/opt/venv/bin:$PATH \
     PYTHONUNBUFFERED=1 \
     PREFECT_HOME=/data/.prefect \
     PREFECT_SERVER_ANALYTICS_ENABLED=false \
+    PREFECT_UI_ENABLED=false \
     MPLCONFIGDIR=/tmp/matplotlib
 USER app
 WORKDIR /data
@@ -128,6 +131,7 @@ ENV PATH=/opt/venv/bin:$PATH \
     PYTHONUNBUFFERED=1 \
     PREFECT_HOME=/data/.prefect \
     PREFECT_SERVER_ANALYTICS_ENABLED=false \
+    PREFECT_UI_ENABLED=false \
     MPLCONFIGDIR=/tmp/matplotlib \
     HF_HOME=/home/app/.cache/huggingface \
     NVIDIA_VISIBLE_DEVICES=all \

@@ -72,7 +72,7 @@ def build_demo_pairs(folder: Path, per_source: int = 8) -> Path:
 
     from counterfactory.generation.masks import feather
     from counterfactory.validation.backends.base import similarity_transform
-    from counterfactory.validation.calibrate import bundled_photo_paths, load_rgb
+    from counterfactory.validation.calibration_base import bundled_photo_paths, load_rgb
     from counterfactory.validation.faces import face_mask, get_face_landmarker
 
     folder.mkdir(parents=True, exist_ok=True)
@@ -133,7 +133,7 @@ def _init_worker(pair_files, kind: str, face_mask_mode: str) -> None:
     from counterfactory.validation.backends import set_worker_threads
 
     set_worker_threads(1)
-    from counterfactory.validation.calibrate import load_rgb
+    from counterfactory.validation.calibration_base import load_rgb
     from counterfactory.validation.judge import GatesConfig, GateStack
 
     _stack = GateStack.from_config(GatesConfig(face_mask=face_mask_mode), kind)
@@ -162,7 +162,7 @@ def _source_face(source: np.ndarray):
 
 
 def _source_models(source: np.ndarray):
-    """The model calls :meth:`GateStack.prepare_source` makes, once per source; returns its face."""
+    """The model calls :meth:`GateStack.analyse_source` makes, once per source; returns its face."""
     from counterfactory.validation.gates.expression import ExpressionGate
     from counterfactory.validation.gates.face import FaceGate
     from counterfactory.validation.gates.identity import IdentityGate
@@ -295,7 +295,7 @@ def rerender_cost(pair_files, max_side: int | None, repeat: int) -> dict:
     """Seconds per TAEF2 round trip of each distinct source in ``pair_files`` at ``max_side``
     (one warm-up call first, not timed), one intra-op thread as the workers above use."""
     from counterfactory.generation.rerender import Rerenderer
-    from counterfactory.validation.calibrate import load_rgb
+    from counterfactory.validation.calibration_base import load_rgb
 
     sources = {p[1].stat().st_ino: p[1] for p in pair_files}
     images = [load_rgb(path) for path in sources.values()]

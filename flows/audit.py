@@ -17,6 +17,7 @@ from counterfactory.generation.editors.tables import TableError, read_table
 from counterfactory.generation.images import decoder_warnings
 from counterfactory.generation.masks import load_mask_file
 from counterfactory.generation.sources import SourceError, load_image
+from counterfactory.manifests.errors import CounterfactoryError
 from counterfactory.validation.faces import face_mask, get_face_landmarker
 from counterfactory.validation.judge import GatesConfig, GateStack
 
@@ -24,7 +25,7 @@ from counterfactory.validation.judge import GatesConfig, GateStack
 SOURCES_KEPT = 4
 
 
-class PairError(Exception):
+class PairError(CounterfactoryError):
     """A pair's file cannot be read: ``code`` is the stable reason, ``message`` names the file."""
 
     def __init__(self, code: str, message: str) -> None:

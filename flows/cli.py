@@ -11,6 +11,7 @@ from pathlib import Path
 import click
 
 from counterfactory.flows.stopping import install_stop_handlers
+from counterfactory.manifests.errors import CounterfactoryError
 from counterfactory.validation.quiet import silence_native_logs
 
 # Prefect's console logging would drown the progress bar; its temporary server's telemetry
@@ -24,7 +25,23 @@ def _fail(message: str, code: int = 2) -> None:
     sys.exit(code)
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class _Commands(click.Group):
+    """The command group, and the one place a counterfactory error becomes a message.
+
+    Any :class:`~counterfactory.manifests.errors.CounterfactoryError` a command (or a command
+    of a nested group) raises ends the process with ``error: <message>`` on stderr and exit
+    status 2, without a traceback; every other exception is a bug and keeps its traceback. A
+    command catches an error itself only to add context or to choose another exit status.
+    """
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except CounterfactoryError as exc:
+            _fail(str(exc))
+
+
+@click.group(cls=_Commands, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option(
     "--verbose", is_flag=True, help="Let MediaPipe, TFLite, absl and OpenCV log to stderr (hidden by default)."
 )
@@ -65,21 +82,15 @@ def run(
 
     With --publish, also seal the release (as `counterfactory publish OUT` would).
     """
-    from counterfactory.flows.publish import PublishError
-    from counterfactory.generation.sources import MetadataError, SourceError, load_metadata
+    from counterfactory.generation.sources import load_metadata
     from counterfactory.manifests.errors import SetupError
-    from counterfactory.manifests.ledger import LedgerError
-    from counterfactory.manifests.release import ReleaseExistsError, ReleaseIntegrityError, existing_release_conflict
-    from counterfactory.manifests.runlock import RunFolderError
-    from counterfactory.manifests.spec import SpecError, load_spec
-    from counterfactory.manifests.store import DamagedBlobError
+    from counterfactory.manifests.release import existing_release_conflict
+    from counterfactory.manifests.spec import load_spec
 
     install_stop_handlers()
-    try:
-        spec = load_spec(spec_path)
-        load_metadata(spec.sources.metadata)
-    except (SpecError, MetadataError) as exc:
-        _fail(str(exc))
+    # every file the spec names is checked here, before anything is run or paid for
+    spec = load_spec(spec_path)
+    load_metadata(spec.sources.metadata)
     if publish:
         # a version taken by another spec can never be sealed: say so before anything is paid for
         conflict = existing_release_conflict(
@@ -115,29 +126,16 @@ def run(
     from counterfactory.flows.resume import run_spec
 
     started = time.perf_counter()
-    try:
-        summary = run_spec(
-            spec_path,
-            out,
-            workers=workers,
-            progress=not no_progress,
-            publish=publish,
-            allow_incomplete=allow_incomplete,
-            ray=ray_address,
-            check_setup=deferred,
-        )
-    except (
-        ReleaseExistsError,
-        ReleaseIntegrityError,
-        SetupError,
-        SpecError,
-        PublishError,
-        LedgerError,
-        RunFolderError,
-        DamagedBlobError,
-        SourceError,
-    ) as exc:
-        _fail(str(exc))
+    summary = run_spec(
+        spec_path,
+        out,
+        workers=workers,
+        progress=not no_progress,
+        publish=publish,
+        allow_incomplete=allow_incomplete,
+        ray=ray_address,
+        check_setup=deferred,
+    )
     if summary.missing_outputs:
         click.echo(
             f"note: {summary.missing_outputs} finished edit(s) had lost their image from the image store; "
@@ -202,20 +200,14 @@ def schedule(
     the previous version inside it, and appends a line to OUT/schedule.jsonl. Uses the Prefect
     server PREFECT_API_URL names, or runs one in this process.
     """
-    from counterfactory.flows.schedule import ScheduleError, make_schedule
-    from counterfactory.generation.sources import MetadataError, load_metadata
+    from counterfactory.flows.schedule import make_schedule
+    from counterfactory.generation.sources import load_metadata
     from counterfactory.manifests.errors import SetupError
-    from counterfactory.manifests.spec import SpecError, load_spec
+    from counterfactory.manifests.spec import load_spec
 
-    try:
-        when = make_schedule(cron=cron, interval=interval, timezone=timezone)
-    except ScheduleError as exc:
-        _fail(str(exc))
-    try:
-        spec = load_spec(spec_path)
-        load_metadata(spec.sources.metadata)
-    except (SpecError, MetadataError) as exc:
-        _fail(str(exc))
+    when = make_schedule(cron=cron, interval=interval, timezone=timezone)
+    spec = load_spec(spec_path)
+    load_metadata(spec.sources.metadata)
     try:
         # a missing model, key or GPU stops here, not at the first tick
         from counterfactory.flows.steps import build_editor, build_gate_stack
@@ -247,46 +239,30 @@ def publish(out: Path, version: str | None, spec_path: Path | None, allow_incomp
     """
     import hashlib
 
-    from counterfactory.flows.publish import (
-        PublishError,
-        format_completeness,
-        publish_from_ledger,
-        remembered_spec,
-        with_version,
-    )
-    from counterfactory.generation.sources import SourceError
-    from counterfactory.manifests.ledger import LedgerError
-    from counterfactory.manifests.release import ReleaseExistsError, ReleaseIntegrityError
-    from counterfactory.manifests.runlock import RunFolderError
-    from counterfactory.manifests.spec import SpecError, load_spec
-    from counterfactory.manifests.store import DamagedBlobError
+    from pydantic import ValidationError
 
+    from counterfactory.flows.publish import format_completeness, publish_from_ledger, remembered_spec, with_version
+    from counterfactory.manifests.spec import load_spec
+
+    if spec_path is None:
+        spec_path, ran_sha = remembered_spec(out)
+        if not spec_path.is_file() or hashlib.sha256(spec_path.read_bytes()).hexdigest() != ran_sha:
+            _fail(
+                f"{spec_path}: the spec that ran in {out} is missing or was edited since; publish it "
+                "explicitly with --spec PATH (cells the edited spec plans differently show as not run)"
+            )
+    spec = load_spec(spec_path)
     try:
-        if spec_path is None:
-            spec_path, ran_sha = remembered_spec(out)
-            if not spec_path.is_file() or hashlib.sha256(spec_path.read_bytes()).hexdigest() != ran_sha:
-                _fail(
-                    f"{spec_path}: the spec that ran in {out} is missing or was edited since; publish it "
-                    "explicitly with --spec PATH (cells the edited spec plans differently show as not run)"
-                )
-        spec = with_version(load_spec(spec_path), version)
-        if not (out / "ledger.sqlite").exists() and spec.ledger_url is None:
-            _fail(f"{out}: no ledger.sqlite here; run `counterfactory run {spec_path} --out {out}` first")
+        spec = with_version(spec, version)
+    except ValidationError as exc:  # only the version is validated here
+        expected = exc.errors()[0]["msg"].removeprefix("Value error, ")
+        _fail(f"--version {version!r}: expected {expected}")
+    if not (out / "ledger.sqlite").exists() and spec.ledger_url is None:
+        _fail(f"{out}: no ledger.sqlite here; run `counterfactory run {spec_path} --out {out}` first")
+    try:
         result = publish_from_ledger(spec, out, allow_incomplete=allow_incomplete)
-    except (
-        PublishError,
-        ReleaseExistsError,
-        ReleaseIntegrityError,
-        SpecError,
-        FileNotFoundError,
-        LedgerError,
-        RunFolderError,
-        DamagedBlobError,
-        SourceError,
-    ) as exc:
+    except FileNotFoundError as exc:  # a file outside the store (a photo) gone since the run
         _fail(str(exc))
-    except ValueError as exc:  # a bad --version
-        _fail(f"--version {version!r}: {exc}")
     click.echo(format_completeness(result.report, result.left_out))
     state = "written" if result.sealed.created else "unchanged (identical release already existed)"
     click.echo("editor calls: 0")
@@ -314,23 +290,18 @@ def masks(spec_path: Path, checkpoint: Path, model_type: str, device: str | None
     masks are kept (correct them by hand if needed) unless --force.
     """
     from counterfactory.generation.masks_sam import store_sam_masks
-    from counterfactory.generation.sources import MetadataError
-    from counterfactory.manifests.errors import SetupError
-    from counterfactory.manifests.spec import SpecError, load_spec
+    from counterfactory.manifests.spec import load_spec
 
-    try:
-        spec = load_spec(spec_path)
-        stored = store_sam_masks(
-            spec.sources.photos,
-            spec.sources.metadata,
-            checkpoint=checkpoint,
-            model_type=model_type,
-            device=device,
-            force=force,
-            max_pixels=spec.sources.max_pixels,
-        )
-    except (SpecError, MetadataError, SetupError) as exc:
-        _fail(str(exc))
+    spec = load_spec(spec_path)
+    stored = store_sam_masks(
+        spec.sources.photos,
+        spec.sources.metadata,
+        checkpoint=checkpoint,
+        model_type=model_type,
+        device=device,
+        force=force,
+        max_pixels=spec.sources.max_pixels,
+    )
     if not stored:
         _fail(f"{spec.sources.metadata}: no source asks for a SAM mask (limb_mask: {{sam: {{box: [x0, y0, x1, y1]}}}})")
     for item in stored:
@@ -467,17 +438,15 @@ def calibrate(out: Path, spec_path: Path | None, failures: int, seed: int, targe
     """Measure the no-op ceiling and different-person floor; with --failures, build the
     failure-mode corpus, set the face-edit thresholds from it and report the held-out
     good-edit acceptance and per-class catch rates."""
-    from counterfactory.validation.calibrate import bundled_photo_paths, run_calibration
+    from counterfactory.validation.calibrate import run_calibration
+    from counterfactory.validation.calibration_base import bundled_photo_paths
 
     paths = bundled_photo_paths()
     if spec_path is not None:
         from counterfactory.generation.sources import load_metadata
-        from counterfactory.manifests.spec import SpecError, load_spec
+        from counterfactory.manifests.spec import load_spec
 
-        try:
-            spec = load_spec(spec_path)
-        except SpecError as exc:
-            _fail(str(exc))
+        spec = load_spec(spec_path)
         paths += [spec.sources.photos / r.path for r in load_metadata(spec.sources.metadata)]
     result = run_calibration(sorted(set(paths)), out, failures=failures, seed=seed, target=target)
     click.echo(json.dumps(result.get("suggested", result), indent=2, sort_keys=True, default=str))
@@ -517,11 +486,10 @@ def review() -> None:
 
 def _review_setup(out: Path, spec_path: Path | None):
     from counterfactory.flows.review_app import ledger_url_for, run_spec_for
-    from counterfactory.manifests.spec import SpecError
 
     try:
         spec = run_spec_for(out, spec_path)
-    except (FileNotFoundError, SpecError) as exc:
+    except FileNotFoundError as exc:  # no spec recorded and no release to take one from
         _fail(str(exc))
     return spec, ledger_url_for(out, spec)
 
@@ -555,14 +523,12 @@ def review_serve(out: Path, spec_path: Path | None, host: str, port: int) -> Non
 def review_add_reviewer(name: str, out: Path, spec_path: Path | None) -> None:
     """Register NAME as a reviewer and print their token (shown once; the ledger keeps only its hash)."""
     from counterfactory.manifests.ledger import Ledger
-    from counterfactory.manifests.review import ReviewError, add_reviewer
+    from counterfactory.manifests.review import add_reviewer
 
     _, url = _review_setup(out, spec_path)
     ledger = Ledger(url)
     try:
         token = add_reviewer(ledger, name)
-    except ReviewError as exc:
-        _fail(str(exc))
     finally:
         ledger.close()
     click.echo(token)
@@ -579,14 +545,12 @@ def review_add_reviewer(name: str, out: Path, spec_path: Path | None) -> None:
 def review_revoke_reviewer(name: str, out: Path, spec_path: Path | None) -> None:
     """Revoke NAME's token: it signs nobody in from now on (their decisions stay in the ledger)."""
     from counterfactory.manifests.ledger import Ledger
-    from counterfactory.manifests.review import ReviewError, revoke_reviewer
+    from counterfactory.manifests.review import revoke_reviewer
 
     _, url = _review_setup(out, spec_path)
     ledger = Ledger(url)
     try:
         changed = revoke_reviewer(ledger, name)
-    except ReviewError as exc:
-        _fail(str(exc))
     finally:
         ledger.close()
     click.echo(f"revoked {name}'s token" if changed else f"{name}'s token was already revoked")
@@ -598,15 +562,14 @@ def release() -> None:
 
 
 def _hub_call(action, *args, **kwargs):
-    """Run a push or pull; bad input and Hub refusals end with a message, not a traceback."""
-    from counterfactory.manifests.hub import HubError, HubTransferError
+    """Run a push or pull. A transfer the Hub dropped part-way exits with status 1 (running the
+    command again resumes it); bad input and refusals are the group's ``error:`` and status 2."""
+    from counterfactory.manifests.hub import HubTransferError
 
     try:
         return action(*args, **kwargs)
     except HubTransferError as exc:
         _fail(str(exc), code=1)
-    except HubError as exc:
-        _fail(str(exc))
 
 
 @release.command("export")
@@ -666,12 +629,9 @@ def release_diff(a: Path, b: Path, as_json: bool) -> None:
 
     Exit codes: 0 identical, 1 different, 2 not comparable (not releases, or of different studies).
     """
-    from counterfactory.manifests.release_diff import DiffError, diff_releases
+    from counterfactory.validation.release_diff import diff_releases
 
-    try:
-        result = diff_releases(a, b)
-    except DiffError as exc:
-        _fail(str(exc))
+    result = diff_releases(a, b)
     if as_json:
         click.echo(json.dumps(result, indent=2, sort_keys=True))
     else:
@@ -715,13 +675,10 @@ def plugins(as_json: bool) -> None:
     """List the registered editors, gates, trial protocols and release files: kind, name, where
     each comes from (a built-in module, or the distribution whose ``counterfactory.plugins``
     entry point added it) and what it declares (an editor's capabilities, a gate's order)."""
-    from counterfactory.manifests.registry import PluginError, plugin_listing
+    from counterfactory.manifests.registry import plugin_listing
 
-    try:
-        rows = plugin_listing()
-    except PluginError as exc:
-        _fail(str(exc))
-    for row in rows:
+    # a plug-in that fails to import raises PluginError, reported by the group's one handler
+    for row in plugin_listing():
         if as_json:
             click.echo(json.dumps(row, sort_keys=True))
             continue

@@ -34,6 +34,7 @@ from counterfactory.generation.editors import make_editor
 from counterfactory.generation.sampling import Grid, grid_summary
 from counterfactory.generation.sources import FailedSource, load_image
 from counterfactory.manifests.derived import apply_transform, crop_series, derived_id
+from counterfactory.manifests.errors import CounterfactoryError
 from counterfactory.manifests.release import (
     ITEMS,
     MANIFEST,
@@ -51,9 +52,8 @@ from counterfactory.manifests.release_files import (
     ReleaseContext,
     build_release_files,
     release_file_entries,
-    write_release_schemas,
 )
-from counterfactory.manifests.release_schema import schema_files, validate_rows
+from counterfactory.manifests.release_schema import schema_files, validate_rows, write_release_schemas
 from counterfactory.manifests.review import apply_reviews
 from counterfactory.manifests.spec import Spec
 from counterfactory.manifests.store import atomic_write, png_bytes
@@ -76,7 +76,7 @@ from counterfactory.validation.target_stats import label_consistency, plot_skin_
 STATUSES = VERDICTS
 
 
-class PublishError(RuntimeError):
+class PublishError(CounterfactoryError, RuntimeError):
     """A release that must not be sealed; the message says why and how to go on."""
 
 

@@ -391,13 +391,23 @@ def queue_state(site: ReviewSite, reviewer: Reviewer, f: dict[str, str]) -> Queu
 
 
 def create_app(site: ReviewSite) -> FastAPI:
-    """The FastAPI application over one run folder: the guards, then one router per page."""
+    """The FastAPI application over one run folder: the guards (token, body size, security
+    headers), then one router per concern (sign-in, files, stats, queue, decisions, blinded
+    trials), each made by a factory that closes over ``site``."""
     app = FastAPI(title="counterfactory review", docs_url=None, redoc_url=None, openapi_url=None)
     templates = Jinja2Templates(directory=str(HERE / "templates"))
     templates.env.filters["fmt"] = _fmt
     app.state.site = site
     _guards(app, site, templates)
-    for router in (_auth_routes(site, templates), _queue_routes(site, templates), _blind_routes(site, templates)):
+    routers = (
+        _auth_routes(site, templates),
+        _file_routes(site),
+        _stats_routes(site, templates),
+        _queue_routes(site, templates),
+        _decision_routes(site),
+        _blind_routes(site, templates),
+    )
+    for router in routers:
         app.include_router(router)
     return app
 
@@ -472,6 +482,7 @@ def _guards(app: FastAPI, site: ReviewSite, templates: Jinja2Templates) -> None:
 
 
 def _auth_routes(site: ReviewSite, templates: Jinja2Templates) -> APIRouter:
+    """Signing in with a reviewer token, signing out, and ``/`` (to the queue)."""
     router = APIRouter()
 
     @router.get("/login", response_class=HTMLResponse)
@@ -502,6 +513,13 @@ def _auth_routes(site: ReviewSite, templates: Jinja2Templates) -> APIRouter:
     def root():
         return RedirectResponse("/queue", status_code=303)
 
+    return router
+
+
+def _file_routes(site: ReviewSite) -> APIRouter:
+    """The page's script and style, and the run's images by sha256."""
+    router = APIRouter()
+
     @router.get("/static/{name}")
     def static(name: str):
         files = {"review.js": "text/javascript", "review.css": "text/css"}
@@ -522,6 +540,13 @@ def _auth_routes(site: ReviewSite, templates: Jinja2Templates) -> APIRouter:
             site.store.path(sha256), media_type="image/png", headers={"Cache-Control": "private, max-age=86400"}
         )
 
+    return router
+
+
+def _stats_routes(site: ReviewSite, templates: Jinja2Templates) -> APIRouter:
+    """Review progress: the ``/stats`` page and the same summary as JSON."""
+    router = APIRouter()
+
     @router.get("/stats", response_class=HTMLResponse)
     def stats_page(request: Request):
         summary = review_summary(site.ledger, site.options)
@@ -539,6 +564,7 @@ def _auth_routes(site: ReviewSite, templates: Jinja2Templates) -> APIRouter:
 
 
 def _queue_routes(site: ReviewSite, templates: Jinja2Templates) -> APIRouter:
+    """The reviewer's queue: the page with its filters, and one item at a time as a fragment."""
     router = APIRouter()
 
     def item_context(request: Request, state: QueueState, wanted: str | None) -> dict[str, Any]:
@@ -613,6 +639,14 @@ def _queue_routes(site: ReviewSite, templates: Jinja2Templates) -> APIRouter:
             **state.counts,
         }
 
+    return router
+
+
+def _decision_routes(site: ReviewSite) -> APIRouter:
+    """Recording a reviewer's decision on the item they were shown, and undoing it; each post
+    carries the signed view ticket of what the reviewer saw."""
+    router = APIRouter()
+
     @router.post("/api/decisions")
     def decide(
         request: Request,
@@ -671,6 +705,7 @@ def _queue_routes(site: ReviewSite, templates: Jinja2Templates) -> APIRouter:
 
 
 def _blind_routes(site: ReviewSite, templates: Jinja2Templates) -> APIRouter:
+    """The blinded spot-the-edit trials: the page, its image, and the answer."""
     router = APIRouter()
 
     @router.get("/blind", response_class=HTMLResponse)

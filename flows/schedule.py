@@ -19,7 +19,7 @@ Each scheduled run:
    at all: the inputs changed after the run planned its grid, so the next run decides) (the spec's ``release.version`` for
    the first one, then the next patch version, or the spec's version when it was raised past the
    newest), with ``diff.json`` inside it: why it was published and the items added, removed and
-   changed since the previous version (:func:`~counterfactory.manifests.release_diff.diff_releases`);
+   changed since the previous version (:func:`~counterfactory.validation.release_diff.diff_releases`);
 4. appends one line to ``OUT/schedule.jsonl`` (run id, times, editor calls, version published or
    none, the changes; or the error of a run that failed) and shows the same as a Prefect
    markdown artifact.
@@ -47,13 +47,14 @@ from prefect.task_runners import ThreadPoolTaskRunner  # noqa: E402
 
 from counterfactory.flows.artifacts import artifact_key  # noqa: E402
 from counterfactory.flows.retries import RETRIES, RETRY_DELAYS_S, retry_transient  # noqa: E402
+from counterfactory.manifests.errors import CounterfactoryError
 
 SCHEDULE_LOG = "schedule.jsonl"
 DIFF = "diff.json"
 _VERSION = re.compile(r"^(\d+)\.(\d+)\.(\d+)(?:[-+].*)?$")
 
 
-class ScheduleError(ValueError):
+class ScheduleError(CounterfactoryError, ValueError):
     """A schedule that cannot be served; the message says how to write a valid one."""
 
 
@@ -216,8 +217,8 @@ def publish_if_changed(spec_path: str | Path, out: str | Path, *, allow_incomple
     from counterfactory.flows.publish import collect_outcomes, publish_release, with_version
     from counterfactory.flows.steps import open_workspace, plan_grid, prepare_sources
     from counterfactory.manifests.release import write_json
-    from counterfactory.manifests.release_diff import diff_releases
     from counterfactory.manifests.spec import load_spec
+    from counterfactory.validation.release_diff import diff_releases
 
     spec = load_spec(spec_path)
     ws = open_workspace(spec, out)

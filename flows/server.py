@@ -23,6 +23,8 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from counterfactory.manifests.errors import CounterfactoryError
+
 #: how long to wait for the server's start-up (database migrations on a busy machine)
 STARTUP_TIMEOUT_S = 600.0
 
@@ -41,7 +43,7 @@ def _service_settings() -> dict:
     }
 
 
-class PrefectServerError(RuntimeError):
+class PrefectServerError(CounterfactoryError, RuntimeError):
     """The in-process Prefect API server could not start."""
 
 

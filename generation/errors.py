@@ -10,8 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from counterfactory.manifests.errors import CounterfactoryError
 
-class SourceError(Exception):
+
+class SourceError(CounterfactoryError):
     """One photo cannot be used. ``str(error)`` is ``"<path>: <reason>"``.
 
     Attributes:
@@ -67,7 +69,7 @@ class MetadataProblem:
         return f"{prefix}: {text}" if prefix else text
 
 
-class MetadataError(ValueError):
+class MetadataError(CounterfactoryError, ValueError):
     """A metadata file cannot be used as a whole.
 
     The message names the file and, for each problem, the entry (index, id, line), the field,

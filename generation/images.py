@@ -24,6 +24,7 @@ import numpy as np
 from PIL import ExifTags, Image, ImageOps, UnidentifiedImageError, features
 
 from counterfactory.generation.errors import SourceError
+from counterfactory.manifests.errors import CounterfactoryError
 
 #: Default pixel budget of one photo (width x height); larger photos are refused unread.
 DEFAULT_MAX_PIXELS = 40_000_000
@@ -290,7 +291,7 @@ def _exif_upright(image: Image.Image, notes: list[str]) -> Image.Image:
     return image
 
 
-class _UnsupportedPixels(ValueError):
+class _UnsupportedPixels(CounterfactoryError, ValueError):
     """A pixel format with no safe mapping to 8-bit RGB."""
 
 

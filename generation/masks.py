@@ -31,9 +31,10 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from counterfactory.generation.images import scale_16bit_to_8bit
 from counterfactory.generation.records import RLE, FileMask, PolygonMask, RLEMask, SamMask, sam_mask_file
+from counterfactory.manifests.errors import CounterfactoryError
 
 
-class MaskError(ValueError):
+class MaskError(CounterfactoryError, ValueError):
     """A mask cannot be built: unreadable file, wrong size, malformed polygons or RLE."""
 
 

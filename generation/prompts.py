@@ -15,9 +15,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
+from pydantic_core import PydanticCustomError
 
 from counterfactory.assets import PROMPTS_DIR
 from counterfactory.generation.regions import DEFAULT_REGION, template_region
+from counterfactory.generation.sampling import DesignConfig, conditions
 from counterfactory.manifests.errors import SetupError
 
 _NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
@@ -41,6 +43,59 @@ class PromptConfig(BaseModel):
     negative: str | None = None
     #: extra folder searched before the bundled ``assets/prompts``.
     directory: Path | None = None
+
+    def check_renders(self, design: DesignConfig) -> None:
+        """Render every condition of ``design`` once, so a missing template or an unknown field
+        in ``target_group`` stops the spec when it loads instead of failing every cell mid-run.
+
+        The spec (:class:`counterfactory.manifests.spec.Spec`) calls this on its own sections, so
+        the spec module never imports this package.
+
+        Raises:
+            ValueError: naming the template or field at fault (pydantic reports it as the
+                spec's validation error).
+        """
+        # each template the design names, at its field (prompts.face, prompts.limb.<cue>), with
+        # the files looked for
+        if design.kind == "face":
+            named = {"prompts.face": self.face}
+        else:
+            named = {f"prompts.limb.{cue}": self.limb[cue] for cue in design.axes["cue"]}
+        for field_name, name in named.items():
+            try:
+                load_template(name, self.directory)
+            except SetupError as exc:  # no such file
+                folders = [d for d in (self.directory, PROMPTS_DIR) if d is not None]
+                tried = ", ".join(str((Path(d) / f"{name}.txt").resolve()) for d in folders)
+                raise PydanticCustomError(
+                    "nested_invalid",
+                    "{message}",
+                    {
+                        "field": field_name,
+                        "message": f"the name of a prompt template, but {exc} (looked for {tried}); name a "
+                        f"bundled template, or put {name}.txt in prompts.directory",
+                        "input": name,
+                    },
+                ) from None
+            except ValueError as exc:  # a name that cannot be a file's
+                raise PydanticCustomError(
+                    "nested_invalid",
+                    "{message}",
+                    {"field": field_name, "message": f"the name of a prompt template: {exc}", "input": name},
+                ) from None
+        for condition in conditions(design):
+            try:
+                render_prompt(self, kind=design.kind, condition=condition, source_meta={})
+            except SetupError as exc:  # a missing template
+                raise ValueError(f"prompts: {exc}") from None
+            except KeyError as exc:
+                raise ValueError(
+                    f"prompts.target_group {self.target_group!r} uses {{{exc.args[0]}}}, which is "
+                    f"not one of the fields it can use: the design's axes {sorted(design.axes)}, "
+                    "gender_noun and article (rename the axis, e.g. to 'race', or change target_group)"
+                ) from None
+            except (ValueError, IndexError) as exc:
+                raise ValueError(f"prompts: {exc}") from None
 
 
 @dataclass(frozen=True)

@@ -1,13 +1,90 @@
-"""The one exception type for "this run cannot start here".
+"""The root of every exception counterfactory raises, and the one for "this run cannot start here".
 
-Every setup failure (a missing model file or optional dependency, no GPU, a bad or missing API
-key, an unknown backend or gate name, a missing prompt template or calibration) raises
-:class:`SetupError` before any work is done or paid for, with a message that says what is
-wrong and how to fix it. The command line catches this one type.
+Every exception class of the package derives from :class:`CounterfactoryError`, so a caller
+(the command line, a notebook, a scheduler) can catch the package's errors in one ``except``
+and let anything else (a bug) show its traceback. The command line prints
+``error: <message>`` and exits with status 2 for any of them (one handler, in
+:mod:`counterfactory.flows.cli`). A class that was a ``ValueError``, ``RuntimeError`` or
+``OSError`` before the root existed keeps that builtin as a second base, so code that catches
+the builtin still catches it. Every message names the file or field at fault and says what
+to do.
+
+The tree (class, its builtin base, who raises it, what the user does)::
+
+    CounterfactoryError
+    ├── SpecError (ValueError)            manifests.spec.load_spec: the spec file is not valid,
+    │                                     or a file it names (sources, prompt templates,
+    │                                     trials.prompts, trials.biographies, an editor's table)
+    │                                     is missing. Fix the field the message names.
+    ├── YamlLimitError (ValueError)       manifests.yamlsafe: a YAML file over a size or alias
+    │                                     limit. Check it is the right file.
+    ├── MetadataError (ValueError)        generation.metadata: the sources' metadata file as a
+    │                                     whole. Fix the entries and fields it lists.
+    ├── SourceError                       generation.images: one photo cannot be used (the run
+    │                                     records the source as failed). Replace the photo.
+    ├── MaskError (ValueError)            generation.masks: a limb mask cannot be built (wrong
+    │                                     size, missing file, bad polygon). Redraw or re-store it.
+    ├── TableError (ValueError)           generation.editors.tables: a pair table cannot be
+    │                                     read. Fix its format or columns.
+    ├── TrialError (ValueError)           manifests.trials: a trial bank cannot be built (prompt
+    │                                     bank or biographies). Fix trials.* in the spec.
+    ├── LicenceError (ValueError)         manifests.licences: a source's licence is unknown or
+    │                                     the licences conflict. Fix the metadata's licence.
+    ├── SetupError (RuntimeError)         a model file, optional dependency, GPU or API key is
+    │   │                                 missing, or a calibration file. Install or set what
+    │   │                                 the message names; nothing was paid for.
+    │   ├── PluginError                   manifests.registry: an installed package's
+    │   │                                 counterfactory.plugins entry point failed to import.
+    │   │                                 Fix or uninstall the distribution it names.
+    │   └── RayTargetError                flows.ray: the Ray cluster does not answer, or cannot
+    │                                     share the run's ledger. Check the address and ledger_url.
+    ├── ScheduleError (ValueError)        flows.schedule: a cron, interval or timezone that
+    │                                     cannot be served. Write a valid one.
+    ├── PrefectServerError (RuntimeError) flows.server: the in-process Prefect server did not
+    │                                     start. Check PREFECT_HOME, or name a server (PREFECT_API_URL).
+    ├── RunFolderError (RuntimeError)     manifests.runlock: the output folder is unwritable, not
+    │                                     a folder, or another run holds it. Wait or choose another.
+    ├── LedgerError (RuntimeError)        manifests.ledger: the ledger cannot be opened safely.
+    │                                     Follow the recovery the message gives.
+    ├── MissingBlobError (FileNotFoundError)  manifests.store: an image the ledger names is not in
+    │                                     the store. Re-run the spec: only those attempts re-run.
+    ├── DamagedBlobError (OSError)        manifests.store: a stored image's bytes no longer match
+    │                                     its hash. Delete it and re-run.
+    ├── PublishError (RuntimeError)       flows.publish: a release that must not be sealed.
+    │   ├── EmptyReleaseError             no cell was accepted or is waiting for review.
+    │   └── IncompleteGridError           cells, sources or strata are missing; pass
+    │                                     --allow-incomplete to seal what there is.
+    ├── ReleaseExistsError (RuntimeError) manifests.release: the version exists with other
+    │                                     content. Raise release.version.
+    ├── ReleaseIntegrityError (RuntimeError)  manifests.release: a file for a release does not
+    │                                     have its sha256. Re-run; the store may be damaged.
+    ├── DiffError (ValueError)            manifests.release_diff: two folders that cannot be
+    │                                     compared. Pass two releases of one study.
+    ├── ReviewError (ValueError)          manifests.review: a review decision that cannot be
+    │                                     recorded (``status`` is its HTTP status).
+    ├── HubError (RuntimeError)           manifests.hub: a push or pull that must not go ahead.
+    │   └── HubTransferError              the Hub dropped a request part-way (exit status 1):
+    │                                     run the same command again; it resumes.
+    ├── PairError                         flows.audit: a measured pair's file cannot be read
+    │                                     (its batch row is ``failed``). Fix the path.
+    └── internal signals, caught where they are raised and never shown to a user:
+        FalCallFailed (generation.editors.fal_queue: one fal call ends with a non-ok answer),
+        _Lost (the same module: fal lost a request, submit again),
+        _UnsupportedPixels (ValueError; generation.images: a pixel format with no 8-bit mapping).
 """
 
 from __future__ import annotations
 
 
-class SetupError(RuntimeError):
-    """A run cannot start on this machine or with this spec; the message names the fix."""
+class CounterfactoryError(Exception):
+    """The base of every exception counterfactory raises; the message says what is wrong and
+    what to do. The command line prints it as ``error: <message>`` and exits with status 2."""
+
+
+class SetupError(CounterfactoryError, RuntimeError):
+    """A run cannot start on this machine or with this spec; the message names the fix.
+
+    Every setup failure (a missing model file or optional dependency, no GPU, a bad or missing
+    API key, an unknown backend or gate name, a missing prompt template or calibration) raises
+    it before any work is done or paid for.
+    """

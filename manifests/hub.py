@@ -36,6 +36,7 @@ from typing import Any
 
 import yaml
 
+from counterfactory.manifests.errors import CounterfactoryError
 from counterfactory.manifests.hub_card import card_body, card_metadata, render_card, sensitive_axes
 from counterfactory.manifests.hub_tables import TableExport, release_tables, write_table
 from counterfactory.manifests.licences import LicenceDecision, LicenceError, combine_licences
@@ -48,7 +49,7 @@ HUB_OWN_FILES = frozenset({".gitattributes"})
 INSTALL_HINT = "install the hub extra: pip install 'counterfactory[hub]'"
 
 
-class HubError(RuntimeError):
+class HubError(CounterfactoryError, RuntimeError):
     """A push or pull that must not go ahead; the message says what to fix."""
 
 

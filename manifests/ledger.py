@@ -54,10 +54,11 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, IntegrityError, NoSuchModuleError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
 
+from counterfactory.manifests.errors import CounterfactoryError
 from counterfactory.manifests.schema import upgrade_ledger
 
 
-class LedgerError(RuntimeError):
+class LedgerError(CounterfactoryError, RuntimeError):
     """The ledger cannot be opened safely; the message names it and says how to recover."""
 
 

@@ -25,6 +25,8 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from counterfactory.manifests.errors import CounterfactoryError
+
 PUBLIC_DOMAIN = "cc0-1.0"
 _CC = re.compile(r"^cc[-_ ]?(by(?:[-_ ](?:nc|sa|nd))*)(?:[-_ ]?(\d\.\d))?$")
 _PD = re.compile(r"^(public[-_ ]domain|pd|pdm|pdm[-_ ]?1\.0|cc[-_ ]?0(?:[-_ ]?1\.0)?|cc[-_ ]zero)\b")
@@ -56,7 +58,7 @@ HUB_LICENCE_IDS = frozenset(
 )
 
 
-class LicenceError(ValueError):
+class LicenceError(CounterfactoryError, ValueError):
     """A source's licence is missing or unknown, or the sources' licences conflict."""
 
 

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from counterfactory.manifests.errors import CounterfactoryError
 from counterfactory.manifests.store import atomic_write, sha256_file
 
 MANIFEST = "manifest.jsonl"
@@ -49,11 +50,11 @@ _CHECKSUM_LINE = re.compile(r"^([0-9a-f]{64})  (.+)$")
 _STAGING = re.compile(r"^\.(?P<version>.+)\.staging-(?P<pid>\d+)-[A-Za-z0-9_]+$")
 
 
-class ReleaseExistsError(RuntimeError):
+class ReleaseExistsError(CounterfactoryError, RuntimeError):
     """The version exists with different content; releases are never overwritten."""
 
 
-class ReleaseIntegrityError(RuntimeError):
+class ReleaseIntegrityError(CounterfactoryError, RuntimeError):
     """A file that should go into a release does not have the sha256 it is addressed by."""
 
 

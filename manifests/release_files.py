@@ -118,19 +118,3 @@ def release_file_entries(built: dict[str, tuple[list[dict[str, Any]], ReleaseFil
         out[name] = made.description or f"{name}: a plug-in's table (schemas/{schema_file_name(name)})"
         out[f"schemas/{schema_file_name(name)}"] = f"the JSON Schema of one {name} row"
     return out
-
-
-def write_release_schemas(folder: Any, protocols: Sequence[str], built: dict[str, tuple[list, ReleaseFile]]) -> None:
-    """Beside the shipped schema copies in ``folder``: the trial schema holding the plug-in
-    protocols ``protocols`` uses (only when it uses one) and each built plug-in file's schema."""
-    import json
-    from pathlib import Path
-
-    from counterfactory.manifests.release_schema import TRIAL_SCHEMA, load_schema, trial_schema
-
-    folder = Path(folder)
-    trial = trial_schema(protocols)
-    if trial != load_schema(TRIAL_SCHEMA):
-        (folder / TRIAL_SCHEMA).write_text(json.dumps(trial, indent=2) + "\n", encoding="utf-8")
-    for name, (_, made) in built.items():
-        (folder / schema_file_name(name)).write_text(json.dumps(made.schema, indent=2) + "\n", encoding="utf-8")

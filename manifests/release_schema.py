@@ -19,6 +19,8 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from counterfactory.manifests.release_files import ReleaseFile, registered_schema, schema_file_name
+
 SCHEMAS_DIR = Path(__file__).resolve().parent / "schemas"
 
 #: release file -> schema file (JSONL files: the schema of one row)
@@ -75,8 +77,6 @@ def _compiled(name: str, protocols: tuple[str, ...]):
     from jsonschema import Draft202012Validator
 
     if name.startswith("plugin:"):
-        from counterfactory.manifests.release_files import registered_schema
-
         schema = registered_schema(name.removeprefix("plugin:")) or {}
     elif name == TRIAL_SCHEMA:
         schema = trial_schema(protocols)
@@ -92,8 +92,6 @@ def schema_name_for(release_file: str) -> str | None:
     if release_file in SCHEMA_FOR:
         return SCHEMA_FOR[release_file]
     if release_file.endswith(".jsonl") and "/" not in release_file:
-        from counterfactory.manifests.release_files import registered_schema
-
         if registered_schema(release_file) is not None:
             return f"plugin:{release_file}"
     return None
@@ -167,3 +165,16 @@ def validate_release_files(release: Path) -> list[str]:
             continue
         problems += validate_file(path, relative)
     return problems
+
+
+def write_release_schemas(
+    folder: Any, protocols: Sequence[str], built: dict[str, tuple[list[Any], ReleaseFile]]
+) -> None:
+    """Beside the shipped schema copies in ``folder``: the trial schema holding the plug-in
+    protocols ``protocols`` uses (only when it uses one) and each built plug-in file's schema."""
+    folder = Path(folder)
+    trial = trial_schema(protocols)
+    if trial != load_schema(TRIAL_SCHEMA):
+        (folder / TRIAL_SCHEMA).write_text(json.dumps(trial, indent=2) + "\n", encoding="utf-8")
+    for name, (_, made) in built.items():
+        (folder / schema_file_name(name)).write_text(json.dumps(made.schema, indent=2) + "\n", encoding="utf-8")

@@ -44,6 +44,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 
+from counterfactory.manifests.errors import CounterfactoryError
 from counterfactory.manifests.ledger import (
     AttemptRow,
     CandidateRow,
@@ -84,7 +85,7 @@ class ReviewOptions(BaseModel):
     spot_dilate_px: int = Field(24, ge=0)
 
 
-class ReviewError(ValueError):
+class ReviewError(CounterfactoryError, ValueError):
     """A decision that cannot be recorded; ``status`` is the HTTP status it maps to."""
 
     def __init__(self, message: str, status: int = 400) -> None:

@@ -16,10 +16,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from types import TracebackType
 
+from counterfactory.manifests.errors import CounterfactoryError
+
 LOCK_NAME = ".run.lock"
 
 
-class RunFolderError(RuntimeError):
+class RunFolderError(CounterfactoryError, RuntimeError):
     """The output folder cannot be used: unwritable, not a folder, or busy with another run."""
 
 

@@ -28,10 +28,10 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 
 from counterfactory.manifests.derived import RobustnessConfig
-from counterfactory.manifests.errors import SetupError
+from counterfactory.manifests.errors import CounterfactoryError
 from counterfactory.manifests.registry import EDITORS, model_at
 from counterfactory.manifests.review import ReviewOptions
-from counterfactory.manifests.trials import TrialsConfig, needs_biographies
+from counterfactory.manifests.trials import TRIALS_DIR, TrialError, TrialsConfig, load_biographies, needs_biographies
 from counterfactory.manifests.yamlsafe import MAX_YAML_BYTES, YamlLimitError, safe_load_limited
 
 if TYPE_CHECKING:
@@ -55,7 +55,7 @@ _SEMVER = re.compile(r"^\d+\.\d+\.\d+(?:[-+][0-9A-Za-z.-]+)?$")
 _SLUG = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 
-class SpecError(ValueError):
+class SpecError(CounterfactoryError, ValueError):
     """A spec that cannot run; the message names the file and the field."""
 
 
@@ -292,28 +292,10 @@ class Spec(BaseModel):
             missing = set(self.design.axes["cue"]) - set(self.prompts.limb)
             if missing:
                 raise ValueError(f"prompts.limb has no template for cue values {sorted(missing)}")
-        self._check_prompts()
+        # every condition's prompt rendered once: a missing template or an unknown field in
+        # prompts.target_group stops the spec here instead of failing every cell mid-run
+        self.prompts.check_renders(self.design)
         return self
-
-    def _check_prompts(self) -> None:
-        """Render every condition's prompt once, so a missing template or an unknown field in
-        ``prompts.target_group`` stops the spec here instead of failing every cell mid-run."""
-        from counterfactory.generation.prompts import render_prompt
-        from counterfactory.generation.sampling import conditions
-
-        for condition in conditions(self.design):
-            try:
-                render_prompt(self.prompts, kind=self.design.kind, condition=condition, source_meta={})
-            except SetupError as exc:  # a missing template
-                raise ValueError(f"prompts: {exc}") from None
-            except KeyError as exc:
-                raise ValueError(
-                    f"prompts.target_group {self.prompts.target_group!r} uses {{{exc.args[0]}}}, which is "
-                    f"not one of the fields it can use: the design's axes {sorted(self.design.axes)}, "
-                    "gender_noun and article (rename the axis, e.g. to 'race', or change target_group)"
-                ) from None
-            except (ValueError, IndexError) as exc:
-                raise ValueError(f"prompts: {exc}") from None
 
     @property
     def source_path(self) -> Path | None:
@@ -412,13 +394,87 @@ def format_validation_error(path: Path | str, error: ValidationError) -> str:
     return "\n".join(lines)
 
 
+def _missing(path: Path, field_name: str, resolved: Path, what: str, fix: str) -> SpecError:
+    return SpecError(f"{path}: field `{field_name}`: expected {what}; {str(resolved)!r} does not exist; {fix}")
+
+
+def _check_named_files(path: Path, spec: Spec, *, check_paths: bool) -> None:
+    """Stop a spec at load when a file it names is missing, before anything is run or paid for.
+
+    The trial prompt bank ships with the package and is always checked. The files of the
+    study (the photo folder and metadata, the biographies, the prompt-template folder, files
+    the editor's options name) are checked with ``check_paths``, and each message names the
+    field, the path as resolved and the fix. The prompt templates themselves are checked by
+    validation (:meth:`Spec._check_prompts`). The photos and limb masks each metadata record
+    names are not checked here: one of them missing fails that source only, which the run
+    records in the release's stats (the editor is never called for it). Model files (an editor's
+    weights, a gate's ``weights``, ``insightface_pack``, ``libreface_weights``) belong to the
+    machine that runs them, a Ray node perhaps, not to the study: the editor and gate stacks
+    check them when they are built, before any work (a :class:`SetupError`).
+    """
+    bank = TRIALS_DIR / f"{spec.trials.prompts}.yaml"
+    if not bank.is_file():
+        known = ", ".join(sorted(p.stem for p in TRIALS_DIR.glob("trial_prompts_*.yaml")))
+        raise _missing(
+            path,
+            "trials.prompts",
+            bank,
+            f"the name of a trial prompt bank in {TRIALS_DIR} (without .yaml)",
+            f"set trials.prompts to one of {known}, or leave it out for the default",
+        )
+    if not check_paths:
+        return
+    relative = f"relative paths are read from the spec file's folder {path.resolve().parent}"
+    checks = [
+        ("sources.photos", spec.sources.photos, "the folder holding the photos"),
+        ("sources.metadata", spec.sources.metadata, "the sources' metadata file"),
+    ]
+    if spec.trials.biographies is not None:
+        checks.append(("trials.biographies", spec.trials.biographies, "a biographies file"))
+    for field_name, p, what in checks:
+        if not p.exists():
+            raise _missing(path, field_name, p, what, f"correct the path ({relative})")
+    if not spec.sources.photos.is_dir():
+        raise SpecError(
+            f"{path}: field `sources.photos`: expected the folder holding the photos; received "
+            f"{str(spec.sources.photos)!r}, which is a file (name its folder instead)"
+        )
+    if not spec.sources.metadata.is_file():
+        raise SpecError(
+            f"{path}: field `sources.metadata`: expected a metadata file; received "
+            f"{str(spec.sources.metadata)!r}, which is not a file"
+        )
+    if spec.trials.biographies is not None:
+        try:
+            load_biographies(spec.trials.biographies)
+        except TrialError as exc:
+            raise SpecError(f"{path}: field `trials.biographies`: {exc}") from None
+    directory = spec.prompts.directory
+    if directory is not None and not Path(directory).is_dir():
+        # read as the templates are read (relative to the working folder), so named as resolved
+        raise _missing(
+            path,
+            "prompts.directory",
+            Path(directory).resolve(),
+            "a folder of prompt templates (<name>.txt)",
+            "correct the path (a relative one is read from the working folder) or leave the field out",
+        )
+    named = getattr(spec.editor.options(), "named_files", None)
+    for field_name, p in (named() if callable(named) else {}).items():
+        if not Path(p).is_file():
+            raise _missing(path, field_name, Path(p), "an existing file", f"correct the path ({relative})")
+
+
 def load_spec(path: str | Path, *, check_paths: bool = True) -> Spec:
     """Read, validate and resolve a spec file. Relative paths resolve against the file's folder.
 
-    ``check_paths`` False validates a spec whose photo folder lives on another machine.
+    Every file the spec names is checked here (:func:`_check_named_files`), so a missing one
+    stops the spec before any work. ``check_paths`` False validates a spec whose files live on
+    another machine (only the bundled trial prompt bank is then checked).
 
     Raises:
-        SpecError: with one message naming the file and every bad field.
+        SpecError: with one message naming the file and every bad field, or the field whose
+            file is missing, the path as resolved and the fix.
     """
     path = Path(path)
     if not path.is_file():
@@ -471,25 +527,6 @@ def load_spec(path: str | Path, *, check_paths: bool = True) -> Spec:
             f"{path}: field `trials.biographies`: the {needing[0]} protocol needs a biographies file; "
             "set trials.biographies (see assets/trials/biographies_example_v1.yaml)"
         )
-    checks = [("sources.photos", spec.sources.photos), ("sources.metadata", spec.sources.metadata)]
-    if spec.trials.biographies is not None:
-        checks.append(("trials.biographies", spec.trials.biographies))
     spec._written_sources = written
-    if not check_paths:
-        return spec
-    for field_name, p in checks:
-        if not p.exists():
-            raise SpecError(
-                f"{path}: field `{field_name}`: expected an existing path; received {str(p)!r} which does not exist"
-            )
-    if not spec.sources.photos.is_dir():
-        raise SpecError(
-            f"{path}: field `sources.photos`: expected the folder holding the photos; received "
-            f"{str(spec.sources.photos)!r}, which is a file (name its folder instead)"
-        )
-    if not spec.sources.metadata.is_file():
-        raise SpecError(
-            f"{path}: field `sources.metadata`: expected a metadata file; received "
-            f"{str(spec.sources.metadata)!r}, which is not a file"
-        )
+    _check_named_files(path, spec, check_paths=check_paths)
     return spec

@@ -21,6 +21,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
+from counterfactory.manifests.errors import CounterfactoryError
+
 
 def png_bytes(image: np.ndarray) -> bytes:
     """Lossless PNG encoding of ``(H, W, 3)`` or ``(H, W)`` uint8 pixels (deterministic)."""
@@ -55,7 +57,7 @@ def sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
-class MissingBlobError(FileNotFoundError):
+class MissingBlobError(CounterfactoryError, FileNotFoundError):
     """A blob the ledger points at is not in the store (deleted, or the store was moved)."""
 
     def __init__(self, path: Path, sha256: str, root: Path) -> None:
@@ -66,7 +68,7 @@ class MissingBlobError(FileNotFoundError):
         self.path, self.sha256 = path, sha256
 
 
-class DamagedBlobError(OSError):
+class DamagedBlobError(CounterfactoryError, OSError):
     """A stored file whose bytes no longer hash to its name (edited in place, truncated, bit rot)."""
 
     def __init__(self, path: Path, sha256: str, actual: str) -> None:

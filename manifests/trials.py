@@ -37,6 +37,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from counterfactory.assets import ASSETS_DIR
+from counterfactory.manifests.errors import CounterfactoryError
 from counterfactory.manifests.registry import TRIAL_PROTOCOLS
 
 TRIALS_DIR = ASSETS_DIR / "trials"
@@ -142,7 +143,7 @@ class TrialsConfig(BaseModel):
         return plugin.factory(plugin.options.model_validate(self.options.get(name, {})))
 
 
-class TrialError(ValueError):
+class TrialError(CounterfactoryError, ValueError):
     """A trial bank that cannot be built; the message names the file and the fix."""
 
 

@@ -12,13 +12,15 @@ from typing import Any
 
 import yaml
 
+from counterfactory.manifests.errors import CounterfactoryError
+
 #: a spec or metadata file larger than this is refused unread (bytes)
 MAX_YAML_BYTES = 64 * 1024 * 1024
 #: scalars, sequences and mappings after expanding every alias
 MAX_YAML_NODES = 2_000_000
 
 
-class YamlLimitError(ValueError):
+class YamlLimitError(CounterfactoryError, ValueError):
     """The YAML is over a size limit; the message says which and by how much."""
 
 

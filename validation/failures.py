@@ -41,7 +41,7 @@ Failure classes, each on top of a good edit (``CLASSES`` describes them):
 
 Every class is made ``per_class`` times per photo (good edits :data:`GOOD_MULTIPLIER` times
 as often) with its own seed; variants with an odd
-index form the held-out split that :func:`counterfactory.validation.calibrate` never uses to
+index form the held-out split that :mod:`counterfactory.validation.corpus_fit` never uses to
 pick thresholds (held-out cases share photos with the training split, never parameters or
 jitter). Only photos with exactly one face are used: a face design refuses other sources. Sources are scaled to at most ``max_side`` pixels first (the gates' cost grows with
 the pixel count; the measures are size-free).
@@ -61,6 +61,7 @@ import cv2
 import numpy as np
 
 from counterfactory.generation.masks import dilate, feather
+from counterfactory.validation.calibration_base import BUNDLED_FACES, load_rgb
 from counterfactory.validation.faces import (
     LEFT_BROW,
     LIPS,
@@ -539,8 +540,6 @@ class _Photo:
 
 
 def _load_photos(paths: list[Path], max_side: int) -> list[_Photo]:
-    from counterfactory.validation.calibrate import BUNDLED_FACES, load_rgb
-
     landmarker = get_face_landmarker()
     photos = []
     for path in paths:

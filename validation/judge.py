@@ -9,7 +9,7 @@ Thresholds a spec leaves out come from the shipped calibration
 (:mod:`counterfactory.validation.thresholds`), per edit kind and for the backend they were measured with.
 
 Every cell of a template is judged against the same source photo, so what the gates measure
-on the source alone is computed once per source (:meth:`GateStack.prepare_source`, a
+on the source alone is computed once per source (:meth:`GateStack.analyse_source`, a
 :class:`~counterfactory.validation.gates.base.SourceAnalysis`) and kept in the stack's
 :class:`SourceCache`, keyed by the sha256 of the source's pixels: ``evaluate`` finds it there
 for every further candidate of that source. A caller that already knows a key for the source
@@ -289,7 +289,7 @@ class GateStack:
         return self._segmenter
 
     def wants_person_mask(self) -> bool:
-        """Whether :meth:`prepare_source` segments the source's person (a gate measures body
+        """Whether :meth:`analyse_source` segments the source's person (a gate measures body
         skin: the skin-tone gate, or the locality gate judging body-skin drift)."""
         return any(getattr(g, "needs_person", False) for g in self.gates)
 
@@ -326,7 +326,7 @@ class GateStack:
         """Whether a gate called ``name`` is in the stack."""
         return any(g.name == name for g in self.gates)
 
-    def prepare_source(
+    def analyse_source(
         self, source: np.ndarray, *, key: str | None = None, base: SourceAnalysis | None = None
     ) -> SourceAnalysis:
         """Measure what the gates need from ``source`` alone, once for all its candidates.
@@ -408,7 +408,7 @@ class GateStack:
             found = None
         if found is not None and self._complete(found):
             return found
-        analysis = self.prepare_source(source, key=key, base=found)
+        analysis = self.analyse_source(source, key=key, base=found)
         self.sources.put(analysis)
         return analysis
 
@@ -435,7 +435,7 @@ class GateStack:
         if source.shape != candidate.shape:
             raise ValueError(f"candidate {candidate.shape} is not aligned to source {source.shape}")
         if analysis is None:
-            analysis = self.prepare_source(source)
+            analysis = self.analyse_source(source)
         elif analysis.shape != tuple(source.shape):
             raise ValueError(f"the source analysis is of a {analysis.shape} image, the source is {source.shape}")
         cand_faces = self.landmarker.detect(candidate)
@@ -486,7 +486,7 @@ class GateStack:
                 as ``locality.focus_*``, FOCUS's figures without registration).
             source_key: a key naming the source's pixels (e.g. its sha256 in the image store)
                 for the :attr:`sources` cache; None: the pixels are hashed (:func:`pixel_key`).
-            analysis: the source's analysis (:meth:`prepare_source`) to use as it is,
+            analysis: the source's analysis (:meth:`analyse_source`) to use as it is,
                 bypassing the cache; it must be of this source.
         """
         checked, src, cand = input_gate(source, candidate, edit_mask=edit_mask)

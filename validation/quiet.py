@@ -12,6 +12,13 @@ the progress bar. Two layers keep them off:
 - :func:`native_quiet` redirects descriptor 2 around the calls that load or close a model
   (what absl and TFLite print there ignores those switches). What other threads write to
   stderr meanwhile is not lost: it is written out afterwards, less the native libraries' lines.
+- :func:`filter_native_stderr` (the command line, through :func:`silence_native_logs`) catches
+  what the first two cannot: lines a library writes on a warm call at a moment of its own
+  choosing (LiteRT's ``inference_runner_litert.cc ... not aligned``, seen in a fresh clone's
+  demo inside the progress bar, depends on where an input buffer happened to be allocated).
+  Descriptor 2 becomes a pipe whose reader forwards every line but the native libraries', and
+  Python's own ``sys.stderr`` (the progress bar, the summary, tracebacks) writes to the
+  terminal directly, unfiltered and undelayed.
 
 ``counterfactory --verbose`` (or ``COUNTERFACTORY_VERBOSE=1``) turns both off. Standard library
 only: this module is imported before anything heavy.
@@ -19,9 +26,12 @@ only: this module is imported before anything heavy.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import io
 import os
 import re
+import select
 import sys
 import tempfile
 import threading
@@ -44,6 +54,8 @@ SWITCHES = {
 NATIVE_LINE = re.compile(
     rb"^(?:[IWEF]\d{4} \d\d:\d\d:\d\d|(?:INFO|WARNING|VERBOSE): |\[ ?(?:INFO|WARN|DEBUG):)"
     rb"|TensorFlow Lite|XNNPACK|inference_feedback_manager|DestroyAccelerator|absl::"
+    # glog/absl's prefix anywhere in a line: written into another writer's unfinished line
+    rb"|[IWEF]\d{4} \d\d:\d\d:\d+\.\d+ +\d+ [\w./-]+:\d+\]"
 )
 
 
@@ -60,6 +72,7 @@ def silence_native_logs(*, verbose_: bool = False) -> None:
     if quiet:
         for key, value in SWITCHES.items():
             os.environ.setdefault(key, value)
+        filter_native_stderr()
     cv2 = sys.modules.get("cv2")  # already loaded (it reads OPENCV_LOG_LEVEL only then): told directly
     logging = getattr(getattr(cv2, "utils", None), "logging", None)
     if logging is not None and hasattr(logging, "setLogLevel"):
@@ -119,3 +132,99 @@ def native_quiet() -> Iterator[None]:
             _depth -= 1
             if _depth == 0:
                 _restore()
+
+
+#: How long a partial line written to descriptor 2 waits for its end before it is forwarded.
+PARTIAL_LINE_WAIT_S = 0.2
+
+_filter_lock = threading.Lock()
+_filter_state: dict[str, object] | None = None
+
+
+def filter_native_stderr() -> bool:
+    """From now on drop the native libraries' lines (:data:`NATIVE_LINE`) written to descriptor 2
+    by anything in the process, and forward everything else; ``sys.stderr`` is rebound to the
+    original descriptor, so Python's output never goes through the filter.
+
+    Installed once, only when ``sys.stderr`` is the process's own descriptor 2 (not under a test
+    runner's capture, not when :func:`verbose`); undone at exit, after the pipe is drained.
+    Returns whether the filter is (now) installed.
+    """
+    global _filter_state
+    with _filter_lock:
+        if _filter_state is not None:
+            return True
+        if verbose() or sys.stderr is not sys.__stderr__ or sys.stderr is None:
+            return False
+        try:
+            if sys.stderr.fileno() != 2:
+                return False
+            sys.stderr.flush()
+            original = os.dup(2)
+            read_end, write_end = os.pipe()
+        except (OSError, ValueError, io.UnsupportedOperation):
+            return False
+        os.dup2(write_end, 2)
+        os.close(write_end)
+        os.set_inheritable(original, False)
+        stream = io.TextIOWrapper(
+            io.FileIO(original, "w", closefd=False),
+            encoding=getattr(sys.__stderr__, "encoding", None) or "utf-8",
+            errors="backslashreplace",
+            line_buffering=True,
+            write_through=True,
+        )
+        reader = threading.Thread(target=_forward, args=(read_end, original), name="stderr-filter", daemon=True)
+        _filter_state = {"original": original, "read_end": read_end, "reader": reader, "stream": stream}
+        sys.stderr = stream
+        reader.start()
+        atexit.register(_unfilter)
+        return True
+
+
+def _forward(read_end: int, original: int) -> None:
+    """The filter's reader: whole lines, each dropped or written to ``original``; a partial line
+    is forwarded after :data:`PARTIAL_LINE_WAIT_S` without its end (a prompt, a C progress bar)."""
+    pending = b""
+    while True:
+        if pending:
+            ready, _, _ = select.select([read_end], [], [], PARTIAL_LINE_WAIT_S)
+            if not ready:
+                if not NATIVE_LINE.search(pending):
+                    _write_all(original, pending)
+                pending = b""
+                continue
+        try:
+            chunk = os.read(read_end, 65536)
+        except OSError:
+            chunk = b""
+        if not chunk:  # every write end closed: the process is ending
+            if pending and not NATIVE_LINE.search(pending):
+                _write_all(original, pending)
+            os.close(read_end)
+            return
+        lines = (pending + chunk).split(b"\n")
+        pending = lines.pop()
+        kept = [line + b"\n" for line in lines if not NATIVE_LINE.search(line)]
+        if kept:
+            _write_all(original, b"".join(kept))
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    with contextlib.suppress(OSError):
+        while data:
+            data = data[os.write(fd, data) :]
+
+
+def _unfilter() -> None:
+    """Descriptor 2 back to the terminal, and what is left in the pipe forwarded (at exit)."""
+    global _filter_state
+    with _filter_lock:
+        state, _filter_state = _filter_state, None
+    if state is None:
+        return
+    with contextlib.suppress(Exception):
+        sys.stderr.flush()
+    os.dup2(state["original"], 2)  # closes the pipe's write end that descriptor 2 held
+    state["reader"].join(timeout=1.0)  # a child still holding the pipe keeps it open: do not wait for it
+    sys.stderr = sys.__stderr__

@@ -78,7 +78,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from counterfactory.generation.editors.base import EditJournal, MemoryJournal
-from counterfactory.manifests.errors import SetupError
+from counterfactory.manifests.errors import CounterfactoryError, SetupError
 
 logger = logging.getLogger(__name__)
 
@@ -132,7 +132,7 @@ class FalQueueOptions(BaseModel):
     backoff_s: float = Field(1.0, ge=0)
 
 
-class FalCallFailed(Exception):
+class FalCallFailed(CounterfactoryError):
     """Ends one call early with a non-``ok`` answer; raised by readers and argument builders.
 
     Args:
@@ -912,7 +912,7 @@ class FalQueue:
         )
 
 
-class _Lost(Exception):
+class _Lost(CounterfactoryError):
     """fal answered 404 for a request id (expired or never accepted), or ended a request we
     had cancelled without a result: the same call may be submitted again."""
 

@@ -366,6 +366,11 @@ class ImportOptions(BaseModel):
             return path
         return (self._spec.base_dir if self._spec is not None else Path.cwd()) / path
 
+    def named_files(self) -> dict[str, Path]:
+        """The files these options name, by spec field, resolved: what
+        :func:`~counterfactory.manifests.spec.load_spec` checks exist before any work."""
+        return {"editor.import.table": self.table_path().resolve()}
+
     def read(self) -> ImportTable:
         """The table, read and checked once (:class:`ImportTable`).
 

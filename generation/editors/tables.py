@@ -15,11 +15,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from counterfactory.manifests.errors import CounterfactoryError
+
 #: what a pair table may be
 TABLE_SUFFIXES = (".csv", ".jsonl", ".parquet")
 
 
-class TableError(ValueError):
+class TableError(CounterfactoryError, ValueError):
     """A table that cannot be read at all (a row's problem is that row's, not the table's)."""
 
 

@@ -193,7 +193,7 @@ def test_calibrate_reproduces_the_shipped_thresholds(tmp_path):
     assert made["limb"] == shipped["limb"]
     # the face-edit thresholds the failure corpus sets (--failures) are re-made by
     # tests/validation/test_failures.py; every other one comes out as shipped
-    from counterfactory.validation.calibrate import CORPUS_THRESHOLDS, FOCUS_RAW_THRESHOLDS
+    from counterfactory.validation.corpus_fit import CORPUS_THRESHOLDS, FOCUS_RAW_THRESHOLDS
 
     corpus_set = {(gate, name) for gate, name, _, _ in CORPUS_THRESHOLDS} | {("identity", "max_cosine")}
     # FOCUS's raw figures: the corpus step leaves them unjudged (None) on face edits

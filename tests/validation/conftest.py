@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from counterfactory.assets import PHOTOS_DIR
-from counterfactory.validation.calibrate import load_rgb
+from counterfactory.validation.calibration_base import load_rgb
 from counterfactory.validation.judge import GatesConfig, GateStack
 
 

@@ -20,7 +20,7 @@ from counterfactory.validation.backends.attributes import (
     fairface_chip,
 )
 from counterfactory.validation.backends.base import similarity_transform
-from counterfactory.validation.calibrate import load_rgb
+from counterfactory.validation.calibration_base import load_rgb
 from counterfactory.validation.faces import get_face_landmarker
 from counterfactory.validation.gates.attribute import AttributeGate, AttributeGateConfig, check_label_map
 from counterfactory.validation.gates.base import PairContext

@@ -9,25 +9,25 @@ import pytest
 
 from counterfactory.assets import PHOTOS_DIR
 from counterfactory.validation.calibrate import (
-    CORPUS_THRESHOLDS,
-    FOCUS_RAW_THRESHOLDS,
     RULES,
-    _sig_up,
     _step_down,
     _step_up,
-    bundled_photo_paths,
     run_calibration,
     suggest_thresholds,
 )
+from counterfactory.validation.calibration_base import bundled_photo_paths, sig_down, sig_up
+from counterfactory.validation.corpus_fit import CORPUS_THRESHOLDS, FOCUS_RAW_THRESHOLDS
 from counterfactory.validation.thresholds import CALIBRATION_FILE, load_calibration
 
 BACKENDS = {"face": "mediapipe", "identity": "sface", "expression": "mediapipe"}
 
 
 def test_rounding_helpers():
-    assert _sig_up(0.06231) == 0.063
-    assert _sig_up(7.86) == 7.9
-    assert _sig_up(0.02) == 0.02
+    assert sig_up(0.06231) == 0.063
+    assert sig_up(7.86) == 7.9
+    assert sig_up(0.02) == 0.02
+    assert sig_down(0.06231) == 0.062
+    assert sig_down(7.86) == 7.8
     assert _step_up(0.2471, 0.01) == 0.25
     assert _step_down(0.8762, 0.01) == 0.87
     assert _step_down(0.7351, 0.05) == 0.7

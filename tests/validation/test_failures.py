@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from counterfactory.assets import PHOTOS_DIR
-from counterfactory.validation.calibrate import CORPUS_THRESHOLDS, run_failure_corpus
+from counterfactory.validation.corpus_fit import CORPUS_THRESHOLDS, run_failure_corpus
 from counterfactory.validation.failures import CLASSES, FAILURE_CLASSES, GOOD, build_corpus, split_of
 from counterfactory.validation.thresholds import calibrated_gates, load_calibration
 

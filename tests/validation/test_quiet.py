@@ -4,7 +4,11 @@ library's log line is written out afterwards; COUNTERFACTORY_VERBOSE lets all of
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import threading
+
+import pytest
 
 from counterfactory.validation import quiet
 
@@ -71,3 +75,44 @@ def test_switches_are_set_only_where_unset(monkeypatch):
     del os.environ["TF_CPP_MIN_LOG_LEVEL"]
     quiet.silence_native_logs(verbose_=True)
     assert os.environ[quiet.VERBOSE_ENV] == "1" and "TF_CPP_MIN_LOG_LEVEL" not in os.environ
+
+
+# A process as the command line leaves it: the filter installed by silence_native_logs, then
+# writes to descriptor 2 from a native-like writer (os.write, another thread, a child process)
+# and from Python's own stderr (the progress bar's kind of partial line, then a summary line).
+# The partial line from C is forwarded once it has waited for its end (here: at exit).
+_FILTERED_PROCESS = r"""
+import os, subprocess, sys, threading
+from counterfactory.validation.quiet import silence_native_logs
+silence_native_logs()
+sys.stderr.write("cells:  50%|#####     | 9/18\r")
+sys.stderr.flush()
+native = b"W0000 00:00:1764700000.123456 4242 inference_runner_litert.cc:178] Input tensor not aligned\n"
+t = threading.Thread(target=os.write, args=(2, native))
+t.start(); t.join()
+os.write(2, b"INFO: Created TensorFlow Lite XNNPACK delegate for CPU.\n")
+os.write(2, b"a plain line from C\n")
+subprocess.run([sys.executable, "-c", "import os; os.write(2, b'I0000 00:00:1764700001.000001    7 gl_context.cc:369] child\\n'); os.write(2, b'child says hi\\n')"])
+os.write(2, b"a partial line from C")
+print("summary: done", file=sys.stderr)
+"""
+
+
+@pytest.mark.parametrize("verbose", [False, True])
+def test_the_command_lines_filter_drops_native_lines_written_at_any_time(tmp_path, verbose):
+    env = {k: v for k, v in os.environ.items() if k != quiet.VERBOSE_ENV}
+    if verbose:
+        env[quiet.VERBOSE_ENV] = "1"
+    result = subprocess.run(
+        [sys.executable, "-c", _FILTERED_PROCESS], capture_output=True, env=env, timeout=60, cwd=tmp_path
+    )
+    assert result.returncode == 0, result.stderr
+    err = result.stderr.decode()
+    for kept in ("cells:  50%|#####     | 9/18\r", "a plain line from C\n", "a partial line from C", "child says hi"):
+        assert kept in err, err
+    assert "summary: done\n" in err, err
+    native = ("inference_runner_litert.cc", "XNNPACK", "gl_context.cc")
+    if verbose:
+        assert all(n in err for n in native), err
+    else:
+        assert not [n for n in native if n in err], err

@@ -10,7 +10,7 @@ import pytest
 from counterfactory.assets import PHOTOS_DIR
 from counterfactory.generation.prompts import PromptConfig, face_region, render_prompt
 from counterfactory.generation.regions import REGIONS, get_region, template_region
-from counterfactory.validation.calibrate import load_rgb
+from counterfactory.validation.calibration_base import load_rgb
 from counterfactory.validation.faces import face_mask, get_face_landmarker, region_mask
 from counterfactory.validation.gates.locality import LocalityGate
 from counterfactory.validation.gates.skin import SkinGate

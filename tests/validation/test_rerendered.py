@@ -11,7 +11,7 @@ import pytest
 from counterfactory.assets import PHOTOS_DIR
 from counterfactory.generation.editors.classical import donor_tone_shift
 from counterfactory.generation.rerender import rerender_like
-from counterfactory.validation.calibrate import load_rgb
+from counterfactory.validation.calibration_base import load_rgb
 from counterfactory.validation.faces import get_face_landmarker
 from counterfactory.validation.gates.locality import FLOOR_RELATIVE, band_diff, coherent_share
 from counterfactory.validation.judge import GatesConfig, GateStack

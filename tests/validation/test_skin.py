@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from counterfactory.assets import PHOTOS_DIR
-from counterfactory.validation.calibrate import load_rgb
+from counterfactory.validation.calibration_base import load_rgb
 from counterfactory.validation.faces import get_face_landmarker
 from counterfactory.validation.gates.base import PairContext
 from counterfactory.validation.gates.skin import SkinGate, SkinGateConfig, is_control

@@ -49,7 +49,7 @@ def test_a_cached_analysis_gives_the_judgement_made_from_scratch(face_stack, pho
     cached = [stack.evaluate(source, c).to_dict() for c in candidates]
     assert (stack.sources.misses, stack.sources.hits) == (1, 2)  # one analysis served three candidates
     for candidate, judged in zip(candidates, cached):
-        scratch = stack.evaluate(source, candidate, analysis=stack.prepare_source(source)).to_dict()
+        scratch = stack.evaluate(source, candidate, analysis=stack.analyse_source(source)).to_dict()
         _same(judged, scratch)
     # the body-skin measure and the skin-tone gate read the one shared segmentation
     assert cached[0]["gates"]["locality"]["metrics"]["body_skin_delta_e"] is not None
@@ -70,7 +70,7 @@ def test_the_cache_is_keyed_by_the_pixels(face_stack, photo, landmarker):
     assert stack.sources.misses == 3 and len(stack.sources) == 1
     assert judged.metrics["face.position_change"] == pytest.approx(0.0, abs=1e-9)
     with pytest.raises(ValueError, match="analysis"):
-        stack.context(a, a.copy(), analysis=stack.prepare_source(b))
+        stack.context(a, a.copy(), analysis=stack.analyse_source(b))
 
 
 @pytest.mark.slow
@@ -85,7 +85,7 @@ def test_a_smaller_stack_shares_the_cache_and_the_full_stack_completes_it(face_s
     small.evaluate(source, candidate, source_key="photo-sha")
     assert stack.sources.get("photo-sha").person is None  # the small stack needs no segmentation
     full = stack.evaluate(source, candidate, source_key="photo-sha").to_dict()
-    _same(full, stack.evaluate(source, candidate, analysis=stack.prepare_source(source)).to_dict())
+    _same(full, stack.evaluate(source, candidate, analysis=stack.analyse_source(source)).to_dict())
     assert stack.sources.get("photo-sha").person is not None
 
 

@@ -39,7 +39,6 @@ from counterfactory.validation.backends.vlm import FalVisionOptions
 from counterfactory.validation.gates.base import GateResult, PairContext
 
 BACKEND_THRESHOLDS: tuple[str, ...] = ()
-ATTRIBUTE_BACKENDS = ("fairface", "insightface", "vlm")
 #: What each backend can read.
 BACKEND_HEADS: dict[str, dict[str, tuple[str, ...]]] = {
     "fairface": {"race": FAIRFACE_HEADS["race"], "gender": FAIRFACE_HEADS["gender"]},

@@ -12,9 +12,9 @@ import pytest
 import yaml
 
 from counterfactory.manifests.release import read_jsonl, write_jsonl
-from counterfactory.manifests.release_diff import diff_releases
 from counterfactory.manifests.release_schema import validate_rows
 from counterfactory.manifests.trials import TRIALS_DIR
+from counterfactory.validation.release_diff import diff_releases
 from tests.manifests.hub_release import make_release
 
 

@@ -20,11 +20,12 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from counterfactory.manifests.errors import CounterfactoryError
 from counterfactory.manifests.release import ITEMS, RELEASE_JSON, read_jsonl
 from counterfactory.validation.attrition import wilson_interval
 
 
-class DiffError(ValueError):
+class DiffError(CounterfactoryError, ValueError):
     """Two folders that cannot be compared; the message says why."""
 
 

@@ -1,0 +1,57 @@
+"""The engine's behaviour is what it was when the fingerprints were recorded.
+
+Each scenario runs the real command line into a fresh folder and its fingerprint (ledger attempts
+and candidates, release checksums: :mod:`tests.flows.unchanged`) must equal the one recorded
+under ``tests/data/unchanged/``. A refactor that keeps behaviour passes untouched; a change that is
+meant to change results re-records with ``python -m tests.flows.unchanged record`` and says so.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.flows.unchanged import (
+    KILLED,
+    RE_RECORD,
+    SCENARIOS,
+    differences,
+    editor_calls,
+    fingerprint,
+    kill_and_resume,
+    load_record,
+    run_cli,
+)
+
+# one demo-sized run each (about a minute on an idle 2-core machine); the timeout leaves room for a busy one
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
+
+
+def _assert_unchanged(live: dict, name: str, how: str) -> None:
+    recorded = load_record(SCENARIOS[name])
+    shown = differences(live, recorded["fingerprint"])
+    assert not shown, (
+        f"{how} no longer gives the fingerprint recorded from {recorded['commit'][:12]} on "
+        f"{recorded['recorded_at']} ({SCENARIOS[name].record_path.name}):\n"
+        + "\n".join(shown)
+        + f"\nIf (and only if) this change of behaviour is intended, re-record with `{RE_RECORD}` and say why in "
+        "the commit."
+    )
+
+
+@pytest.mark.parametrize("name", sorted(SCENARIOS))
+def test_a_run_gives_the_recorded_fingerprint(name, tmp_path):
+    scenario = SCENARIOS[name]
+    out = tmp_path / "out"
+    run_cli(scenario.spec, out)
+    _assert_unchanged(fingerprint(out, scenario), name, f"`counterfactory run {scenario.spec.name}`")
+    recorded = load_record(scenario)["editor_calls"]
+    assert editor_calls(out, scenario) == recorded, f"editor calls: recorded {recorded}; {RE_RECORD} if intended"
+
+
+def test_a_run_killed_half_way_and_resumed_gives_the_uninterrupted_fingerprint(tmp_path):
+    scenario = SCENARIOS[KILLED]
+    out = tmp_path / "out"
+    finished = kill_and_resume(scenario, out)
+    live = fingerprint(out, scenario)
+    assert 0 < finished < len(live["attempts"])
+    _assert_unchanged(live, KILLED, f"`counterfactory run {scenario.spec.name}` SIGKILLed after {finished} attempts")

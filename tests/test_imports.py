@@ -1,0 +1,254 @@
+"""The package's import layering, read from the source with ``ast`` (nothing is imported).
+
+Two rules, each counting imports at module level and inside functions alike (a lazy import is
+still a dependency; only ``if TYPE_CHECKING:`` blocks are left out of the cycle rule, since
+they never run):
+
+- ``generation``, ``validation`` and ``manifests`` never import ``counterfactory.flows`` or
+  Prefect (``prefect``, ``prefect_ray``): the engine below ``flows/`` runs without the
+  orchestrator, and ``flows/`` is the only layer that wires it in.
+- ``manifests`` is the bottom layer: it imports nothing from ``generation``, ``validation`` or
+  ``flows`` (their spec sections and plug-ins it reaches by module name, through
+  :func:`~counterfactory.manifests.registry.model_at` and the registries, never by an import
+  statement that runs; type-only imports are allowed).
+- No two modules of the package import each other, directly or through others: the module
+  import graph has no cycle. Relative imports and ``from counterfactory.x import y`` (``y`` a
+  module or a name in ``x``) are both resolved to the module they load.
+
+Folders map to packages as ``pyproject.toml``'s ``package-dir`` says (``flows/`` is
+``counterfactory.flows``, ...).
+"""
+
+from __future__ import annotations
+
+import ast
+import tomllib
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+from tests.conftest import REPO
+
+#: the layers below flows/: none of them may import what is named in FORBIDDEN
+LOWER = ("counterfactory.generation", "counterfactory.validation", "counterfactory.manifests")
+FORBIDDEN = ("counterfactory.flows", "prefect", "prefect_ray")
+#: what manifests/ (the bottom layer) may not import
+ABOVE_MANIFESTS = ("counterfactory.generation", "counterfactory.validation", "counterfactory.flows")
+
+
+@dataclass(frozen=True)
+class Import:
+    """One import statement's target, resolved to a module name where it is the package's."""
+
+    source: str  # the importing module
+    target: str  # the dotted name imported (a module of the package, or an outside name)
+    line: int
+    lazy: bool  # inside a function (or a class body), not at module level
+    type_only: bool  # under ``if TYPE_CHECKING:``
+
+    def where(self) -> str:
+        return f"{self.source} -> {self.target} (line {self.line}{', lazy' if self.lazy else ''})"
+
+
+@cache
+def modules() -> dict[str, tuple[Path, bool]]:
+    """``{module name: (file, is a package)}`` for every ``.py`` file of the package."""
+    roots = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
+    out: dict[str, tuple[Path, bool]] = {}
+    for package, folder in roots.items():
+        base = REPO / folder
+        for path in sorted(base.rglob("*.py")):
+            rel = path.relative_to(base).with_suffix("")
+            if "__pycache__" in rel.parts:
+                continue
+            # a nested folder belongs to the package whose folder is nearest (the longest root)
+            owner = max((p for p, f in roots.items() if path.is_relative_to(REPO / f)), key=len)
+            if owner != package:
+                continue
+            parts = [p for p in rel.parts if p != "__init__"]
+            name = ".".join([package, *parts])
+            out[name] = (path, rel.name == "__init__")
+    return out
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _resolve(name: str, known: dict[str, tuple[Path, bool]]) -> str:
+    """The longest prefix of ``name`` that is a module of the package, or ``name`` itself."""
+    parts = name.split(".")
+    for n in range(len(parts), 0, -1):
+        candidate = ".".join(parts[:n])
+        if candidate in known:
+            return candidate
+    return name
+
+
+@cache
+def imports_of(module: str) -> tuple[Import, ...]:
+    """Every import ``module`` makes, at any depth of its syntax tree."""
+    known = modules()
+    path, is_package = known[module]
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    package = module if is_package else module.rpartition(".")[0]
+    found: list[Import] = []
+
+    def visit(node: ast.AST, lazy: bool, type_only: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
+                visit(child, True, type_only)
+            elif isinstance(child, ast.If) and _is_type_checking(child.test):
+                for stmt in child.body:
+                    visit(ast.Module(body=[stmt], type_ignores=[]), lazy, True)
+                for stmt in child.orelse:
+                    visit(ast.Module(body=[stmt], type_ignores=[]), lazy, type_only)
+            elif isinstance(child, ast.Import):
+                for alias in child.names:
+                    found.append(Import(module, _resolve(alias.name, known), child.lineno, lazy, type_only))
+            elif isinstance(child, ast.ImportFrom):
+                if child.level:
+                    anchor = package.split(".")
+                    anchor = anchor[: len(anchor) - (child.level - 1)]
+                    base = ".".join(anchor + ([child.module] if child.module else []))
+                else:
+                    base = child.module or ""
+                for alias in child.names:
+                    sub = f"{base}.{alias.name}"
+                    target = sub if sub in known else _resolve(base, known)
+                    found.append(Import(module, target, child.lineno, lazy, type_only))
+            else:
+                visit(child, lazy, type_only)
+
+    visit(tree, False, False)
+    return tuple(found)
+
+
+def _in(name: str, prefixes: tuple[str, ...]) -> bool:
+    return any(name == p or name.startswith(p + ".") for p in prefixes)
+
+
+def test_the_modules_are_found():
+    """The walk sees the package (a broken mapping would make the rules below vacuous)."""
+    found = modules()
+    for expected in (
+        "counterfactory",
+        "counterfactory.flows.cli",
+        "counterfactory.generation.editors",
+        "counterfactory.validation.gates.locality",
+        "counterfactory.manifests.spec",
+    ):
+        assert expected in found
+    assert len(found) > 60
+    edges = [i for m in found for i in imports_of(m) if i.target in found]
+    assert len(edges) > 200
+
+
+def test_lower_layers_never_import_flows_or_prefect():
+    bad = [
+        i.where() + (" [TYPE_CHECKING]" if i.type_only else "")
+        for m in modules()
+        if _in(m, LOWER)
+        for i in imports_of(m)
+        if _in(i.target, FORBIDDEN)
+    ]
+    assert not bad, "generation/, validation/ and manifests/ must not import flows or prefect:\n" + "\n".join(bad)
+
+
+def test_manifests_imports_nothing_above_it():
+    bad = [
+        i.where()
+        for m in modules()
+        if _in(m, ("counterfactory.manifests",))
+        for i in imports_of(m)
+        if _in(i.target, ABOVE_MANIFESTS) and not i.type_only
+    ]
+    assert not bad, "manifests/ is the bottom layer and must not import generation, validation or flows:\n" + "\n".join(
+        bad
+    )
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components with more than one module, or a module importing
+    itself (Tarjan's algorithm), each as a sorted list."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    out: list[list[str]] = []
+    counter = 0
+
+    def strong(v: str) -> None:
+        nonlocal counter
+        index[v] = low[v] = counter
+        counter += 1
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                strong(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1 or v in graph.get(v, ()):
+                out.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            strong(v)
+    return out
+
+
+def _path(graph: dict[str, set[str]], start: str, members: set[str]) -> list[str]:
+    """A shortest cycle through ``start`` inside ``members`` (breadth first), as a module list
+    that begins and ends with ``start``."""
+    previous: dict[str, str] = {}
+    frontier = [start]
+    while frontier:
+        nxt = []
+        for v in frontier:
+            for w in sorted(graph[v] & members):
+                if w == start:
+                    path = [v]
+                    while path[-1] != start:
+                        path.append(previous[path[-1]])
+                    return [start, *reversed(path[:-1]), start] if v != start else [start, start]
+                if w not in previous:
+                    previous[w] = v
+                    nxt.append(w)
+        frontier = nxt
+    raise AssertionError(f"{start} is in a cycle but no path leads back to it")
+
+
+def test_no_import_cycles_lazy_imports_included():
+    known = modules()
+    graph: dict[str, set[str]] = {m: set() for m in known}
+    lines: dict[tuple[str, str], Import] = {}
+    for m in known:
+        for i in imports_of(m):
+            if i.target in known and not i.type_only:
+                graph[m].add(i.target)
+                lines.setdefault((m, i.target), i)
+    report = []
+    for component in _cycles(graph):
+        path = _path(graph, component[0], set(component))
+        steps = [lines[(a, b)].where() for a, b in zip(path, path[1:])]
+        report.append(f"cycle among {len(component)} modules {component}:\n  " + "\n  ".join(steps))
+    assert not report, "import cycles (a lazy import counts):\n" + "\n".join(report)
+
+
+def test_the_cycle_finder_finds_a_lazy_cycle_and_its_path():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": {"e"}}
+    assert _cycles(graph) == [["a", "b", "c"], ["e"]]
+    assert _path(graph, "a", {"a", "b", "c"}) == ["a", "b", "c", "a"]
+    assert _path(graph, "e", {"e"}) == ["e", "e"]

@@ -1,0 +1,364 @@
+"""Fit the face-edit thresholds on the failure corpus: good edits kept, failures caught.
+
+The corpus (:mod:`counterfactory.validation.failures`) is built from the calibration photos;
+every case is aligned and judged as a run judges it, above its photo's noise floor. The
+training split's good edits set each threshold by :data:`CORPUS_RULE`, and the held-out split
+is judged with the chosen thresholds to report good-edit acceptance and, per failure class,
+the share caught. :func:`counterfactory.validation.calibrate.run_calibration` runs this step
+when asked for a corpus (``counterfactory calibrate --failures N``) and writes its result
+into ``calibration.json`` and ``failures.png``.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from counterfactory.validation.backends.sface import OPENCV_SAME_PERSON_COSINE
+from counterfactory.validation.calibration_base import sig_down, sig_up, with_progress
+from counterfactory.validation.faces import MaskMode
+from counterfactory.validation.failures import CLASSES, GOOD, build_corpus, build_floors
+from counterfactory.validation.gates.locality import FLOOR_RELATIVE
+
+#: Thresholds the failure corpus sets: ``(gate, threshold, metric, bound)``; ``bound`` is
+#: ``max`` (reject above) or ``min`` (reject below).
+CORPUS_THRESHOLDS: tuple[tuple[str, str, str, str], ...] = (
+    ("face", "max_pose_change_deg", "face.pose_change_deg", "max"),
+    ("face", "max_position_change", "face.position_change", "max"),
+    ("face", "max_scale_change", "face.scale_change", "max"),
+    ("identity", "min_cosine", "identity.cosine", "min"),
+    ("expression", "max_au_change", "expression.au_change_max", "max"),
+    ("expression", "max_mean_au_change", "expression.au_change_mean", "max"),
+    ("expression", "max_mouth_corner_change_iod", "expression.mouth_corner_change_iod", "max"),
+    ("expression", "max_brow_change_iod", "expression.brow_change_iod", "max"),
+    ("expression", "max_mouth_open_change_iod", "expression.mouth_open_change_iod", "max"),
+    # judged above the photo's noise floor (the editor's "unchanged" output), as runs judge them
+    ("locality", "max_changed_share", "locality.changed_share_above_floor", "max"),
+    ("locality", "max_global_shift", "locality.global_shift_above_floor", "max"),
+    ("locality", "max_global_gain_change", "locality.global_gain_change_above_floor", "max"),
+    ("locality", "max_body_skin_delta_e", "locality.body_skin_delta_e_above_floor", "max"),
+    # a copy re-rendered is still a copy: the band-limited face change of a no-op is the
+    # decoder's alone (sent to review)
+    ("locality", "min_face_change", "locality.face_change", "min"),
+)
+
+#: The gates the failure corpus judges (the others judge against a requested condition).
+#: FOCUS's raw locality figures: recorded, never judged on corpus-calibrated face edits
+FOCUS_RAW_THRESHOLDS = ("max_diff_nonface", "min_ratio")
+CORPUS_GATES = tuple(dict.fromkeys(gate for gate, _, _, _ in CORPUS_THRESHOLDS))
+
+#: Safety factor between the good edits' extreme and the threshold: the training split's
+#: good edits are a sample, and the held-out ones reach past its extreme.
+CORPUS_MARGIN = 1.5
+#: The resolution of a metric, below which a threshold means nothing: a median difference
+#: moves in whole grey levels.
+METRIC_RESOLUTION = {"locality.global_shift_above_floor": 1.0 / 255.0}
+
+#: The rule, in words, written into ``calibration.json`` and the README.
+CORPUS_RULE = (
+    "each corpus threshold starts from the good-edit quantile of its metric on the training split that leaves "
+    "(1 - target) / m of the good edits outside it (m = the number of corpus thresholds, so that together they "
+    f"keep good-edit acceptance >= target), widened by a factor {CORPUS_MARGIN} (upper bounds multiplied, lower "
+    "bounds divided) and never finer than the metric's resolution (one grey level for global_shift), rounded "
+    "outward to 2 significant digits; identity.min_cosine is the lower of that and OpenCV's documented SFace "
+    "same-person operating point (0.363): an edit SFace still calls the same person is never rejected as another head"
+)
+
+#: Metrics kept per corpus case in ``calibration.json`` (besides verdict and reasons).
+CORPUS_METRICS = tuple(m for _, _, m, _ in CORPUS_THRESHOLDS) + (
+    "locality.diff_face",
+    "locality.diff_nonface",
+    "locality.ratio",
+    "locality.band_ratio",
+    "locality.changed_share",
+    "locality.global_shift",
+    "locality.global_gain_change",
+    "locality.body_skin_delta_e",
+    "locality.focus_diff_face",
+    "locality.focus_diff_nonface",
+    "locality.focus_ratio",
+)
+
+
+def corpus_rules(base: Mapping[str, str]) -> dict[str, str]:
+    """``base`` (the no-op rules, :data:`counterfactory.validation.calibrate.RULES`) with the
+    face-edit thresholds the failure corpus sets described by :data:`CORPUS_RULE`."""
+    rules = dict(base)
+    for gate, name, metric, bound in CORPUS_THRESHOLDS:
+        rules[f"{gate}.face.{name}"] = f"failure corpus: {bound} bound on {metric}, " + CORPUS_RULE.split(";")[0]
+    rules["identity.face.min_cosine"] += "; " + CORPUS_RULE.split("; ")[-1]
+    rules["identity.face.max_cosine"] = "none: copies are caught by locality.min_diff_face (review)"
+    for name in FOCUS_RAW_THRESHOLDS:
+        rules[f"locality.face.{name}"] = (
+            "none: FOCUS's raw figure, recorded for comparison; re-rendering alone moves it (band-limited "
+            "changed_share, global_shift and global_gain_change judge locality)"
+        )
+    return rules
+
+
+def noise_floor_metrics(record: dict[str, Any]) -> dict[str, float] | None:
+    """The :data:`~counterfactory.validation.gates.locality.FLOOR_RELATIVE` measures of a
+    noise-floor record (:func:`measure_case` of the editor's "unchanged" output), or None
+    when it could not be measured (registration failed)."""
+    metrics = record.get("metrics") or {}
+    floor = {k: metrics[f"locality.{k}"] for k in FLOOR_RELATIVE if f"locality.{k}" in metrics}
+    return floor or None
+
+
+def measure_case(case, stack, floor: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Align one corpus case as the factory does and judge it with ``stack``.
+
+    Returns ``{case, photo, label, split, verdict, reasons, metrics}`` (metrics: the
+    :data:`CORPUS_METRICS` that could be measured).
+    """
+    from counterfactory.generation.align import align_candidate
+
+    record: dict[str, Any] = {"case": case.case_id, "photo": case.photo, "label": case.label, "split": case.split}
+    alignment = align_candidate(
+        case.source, case.output, mask=case.face_mask, kind="face", face_size_px=case.face_size_px
+    )
+    if not alignment.ok:
+        record.update(verdict="rejected", reasons=[alignment.reason.split(":")[0]], metrics={})
+        return record
+    judgement = stack.evaluate(
+        case.source,
+        alignment.image,
+        covered=alignment.covered,
+        raw_candidate=alignment.raw,
+        unregistered=case.output,
+        extras={"noise_floor": floor} if floor else None,
+    )
+    metrics = judgement.metrics
+    record.update(
+        verdict=judgement.verdict,
+        reasons=list(judgement.reasons),
+        metrics={
+            k: round(float(metrics[k]), 6)
+            for k in CORPUS_METRICS
+            if isinstance(metrics.get(k), (int, float)) and not isinstance(metrics.get(k), bool)
+        },
+    )
+    return record
+
+
+def corpus_thresholds(train: list[dict[str, Any]], *, target: float) -> dict[str, dict[str, float]]:
+    """``{gate: {threshold: value}}`` from the training split's good edits, by :data:`CORPUS_RULE`."""
+    good = [r for r in train if r["label"] == "good"]
+    if not good:
+        raise ValueError("the failure corpus has no good edits in its training split: give photos with faces")
+    share = (1.0 - target) / len(CORPUS_THRESHOLDS)
+    out: dict[str, dict[str, float]] = {}
+    for gate, name, metric, bound in CORPUS_THRESHOLDS:
+        v = np.asarray([r["metrics"][metric] for r in good if metric in r["metrics"]], dtype=np.float64)
+        if v.size == 0:
+            raise ValueError(f"no good edit measured {metric}; the corpus is too small")
+        if bound == "max":
+            q = float(np.quantile(v, 1.0 - share)) * CORPUS_MARGIN
+            value = sig_up(max(q, METRIC_RESOLUTION.get(metric, 0.0)))
+        else:
+            value = sig_down(float(np.quantile(v, share)) / CORPUS_MARGIN)
+            if name == "min_cosine":
+                value = min(value, OPENCV_SAME_PERSON_COSINE)
+        out.setdefault(gate, {})[name] = value
+    return out
+
+
+def _measuring_config(base: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Face-kind gate settings that measure every corpus metric (body skin needs its threshold set)."""
+    cfg = copy.deepcopy(base)
+    cfg.setdefault("locality", {})["max_body_skin_delta_e"] = 1e9
+    return cfg
+
+
+def _stack(face_gates: dict[str, dict[str, Any]], face_mask_mode: MaskMode):
+    from counterfactory.manifests.registry import GATES
+    from counterfactory.validation.judge import GatesConfig, GateStack
+
+    # the corpus judges issue 9's gates; the skin-tone and target-attribute gates (and any
+    # plug-in) judge a change against the requested condition, which a corpus case does not have
+    others = {g: None for g in GATES.names() if g not in CORPUS_GATES}
+    gates = {**copy.deepcopy(face_gates), **others, "kind": "face"}
+    return GateStack.from_config(GatesConfig(face_mask=face_mask_mode, face=gates), "face")
+
+
+def _rates(records: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per class: n, accepted / review / rejected counts, and the rate that matters (good:
+    accepted; failures: caught = rejected or needs_review)."""
+    out: dict[str, dict[str, Any]] = {}
+    for label in CLASSES:
+        rs = [r for r in records if r["label"] == label]
+        if not rs:
+            continue
+        counts = {v: sum(r["verdict"] == v for r in rs) for v in ("accepted", "needs_review", "rejected", "failed")}
+        if label == GOOD:
+            rate = counts["accepted"] / len(rs)
+        else:
+            rate = (counts["rejected"] + counts["needs_review"]) / len(rs)
+        reasons: dict[str, int] = {}
+        for r in rs:
+            for code in r["reasons"]:
+                reasons[code] = reasons.get(code, 0) + 1
+        out[label] = {
+            "n": len(rs),
+            **counts,
+            ("acceptance" if label == GOOD else "caught"): round(rate, 4),
+            "reasons": dict(sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0]))),
+        }
+    return out
+
+
+def run_failure_corpus(
+    image_paths: list[Path],
+    base_face_gates: dict[str, dict[str, Any]],
+    *,
+    per_class: int = 4,
+    seed: int = 0,
+    target: float = 0.95,
+    max_side: int = 512,
+    face_mask_mode: MaskMode = "oval",
+    progress: bool = True,
+    classes: tuple[str, ...] | None = None,
+) -> dict[str, Any]:
+    """Build the failure corpus, pick the corpus thresholds on its training split, and judge
+    its held-out split with them.
+
+    Args:
+        image_paths: source photos (:func:`~counterfactory.validation.failures.build_corpus`).
+        base_face_gates: face-kind gate settings the corpus does not set (backends, detection
+            score, ``min_diff_face``), as in ``suggested["face"]``.
+        per_class, seed, max_side: corpus size, seed and source size cap.
+        target: good-edit acceptance the thresholds aim at on the training split, in (0, 1).
+        classes: a subset of the corpus classes (all by default; ``good`` must be among them).
+
+    Returns: ``{"config", "rule", "thresholds", "heldout": per-class rates,
+    "good_acceptance_heldout", "min_caught_heldout", "cases": [records]}``; held-out verdicts
+    come from the gate stack built with the chosen thresholds, exactly as a run judges.
+    """
+    if not 0.0 < target < 1.0:
+        raise ValueError(f"target acceptance must be in (0, 1), got {target}")
+    measuring = _stack(_measuring_config(base_face_gates), face_mask_mode)
+    # each photo's noise floor: its "unchanged" output, measured like any case; every case of
+    # the photo is judged relative to it, as a run judges a template's cells
+    floors = {
+        c.photo: noise_floor_metrics(measure_case(c, measuring))
+        for c in with_progress(
+            build_floors(image_paths, seed=seed, max_side=max_side), progress, "noise floors", unit="photo"
+        )
+    }
+    train = [
+        measure_case(c, measuring, floors.get(c.photo))
+        # streamed: a case's images are dropped as soon as it is measured
+        for c in with_progress(
+            build_corpus(
+                image_paths, per_class=per_class, seed=seed, max_side=max_side, splits=("train",), classes=classes
+            ),
+            progress,
+            "corpus train",
+            unit="case",
+        )
+    ]
+    chosen = corpus_thresholds(train, target=target)
+    face_gates = copy.deepcopy(base_face_gates)
+    for gate, values in chosen.items():
+        face_gates.setdefault(gate, {}).update(values)
+    # copies are caught by locality.min_diff_face (review); a cosine ceiling would also send
+    # strongly recoloured faces to review, which SFace scores as copies by design
+    face_gates["identity"]["max_cosine"] = None
+    # FOCUS's raw figures (mean difference outside the face, face/non-face ratio) are kept in
+    # every record for comparison, not judged: a latent autoencoder's re-rendering alone moves
+    # diff_nonface past a no-op ceiling (grace_hopper 0.0176, FOCUS's own mean 0.022); the
+    # band-limited measures above tell re-rendering from content change
+    face_gates.setdefault("locality", {}).update({k: None for k in FOCUS_RAW_THRESHOLDS})
+    judging = _stack(face_gates, face_mask_mode)
+    heldout = [
+        measure_case(c, judging, floors.get(c.photo))
+        # streamed: a case's images are dropped as soon as it is measured
+        for c in with_progress(
+            build_corpus(
+                image_paths, per_class=per_class, seed=seed, max_side=max_side, splits=("heldout",), classes=classes
+            ),
+            progress,
+            "corpus held-out",
+            unit="case",
+        )
+    ]
+    rates = _rates(heldout)
+    caught = [v["caught"] for k, v in rates.items() if k != GOOD]
+    good = [r["metrics"] for r in train + heldout if r["label"] == GOOD]
+
+    def stat(key: str, fn) -> float | None:
+        v = [m[key] for m in good if key in m]
+        return round(float(fn(v)), 6) if v else None
+
+    # FOCUS measured its 480 edits without registration at the source's size: the same
+    # figures for the corpus's good edits, and the registered ones beside them
+    focus = {
+        "n": len(good),
+        "focus_diff_face_mean": stat("locality.focus_diff_face", np.mean),
+        "focus_diff_nonface_mean": stat("locality.focus_diff_nonface", np.mean),
+        "focus_ratio_median": stat("locality.focus_ratio", np.median),
+        "registered_diff_face_mean": stat("locality.diff_face", np.mean),
+        "registered_diff_nonface_mean": stat("locality.diff_nonface", np.mean),
+        "registered_ratio_median": stat("locality.ratio", np.median),
+    }
+    return {
+        "config": {"per_class": per_class, "seed": seed, "target": target, "max_side": max_side},
+        "classes": CLASSES,
+        "rule": CORPUS_RULE,
+        "thresholds": chosen,
+        "face_gates": face_gates,
+        "heldout": rates,
+        "good_acceptance_heldout": rates.get(GOOD, {}).get("acceptance"),
+        "min_caught_heldout": min(caught) if caught else None,
+        "good_edits_locality": focus,
+        "noise_floors": floors,
+        "cases": train + heldout,
+    }
+
+
+def plot_failures(corpus: dict[str, Any], path_png: str | Path) -> Path:
+    """One panel per corpus metric: every case's value by class (training dots grey, held-out
+    coloured by verdict), the chosen threshold as a red line."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = list(corpus["classes"])
+    cases = corpus["cases"]
+    panels = CORPUS_THRESHOLDS
+    cols = 4
+    rows = math.ceil(len(panels) / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(5 * cols, 3.6 * rows))
+    colours = {"accepted": "C2", "needs_review": "C1", "rejected": "C3", "failed": "k"}
+    for ax, (gate, name, metric, bound) in zip(axes.ravel(), panels):
+        for i, label in enumerate(labels):
+            for r in cases:
+                if r["label"] != label or metric not in r["metrics"]:
+                    continue
+                jitter = (hash(r["case"]) % 1000) / 1000 * 0.5 - 0.25
+                colour = "0.6" if r["split"] == "train" else colours.get(r["verdict"], "k")
+                ax.plot(i + jitter, r["metrics"][metric], ".", color=colour, ms=4)
+        ax.axhline(corpus["thresholds"][gate][name], color="C3", lw=1)
+        ax.set_xticks(range(len(labels)))
+        ax.set_xticklabels(labels, rotation=60, ha="right", fontsize=7)
+        ax.set_title(f"{metric} ({bound} {corpus['thresholds'][gate][name]:g})", fontsize=9)
+        if metric in ("locality.changed_share", "locality.diff_nonface", "locality.global_shift"):
+            ax.set_yscale("symlog", linthresh=1e-3)
+    for ax in axes.ravel()[len(panels) :]:
+        ax.set_visible(False)
+    fig.suptitle(
+        f"failure corpus: grey = training split, held-out coloured by verdict "
+        f"(green accepted, orange review, red rejected); held-out good acceptance "
+        f"{corpus['good_acceptance_heldout']:.0%}, lowest failure catch {corpus['min_caught_heldout']:.0%}"
+    )
+    fig.tight_layout()
+    path = Path(path_png)
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path
