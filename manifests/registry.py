@@ -43,6 +43,10 @@ class PluginError(SetupError):
     """An installed plug-in cannot be loaded; the message names its distribution and module."""
 
 
+#: class attributes a trial protocol or release file declares, listed by ``counterfactory plugins``
+_DECLARED = ("paper", "unit", "needs_biographies", "description")
+
+
 @dataclass(frozen=True)
 class Plugin:
     """One registered plug-in: its name, its options model and what builds it from options.
@@ -59,8 +63,11 @@ class Plugin:
     origin: str = field(default="", compare=False)
 
     def describe(self) -> dict[str, Any]:
-        """What the plug-in declares besides its name and origin (``counterfactory plugins``)."""
-        return {}
+        """What the plug-in declares besides its name and origin (``counterfactory plugins``):
+        the declarations its factory class sets (a trial protocol's ``paper``, ``unit`` and
+        ``needs_biographies``, a release file's ``description``)."""
+        declared = {key: getattr(self.factory, key, None) for key in _DECLARED}
+        return {key: value for key, value in declared.items() if value not in (None, "", False)}
 
 
 def device_gpus(options: Any) -> dict[str, float]:
