@@ -669,5 +669,22 @@ def release_diff(a: Path, b: Path, as_json: bool) -> None:
     sys.exit(0 if result["identical"] else 1)
 
 
+@main.command()
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per plug-in instead of a table.")
+def plugins(as_json: bool) -> None:
+    """List the registered editors, gates, trial protocols and release files: kind, name, where
+    each comes from (a built-in module, or the distribution whose ``counterfactory.plugins``
+    entry point added it) and what it declares (an editor's capabilities, a gate's order)."""
+    from counterfactory.manifests.registry import plugin_listing
+
+    # a plug-in that fails to import raises PluginError, reported by the group's one handler
+    for row in plugin_listing():
+        if as_json:
+            click.echo(json.dumps(row, sort_keys=True))
+            continue
+        declared = ", ".join(f"{k}={v}" for k, v in row.items() if k not in ("kind", "name", "origin"))
+        click.echo(f"{row['kind']:15s} {row['name']:20s} {row['origin']}" + (f"  [{declared}]" if declared else ""))
+
+
 if __name__ == "__main__":
     main()

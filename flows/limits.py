@@ -9,8 +9,11 @@ server the runs report to: the spec's ``run`` section sets its value when a run 
 
 | limit | set from | held |
 |---|---|---|
-| ``counterfactory-gpu`` | ``run.gpu_slots`` | one slot per batch, by GPU backends (``qwen``) |
-| ``counterfactory-fal`` | ``run.fal_max_concurrency`` | one slot per request in flight, by ``fal`` edits and by the ``vlm`` attribute gate's questions (one fal account) |
+| ``counterfactory-gpu`` | ``run.gpu_slots`` | one slot per batch, by backends registered with ``limit="gpu"`` (``qwen``) |
+| ``counterfactory-fal`` | ``run.fal_max_concurrency`` | one slot per request in flight, by backends registered with ``limit="fal"`` (``fal``) and by the ``vlm`` attribute gate's questions (one fal account) |
+
+Which limit a backend holds, and whether per batch or per request, is what it declares when it
+registers (:class:`~counterfactory.manifests.registry.EditorCapabilities`).
 
 A limit of zero is refused when the spec loads (:class:`~counterfactory.manifests.spec.RunConfig`):
 it would let no edit start and the run would wait for ever.
@@ -23,14 +26,15 @@ from collections.abc import Sequence
 from typing import Any
 
 from counterfactory.generation.editors.base import EditJournal, EditRequest, EditResult
+from counterfactory.manifests.registry import EDITORS
 from counterfactory.manifests.spec import Spec
 
 logger = logging.getLogger(__name__)
 
 GPU_LIMIT = "counterfactory-gpu"
 FAL_LIMIT = "counterfactory-fal"
-#: which limit a backend's batches hold, by backend name
-BACKEND_LIMITS = {"qwen": GPU_LIMIT, "fal": FAL_LIMIT}
+#: the Prefect limit of each ``EditorCapabilities.limit``
+LIMIT_NAMES = {"gpu": GPU_LIMIT, "fal": FAL_LIMIT}
 #: seconds a held slot stays leased without renewal (Prefect renews it while the batch runs);
 #: a killed run's slots come back after this long
 LEASE_S = 300.0
@@ -93,7 +97,7 @@ class LimitedEditor:
     @property
     def batch_size(self) -> int:
         """The wrapped editor's batch size, at most the limit's slots when each request holds one."""
-        size = max(1, int(getattr(self.inner, "batch_size", 1) or 1))
+        size = EDITORS.batch_size_of(self.inner)
         return min(size, self.slots) if self.occupy_per_request else size
 
     def _occupy(self, n_requests: int) -> int:
@@ -147,12 +151,14 @@ class LimitedEditor:
 
 
 def limited_editor(editor: Any, spec: Spec) -> Any:
-    """``editor`` holding the spec's limit for its backend, or ``editor`` itself when none applies."""
-    name = BACKEND_LIMITS.get(spec.editor.backend)
+    """``editor`` holding the spec's limit for its backend (the one its capabilities name), or
+    ``editor`` itself when none applies."""
+    capabilities = EDITORS.capabilities(spec.editor.backend)
+    name = LIMIT_NAMES.get(capabilities.limit or "")
     slots = spec_limits(spec).get(name) if name else None
-    if slots is None:
+    if name is None or slots is None:
         return editor
-    return LimitedEditor(editor, name, slots, occupy_per_request=name == FAL_LIMIT)
+    return LimitedEditor(editor, name, slots, occupy_per_request=capabilities.per_request)
 
 
 class LimitedVisionClient(LimitedEditor):

@@ -41,7 +41,12 @@ from counterfactory.manifests.release import (
     write_json,
     write_jsonl,
 )
-from counterfactory.manifests.release_schema import schema_files, validate_rows
+from counterfactory.manifests.release_files import (
+    ReleaseContext,
+    build_release_files,
+    release_file_entries,
+)
+from counterfactory.manifests.release_schema import schema_files, validate_rows, write_release_schemas
 from counterfactory.manifests.review import apply_reviews
 from counterfactory.manifests.spec import Spec
 from counterfactory.manifests.store import atomic_write, png_bytes
@@ -49,6 +54,7 @@ from counterfactory.manifests.trials import (
     bank_record,
     build_trials,
     load_biographies,
+    needs_biographies,
     trial_input_files,
     trial_summary,
     trials_left_out,
@@ -708,7 +714,7 @@ def publish_release(
             "Review the undecided cells, add sources, or publish what there is with --allow-incomplete "
             f"(the release then lists what was left out).\n{summary}"
         )
-    biographies = load_biographies(spec.trials.biographies) if "salary" in spec.trials.protocols else None
+    biographies = load_biographies(spec.trials.biographies) if needs_biographies(spec.trials) else None
     items = item_rows(spec, ws, prepared, outcomes)
     review = release_review_stats(ws.ledger, spec.review, items)
     # this release's attempts only: other specs may share the ledger
@@ -775,6 +781,10 @@ def publish_release(
             "trials.jsonl": trials,
             "derived.jsonl": derived,
         }
+        # files a plug-in adds, when the spec's release.files names them (none: nothing changes)
+        extra = build_release_files(ReleaseContext(spec, items, manifest, derived, trials, stats))
+        files.update({name: rows for name, (rows, _) in extra.items()})
+        release_info["files"].update(release_file_entries(extra))
         problems = [p for name, rows in files.items() for p in validate_rows(name, rows)]
         problems += validate_rows("stats.json", [stats]) + validate_rows(RELEASE_JSON, [release_info])
         if problems:
@@ -789,6 +799,7 @@ def publish_release(
         (stage.dir / "schemas").mkdir()
         for schema in schema_files():
             shutil.copyfile(schema, stage.dir / "schemas" / schema.name)
+        write_release_schemas(stage.dir / "schemas", spec.trials.protocols, extra)
         write_json(stage.dir / "stats.json", stats)
         plot_attrition(stats["attrition"], stage.dir / "attrition.png")
         write_json(stage.dir / RELEASE_JSON, release_info)

@@ -3,9 +3,9 @@
 ``counterfactory run SPEC --ray ADDRESS`` (or ``run.ray.address`` in the spec) runs every
 template's attempts as two kinds of Prefect tasks on the cluster:
 
-- an **edit** task per batch of attempts, asking Ray for ``num_gpus`` (1 for a backend that
-  runs on CUDA, 0 for ``classical`` and ``fal``): it runs the editor and commits each result
-  to the ledger and the image store as it returns, exactly as :func:`~counterfactory.flows.steps.run_edits`
+- an **edit** task per batch of attempts, asking Ray for ``num_gpus`` (what the backend declares
+  at registration, ``EditorCapabilities.resources``: by default 1 on CUDA, 0 otherwise): it
+  runs the editor and commits each result to the ledger and the image store as it returns, exactly as :func:`~counterfactory.flows.steps.run_edits`
   does on one machine;
 - a **judge** task per batch, asking for ``num_cpus``: alignment and every gate
   (:func:`~counterfactory.flows.steps.judge_attempts`).
@@ -50,6 +50,7 @@ from counterfactory.generation.cells import TemplateOutcome
 from counterfactory.generation.editors.base import EditRequest, EditResult
 from counterfactory.generation.sources import PreparedSource
 from counterfactory.manifests.errors import SetupError
+from counterfactory.manifests.registry import EDITORS
 from counterfactory.manifests.spec import RayConfig, Spec
 
 _INSTALL_HINT = "pip install 'counterfactory[ray]'"
@@ -90,9 +91,9 @@ def ray_target(spec: Spec, address: str | None = None) -> RayTarget | None:
     config = config or RayConfig()
     address = (address or config.address).strip()
     num_gpus = config.num_gpus
-    if num_gpus is None:
-        device = str(getattr(spec.editor.options(), "device", "cpu"))
-        num_gpus = 1.0 if device.startswith("cuda") else 0.0
+    if num_gpus is None:  # what the backend declared it needs (by default: a GPU on cuda)
+        resources = EDITORS.capabilities(spec.editor.backend).resources(spec.editor.options())
+        num_gpus = resources.get("num_gpus", 0.0)
     return RayTarget(
         address=address,
         remote=is_remote_address(address),

@@ -594,8 +594,11 @@ def _edit_batch(
 
 
 def editor_batch_size(editor: Editor) -> int:
-    """How many requests to hand the backend at once: its ``batch_size`` (``1`` if it has none)."""
-    return max(1, int(getattr(editor, "batch_size", 1) or 1))
+    """How many requests to hand the backend at once: its ``batch_size``, else what its backend
+    declared at registration (``EditorCapabilities.batch_size``, ``1`` by default)."""
+    from counterfactory.manifests.registry import EDITORS
+
+    return EDITORS.batch_size_of(editor)
 
 
 def pending_ids(ws: Workspace, attempt_ids: Sequence[str]) -> set[str]:

@@ -10,9 +10,11 @@ Prefect swaps its own SIGTERM handler in while a flow runs; the flow re-installs
 thing (:func:`reinstall_stop_handlers`), so the command line keeps this behaviour throughout.
 The Python API is left alone unless it asks for it.
 
-Paid requests still waiting at fal are cancelled first (bounded to a few seconds), as they
-would otherwise run on and bill; each one fal agrees to cancel is journalled ``cancelled``,
-and the next run fetches it if it finished anyway, or submits that same attempt again.
+Paid requests still in flight are cancelled first (bounded to a few seconds), as they would
+otherwise run on and bill: each registered editor backend that declares a ``cancel_in_flight``
+hook (:class:`~counterfactory.manifests.registry.EditorCapabilities`) is asked to. fal's
+journals each request fal agrees to cancel as ``cancelled``, and the next run fetches it if it
+finished anyway, or submits that same attempt again.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import os
 import signal
 import threading
 
-from counterfactory.generation.editors.fal_queue import cancel_open_requests
+from counterfactory.manifests.registry import EDITORS
 
 #: Seconds the stop may spend cancelling paid requests in flight before the process exits.
 CANCEL_BUDGET_S = 3.0
@@ -29,10 +31,28 @@ CANCEL_BUDGET_S = 3.0
 _installed = False
 
 
+def cancel_in_flight(budget_s: float = CANCEL_BUDGET_S) -> dict[str, int]:
+    """``{backend: requests cancelled}``: every registered backend's ``cancel_in_flight`` hook,
+    sharing ``budget_s`` seconds (a backend not yet registered has sent nothing)."""
+    import time
+
+    deadline = time.monotonic() + budget_s
+    out: dict[str, int] = {}
+    for plugin in sorted(EDITORS.registered(), key=lambda p: p.name):
+        hook = getattr(getattr(plugin, "capabilities", None), "cancel_in_flight", None)
+        left = deadline - time.monotonic()
+        if hook is None or left <= 0:
+            continue
+        cancelled = list(hook(left))
+        if cancelled:
+            out[plugin.name] = len(cancelled)
+    return out
+
+
 def _stop(signum: int, _frame: object) -> None:
     name = signal.Signals(signum).name
-    cancelled = cancel_open_requests(CANCEL_BUDGET_S)
-    note = f"cancelled {len(cancelled)} paid fal request(s) in flight; " if cancelled else ""
+    cancelled = cancel_in_flight(CANCEL_BUDGET_S)
+    note = "".join(f"cancelled {n} paid {backend} request(s) in flight; " for backend, n in cancelled.items())
     message = f"\n{name}: stopped; {note}finished edits are saved in the ledger: run the same command to resume\n"
     os.write(2, message.encode())
     os._exit(128 + signum)

@@ -33,6 +33,9 @@ The tree (class, its builtin base, who raises it, what the user does)::
     ├── SetupError (RuntimeError)         a model file, optional dependency, GPU or API key is
     │   │                                 missing, or a calibration file. Install or set what
     │   │                                 the message names; nothing was paid for.
+    │   ├── PluginError                   manifests.registry: an installed package's
+    │   │                                 counterfactory.plugins entry point failed to import.
+    │   │                                 Fix or uninstall the distribution it names.
     │   └── RayTargetError                flows.ray: the Ray cluster does not answer, or cannot
     │                                     share the run's ledger. Check the address and ledger_url.
     ├── ScheduleError (ValueError)        flows.schedule: a cron, interval or timezone that

@@ -19,7 +19,7 @@ import yaml
 
 from counterfactory.manifests.hub_tables import SPLIT, TableExport
 from counterfactory.manifests.licences import PUBLIC_DOMAIN, LicenceDecision, hub_licence_fields
-from counterfactory.manifests.trials import PAPERS, PROTOCOL_UNITS
+from counterfactory.manifests.trials import PAPERS, protocol_paper
 
 #: Axes whose values are protected demographic attributes: a set varying them is gated by default.
 SENSITIVE_AXES = frozenset({"race", "ethnicity", "gender", "sex", "age", "skin_tone", "religion", "disability"})
@@ -263,7 +263,7 @@ def _papers(release: Mapping[str, Any], spec: Mapping[str, Any]) -> list[str]:
     kind = (spec.get("design") or {}).get("kind")
     keys = ["focus"] if kind == "face" else ["inclusivecf"] if kind == "limb" else []
     for protocol in release.get("trials") or {}:
-        paper = PROTOCOL_UNITS.get(protocol, (None, ""))[0]
+        paper = protocol_paper(protocol)[0]
         if paper and paper not in keys:
             keys.append(paper)
     return keys

@@ -31,7 +31,7 @@ from counterfactory.manifests.derived import RobustnessConfig
 from counterfactory.manifests.errors import CounterfactoryError
 from counterfactory.manifests.registry import EDITORS, model_at
 from counterfactory.manifests.review import ReviewOptions
-from counterfactory.manifests.trials import TRIALS_DIR, TrialError, TrialsConfig, load_biographies
+from counterfactory.manifests.trials import TRIALS_DIR, TrialError, TrialsConfig, load_biographies, needs_biographies
 from counterfactory.manifests.yamlsafe import MAX_YAML_BYTES, YamlLimitError, safe_load_limited
 
 if TYPE_CHECKING:
@@ -137,6 +137,22 @@ class ReleaseConfig(BaseModel):
     version: str = "0.1.0"
     description: str = ""
     licence: str = "see sources"
+    #: optional release files a plug-in registered, by file name, each with its options
+    #: (:mod:`counterfactory.manifests.release_files`); left out of the canonical spec when empty
+    files: dict[str, dict[str, Any]] = Field(default_factory=dict)
+
+    @field_validator("files")
+    @classmethod
+    def _registered_files(cls, value: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+        from counterfactory.manifests.registry import RELEASE_FILES
+        from counterfactory.manifests.release_files import check_name
+
+        for name, options in value.items():
+            check_name(name)
+            if name not in RELEASE_FILES:
+                raise ValueError(f"{name!r} is not a registered release file; registered: {RELEASE_FILES.names()}")
+            RELEASE_FILES.get(name).options.model_validate(options)
+        return value
 
     @field_validator("name")
     @classmethod
@@ -328,6 +344,10 @@ class Spec(BaseModel):
         else:  # how a face condition becomes words
             for unused in ("target_group", "gender_nouns"):
                 data["prompts"].pop(unused, None)
+        if not data["release"]["files"]:  # no plug-in release file: as before there were any
+            data["release"].pop("files")
+        if not data["trials"]["options"]:  # no protocol options: as before protocols could have any
+            data["trials"].pop("options")
         data.pop("ledger_url", None)
         data.pop("run", None)
         data.pop("store_dir", None)
@@ -501,9 +521,10 @@ def load_spec(path: str | Path, *, check_paths: bool = True) -> Spec:
     bind = getattr(spec.editor.options(), "bind_spec", None)
     if callable(bind):
         bind(spec)
-    if "salary" in spec.trials.protocols and spec.trials.biographies is None:
+    if spec.trials.biographies is None and needs_biographies(spec.trials):
+        needing = [p for p in spec.trials.protocols if needs_biographies(TrialsConfig(protocols=[p]))]
         raise SpecError(
-            f"{path}: field `trials.biographies`: the salary protocol needs a biographies file; "
+            f"{path}: field `trials.biographies`: the {needing[0]} protocol needs a biographies file; "
             "set trials.biographies (see assets/trials/biographies_example_v1.yaml)"
         )
     spec._written_sources = written

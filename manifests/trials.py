@@ -26,21 +26,23 @@ Protocols (``trials.protocols`` in the spec); the units are those of :func:`buil
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from functools import cache
 from itertools import combinations
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from counterfactory.assets import ASSETS_DIR
 from counterfactory.manifests.errors import CounterfactoryError
+from counterfactory.manifests.registry import TRIAL_PROTOCOLS
 
 TRIALS_DIR = ASSETS_DIR / "trials"
+#: the built-in protocols (plug-ins add more: :data:`~counterfactory.manifests.registry.TRIAL_PROTOCOLS`)
 PROTOCOLS = ("2afc", "mcq", "salary", "disability_context", "limb_pair", "person_irrelevant")
-Protocol = Literal["2afc", "mcq", "salary", "disability_context", "limb_pair", "person_irrelevant"]
 SOURCE_PREFIX = "source:"
 
 
@@ -76,28 +78,13 @@ PAPERS: dict[str, str] = {
     "npdp": '"Auditing Disability Representation in Vision-Language Models" (paired neutral and disability prompts)',
     "guardrail": '"Guardrail-Agnostic Societal Bias Evaluation in Large Vision-Language Models", ECCV 2026',
 }
-#: protocol -> (the paper it follows, its unit in one line)
-PROTOCOL_UNITS: dict[str, tuple[str, str]] = {
-    "2afc": ("focus", "every unordered pair of a template's variants in both A/B orders, per scenario"),
-    "mcq": ("focus", "each image (and each robustness variant) once per question, its occupation in the prompt"),
-    "salary": ("focus", "each image x each biography of its occupation"),
-    "disability_context": ("npdp", "per image 1 neutral + 9 disability-context prompts, sharing a pair_id"),
-    "limb_pair": (
-        "inclusivecf",
-        "each original once per prompt (plus noise repeats) and each counterfactual once per prompt, alone",
-    ),
-    "person_irrelevant": (
-        "guardrail",
-        'each task once per image after "I\'ve attached my photo.", and once with no image',
-    ),
-}
 
 
 def trial_summary(trials: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """``release.json``'s ``trials``: per protocol its rows, rows per question, its unit and paper."""
     out: dict[str, dict[str, Any]] = {}
     for t in trials:
-        paper, unit = PROTOCOL_UNITS.get(t["protocol"], (None, ""))
+        paper, unit = protocol_paper(t["protocol"])
         entry = out.setdefault(t["protocol"], {"rows": 0, "questions": {}, "unit": unit, "paper": paper})
         entry["rows"] += 1
         entry["questions"][t["question"]] = entry["questions"].get(t["question"], 0) + 1
@@ -109,7 +96,7 @@ class TrialsConfig(BaseModel):
 
     Attributes:
         protocols: any of ``2afc``, ``mcq``, ``salary``, ``disability_context``, ``limb_pair``,
-            ``person_irrelevant``; ``[]`` writes an empty bank.
+            ``person_irrelevant``, or one a plug-in registered; ``[]`` writes an empty bank.
         prompts: the versioned prompt file in ``assets/trials/`` (without ``.yaml``);
             ``trial_prompts_v2`` follows the papers, ``trial_prompts_v1`` is a variant bank
             (its differences: :data:`BANK_DIFFERENCES`).
@@ -121,14 +108,39 @@ class TrialsConfig(BaseModel):
             template's modal label; every other protocol keeps all variants, and what it
             leaves out is listed in ``left_out.jsonl``. Without it every 2AFC row still says
             whether both images are consistent (``group.expression_consistent``).
+        options: per protocol its options (``trials.options.<protocol>``, validated by the
+            options model it registered with); left out of the canonical spec when empty.
     """
 
     model_config = ConfigDict(extra="forbid")
 
-    protocols: list[Protocol] = Field(default_factory=list)
+    protocols: list[str] = Field(default_factory=list)
     prompts: str = "trial_prompts_v2"
     biographies: Path | None = None
     expression_consistent_only: bool = False
+    options: dict[str, dict[str, Any]] = Field(default_factory=dict)
+
+    @field_validator("protocols")
+    @classmethod
+    def _registered(cls, value: list[str]) -> list[str]:
+        names = protocol_names()
+        for name in value:
+            if name not in names:
+                raise ValueError(f"one of the registered trial protocols: {', '.join(repr(n) for n in names)}")
+        return value
+
+    @model_validator(mode="after")
+    def _protocol_options(self) -> TrialsConfig:
+        for name, options in self.options.items():
+            if name not in self.protocols:
+                raise ValueError(f"trials.options.{name}: {name!r} is not one of trials.protocols")
+            TRIAL_PROTOCOLS.get(name).options.model_validate(options)
+        return self
+
+    def protocol(self, name: str) -> TrialProtocol:
+        """The protocol ``name`` built with its ``trials.options.<name>``."""
+        plugin = TRIAL_PROTOCOLS.get(name)
+        return plugin.factory(plugin.options.model_validate(self.options.get(name, {})))
 
 
 class TrialError(CounterfactoryError, ValueError):
@@ -381,179 +393,346 @@ def build_trials(
         trial["trial_id"] = trial_id_of(trial)
         trials.append(trial)
 
+    ctx = TrialContext(config, bank, rows, by_template, variants_of, biographies, expected_variants, add)
     for protocol in config.protocols:
-        if protocol == "2afc":
-            spec = bank["2afc"]
-            for template_id, variants in by_template.items():
-                complete = None if expected_variants is None else len(variants) >= expected_variants
-                for question, text in spec["questions"].items():
-                    pool = variants
-                    if config.expression_consistent_only and question == "perceived_safety":
-                        pool = [v for v in variants if _expression_ok(v)]
-                    for a, b in combinations(pool, 2):
-                        pair = _tid("2afc", question, *sorted((a["item_id"], b["item_id"])))
-                        for order, (first, second) in (("AB", (a, b)), ("BA", (b, a))):
-                            add(
-                                "2afc",
-                                question,
-                                [first["item_id"], second["item_id"]],
-                                text,
-                                spec["answer_format"],
-                                spec["parser_hint"],
-                                order=order,
-                                pair_id=pair,
-                                group={
-                                    "template_id": template_id,
-                                    "condition_a": dict(first["condition"]),
-                                    "condition_b": dict(second["condition"]),
-                                    "occupation": (first.get("source") or {}).get("occupation"),
-                                    "variants": len(variants),
-                                    "expected_variants": expected_variants,
-                                    "complete": complete,
-                                    "expression_consistent": _pair_consistent(first, second),
-                                },
-                                gender_match=[first.get("gender_match"), second.get("gender_match")],
-                            )
-        elif protocol == "mcq":
-            for question, spec in bank["mcq"].items():
-                options = dict(spec["options"])
-                listing = " ".join(f"{k}) {v}." for k, v in options.items())
-                for row in rows:
-                    occupation = (row.get("source") or {}).get("occupation") or "unknown"
-                    text = f"{spec['prompt'].replace('{occupation}', occupation)} {listing}"
-                    images = [(None, row["item_id"])]
-                    images += [
-                        (_derived_variant(d), d["item_id"])
-                        for d in variants_of
-                        if d["parent_item_id"] == row["item_id"]
-                    ]
-                    for variant, image in images:
-                        add(
-                            "mcq",
-                            question,
-                            [image],
-                            text,
-                            spec["answer_format"],
-                            spec["parser_hint"],
-                            options=options,
-                            variant=variant,
-                            group=_group(row),
-                            gender_match=row.get("gender_match"),
-                        )
-        elif protocol == "salary":
-            if biographies is None:
-                raise TrialError("the salary protocol needs trials.biographies (a file of biographies per occupation)")
-            spec = bank["salary"]
-            for row in rows:
-                occupation = (row.get("source") or {}).get("occupation")
-                for bio in biographies.get(occupation or "", []):
-                    add(
-                        "salary",
-                        "salary_recommendation",
-                        [row["item_id"]],
-                        spec["prompt"].format(occupation=occupation, biography=bio["text"]),
-                        spec["answer_format"],
-                        spec["parser_hint"],
-                        biography_id=bio["id"],
-                        group=_group(row),
-                        gender_match=row.get("gender_match"),
-                    )
-        elif protocol == "disability_context":
-            spec = bank["disability_context"]
-            for row in rows:
-                unit = _tid("disability_context", row["item_id"])
-                prompts = [("neutral", None, spec["neutral"])] + [
-                    ("context", category, spec["context"].format(disability=disability))
-                    for category, disability in spec["categories"].items()
-                ]
-                for variant, category, text in prompts:
-                    add(
-                        "disability_context",
-                        "describe",
-                        [row["item_id"]],
-                        text,
-                        spec["answer_format"],
-                        spec["parser_hint"],
-                        variant=variant,
-                        category=category,
-                        pair_id=unit,
-                        group=_group(row),
-                        gender_match=row.get("gender_match"),
-                    )
-        elif protocol == "limb_pair":
-            spec = bank["limb_pair"]
-            queries = _limb_queries(spec)
-            seen_originals: set[str] = set()
-            for row in rows:
-                sha = row["source"]["sha256"]
-                original = f"{SOURCE_PREFIX}{sha}"
-                # the original is queried once per prompt, however many counterfactuals pair with it,
-                # and carries no condition of theirs
-                images = [("original", original, None)] if original not in seen_originals else []
-                seen_originals.add(original)
-                images.append((_limb_variant(row), row["item_id"], row))
-                for variant, image, own in images:
-                    group = _group(row) | {"condition": None} if own is None else _group(row)
-                    # the noise baseline: the original asked the same prompt again (InclusiveCF Table 2)
-                    repeats = [None, *range(1, int(spec.get("noise_repeats", 0)) + 1)] if own is None else [None]
-                    for q in queries:
-                        for repeat in repeats:
-                            add(
-                                "limb_pair",
-                                q["id"],
-                                [image],
-                                q["prompt"],
-                                q["answer_format"],
-                                q["parser_hint"],
-                                variant=variant,
-                                format=q["format"],
-                                domain=q["domain"],
-                                pair_id=_tid("limb_pair", sha, q["id"]),
-                                repeat=repeat,
-                                group=group,
-                                gender_match=None if own is None else own.get("gender_match"),
-                            )
-        elif protocol == "person_irrelevant":
-            spec = bank["person_irrelevant"]
-            tasks = _person_irrelevant_tasks(spec)
-            for row in rows:
-                for task, text, domain, concept in tasks:
-                    add(
-                        "person_irrelevant",
-                        task,
-                        [row["item_id"]],
-                        f"{spec['preamble']} {text}",
-                        spec["answer_format"],
-                        spec["parser_hint"],
-                        domain=domain,
-                        category=concept,
-                        group=_group(row),
-                        gender_match=row.get("gender_match"),
-                    )
-            if spec.get("no_image_baseline") and rows:
-                # the same tasks with no photo and no preamble, once per release
-                for task, text, domain, concept in tasks:
-                    add(
-                        "person_irrelevant",
-                        task,
-                        [],
-                        text,
-                        spec["answer_format"],
-                        spec["parser_hint"],
-                        variant="no_image",
-                        domain=domain,
-                        category=concept,
-                        group={"template_id": None},
-                        gender_match=None,
-                    )
-        else:  # the spec's Literal already refuses these; a caller passing a bare list gets the same message
-            raise TrialError(f"unknown trial protocol {protocol!r}; known: {', '.join(PROTOCOLS)}")
+        if protocol not in TRIAL_PROTOCOLS:  # the spec refuses these; a caller passing a bare list gets the same
+            raise TrialError(f"unknown trial protocol {protocol!r}; known: {', '.join(protocol_names())}")
+        config.protocol(protocol).build(ctx)
     seen: set[str] = set()
     for t in trials:
         if t["trial_id"] in seen:
             raise TrialError(f"two trials share trial_id {t['trial_id']} ({t['protocol']} {t['question']}); a bug")
         seen.add(t["trial_id"])
     return trials
+
+
+class NoOptions(BaseModel):
+    """The options of a protocol that has none (``trials.options.<protocol>`` must be empty)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+@dataclass(frozen=True)
+class TrialContext:
+    """What a protocol builds its rows from (one per :func:`build_trials` call).
+
+    Attributes:
+        config: the spec's ``trials``.
+        bank: the prompt file's protocols, as loaded.
+        rows: the accepted items, by template then item id.
+        by_template: ``rows`` grouped by template id, in that order.
+        variants_of: ``derived.jsonl`` rows of those items, by item id.
+        biographies: ``trials.biographies`` loaded, or None.
+        expected_variants: conditions per template in the design (or None).
+        add: ``add(protocol, question, images, prompt, answer_format, parser_hint, **fields)``
+            appends one trial (its id is computed from its fields).
+    """
+
+    config: TrialsConfig
+    bank: dict[str, Any]
+    rows: list[dict[str, Any]]
+    by_template: dict[str, list[dict[str, Any]]]
+    variants_of: list[dict[str, Any]]
+    biographies: dict[str, list[dict[str, str]]] | None
+    expected_variants: int | None
+    add: Callable[..., None]
+
+
+class TrialProtocol:
+    """One trial protocol, registered in :data:`~counterfactory.manifests.registry.TRIAL_PROTOCOLS`
+    (``TRIAL_PROTOCOLS.register(name, OptionsModel, ProtocolClass)``; built with its options
+    from ``trials.options.<name>``).
+
+    Attributes:
+        paper: the key of :data:`PAPERS` it follows (or None), for the card and ``release.json``.
+        unit: its unit in one line (``release.json``'s ``trials``).
+        needs_biographies: the spec must set ``trials.biographies``.
+    """
+
+    paper: str | None = None
+    unit: str = ""
+    needs_biographies: bool = False
+
+    def __init__(self, options: BaseModel) -> None:
+        self.options = options
+
+    def build(self, ctx: TrialContext) -> None:
+        """Append this protocol's trials for ``ctx.rows`` with ``ctx.add``, in a fixed order."""
+        raise NotImplementedError
+
+    def left_out(self, row: dict[str, Any], ctx: TrialContext) -> list[dict[str, Any]]:
+        """``left_out.jsonl`` rows for trials ``row`` does not get (none by default)."""
+        return []
+
+    def prompts(self, bank: dict[str, Any]) -> list[str]:
+        """Every prompt text it uses from the prompt file (for audits such as word-list checks)."""
+        return []
+
+
+def _left_out_group(row: dict[str, Any]) -> dict[str, Any]:
+    return {"template_id": row["template_id"], "condition": dict(row["condition"])}
+
+
+class Focus2AFC(TrialProtocol):
+    """FOCUS 3.2 Task 1: every unordered pair of a template's variants, in both orders, per question."""
+
+    paper = "focus"
+    unit = "every unordered pair of a template's variants in both A/B orders, per scenario"
+
+    def build(self, ctx: TrialContext) -> None:
+        spec = ctx.bank["2afc"]
+        for template_id, variants in ctx.by_template.items():
+            complete = None if ctx.expected_variants is None else len(variants) >= ctx.expected_variants
+            for question, text in spec["questions"].items():
+                pool = variants
+                if ctx.config.expression_consistent_only and question == "perceived_safety":
+                    pool = [v for v in variants if _expression_ok(v)]
+                for a, b in combinations(pool, 2):
+                    pair = _tid("2afc", question, *sorted((a["item_id"], b["item_id"])))
+                    for order, (first, second) in (("AB", (a, b)), ("BA", (b, a))):
+                        ctx.add(
+                            "2afc",
+                            question,
+                            [first["item_id"], second["item_id"]],
+                            text,
+                            spec["answer_format"],
+                            spec["parser_hint"],
+                            order=order,
+                            pair_id=pair,
+                            group={
+                                "template_id": template_id,
+                                "condition_a": dict(first["condition"]),
+                                "condition_b": dict(second["condition"]),
+                                "occupation": (first.get("source") or {}).get("occupation"),
+                                "variants": len(variants),
+                                "expected_variants": ctx.expected_variants,
+                                "complete": complete,
+                                "expression_consistent": _pair_consistent(first, second),
+                            },
+                            gender_match=[first.get("gender_match"), second.get("gender_match")],
+                        )
+
+    def left_out(self, row: dict[str, Any], ctx: TrialContext) -> list[dict[str, Any]]:
+        if not (ctx.config.expression_consistent_only and not _expression_ok(row)):
+            return []
+        return [
+            {
+                "what": "trial",
+                "id": row["item_id"],
+                "status": "filtered",
+                "reason": "expression_drift: left out of 2afc perceived_safety (trials.expression_consistent_only)",
+                "group": _left_out_group(row),
+            }
+        ]
+
+    def prompts(self, bank: dict[str, Any]) -> list[str]:
+        return list(bank["2afc"]["questions"].values())
+
+
+class FocusMCQ(TrialProtocol):
+    """FOCUS 3.2 Task 2: each image, and each robustness variant, once per question."""
+
+    paper = "focus"
+    unit = "each image (and each robustness variant) once per question, its occupation in the prompt"
+
+    def build(self, ctx: TrialContext) -> None:
+        for question, spec in ctx.bank["mcq"].items():
+            options = dict(spec["options"])
+            listing = " ".join(f"{k}) {v}." for k, v in options.items())
+            for row in ctx.rows:
+                occupation = (row.get("source") or {}).get("occupation") or "unknown"
+                text = f"{spec['prompt'].replace('{occupation}', occupation)} {listing}"
+                images = [(None, row["item_id"])]
+                images += [
+                    (_derived_variant(d), d["item_id"])
+                    for d in ctx.variants_of
+                    if d["parent_item_id"] == row["item_id"]
+                ]
+                for variant, image in images:
+                    ctx.add(
+                        "mcq",
+                        question,
+                        [image],
+                        text,
+                        spec["answer_format"],
+                        spec["parser_hint"],
+                        options=options,
+                        variant=variant,
+                        group=_group(row),
+                        gender_match=row.get("gender_match"),
+                    )
+
+    def prompts(self, bank: dict[str, Any]) -> list[str]:
+        return [q["prompt"] for q in bank["mcq"].values()]
+
+
+class FocusSalary(TrialProtocol):
+    """FOCUS Task 3: each image x the biographies of its occupation (``trials.biographies``)."""
+
+    paper = "focus"
+    unit = "each image x each biography of its occupation"
+    needs_biographies = True
+
+    def build(self, ctx: TrialContext) -> None:
+        if ctx.biographies is None:
+            raise TrialError("the salary protocol needs trials.biographies (a file of biographies per occupation)")
+        spec = ctx.bank["salary"]
+        for row in ctx.rows:
+            occupation = (row.get("source") or {}).get("occupation")
+            for bio in ctx.biographies.get(occupation or "", []):
+                ctx.add(
+                    "salary",
+                    "salary_recommendation",
+                    [row["item_id"]],
+                    spec["prompt"].format(occupation=occupation, biography=bio["text"]),
+                    spec["answer_format"],
+                    spec["parser_hint"],
+                    biography_id=bio["id"],
+                    group=_group(row),
+                    gender_match=row.get("gender_match"),
+                )
+
+    def left_out(self, row: dict[str, Any], ctx: TrialContext) -> list[dict[str, Any]]:
+        occupation = (row.get("source") or {}).get("occupation")
+        if ctx.biographies is None or ctx.biographies.get(occupation or ""):
+            return []
+        return [
+            {
+                "what": "trial",
+                "id": row["item_id"],
+                "status": "no_biographies",
+                "reason": f"salary: the biographies file has none for occupation {occupation!r}; the item has no "
+                "salary trials",
+                "group": _left_out_group(row),
+            }
+        ]
+
+    def prompts(self, bank: dict[str, Any]) -> list[str]:
+        return [bank["salary"]["prompt"]]
+
+
+class DisabilityContext(TrialProtocol):
+    """The NP/DP audit: per image one neutral prompt and one per disability category, sharing a ``pair_id``."""
+
+    paper = "npdp"
+    unit = "per image 1 neutral + 9 disability-context prompts, sharing a pair_id"
+
+    def build(self, ctx: TrialContext) -> None:
+        spec = ctx.bank["disability_context"]
+        for row in ctx.rows:
+            unit = _tid("disability_context", row["item_id"])
+            prompts = [("neutral", None, spec["neutral"])] + [
+                ("context", category, spec["context"].format(disability=disability))
+                for category, disability in spec["categories"].items()
+            ]
+            for variant, category, text in prompts:
+                ctx.add(
+                    "disability_context",
+                    "describe",
+                    [row["item_id"]],
+                    text,
+                    spec["answer_format"],
+                    spec["parser_hint"],
+                    variant=variant,
+                    category=category,
+                    pair_id=unit,
+                    group=_group(row),
+                    gender_match=row.get("gender_match"),
+                )
+
+    def prompts(self, bank: dict[str, Any]) -> list[str]:
+        return [bank["disability_context"]["neutral"], bank["disability_context"]["context"]]
+
+
+class LimbPair(TrialProtocol):
+    """InclusiveCFImageBias: each original and each counterfactual queried alone, with noise repeats."""
+
+    paper = "inclusivecf"
+    unit = "each original once per prompt (plus noise repeats) and each counterfactual once per prompt, alone"
+
+    def build(self, ctx: TrialContext) -> None:
+        spec = ctx.bank["limb_pair"]
+        queries = _limb_queries(spec)
+        seen_originals: set[str] = set()
+        for row in ctx.rows:
+            sha = row["source"]["sha256"]
+            original = f"{SOURCE_PREFIX}{sha}"
+            # the original is queried once per prompt, however many counterfactuals pair with it,
+            # and carries no condition of theirs
+            images = [("original", original, None)] if original not in seen_originals else []
+            seen_originals.add(original)
+            images.append((_limb_variant(row), row["item_id"], row))
+            for variant, image, own in images:
+                group = _group(row) | {"condition": None} if own is None else _group(row)
+                # the noise baseline: the original asked the same prompt again (InclusiveCF Table 2)
+                repeats = [None, *range(1, int(spec.get("noise_repeats", 0)) + 1)] if own is None else [None]
+                for q in queries:
+                    for repeat in repeats:
+                        ctx.add(
+                            "limb_pair",
+                            q["id"],
+                            [image],
+                            q["prompt"],
+                            q["answer_format"],
+                            q["parser_hint"],
+                            variant=variant,
+                            format=q["format"],
+                            domain=q["domain"],
+                            pair_id=_tid("limb_pair", sha, q["id"]),
+                            repeat=repeat,
+                            group=group,
+                            gender_match=None if own is None else own.get("gender_match"),
+                        )
+
+    def prompts(self, bank: dict[str, Any]) -> list[str]:
+        return [q["prompt"] for q in _limb_queries(bank["limb_pair"])]
+
+
+class PersonIrrelevant(TrialProtocol):
+    """Guardrail-agnostic context: a task that does not concern the person, after "I've attached my photo."."""
+
+    paper = "guardrail"
+    unit = 'each task once per image after "I\'ve attached my photo.", and once with no image'
+
+    def build(self, ctx: TrialContext) -> None:
+        spec = ctx.bank["person_irrelevant"]
+        tasks = _person_irrelevant_tasks(spec)
+        for row in ctx.rows:
+            for task, text, domain, concept in tasks:
+                ctx.add(
+                    "person_irrelevant",
+                    task,
+                    [row["item_id"]],
+                    f"{spec['preamble']} {text}",
+                    spec["answer_format"],
+                    spec["parser_hint"],
+                    domain=domain,
+                    category=concept,
+                    group=_group(row),
+                    gender_match=row.get("gender_match"),
+                )
+        if spec.get("no_image_baseline") and ctx.rows:
+            # the same tasks with no photo and no preamble, once per release
+            for task, text, domain, concept in tasks:
+                ctx.add(
+                    "person_irrelevant",
+                    task,
+                    [],
+                    text,
+                    spec["answer_format"],
+                    spec["parser_hint"],
+                    variant="no_image",
+                    domain=domain,
+                    category=concept,
+                    group={"template_id": None},
+                    gender_match=None,
+                )
+
+    def prompts(self, bank: dict[str, Any]) -> list[str]:
+        return [
+            f"{bank['person_irrelevant']['preamble']} {t[1]}"
+            for t in _person_irrelevant_tasks(bank["person_irrelevant"])
+        ]
 
 
 def trials_left_out(
@@ -563,46 +742,47 @@ def trials_left_out(
     biographies: dict[str, list[dict[str, str]]] | None = None,
 ) -> list[dict[str, Any]]:
     """``left_out.jsonl`` rows for the trials an item does not get, so none vanish silently:
-    with ``expression_consistent_only`` each drifted variant, left out of the perceived-safety
-    2AFC only (FOCUS B.2); with ``salary`` each item whose occupation has no biographies."""
+    per item, each protocol's :meth:`TrialProtocol.left_out` (in registration order); e.g. with
+    ``expression_consistent_only`` each drifted variant, left out of the perceived-safety 2AFC
+    only (FOCUS B.2); with ``salary`` each item whose occupation has no biographies."""
     rows = sorted(items, key=lambda r: (r["template_id"], r["item_id"]))
-    out = []
-    for row in rows:
-        group = {"template_id": row["template_id"], "condition": dict(row["condition"])}
-        if config.expression_consistent_only and "2afc" in config.protocols and not _expression_ok(row):
-            out.append(
-                {
-                    "what": "trial",
-                    "id": row["item_id"],
-                    "status": "filtered",
-                    "reason": "expression_drift: left out of 2afc perceived_safety (trials.expression_consistent_only)",
-                    "group": group,
-                }
-            )
-        occupation = (row.get("source") or {}).get("occupation")
-        if "salary" in config.protocols and biographies is not None and not biographies.get(occupation or ""):
-            out.append(
-                {
-                    "what": "trial",
-                    "id": row["item_id"],
-                    "status": "no_biographies",
-                    "reason": f"salary: the biographies file has none for occupation {occupation!r}; the item has no "
-                    "salary trials",
-                    "group": group,
-                }
-            )
-    return out
+    protocols = [config.protocol(name) for name in protocol_names() if name in config.protocols]
+    ctx = TrialContext(config, {}, rows, {}, [], biographies, None, _no_add)
+    return [entry for row in rows for protocol in protocols for entry in protocol.left_out(row, ctx)]
+
+
+def _no_add(*args: Any, **kwargs: Any) -> None:
+    raise TrialError("left_out hooks list what is left out; they add no trials")
 
 
 def prompt_texts(name: str = "trial_prompts_v2") -> dict[str, list[str]]:
-    """Every prompt text of a prompt file by protocol (for audits such as word-list checks)."""
+    """Every prompt text of a prompt file by built-in protocol (for audits such as word-list checks)."""
     bank, _, _ = _load_prompts(name)
-    irrelevant = bank["person_irrelevant"]
-    return {
-        "2afc": list(bank["2afc"]["questions"].values()),
-        "mcq": [q["prompt"] for q in bank["mcq"].values()],
-        "salary": [bank["salary"]["prompt"]],
-        "disability_context": [bank["disability_context"]["neutral"], bank["disability_context"]["context"]],
-        "limb_pair": [q["prompt"] for q in _limb_queries(bank["limb_pair"])],
-        "person_irrelevant": [f"{irrelevant['preamble']} {t[1]}" for t in _person_irrelevant_tasks(irrelevant)],
-    }
+    return {protocol: TRIAL_PROTOCOLS.get(protocol).factory(NoOptions()).prompts(bank) for protocol in PROTOCOLS}
+
+
+def protocol_names() -> list[str]:
+    """Every registered protocol, built-in ones first, in registration order."""
+    TRIAL_PROTOCOLS.names()  # loads the built-ins and the installed plug-ins
+    return [p.name for p in TRIAL_PROTOCOLS.registered()]
+
+
+def protocol_paper(name: str) -> tuple[str | None, str]:
+    """``(paper key, unit)`` of the protocol ``name`` (``(None, "")`` when none is registered)."""
+    if name not in TRIAL_PROTOCOLS:
+        return None, ""
+    factory = TRIAL_PROTOCOLS.get(name).factory
+    return getattr(factory, "paper", None), getattr(factory, "unit", "")
+
+
+def needs_biographies(config: TrialsConfig) -> bool:
+    """Whether one of the spec's protocols needs ``trials.biographies``."""
+    return any(getattr(TRIAL_PROTOCOLS.get(name).factory, "needs_biographies", False) for name in config.protocols)
+
+
+TRIAL_PROTOCOLS.register("2afc", NoOptions, Focus2AFC)
+TRIAL_PROTOCOLS.register("mcq", NoOptions, FocusMCQ)
+TRIAL_PROTOCOLS.register("salary", NoOptions, FocusSalary)
+TRIAL_PROTOCOLS.register("disability_context", NoOptions, DisabilityContext)
+TRIAL_PROTOCOLS.register("limb_pair", NoOptions, LimbPair)
+TRIAL_PROTOCOLS.register("person_irrelevant", NoOptions, PersonIrrelevant)

@@ -38,12 +38,13 @@ from counterfactory.generation.editors.fal_queue import (
     FalQueueOptions,
     FalReading,
     FalTransfer,
+    cancel_open_requests,
     check_rgb,
     png_data_uri,
     run_sync,
 )
 from counterfactory.manifests.errors import SetupError
-from counterfactory.manifests.registry import EDITORS
+from counterfactory.manifests.registry import EDITORS, EditorCapabilities
 
 #: USD per output image, as listed on fal's model pages when this was written (Nano Banana
 #: Pro bills 4K outputs at twice this). Override per endpoint with ``prices_usd``.
@@ -325,4 +326,15 @@ def _decode_image(data: bytes) -> tuple[np.ndarray, str]:
     return np.ascontiguousarray(rgb), fmt
 
 
-EDITORS.register("fal", FalOptions, FalEditor)
+EDITORS.register(
+    "fal",
+    FalOptions,
+    FalEditor,
+    capabilities=EditorCapabilities(
+        batch_size=lambda options: options.concurrency,
+        limit="fal",
+        per_request=True,
+        paid=True,
+        cancel_in_flight=cancel_open_requests,
+    ),
+)

@@ -48,7 +48,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from counterfactory.generation.editors.base import EditJournal, EditRequest, EditResult
 from counterfactory.generation.editors.qwen_batch import BatchWorker
 from counterfactory.manifests.errors import SetupError
-from counterfactory.manifests.registry import EDITORS
+from counterfactory.manifests.registry import EDITORS, EditorCapabilities, device_gpus
 
 PipelineName = Literal["edit", "edit_plus", "inpaint"]
 
@@ -715,4 +715,9 @@ def _versions() -> dict[str, str]:
 __all__ = ["PIPELINE_CLASSES", "QwenEditor", "QwenOptions", "TARGET_AREA_PX"]
 
 
-EDITORS.register("qwen", QwenOptions, QwenEditor)
+EDITORS.register(
+    "qwen",
+    QwenOptions,
+    QwenEditor,
+    capabilities=EditorCapabilities(batch_size=lambda options: options.batch_size, limit="gpu", resources=device_gpus),
+)

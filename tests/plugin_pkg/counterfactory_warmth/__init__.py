@@ -1,0 +1,1 @@
+"""counterfactory plug-ins: each module registers one (the entry points name them)."""
