@@ -26,12 +26,13 @@ from counterfactory.generation.cells import CellOutcome, Settled, TemplateOutcom
 from counterfactory.generation.editors import Editor, make_editor
 from counterfactory.generation.sampling import Cell, Grid
 from counterfactory.generation.sources import PreparedSource
+from counterfactory.manifests.errors import CounterfactoryError
 from counterfactory.manifests.release import ReleaseExistsError, existing_release_conflict
 from counterfactory.manifests.runlock import RunFolderLock
 from counterfactory.manifests.spec import Spec, load_spec
 
 
-class _WorkToDo(Exception):
+class _WorkToDo(CounterfactoryError):
     """Raised inside :func:`settled_outcomes`' policy at the first attempt a run must still make."""
 
 

@@ -70,7 +70,8 @@ The tree (class, its builtin base, who raises it, what the user does)::
     └── internal signals, caught where they are raised and never shown to a user:
         FalCallFailed (generation.editors.fal_queue: one fal call ends with a non-ok answer),
         _Lost (the same module: fal lost a request, submit again),
-        _UnsupportedPixels (ValueError; generation.images: a pixel format with no 8-bit mapping).
+        _UnsupportedPixels (ValueError; generation.images: a pixel format with no 8-bit mapping),
+        _WorkToDo (flows.resume: a re-run is not settled in the ledger, so the flow runs).
 """
 
 from __future__ import annotations

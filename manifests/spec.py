@@ -312,12 +312,15 @@ class Spec(BaseModel):
     #: ``sources`` paths exactly as the spec file wrote them (``load_spec`` resolves the
     #: fields themselves against the file's folder); None for a spec built in code
     _written_sources: dict[str, str] | None = PrivateAttr(default=None)
+    #: ``trials.biographies`` as written (the model holds it resolved against the spec's folder)
+    _written_biographies: str | None = PrivateAttr(default=None)
 
     def canonical(self) -> dict[str, Any]:
         """The study as its author wrote it: JSON-ready, defaults filled in, nothing about
         the machine it ran on and nothing the run does not use.
 
-        Source paths are as written (relative to the spec file, never resolved); ``editor``
+        Source paths and ``trials.biographies`` are as written (relative to the spec file, never
+        resolved: a release's spec hash must not depend on where the study's folder lies); ``editor``
         holds the active backend's options only; ``gates`` and ``prompts`` the active kind's
         only; the limb-mask growth (``masks``) only for limb designs; ``ledger_url`` and
         ``store_dir`` (where the run kept its state, possibly with a password) and ``run`` (where
@@ -328,6 +331,8 @@ class Spec(BaseModel):
         data = self.model_dump(mode="json")
         if self._written_sources is not None:
             data["sources"].update(self._written_sources)
+        if self._written_biographies is not None:
+            data["trials"]["biographies"] = self._written_biographies
         kind, backend = self.design.kind, self.editor.backend
         editor = data["editor"]
         data["editor"] = {
@@ -511,6 +516,7 @@ def load_spec(path: str | Path, *, check_paths: bool = True) -> Spec:
         }
     )
     update: dict[str, Any] = {"sources": sources}
+    written_biographies = None if spec.trials.biographies is None else str(spec.trials.biographies)
     if spec.trials.biographies is not None:
         update["trials"] = spec.trials.model_copy(update={"biographies": (base / spec.trials.biographies).resolve()})
     spec = spec.model_copy(update=update)
@@ -528,5 +534,6 @@ def load_spec(path: str | Path, *, check_paths: bool = True) -> Spec:
             "set trials.biographies (see assets/trials/biographies_example_v1.yaml)"
         )
     spec._written_sources = written
+    spec._written_biographies = written_biographies
     _check_named_files(path, spec, check_paths=check_paths)
     return spec
