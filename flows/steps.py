@@ -6,13 +6,12 @@ Read top to bottom, this is the run:
 2. :func:`prepare_sources` - load the photos, check each can serve the design (one face, a limb
    mask), record every source in the ledger;
 3. :func:`plan_grid` - the stratified templates x conditions (cells);
-4. :func:`process_template` - per template, until every cell is filled or out of attempts:
-
-   a. :func:`plan_attempts` - rendered prompt, seed, editor request and attempt id per open cell
-      (pure);
-   b. :func:`run_edits` - run the attempts the ledger has not finished and store their outputs;
-   c. :func:`judge_attempts` - align, measure and judge each output (:func:`judge_output`, the
-      same path ``counterfactory measure`` uses) and record the candidate.
+4. :func:`process_template` - per template, the running policy over the cell lifecycle
+   (:func:`~counterfactory.generation.cells.fill_cells`): the noise floor first, then each
+   round's attempts (:func:`~counterfactory.generation.attempts.plan_attempts`, pure) edited
+   (:func:`run_edits`: the attempts the ledger has not finished, outputs committed at once) and
+   judged (:class:`~counterfactory.validation.judging.TemplateJudge`, the same path
+   ``counterfactory measure`` uses), where an executor says (:class:`LocalExecutor`, or Ray's).
 
 Every function runs and is tested without Prefect. Per-item problems end as values in the ledger
 (``failed`` sources, ``refused``/``failed`` attempts, ``rejected`` candidates with reason

@@ -250,3 +250,28 @@ def test_the_spec_module_imports_no_pipeline_layer():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_a_biographies_file_enters_the_hash_as_written_so_the_study_hashes_the_same_elsewhere(specs_dir, tmp_path):
+    """focus.yaml names its biographies relative to the spec; resolved, the release's spec hash
+    changed with the checkout's folder (the golden focus-classical run differed between two)."""
+    import shutil
+
+    import yaml
+
+    data = yaml.safe_load((specs_dir / "demo-face.yaml").read_text())
+    data["trials"] = {"protocols": ["2afc", "salary"], "biographies": "../trials/biographies_example_v2.yaml"}
+    hashes = []
+    for where in ("one", "two"):
+        root = tmp_path / where
+        shutil.copytree(specs_dir.parent / "photos", root / "photos")
+        (root / "trials").mkdir()
+        shutil.copy(specs_dir.parent / "trials" / "biographies_example_v2.yaml", root / "trials")
+        (root / "specs").mkdir()
+        (root / "specs" / "study.yaml").write_text(yaml.safe_dump(data))
+        spec = load_spec(root / "specs" / "study.yaml")
+        # the run reads the file where it is; the canonical spec keeps the name as written
+        assert spec.trials.biographies == (root / "trials" / "biographies_example_v2.yaml").resolve()
+        assert spec.canonical()["trials"]["biographies"] == "../trials/biographies_example_v2.yaml"
+        hashes.append(spec.spec_hash())
+    assert hashes[0] == hashes[1]
