@@ -4,7 +4,7 @@ Two stages of :func:`~counterfactory.flows.steps.process_template`, each run by 
 code in a fresh process per size, so each reports its own peak RSS:
 
 - edit: the template's attempts are planned and edited
-  (:func:`~counterfactory.flows.steps.plan_attempts`, :func:`~counterfactory.flows.steps.run_edits`);
+  (:func:`~counterfactory.generation.attempts.plan_attempts`, :func:`~counterfactory.flows.steps.run_edits`);
   the editor returns a fresh copy of its input at once, so what grows with the cell count is
   the orchestration's own memory (the issue this answers: a 3000 x 2 grid reached 11.6 GB);
 - judge: every stored output of that template is aligned (SIFT + RANSAC + ECC, the real

@@ -60,7 +60,7 @@ from counterfactory.manifests.errors import SetupError
 from counterfactory.manifests.registry import EDITORS
 
 #: the attempt metadata key that marks a failure retrying cannot change (the run's
-#: :func:`~counterfactory.flows.steps.attempt_finished` reads it)
+#: :func:`~counterfactory.generation.attempts.attempt_finished` reads it)
 FINAL = "final"
 #: one table read at a time (the run's template threads share the options)
 _READ_LOCK = threading.Lock()
