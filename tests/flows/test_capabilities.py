@@ -130,6 +130,8 @@ def test_an_entry_point_module_registers_with_its_distribution_as_origin(monkeyp
         EDITORS.unregister("warm")
         if before is not None:  # as another test's import left it
             EDITORS._add(before)
+        else:  # as if never imported: a later test's import registers it again
+            sys.modules.pop("tests.flows.plugin_editor", None)
 
 
 def test_plugin_sections_stay_out_of_the_study_hash_when_empty(tmp_path, specs_dir):
