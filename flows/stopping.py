@@ -24,6 +24,7 @@ import signal
 import threading
 
 from counterfactory.manifests.registry import EDITORS
+from counterfactory.validation.quiet import terminal_fd
 
 #: Seconds the stop may spend cancelling paid requests in flight before the process exits.
 CANCEL_BUDGET_S = 3.0
@@ -54,7 +55,7 @@ def _stop(signum: int, _frame: object) -> None:
     cancelled = cancel_in_flight(CANCEL_BUDGET_S)
     note = "".join(f"cancelled {n} paid {backend} request(s) in flight; " for backend, n in cancelled.items())
     message = f"\n{name}: stopped; {note}finished edits are saved in the ledger: run the same command to resume\n"
-    os.write(2, message.encode())
+    os.write(terminal_fd(), message.encode())
     os._exit(128 + signum)
 
 
@@ -147,7 +148,7 @@ def _force_stop(signum: int, after_s: float) -> None:
     ended = end_descendants()
     note = f"ended {ended} process(es) of scheduled runs in flight; " if ended else ""
     message = f"\n{signal.Signals(signum).name}: stopped serving; {note}the next start resumes from the ledger\n"
-    os.write(2, message.encode())
+    os.write(terminal_fd(), message.encode())
     os._exit(128 + signum)
 
 

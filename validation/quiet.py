@@ -182,6 +182,15 @@ def filter_native_stderr() -> bool:
         return True
 
 
+def terminal_fd() -> int:
+    """The descriptor that reaches the terminal now: the original stderr while
+    :func:`filter_native_stderr` is installed (what is written to descriptor 2 then passes
+    through the filter's reader thread, which a process ending with ``os._exit`` never waits
+    for), else 2. A signal handler's last words go here."""
+    state = _filter_state
+    return int(state["original"]) if state is not None else 2
+
+
 def _forward(read_end: int, original: int) -> None:
     """The filter's reader: whole lines, each dropped or written to ``original``; a partial line
     is forwarded after :data:`PARTIAL_LINE_WAIT_S` without its end (a prompt, a C progress bar)."""

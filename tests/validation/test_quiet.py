@@ -116,3 +116,20 @@ def test_the_command_lines_filter_drops_native_lines_written_at_any_time(tmp_pat
         assert all(n in err for n in native), err
     else:
         assert not [n for n in native if n in err], err
+
+
+def test_last_words_before_os_exit_reach_the_terminal_past_the_filter():
+    """A signal handler writes its message and ends with os._exit, which never waits for the
+    filter's reader thread: it writes to terminal_fd() (the original stderr), not to 2."""
+    script = (
+        "import os\n"
+        "from counterfactory.validation.quiet import silence_native_logs, terminal_fd\n"
+        "silence_native_logs()\n"
+        "assert terminal_fd() != 2\n"
+        "os.write(terminal_fd(), b'SIGTERM: stopped; run the same command to resume\\n')\n"
+        "os._exit(143)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != quiet.VERBOSE_ENV}
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, env=env, timeout=60)
+    assert result.returncode == 143, result.stderr
+    assert b"SIGTERM: stopped" in result.stderr
