@@ -250,18 +250,18 @@ def run_failure_corpus(
             build_floors(image_paths, seed=seed, max_side=max_side), progress, "noise floors", unit="photo"
         )
     }
-    train = [
-        measure_case(c, measuring, floors.get(c.photo))
+
+    def measured(split: str, stack) -> list:
         # streamed: a case's images are dropped as soon as it is measured
-        for c in with_progress(
-            build_corpus(
-                image_paths, per_class=per_class, seed=seed, max_side=max_side, splits=("train",), classes=classes
-            ),
-            progress,
-            "corpus train",
-            unit="case",
+        cases = build_corpus(
+            image_paths, per_class=per_class, seed=seed, max_side=max_side, splits=(split,), classes=classes
         )
-    ]
+        return [
+            measure_case(c, stack, floors.get(c.photo))
+            for c in with_progress(cases, progress, f"corpus {split.replace('heldout', 'held-out')}", unit="case")
+        ]
+
+    train = measured("train", measuring)
     chosen = corpus_thresholds(train, target=target)
     face_gates = copy.deepcopy(base_face_gates)
     for gate, values in chosen.items():
@@ -275,18 +275,7 @@ def run_failure_corpus(
     # band-limited measures above tell re-rendering from content change
     face_gates.setdefault("locality", {}).update({k: None for k in FOCUS_RAW_THRESHOLDS})
     judging = _stack(face_gates, face_mask_mode)
-    heldout = [
-        measure_case(c, judging, floors.get(c.photo))
-        # streamed: a case's images are dropped as soon as it is measured
-        for c in with_progress(
-            build_corpus(
-                image_paths, per_class=per_class, seed=seed, max_side=max_side, splits=("heldout",), classes=classes
-            ),
-            progress,
-            "corpus held-out",
-            unit="case",
-        )
-    ]
+    heldout = measured("heldout", judging)
     rates = _rates(heldout)
     caught = [v["caught"] for k, v in rates.items() if k != GOOD]
     good = [r["metrics"] for r in train + heldout if r["label"] == GOOD]
