@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import sqlite3
+import time
 from pathlib import Path
 
 import numpy as np
@@ -254,7 +255,12 @@ def test_a_live_runs_claim_keeps_other_runs_off_the_attempt(ledger_url):
     assert second.attempt("a" * 64).calls == 1
     # the claiming run dies (its connection and advisory lock go): the claim is taken over
     first.close()
-    assert second.start_attempt("a" * 64, run_id="run-b", **claim)
+    # the server drops a closed connection's locks as its backend exits, a moment later: until
+    # then the claim is (rightly) still live, so wait for the server, not a fixed time
+    deadline = time.monotonic() + 10
+    while not second.start_attempt("a" * 64, run_id="run-b", **claim):
+        assert time.monotonic() < deadline, "the dead run's advisory lock was never released"
+        time.sleep(0.05)
     assert second.attempt("a" * 64).calls == 2
     second.close()
 
