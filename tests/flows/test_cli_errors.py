@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 from counterfactory.manifests.ledger import Ledger
@@ -40,6 +41,7 @@ def _one_error_line(result: subprocess.CompletedProcess) -> str:
     return lines[0]
 
 
+@pytest.mark.slow
 def test_a_missing_trial_prompt_bank_stops_run_before_any_edit(tmp_path):
     spec = _demo(tmp_path, trials={"protocols": ["2afc", "mcq"], "prompts": "no_such_file"})
     out = tmp_path / "out"
@@ -52,6 +54,7 @@ def test_a_missing_trial_prompt_bank_stops_run_before_any_edit(tmp_path):
     assert "editor calls" not in result.stdout
 
 
+@pytest.mark.slow
 def test_publish_reports_a_version_that_does_not_parse_as_the_version(tmp_path):
     spec = _demo(tmp_path)
     out = tmp_path / "out"
@@ -60,6 +63,7 @@ def test_publish_reports_a_version_that_does_not_parse_as_the_version(tmp_path):
     assert line == "error: --version 'not-a-version': expected a semantic version such as 1.0.0"
 
 
+@pytest.mark.slow
 def test_publish_does_not_blame_the_version_for_another_value_error(tmp_path):
     # a metadata file that cannot be used is a ValueError too (MetadataError); with a valid
     # --version the message is the metadata's, not a bad version's

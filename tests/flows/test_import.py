@@ -40,6 +40,7 @@ def _attempts(out):
         ledger.close()
 
 
+@pytest.mark.slow
 def test_a_bad_row_stops_the_run_before_any_work(tmp_path):
     """A condition outside the axes and an unknown source: exit 2 naming the row; OUT is never made."""
     (tmp_path / "photos").mkdir()

@@ -106,6 +106,7 @@ def test_malformed_address_names_the_accepted_forms(tmp_path):
         check_ray_target(ray_target(spec, "headnode"), spec, prefect_api_url=None)
 
 
+@pytest.mark.slow
 def test_cli_stops_on_an_address_that_does_not_answer_before_any_work(tmp_path):
     spec = write_spec(tmp_path)
     out = tmp_path / "out"
@@ -125,6 +126,7 @@ def test_cli_stops_on_an_address_that_does_not_answer_before_any_work(tmp_path):
     assert time.monotonic() - started < 120
 
 
+@pytest.mark.slow
 def test_cli_refuses_sqlite_with_a_remote_cluster_before_any_work(tmp_path):
     spec = write_spec(tmp_path)
     out = tmp_path / "out"

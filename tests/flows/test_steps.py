@@ -72,6 +72,7 @@ def test_a_face_source_check_is_kept_and_read_back_without_the_landmarker(spec, 
     ws.ledger.close()
 
 
+@pytest.mark.slow
 def test_the_run_keeps_no_photo_decoded_and_its_templates_see_the_same_pixels(spec, prepared):
     """prepare_sources decodes one photo at a time and keeps each source released, so the run's
     memory does not grow with its photos; a template's pixels are the photo's, decoded again."""
@@ -99,6 +100,7 @@ def test_the_run_keeps_no_photo_decoded_and_its_templates_see_the_same_pixels(sp
         assert carried.source.holds_pixels and np.array_equal(carried.region, p.region)
 
 
+@pytest.mark.slow
 def test_a_photo_changed_during_the_run_fails_its_cells_with_the_reason_and_buys_nothing(spec, tmp_path):
     import shutil
 

@@ -322,6 +322,7 @@ def test_the_source_keypoints_are_found_once_per_source_and_region(monkeypatch):
     assert calls.count(True) == 2
 
 
+@pytest.mark.slow
 def test_the_residual_limit_is_in_pixels_of_the_smaller_image():
     """An editor that returns a tall photo at a long side of 512 places its keypoints on its
     own grid: 2 px there is 8.6 px of the 2204 px source, and the limit says so."""

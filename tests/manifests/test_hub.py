@@ -23,6 +23,8 @@ from tests.manifests.hub_server import HubServer
 
 hf = pytest.importorskip("huggingface_hub")
 datasets = pytest.importorskip("datasets")
+
+pytestmark = pytest.mark.slow  # a Hub server on 127.0.0.1 and `datasets` loads: ~9 s in all
 hf_constants = importlib.import_module("huggingface_hub.constants")
 hf_utils = importlib.import_module("huggingface_hub.utils")
 

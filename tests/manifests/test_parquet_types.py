@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import pyarrow as pa
+import pytest
 
 from counterfactory.manifests.release import read_jsonl
 from tests.manifests.hub_release import make_release
 
 
+@pytest.mark.slow
 def test_unreviewed_and_reviewed_versions_concatenate_with_booleans_as_booleans(tmp_path):
     from counterfactory.flows.publish import manifest_table
 

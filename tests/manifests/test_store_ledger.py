@@ -22,7 +22,7 @@ def pg_url():
         yield url
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.slow)])
 def ledger_url(request, tmp_path):
     """Every ledger test runs on SQLite (the default) and on a real PostgreSQL server."""
     if request.param == "sqlite":
@@ -242,6 +242,7 @@ def test_cost_counts_only_the_named_attempts(ledger_url):
     assert ledger.cost_usd([]) == 0.0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("ledger_url", ["postgres"], indirect=True)
 def test_a_live_runs_claim_keeps_other_runs_off_the_attempt(ledger_url):
     pg_url = ledger_url
@@ -265,6 +266,7 @@ def test_a_live_runs_claim_keeps_other_runs_off_the_attempt(ledger_url):
     second.close()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("ledger_url", ["postgres"], indirect=True)
 def test_an_attempt_another_run_finished_meanwhile_is_not_claimed(ledger_url):
     """Two workers: the second saw the attempt running, the first finished it before the

@@ -160,6 +160,7 @@ def test_libreface_needs_its_own_thresholds():
         GatesConfig(face={"expression": {"backend": "libreface", "libreface_weights": "x.pt"}})
 
 
+@pytest.mark.slow
 def test_missing_libreface_weights_name_the_fix(tmp_path):
     with pytest.raises(SetupError, match="resnet.pt"):
         LibreFaceAUs(tmp_path / "missing.pt")

@@ -61,6 +61,7 @@ def pair(tmp_path_factory) -> tuple[Path, Path, str, str]:
     return a, b, digest_a, digest_b
 
 
+@pytest.mark.slow
 def test_threshold_biography_and_trial_count_are_each_a_difference_with_its_kind(pair):
     a, b, digest_a, digest_b = pair
     result = diff_releases(a, b)
