@@ -365,15 +365,20 @@ def ray_step(folder: Path, device: str, dtype: str, num_gpus: int, steps: int, w
     return result
 
 
-def workers(counts: list[int], templates: int, cli: bool) -> dict[str, Any]:
+#: the dry run's workers spec: 2 conditions on 256-px photos instead of FOCUS's 10 on 512 px
+DRY_WORKERS = {"side": 256, "axes": {"race": ["White", "Black"], "gender": ["female"]}}
+
+
+def workers(counts: list[int], templates: int, cli: bool, *, dry: bool = False) -> dict[str, Any]:
     import multiprocessing
 
     import workers_scaling
 
-    out: dict[str, Any] = {"counts": counts, "templates": templates}
+    scale = DRY_WORKERS if dry else {}
+    out: dict[str, Any] = {"counts": counts, "templates": templates, "side": scale.get("side", 512)}
     with tempfile.TemporaryDirectory(prefix="cf-device-workers-") as tmp:
         root = Path(tmp)
-        spec = workers_scaling.focus_like_spec(root, templates)
+        spec = workers_scaling.focus_like_spec(root, templates, **scale)
         # the template work alone (models loaded, sources checked, no Prefect) on N processes,
         # each its own run folder: what the cores allow
         seconds = {}
@@ -396,9 +401,10 @@ def workers(counts: list[int], templates: int, cli: bool) -> dict[str, Any]:
             out["cli"] = "skipped: prefect is not importable here"
             return out
         env = {**os.environ, "PREFECT_HOME": str(root / "prefect-home"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
-        workers_scaling.timed_run(
-            workers_scaling.focus_like_spec(root / "warm-up", 1), root / "warm-up" / "out", 1, env
-        )
+        if not dry:  # the first run after an install pays for Python's byte-compiling: not a worker's cost
+            workers_scaling.timed_run(
+                workers_scaling.focus_like_spec(root / "warm-up", 1), root / "warm-up" / "out", 1, env
+            )
         runs = {}
         for n in counts:
             wall, _, cpu = workers_scaling.timed_run(spec, root / f"cli-{n}", n, env)
@@ -487,7 +493,7 @@ def main(argv: list[str] | None = None) -> int:
     build_tiny_qwen_pipeline(tiny)
     report.step("ray", ray_step, tiny, device, "float32", 1 if cuda else 0, 1, work)
     prefect_ok = not str((env or {}).get("packages", {}).get("prefect", "missing")).startswith("missing")
-    report.step("workers", workers, counts, templates, prefect_ok)
+    report.step("workers", workers, counts, templates, prefect_ok, dry=dry)
     report.data["finished_utc"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     report._write()
     print(f"[device_check] wrote {report.json_path} and {report.text_path}")

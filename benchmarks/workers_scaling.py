@@ -42,8 +42,11 @@ import synthetic  # noqa: E402
 FOCUS_AXES = {"race": ["White", "Black", "East Asian", "South Asian", "Latino"], "gender": ["male", "female"]}
 
 
-def focus_like_spec(root: Path, templates: int, *, side: int = 512, name: str = "bench") -> Path:
-    """FOCUS's axes, prompt and gates with the classical editor on ``templates`` distinct photos."""
+def focus_like_spec(
+    root: Path, templates: int, *, side: int = 512, name: str = "bench", axes: dict[str, list[str]] | None = None
+) -> Path:
+    """FOCUS's axes (or ``axes``), prompt and gates with the classical editor on ``templates``
+    distinct photos of ``side`` pixels."""
     import yaml
 
     metadata = synthetic.make_photos(root / "photos", templates, side=side)
@@ -57,7 +60,7 @@ def focus_like_spec(root: Path, templates: int, *, side: int = 512, name: str = 
         name=name,
     )
     data = yaml.safe_load(spec.read_text())
-    data["design"]["axes"] = FOCUS_AXES
+    data["design"]["axes"] = axes or FOCUS_AXES
     data["prompts"] = {"face": "face_only_v1"}
     spec.write_text(yaml.safe_dump(data, sort_keys=False))
     return spec

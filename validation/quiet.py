@@ -167,12 +167,13 @@ def filter_native_stderr() -> bool:
         os.dup2(write_end, 2)
         os.close(write_end)
         os.set_inheritable(original, False)
+        # line-buffered, not write-through: print()'s text and its end reach the terminal in one
+        # write, so a line the reader forwards meanwhile cannot land inside it
         stream = io.TextIOWrapper(
-            io.FileIO(original, "w", closefd=False),
+            io.BufferedWriter(io.FileIO(original, "w", closefd=False)),
             encoding=getattr(sys.__stderr__, "encoding", None) or "utf-8",
             errors="backslashreplace",
             line_buffering=True,
-            write_through=True,
         )
         reader = threading.Thread(target=_forward, args=(read_end, original), name="stderr-filter", daemon=True)
         _filter_state = {"original": original, "read_end": read_end, "reader": reader, "stream": stream}

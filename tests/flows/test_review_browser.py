@@ -84,10 +84,12 @@ def _queue(out: Path, spec: Path):
 def _sign_in(page, base: str, token: str) -> None:
     page.set_default_timeout(120_000)
     page.goto(f"{base}/login")
-    page.keyboard.type(token)
+    # filled into the field itself: typed keys before autofocus lands are lost (CI signed in
+    # with a partial token once and stayed on /login)
+    page.fill("#token", token)
     with page.expect_navigation():
-        page.keyboard.press("Enter")
-    assert page.url.endswith("/queue")
+        page.press("#token", "Enter")
+    assert page.url.endswith("/queue"), (page.url, page.inner_text("body")[:300])
 
 
 def _wait_for_another(page, previous: str) -> None:
