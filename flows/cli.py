@@ -106,11 +106,13 @@ def run(
         # editor loads on a GPU node of the cluster, which checks it there before any work.
         from counterfactory.flows.steps import build_editor, build_gate_stack
 
-        try:
-            if not on_ray:
-                build_editor(spec)
-        except SetupError as exc:
-            _fail(f"editor backend {spec.editor.backend!r} cannot run: {exc}")
+        for view in spec.editor_views():
+            try:
+                if not on_ray:
+                    build_editor(view)
+            except SetupError as exc:
+                named = f" ({view.editor_name})" if view.editor_name else ""
+                _fail(f"editor backend {view.editor.backend!r}{named} cannot run: {exc}")
         try:
             build_gate_stack(spec)
         except SetupError as exc:

@@ -20,11 +20,11 @@ from pathlib import Path
 from typing import Any
 
 import counterfactory
-from counterfactory.flows.steps import Workspace, judge_key
+from counterfactory.flows.steps import Workspace, editor_runs, judge_key
 from counterfactory.generation.attempts import FINISHED_ATTEMPT, PlannedAttempt, plan_attempts
 from counterfactory.generation.cells import CellOutcome, Settled, TemplateOutcome, fill_cells
 from counterfactory.generation.editors import make_editor
-from counterfactory.generation.sampling import Grid, grid_summary
+from counterfactory.generation.sampling import Cell, Grid, for_editor, grid_summary, with_editors
 from counterfactory.generation.sources import FailedSource, PreparedSource, load_image
 from counterfactory.manifests.derived import apply_transform, crop_series, derived_id
 from counterfactory.manifests.errors import CounterfactoryError
@@ -60,6 +60,7 @@ from counterfactory.manifests.trials import (
     trials_left_out,
 )
 from counterfactory.validation.attrition import attrition_table, plot_attrition, wilson_interval
+from counterfactory.validation.editor_stats import editor_stats
 from counterfactory.validation.expression_audit import drift_rates, expression_label, modal_label
 from counterfactory.validation.gates.base import VERDICTS
 from counterfactory.validation.report import write_report
@@ -104,13 +105,8 @@ def collect_outcomes(
     Raises:
         PublishError: a stored verdict was judged with other alignment or gate settings.
     """
-    editor = make_editor(spec.editor.backend, spec.editor.options())
-    lineage = editor.lineage()
     jkey = judge_key(spec)
     by_id = {p.id: p for p in prepared}
-    cells_by_template: dict[str, list] = {}
-    for cell in grid.cells:
-        cells_by_template.setdefault(cell.source_id, []).append(cell)
 
     def settle(plans: Sequence[PlannedAttempt]) -> dict[str, Settled | None]:
         settled: dict[str, Settled | None] = {}
@@ -137,15 +133,34 @@ def collect_outcomes(
         return CellOutcome(cell=cell, verdict="failed", reasons=["not_run: no attempt in the ledger; run the spec"])
 
     outcomes = []
-    for template_id, cells in sorted(cells_by_template.items()):
-        source = by_id[template_id]
+    for view, view_cells in editor_runs(spec, grid):  # one pass per editor the spec names
+        editor = make_editor(view.editor.backend, view.editor.options())
+        lineage = editor.lineage()
+        cells_by_template: dict[str, list] = {}
+        for cell in view_cells:
+            cells_by_template.setdefault(cell.source_id, []).append(cell)
+        for template_id, cells in sorted(cells_by_template.items()):
+            source = by_id[template_id]
 
-        def plan(open_cells, attempt_no, source=source) -> list[PlannedAttempt]:
-            return plan_attempts(spec, source, open_cells, editor, lineage, attempt_no)
+            def plan(open_cells, attempt_no, source=source, view=view, editor=editor, lineage=lineage):
+                return plan_attempts(view, source, open_cells, editor, lineage, attempt_no)
 
-        results = fill_cells(cells, spec.editor.max_attempts, plan, settle, initial=not_run)
-        outcomes.append(TemplateOutcome(template_id=template_id, cells=list(results.values()), editor_calls=0))
-    return outcomes
+            results = fill_cells(cells, view.editor.max_attempts, plan, settle, initial=not_run)
+            outcomes.append(TemplateOutcome(template_id=template_id, cells=list(results.values()), editor_calls=0))
+    return sorted(outcomes, key=outcome_order(spec))
+
+
+def outcome_order(spec: Spec) -> Callable[[TemplateOutcome], tuple[str, int]]:
+    """The sort key of a release's template outcomes: template id, then the spec's editor order
+    (a one-editor spec's outcomes by template id, as before editors could be compared)."""
+    names = [view.editor_name for view in spec.editor_views()]
+    return lambda o: (o.template_id, names.index(o.editor))
+
+
+def editor_label(spec: Spec, cell: Any) -> str:
+    """The editor a cell's row names (``editor_name``): its label in a spec with ``editors``,
+    else the one editor's backend."""
+    return cell.editor if cell.editor is not None else spec.editor.backend
 
 
 def group_key(condition: dict[str, str]) -> str:
@@ -298,6 +313,7 @@ def item_rows(
                     "item_id": aid,
                     "cell_id": cell.cell_id,
                     "template_id": outcome.template_id,
+                    "editor_name": editor_label(spec, cell),
                     "kind": spec.design.kind,
                     "condition": dict(cell.condition),
                     "gender_match": cell.gender_match,
@@ -512,8 +528,9 @@ def pass_rates(items: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
 
 
 def noise_floor_stats(spec: Spec, ws: Workspace, grid: Grid) -> dict[str, Any]:
-    """Per template, what the editor's noise-floor request measured (``{template_id: {attempt_id,
-    image_sha256, reasons, metrics}}``), judged with this spec's settings; empty when the spec
+    """Per template (and editor), what the editor's noise-floor request measured (``{template_id:
+    {attempt_id, image_sha256, reasons, metrics}}``; with ``editors`` the keys are the floors' cell
+    ids, ``<template>|floor|editor=<label>``), judged with this spec's settings; empty when the spec
     judges without a floor. The floor's own reasons are what a copy earns (face unchanged)."""
     from counterfactory.flows.steps import uses_noise_floor
     from counterfactory.validation.gates.locality import FLOOR_RELATIVE
@@ -522,14 +539,21 @@ def noise_floor_stats(spec: Spec, ws: Workspace, grid: Grid) -> dict[str, Any]:
     if not uses_noise_floor(spec):
         return {}
     jkey = judge_key(spec)
-    cells = [f"{t.source_id}|{FLOOR_VERDICT}" for t in grid.templates]
+    # one floor per template and editor; a spec comparing editors keys each by its cell id
+    # (``<template>|floor|editor=<label>``), a one-editor spec by template id as before
+    labelled = spec.editors is not None
+    cells = [
+        c.cell_id for view in spec.editor_views() for c in for_editor(
+            [Cell(t.source_id, {}, f"{t.source_id}|{FLOOR_VERDICT}", None) for t in grid.templates], view.editor_name
+        )
+    ]  # fmt: skip
     out: dict[str, Any] = {}
     for c in ws.ledger.candidates_of_cells(cells):
         if c.judge_key != jkey or c.verdict != FLOOR_VERDICT:
             continue
         m = (c.gates.get("locality") or {}).get("metrics") or {}
         keys = (*FLOOR_RELATIVE, "diff_face", "diff_nonface", "face_change", "nonface_change")
-        out[c.cell_id.split("|", 1)[0]] = {
+        out[c.cell_id if labelled else c.cell_id.split("|", 1)[0]] = {
             "attempt_id": c.attempt_id,
             "image_sha256": c.image_sha256,
             "reasons": list(c.reasons),
@@ -582,6 +606,50 @@ def build_stats(
     }
 
 
+def floors_by_editor(spec: Spec, floors: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """:func:`noise_floor_stats`' floors as ``{editor label: {template_id: floor}}``."""
+    if spec.editors is None:
+        return {spec.editor.backend: floors}
+    out: dict[str, dict[str, Any]] = {}
+    for key, floor in floors.items():
+        template_id, _, label = key.partition("|editor=")
+        out.setdefault(label, {})[template_id.rsplit("|", 1)[0]] = floor
+    return out
+
+
+def build_trial_bank(
+    spec: Spec,
+    manifest: Sequence[dict[str, Any]],
+    grid: Grid,
+    *,
+    biographies: dict[str, list[dict[str, str]]] | None,
+    derived: Sequence[dict[str, Any]],
+) -> list[dict[str, Any]]:
+    """The release's trials: pooled over the spec's editors (a template's variants are every
+    editor's), or with ``trials.per_editor`` one bank per editor, each over that editor's items
+    and its variants, joined (a row two banks share, such as a protocol's original photo, once)."""
+    per_template = len(grid.cells) // len(grid.templates) if grid.templates else None
+    views = spec.editor_views()
+    if not (spec.trials.per_editor and len(views) > 1):
+        return build_trials(
+            manifest, spec.trials, biographies=biographies, expected_variants=per_template, derived=derived
+        )
+    trials: dict[str, dict[str, Any]] = {}
+    for view in views:
+        mine = [row for row in manifest if row.get("editor_name") == view.editor_name]
+        ids = {row["item_id"] for row in mine}
+        bank = build_trials(
+            mine,
+            spec.trials,
+            biographies=biographies,
+            expected_variants=per_template // len(views) if per_template else None,
+            derived=[d for d in derived if d.get("parent_item_id") in ids],
+        )
+        for row in bank:
+            trials.setdefault(row["trial_id"], row)
+    return list(trials.values())
+
+
 def _own_group(spec: Spec, meta: dict[str, Any]) -> str | None:
     """The source's own race as its metadata records it (the skin gate's ``source_fields``
     say which field), for the lightened-share-per-source-group table; None if unrecorded."""
@@ -597,7 +665,8 @@ def manifest_table(rows: Sequence[dict[str, Any]], axes: Sequence[str]):
     """A ``pyarrow.Table``: the manifest flattened to one column per field (nested values as JSON).
 
     Columns: ids, template, one ``condition.<axis>`` per axis, gender match, image path and
-    sha256, source id/sha256/path/licence/occupation/presented gender, editor backend, model,
+    sha256, source id/sha256/path/licence/occupation/presented gender, editor name (the label a
+    spec comparing ``editors`` gives it, else the backend), backend, model,
     revision, prompt, seed, attempt and lineage (JSON), alignment (JSON), per gate
     ``gate.<name>.passed`` (boolean) and every ``gate.<name>.<metric>`` and
     ``gate.<name>.threshold.<t>`` as float64, all gates (JSON), review (JSON, null when
@@ -633,6 +702,7 @@ def manifest_table(rows: Sequence[dict[str, Any]], axes: Sequence[str]):
                 "source_licence": r["source"]["licence"],
                 "source_occupation": r["source"]["occupation"],
                 "source_presented_gender": r["source"]["presented_gender"],
+                "editor_name": r.get("editor_name"),
                 "editor_backend": editor.get("backend"),
                 "editor_model": editor.get("model"),
                 "editor_revision": editor.get("revision"),
@@ -696,6 +766,9 @@ def publish_release(
     conflict = existing_release_conflict(ws.releases, spec.release.name, spec.release.version, spec.as_written()[1])
     if conflict:
         raise ReleaseExistsError(conflict)
+    # a spec comparing editors: every cell once per editor, in one order however the run got them
+    grid = with_editors(grid, [view.editor_name for view in spec.editor_views()])
+    outcomes = sorted(outcomes, key=outcome_order(spec))
     report, left_out = completeness(cell_rows(ws, spec, outcomes), failed, grid)
     # items waiting for a person still make a release worth sealing (the review queue reports
     # them); no accepted and no undecided cell is an empty release
@@ -731,19 +804,14 @@ def publish_release(
         audit_expressions(spec, items, prepared, stage)
         manifest = [r for r in items if r["status"] == "accepted"]
         derived = build_derived(spec, manifest, prepared, stage)
-        trials = build_trials(
-            manifest,
-            spec.trials,
-            biographies=biographies,
-            expected_variants=len(grid.cells) // len(grid.templates) if grid.templates else None,
-            derived=derived,
-        )
+        trials = build_trial_bank(spec, manifest, grid, biographies=biographies, derived=derived)
         left_out = left_out + trials_left_out(manifest, spec.trials, biographies=biographies)
         stats = build_stats(
             spec, items, failed, outcomes, grid, editor_calls=editor_calls, total_cost_usd=cost, report=report
         )
         stats["review"] = review
         stats["noise_floor"] = noise_floor_stats(spec, ws, grid)
+        stats["editors"] = editor_stats(items, floors=floors_by_editor(spec, stats["noise_floor"]))
         stats["skin"] = skin_tone_stats(items, {p.id: _own_group(spec, p.meta) for p in prepared})
         stats["labels"] = label_consistency(items)
         if stats["skin"]["by_condition"] or stats["skin"]["lightened_by_source_group"]:

@@ -24,12 +24,12 @@ from counterfactory.flows.steps import RunSummary
 from counterfactory.generation.attempts import PlannedAttempt, attempt_finished, plan_attempts
 from counterfactory.generation.cells import CellOutcome, Settled, TemplateOutcome, fill_cells
 from counterfactory.generation.editors import Editor, make_editor
-from counterfactory.generation.sampling import Cell, Grid
+from counterfactory.generation.sampling import Cell
 from counterfactory.generation.sources import PreparedSource
 from counterfactory.manifests.errors import CounterfactoryError
 from counterfactory.manifests.release import ReleaseExistsError, existing_release_conflict
 from counterfactory.manifests.runlock import RunFolderLock
-from counterfactory.manifests.spec import Spec, load_spec
+from counterfactory.manifests.spec import Spec, SpecError, load_spec
 
 
 class _WorkToDo(CounterfactoryError):
@@ -37,7 +37,7 @@ class _WorkToDo(CounterfactoryError):
 
 
 def settled_outcomes(
-    spec: Spec, ws: steps.Workspace, prepared: Sequence[PreparedSource], grid: Grid, editor: Editor
+    spec: Spec, ws: steps.Workspace, prepared: Sequence[PreparedSource], cells: Sequence[Cell], editor: Editor
 ) -> list[TemplateOutcome] | None:
     """Every template's outcome as :func:`~counterfactory.flows.steps.process_template` would
     return it with zero editor calls, or None when a run has work to do (the resuming policy
@@ -84,7 +84,7 @@ def settled_outcomes(
         return settled
 
     try:
-        outcomes = fill_cells(grid.cells, spec.editor.max_attempts, plan, settle)
+        outcomes = fill_cells(cells, spec.editor.max_attempts, plan, settle)
     except _WorkToDo:
         return None
     by_template: dict[str, list[CellOutcome]] = {}
@@ -106,11 +106,14 @@ def run_settled(
         return None  # a first run: there is nothing to settle, so nothing is read twice
     prepared, failed = steps.prepare_sources(spec, ws.ledger, ws.store)
     grid = steps.plan_grid(spec, prepared)
-    # the lineage alone decides attempt ids: the backend is not prepared (no model is loaded)
-    editor = make_editor(spec.editor.backend, spec.editor.options())
-    outcomes = settled_outcomes(spec, ws, prepared, grid, editor)
-    if outcomes is None:
-        return None
+    outcomes: list[TemplateOutcome] = []
+    for view, cells in steps.editor_runs(spec, grid):
+        # the lineage alone decides attempt ids: the backend is not prepared (no model is loaded)
+        editor = make_editor(view.editor.backend, view.editor.options())
+        found = settled_outcomes(view, ws, prepared, cells, editor)
+        if found is None:
+            return None
+        outcomes += found
     run_id = os.urandom(8).hex()
     ws.ledger.start_run(run_id, spec_name=spec.name, spec_hash=spec.spec_hash())
     sealed = (
@@ -169,6 +172,11 @@ def run_spec(
     spec = spec if spec is not None else load_spec(spec_path)
     on_ray = address = None
     if ray is not None or spec.run.ray is not None:
+        if spec.editors is not None:
+            raise SpecError(
+                f"{spec_path}: field `editors`: comparing editors runs on this machine only for now; "
+                "remove `run.ray` (and --ray), or run each editor's spec on Ray separately"
+            )
         from prefect.settings import PREFECT_API_URL
 
         from counterfactory.flows.ray import check_ray_target, ray_target

@@ -26,7 +26,7 @@ from counterfactory.flows import steps  # noqa: E402
 from counterfactory.flows.artifacts import ProgressArtifact, publish_artifacts  # noqa: E402
 from counterfactory.flows.keys import template_key  # noqa: E402
 from counterfactory.flows.limits import apply_limits, limited_editor, limited_gates, spec_limits  # noqa: E402
-from counterfactory.flows.publish import publish_release, remember_spec  # noqa: E402
+from counterfactory.flows.publish import outcome_order, publish_release, remember_spec  # noqa: E402
 from counterfactory.flows.ray import RayTarget, process_templates_on_ray, ray_cluster  # noqa: E402
 from counterfactory.flows.retries import RETRIES, RETRY_DELAYS_S, retry_transient  # noqa: E402
 from counterfactory.flows.server import prefect_api  # noqa: E402
@@ -102,37 +102,46 @@ def run_flow(
     ws.run_id = run_id
     apply_limits(spec_limits(spec))
     if on_ray is None:
-        editor = limited_editor(steps.build_editor(spec), spec)
+        editors = {view.editor_name: limited_editor(steps.build_editor(view), view) for view in spec.editor_views()}
         stack = limited_gates(steps.build_gate_stack(spec, journal=ws.ledger.journal("fal_vlm")), spec)
 
     prepared, failed = prepare_sources_task(spec, ws)
     grid = grid_task(spec, prepared)
-    cells_by_template: dict[str, list] = {}
-    for cell in grid.cells:
-        cells_by_template.setdefault(_template_key(cell), []).append(cell)
     by_id = {p.id: p for p in prepared}
-
-    # largest templates first, so the last ones to finish are small and the workers end together
-    largest_first = sorted(cells_by_template.items(), key=lambda item: -len(item[1]))
+    # one pass of the grid per editor (one, unless the spec compares `editors`), in one ledger
+    runs = steps.editor_runs(spec, grid)
+    total = sum(len(cells) for _, cells in runs)
+    futures, ray_runs = [], []
+    for view, view_cells in runs:
+        cells_by_template: dict[str, list] = {}
+        for cell in view_cells:
+            cells_by_template.setdefault(_template_key(cell), []).append(cell)
+        # largest templates first, so the last ones to finish are small and the workers end together
+        largest_first = sorted(cells_by_template.items(), key=lambda item: -len(item[1]))
+        if on_ray is None:
+            editor = editors[view.editor_name]
+            futures += [
+                template_task.submit(
+                    view, ws, by_id[tid], cells, editor, stack, template_key(view, by_id[tid], cells, editor)
+                )
+                for tid, cells in largest_first
+            ]
+        else:
+            ray_runs.append((view, [(by_id[tid], cells) for tid, cells in largest_first]))
     if on_ray is None:
-        futures = [
-            template_task.submit(
-                spec, ws, by_id[tid], cells, editor, stack, template_key(spec, by_id[tid], cells, editor)
-            )
-            for tid, cells in largest_first
-        ]
         finished = (future.result() for future in as_completed(futures))
     else:
-        templates = [(by_id[tid], cells) for tid, cells in largest_first]
-        finished = process_templates_on_ray(spec, ws, templates, on_ray, workers=workers)
+        # a spec with `editors` is refused on Ray before the run starts (run_spec): one view here
+        ((view, templates),) = ray_runs
+        finished = process_templates_on_ray(view, ws, templates, on_ray, workers=workers)
     outcomes = []
-    shown = ProgressArtifact(spec.name, len(grid.cells))
-    with tqdm(total=len(grid.cells), desc="cells", unit="cell", disable=not progress) as bar:
+    shown = ProgressArtifact(spec.name, total)
+    with tqdm(total=total, desc="cells", unit="cell", disable=not progress) as bar:
         for outcome in finished:
             outcomes.append(outcome)
             bar.update(len(outcome.cells))
             shown.advance(len(outcome.cells))
-    outcomes.sort(key=lambda o: o.template_id)
+    outcomes.sort(key=outcome_order(spec))
     calls = sum(o.editor_calls for o in outcomes)
     ws.ledger.finish_run(run_id, editor_calls=calls)
     sealed = release_task(spec, ws, prepared, failed, outcomes, grid, calls, allow_incomplete) if publish else None

@@ -45,7 +45,7 @@ from counterfactory.generation.editors import Editor, EditRequest, EditResult, m
 from counterfactory.generation.editors.base import EditJournal
 from counterfactory.generation.masks import apply_mask_options, mask_from_record
 from counterfactory.generation.prompts import RenderedPrompt, face_region, load_template
-from counterfactory.generation.sampling import Cell, Grid, expand_grid
+from counterfactory.generation.sampling import Cell, Grid, expand_grid, for_editor
 from counterfactory.generation.sources import FailedSource, PreparedSource, Source, SourceError, iter_sources
 from counterfactory.manifests.errors import SetupError
 from counterfactory.manifests.ledger import Ledger
@@ -289,6 +289,14 @@ def plan_grid(spec: Spec, sources: Sequence[PreparedSource]) -> Grid:
     return given(records, spec.design) if callable(given) else expand_grid(records, spec.design)
 
 
+def editor_runs(spec: Spec, grid: Grid) -> list[tuple[Spec, list[Cell]]]:
+    """``(editor view, its cells)`` per editor the grid runs with
+    (:meth:`~counterfactory.manifests.spec.Spec.editor_views`): one pair, ``(spec, grid's
+    cells)``, for a one-editor spec; with ``editors``, each editor's view and the grid's cells
+    labelled with its name (:func:`~counterfactory.generation.sampling.for_editor`)."""
+    return [(view, for_editor(grid.cells, view.editor_name)) for view in spec.editor_views()]
+
+
 #: the prompt template of the noise-floor request (``assets/prompts/``)
 NOISE_FLOOR_PROMPT = "noise_floor_v1"
 
@@ -305,7 +313,11 @@ def plan_noise_floor(spec: Spec, prepared: PreparedSource, editor: Editor, linea
     text, sha = load_template(NOISE_FLOOR_PROMPT)
     prompt = RenderedPrompt(template=NOISE_FLOOR_PROMPT, template_sha256=sha, text=text.strip())
     region = prepared.region
-    cell = Cell(source_id=prepared.id, condition={}, cell_id=f"{prepared.id}|{FLOOR_VERDICT}", gender_match=None)
+    # one floor per template and editor: a spec comparing editors labels each editor's
+    cell = for_editor(
+        [Cell(source_id=prepared.id, condition={}, cell_id=f"{prepared.id}|{FLOOR_VERDICT}", gender_match=None)],
+        spec.editor_name,
+    )[0]
     aid = attempt_id(
         source_sha256=prepared.source.sha256,
         cell=cell,

@@ -46,6 +46,11 @@ class TemplateOutcome:
     editor_calls: int = 0
 
     @property
+    def editor(self) -> str | None:
+        """The label of the editor that filled these cells (None: a one-editor spec's)."""
+        return self.cells[0].cell.editor if self.cells else None
+
+    @property
     def complete(self) -> bool:
         return all(c.verdict in FILLED for c in self.cells)
 

@@ -21,6 +21,7 @@ Sizes: FOCUS (Dehdashtian et al., 2025) uses 6 occupations x 8 photos x 10 race-
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import math
@@ -185,12 +186,15 @@ class Cell:
         cell_id: stable id, ``"<source_id>|race=Black|gender=female"`` (see :func:`cell_id`).
         gender_match: whether the condition's gender equals the template's presented gender;
             ``None`` when there is no gender axis or the presented gender is unknown.
+        editor: the label of the editor that fills it when the spec compares ``editors``
+            (its id then ends ``|editor=<label>``, :func:`for_editor`); None with one editor.
     """
 
     source_id: str
     condition: Mapping[str, str] = field(hash=False)
     cell_id: str
     gender_match: bool | None
+    editor: str | None = None
 
 
 @dataclass(frozen=True)
@@ -422,6 +426,24 @@ def expand_grid(sources: Sequence[Any], design: DesignConfig) -> Grid:
             cells.append(Cell(template.source_id, condition, cell_id(template.source_id, condition), match))
 
     return Grid(design, tuple(templates), tuple(cells), tuple(summaries), tuple(excluded))
+
+
+def for_editor(cells: Sequence[Cell], editor: str | None) -> list[Cell]:
+    """``cells`` as the editor labelled ``editor`` fills them: each id ends ``|editor=<label>``
+    (None: the cells as they are, a one-editor spec's). The condition, and so every attempt id,
+    is unchanged: the editor's lineage already tells the attempts apart."""
+    if editor is None:
+        return list(cells)
+    return [dataclasses.replace(c, cell_id=f"{c.cell_id}|editor={editor}", editor=editor) for c in cells]
+
+
+def with_editors(grid: Grid, editors: Sequence[str | None]) -> Grid:
+    """``grid`` with every cell once per editor (:func:`for_editor`), templates and strata as
+    they are: the grid a release over several editors reports."""
+    if list(editors) == [None]:
+        return grid
+    cells = tuple(c for label in editors for c in for_editor(grid.cells, label))
+    return dataclasses.replace(grid, cells=cells)
 
 
 def grid_summary(grid: Grid) -> dict[str, Any]:

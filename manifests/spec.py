@@ -127,6 +127,33 @@ class EditorConfig(BaseModel):
         """The active backend's options model."""
         return getattr(self, self.backend)
 
+    def canonical(self) -> dict[str, Any]:
+        """JSON-ready: the backend, the retry budget, the seed and the active backend's options only."""
+        data = self.model_dump(mode="json")
+        return {
+            "backend": self.backend,
+            "max_attempts": data["max_attempts"],
+            "seed": data["seed"],
+            self.backend: data[self.backend],
+        }
+
+
+class NamedEditorConfig(EditorConfig):
+    """One entry of ``editors``: an :class:`EditorConfig` and the short label that names it in
+    cell ids, the manifest (``editor_name``), ``stats.json`` (``editors``) and the report."""
+
+    name: str = Field(min_length=1, max_length=40)
+
+    @field_validator("name")
+    @classmethod
+    def _slug(cls, value: str) -> str:
+        if not _SLUG.match(value):
+            raise ValueError("a short label of letters, digits, '_', '-', '.' (such as 'classical-seed5')")
+        return value
+
+    def canonical(self) -> dict[str, Any]:
+        return {"name": self.name, **super().canonical()}
+
 
 class ReleaseConfig(BaseModel):
     """``release``: the name and semantic version the run publishes."""
@@ -237,6 +264,8 @@ class Spec(BaseModel):
     # a section's defaults are its model validated from {} (the model is not imported yet)
     prompts: PromptConfig = Field(default_factory=dict, validate_default=True)
     editor: EditorConfig = Field(default_factory=EditorConfig)
+    #: several editors compared on one grid (each with its ``name``); instead of ``editor``
+    editors: list[NamedEditorConfig] | None = None
     masks: MaskOptions = Field(default_factory=dict, validate_default=True)
     align: AlignConfig = Field(default_factory=dict, validate_default=True)
     gates: GatesConfig = Field(default_factory=dict, validate_default=True)
@@ -259,6 +288,50 @@ class Spec(BaseModel):
     _written: str | None = PrivateAttr(default=None)
     #: the spec file it was loaded from (set by :func:`load_spec`)
     _path: Path | None = PrivateAttr(default=None)
+    #: the label of the editor this spec is a view for (:meth:`editor_views`); None otherwise
+    _editor_name: str | None = PrivateAttr(default=None)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_editor_field(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "editor" in data and data.get("editors") is not None:
+            raise PydanticCustomError(
+                "nested_invalid",
+                "{message}",
+                {
+                    "field": "editors",
+                    "message": "either `editor` (one editor) or `editors` (a list of named editors to compare), "
+                    "not both: move the `editor` section into the `editors` list with a `name`",
+                    "input": "both `editor` and `editors`",
+                },
+            )
+        return data
+
+    @field_validator("editors")
+    @classmethod
+    def _distinct_editors(cls, value: list[NamedEditorConfig] | None) -> list[NamedEditorConfig] | None:
+        if value is None:
+            return value
+        if not value:
+            raise ValueError("at least one named editor (or leave `editors` out and use `editor`)")
+        names: dict[str, int] = {}
+        made: dict[str, int] = {}
+        for i, entry in enumerate(value):
+            if entry.name in names:
+                raise ValueError(
+                    f"a unique `name` per editor; editors[{i}] repeats {entry.name!r} of editors[{names[entry.name]}]"
+                )
+            names[entry.name] = i
+            # what decides the attempts: two entries equal in it would make the same attempts
+            same = json.dumps({k: v for k, v in entry.canonical().items() if k not in ("name", "max_attempts")},
+                              sort_keys=True)  # fmt: skip
+            if same in made:
+                raise ValueError(
+                    f"editors that make different attempts; editors[{i}] ({entry.name!r}) has the backend, options "
+                    f"and seed of editors[{made[same]}] ({value[made[same]].name!r}): change an option or the seed"
+                )
+            made[same] = i
+        return value
 
     @field_validator("store_dir")
     @classmethod
@@ -298,6 +371,30 @@ class Spec(BaseModel):
         return self
 
     @property
+    def editor_name(self) -> str | None:
+        """The label of the editor this spec is a view for (:meth:`editor_views`), else None."""
+        return self._editor_name
+
+    def editor_views(self) -> list[Spec]:
+        """One spec per editor the grid runs with: this spec itself when it has one ``editor``;
+        with ``editors``, a copy per entry whose ``editor`` is that entry and whose
+        :attr:`editor_name` is its label (what cell ids and the manifest carry). Every step of a
+        run (plan, edit, judge, resume, publish's reading of the ledger) runs on a view as it
+        runs on a one-editor spec; the release is the whole spec's."""
+        if self.editors is None:
+            return [self]
+        views = []
+        for entry in self.editors:
+            view = self.model_copy(update={"editor": entry, "editors": None})
+            view._editor_name = entry.name
+            views.append(view)
+        return views
+
+    def editor_configs(self) -> list[EditorConfig]:
+        """Every editor the spec runs with (``editors``, else ``[editor]``)."""
+        return list(self.editors) if self.editors is not None else [self.editor]
+
+    @property
     def source_path(self) -> Path | None:
         """The spec file this spec was loaded from, or None when built in code."""
         return self._path
@@ -321,7 +418,7 @@ class Spec(BaseModel):
 
         Source paths and ``trials.biographies`` are as written (relative to the spec file, never
         resolved: a release's spec hash must not depend on where the study's folder lies); ``editor``
-        holds the active backend's options only; ``gates`` and ``prompts`` the active kind's
+        (or each of ``editors``) holds the active backend's options only; ``gates`` and ``prompts`` the active kind's
         only; the limb-mask growth (``masks``) only for limb designs; ``ledger_url`` and
         ``store_dir`` (where the run kept its state, possibly with a password) and ``run`` (where
         it executed and how runs share machines) are left out. This is what
@@ -333,14 +430,13 @@ class Spec(BaseModel):
             data["sources"].update(self._written_sources)
         if self._written_biographies is not None:
             data["trials"]["biographies"] = self._written_biographies
-        kind, backend = self.design.kind, self.editor.backend
-        editor = data["editor"]
-        data["editor"] = {
-            "backend": backend,
-            "max_attempts": editor["max_attempts"],
-            "seed": editor["seed"],
-            backend: editor[backend],
-        }
+        kind = self.design.kind
+        if self.editors is None:  # one editor: as before `editors` existed
+            data["editor"] = self.editor.canonical()
+            data.pop("editors")
+        else:
+            data.pop("editor")
+            data["editors"] = [entry.canonical() for entry in self.editors]
         data["gates"] = {"face_mask": data["gates"]["face_mask"], kind: data["gates"][kind]}
         other = "limb" if kind == "face" else "face"
         data["prompts"].pop(other, None)
@@ -353,6 +449,8 @@ class Spec(BaseModel):
             data["release"].pop("files")
         if not data["trials"]["options"]:  # no protocol options: as before protocols could have any
             data["trials"].pop("options")
+        if not data["trials"]["per_editor"]:  # a pooled bank: as before editors could be compared
+            data["trials"].pop("per_editor")
         data.pop("ledger_url", None)
         data.pop("run", None)
         data.pop("store_dir", None)
@@ -464,10 +562,11 @@ def _check_named_files(path: Path, spec: Spec, *, check_paths: bool) -> None:
             "a folder of prompt templates (<name>.txt)",
             "correct the path (a relative one is read from the working folder) or leave the field out",
         )
-    named = getattr(spec.editor.options(), "named_files", None)
-    for field_name, p in (named() if callable(named) else {}).items():
-        if not Path(p).is_file():
-            raise _missing(path, field_name, Path(p), "an existing file", f"correct the path ({relative})")
+    for config in spec.editor_configs():
+        named = getattr(config.options(), "named_files", None)
+        for field_name, p in (named() if callable(named) else {}).items():
+            if not Path(p).is_file():
+                raise _missing(path, field_name, Path(p), "an existing file", f"correct the path ({relative})")
 
 
 def load_spec(path: str | Path, *, check_paths: bool = True) -> Spec:
@@ -524,9 +623,10 @@ def load_spec(path: str | Path, *, check_paths: bool = True) -> Spec:
     spec._path = path.resolve()
     # a backend whose options name files (the import backend's table) resolves them against the
     # spec's folder and checks them against the design (bind_spec on its options model)
-    bind = getattr(spec.editor.options(), "bind_spec", None)
-    if callable(bind):
-        bind(spec)
+    for view in spec.editor_views():
+        bind = getattr(view.editor.options(), "bind_spec", None)
+        if callable(bind):
+            bind(view)
     if spec.trials.biographies is None and needs_biographies(spec.trials):
         needing = [p for p in spec.trials.protocols if needs_biographies(TrialsConfig(protocols=[p]))]
         raise SpecError(

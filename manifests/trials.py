@@ -110,6 +110,9 @@ class TrialsConfig(BaseModel):
             whether both images are consistent (``group.expression_consistent``).
         options: per protocol its options (``trials.options.<protocol>``, validated by the
             options model it registered with); left out of the canonical spec when empty.
+        per_editor: with several ``editors``, build the bank once per editor (a template's
+            2AFC pairs only between one editor's variants) instead of pooled (pairs across
+            editors too); left out of the canonical spec when False.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -119,6 +122,7 @@ class TrialsConfig(BaseModel):
     biographies: Path | None = None
     expression_consistent_only: bool = False
     options: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    per_editor: bool = False
 
     @field_validator("protocols")
     @classmethod

@@ -15,6 +15,7 @@ from typing import Any
 
 from PIL import Image, ImageDraw, ImageFont
 
+from counterfactory.validation.editor_stats import editors_html
 from counterfactory.validation.gates.base import FILLING_VERDICTS, VERDICTS
 from counterfactory.validation.review_stats import review_html
 from counterfactory.validation.target_stats import target_html
@@ -176,6 +177,12 @@ def write_report(release_dir: Path, *, spec: Any, items: Sequence[dict[str, Any]
         f"<tr><td>{html.escape(g['axis'])}={html.escape(g['group'])}</td><td>{drift(g)}</td></tr>"
         for g in expression.get("per_group", [])
     )
+    names = [e.name for e in spec.editors] if spec.editors is not None else None
+    editors_named = (
+        f"editor <code>{html.escape(spec.editor.backend)}</code>"
+        if names is None
+        else "editors " + ", ".join(f"<code>{html.escape(n)}</code>" for n in names) + " (the grid once per editor)"
+    )
     page = f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8">
 <title>{html.escape(spec.release.name)} {html.escape(spec.release.version)}</title>
@@ -188,7 +195,7 @@ small {{ color: #666; font-weight: normal; }}
 </style></head><body>
 <h1>{html.escape(spec.release.name)} <small>{html.escape(spec.release.version)}</small></h1>
 <p>{html.escape(spec.description or spec.release.description)}</p>
-<p>Design: {html.escape(spec.design.kind)} edits, editor <code>{html.escape(spec.editor.backend)}</code>,
+<p>Design: {html.escape(spec.design.kind)} edits, {editors_named},
 spec sha256 <code>{html.escape(stats["spec_hash"][:16])}</code>.</p>
 <h2>Items by status</h2>
 <table id="status-counts"><tr><th>accepted</th><th>needs review</th><th>rejected</th><th>failed</th><th>total</th></tr>
@@ -203,6 +210,7 @@ Editor calls in the run that wrote this release: {stats["editor_calls_this_run"]
     }</p>
 <table id="completeness"><tr><th>group</th><th>cells</th><th>accepted</th><th>undecided (needs review)</th>
 <th>unfilled (rejected, failed)</th></tr>{group_rows}</table>
+{editors_html(stats.get("editors"))}
 <h2>Editor noise floor</h2>
 <p>Per template, the editor's output for "return this photo unchanged", measured like a candidate:
 its re-rendering of the photo. The cells' changed share, global shift, gain and body-skin change are

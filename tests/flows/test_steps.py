@@ -184,16 +184,16 @@ def test_process_template_runs_each_cell_once_and_never_again(spec, prepared, st
     assert [c.verdict for c in second.cells] == [c.verdict for c in first.cells]
     # the ledger alone settles the template as the run did (a re-run needs no Prefect then)
     grid = steps.plan_grid(spec, [source])
-    (settled,) = settled_outcomes(spec, ws, [source], grid, FakeEditor())
+    (settled,) = settled_outcomes(spec, ws, [source], grid.cells, FakeEditor())
     assert [(c.final_attempt, c.attempt_ids, c.verdict, c.reasons) for c in settled.cells] == [
         (c.final_attempt, c.attempt_ids, c.verdict, c.reasons) for c in first.cells
     ]
     # but not when there is work: other gate settings, a lost image, an attempt never made
     stricter = spec.model_copy(update={"align": spec.align.model_copy(update={"max_residual_px": 1.5})})
-    assert settled_outcomes(stricter, ws, [source], grid, FakeEditor()) is None
-    assert settled_outcomes(spec, ws, [source], grid, FakeEditor(lift=13)) is None
+    assert settled_outcomes(stricter, ws, [source], grid.cells, FakeEditor()) is None
+    assert settled_outcomes(spec, ws, [source], grid.cells, FakeEditor(lift=13)) is None
     ws.store.path(ws.ledger.candidate(first.cells[0].final_attempt).image_sha256).unlink()
-    assert settled_outcomes(spec, ws, [source], grid, FakeEditor()) is None
+    assert settled_outcomes(spec, ws, [source], grid.cells, FakeEditor()) is None
     ws.ledger.close()
 
 
