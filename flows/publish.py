@@ -24,7 +24,7 @@ from counterfactory.flows.steps import Workspace, editor_runs, judge_key
 from counterfactory.generation.attempts import FINISHED_ATTEMPT, PlannedAttempt, plan_attempts
 from counterfactory.generation.cells import CellOutcome, Settled, TemplateOutcome, fill_cells
 from counterfactory.generation.editors import make_editor
-from counterfactory.generation.sampling import Cell, Grid, for_editor, grid_summary, with_editors
+from counterfactory.generation.sampling import Grid, grid_summary, with_editors
 from counterfactory.generation.sources import FailedSource, PreparedSource, load_image
 from counterfactory.manifests.derived import apply_transform, crop_series, derived_id
 from counterfactory.manifests.errors import CounterfactoryError
@@ -527,33 +527,40 @@ def pass_rates(items: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return out
 
 
-def noise_floor_stats(spec: Spec, ws: Workspace, grid: Grid) -> dict[str, Any]:
+def noise_floor_stats(spec: Spec, ws: Workspace, prepared: Sequence[PreparedSource], grid: Grid) -> dict[str, Any]:
     """Per template (and editor), what the editor's noise-floor request measured (``{template_id:
     {attempt_id, image_sha256, reasons, metrics}}``; with ``editors`` the keys are the floors' cell
     ids, ``<template>|floor|editor=<label>``), judged with this spec's settings; empty when the spec
-    judges without a floor. The floor's own reasons are what a copy earns (face unchanged)."""
-    from counterfactory.flows.steps import uses_noise_floor
+    judges without a floor. The floor's own reasons are what a copy earns (face unchanged).
+
+    Each floor is found by the attempt id the run planned for it
+    (:func:`~counterfactory.flows.steps.plan_noise_floor`), so a floor an earlier spec made with
+    the same editor (its candidate recorded under that spec's cell id) is found too, and one made
+    by another editor configuration is not.
+    """
+    from counterfactory.flows.steps import plan_noise_floor, uses_noise_floor
     from counterfactory.validation.gates.locality import FLOOR_RELATIVE
     from counterfactory.validation.judging import FLOOR_VERDICT
 
     if not uses_noise_floor(spec):
         return {}
     jkey = judge_key(spec)
-    # one floor per template and editor; a spec comparing editors keys each by its cell id
-    # (``<template>|floor|editor=<label>``), a one-editor spec by template id as before
-    labelled = spec.editors is not None
-    cells = [
-        c.cell_id for view in spec.editor_views() for c in for_editor(
-            [Cell(t.source_id, {}, f"{t.source_id}|{FLOOR_VERDICT}", None) for t in grid.templates], view.editor_name
-        )
-    ]  # fmt: skip
+    planned: dict[str, str] = {}  # attempt id -> the floor's key in stats
+    templates = {t.source_id for t in grid.templates}
+    prepared = [p for p in prepared if p.id in templates]
+    for view in spec.editor_views():
+        editor = make_editor(view.editor.backend, view.editor.options())
+        lineage = editor.lineage()
+        for p in prepared:
+            plan = plan_noise_floor(view, p, editor, lineage)
+            planned[plan.attempt_id] = plan.cell.cell_id if spec.editors is not None else p.id
     out: dict[str, Any] = {}
-    for c in ws.ledger.candidates_of_cells(cells):
+    for aid, c in ws.ledger.candidates_by_id(list(planned)).items():
         if c.judge_key != jkey or c.verdict != FLOOR_VERDICT:
             continue
         m = (c.gates.get("locality") or {}).get("metrics") or {}
         keys = (*FLOOR_RELATIVE, "diff_face", "diff_nonface", "face_change", "nonface_change")
-        out[c.cell_id if labelled else c.cell_id.split("|", 1)[0]] = {
+        out[planned[aid]] = {
             "attempt_id": c.attempt_id,
             "image_sha256": c.image_sha256,
             "reasons": list(c.reasons),
@@ -810,7 +817,7 @@ def publish_release(
             spec, items, failed, outcomes, grid, editor_calls=editor_calls, total_cost_usd=cost, report=report
         )
         stats["review"] = review
-        stats["noise_floor"] = noise_floor_stats(spec, ws, grid)
+        stats["noise_floor"] = noise_floor_stats(spec, ws, prepared, grid)
         stats["editors"] = editor_stats(items, floors=floors_by_editor(spec, stats["noise_floor"]))
         stats["skin"] = skin_tone_stats(items, {p.id: _own_group(spec, p.meta) for p in prepared})
         stats["labels"] = label_consistency(items)

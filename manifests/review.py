@@ -106,9 +106,13 @@ def sampled(purpose: str, seed: int, attempt_id: str, rate: float) -> bool:
 
 
 def parse_cell_id(cell_id: str) -> tuple[str, dict[str, str]]:
-    """``"biden|race=Black|gender=male"`` -> ``("biden", {"race": "Black", "gender": "male"})``."""
+    """``"biden|race=Black|gender=male"`` -> ``("biden", {"race": "Black", "gender": "male"})``.
+
+    The editor label a spec comparing ``editors`` appends (``|editor=<label>``) is not part of
+    the condition (reviewers see the condition, not which editor made the image)."""
     source_id, *parts = cell_id.split("|")
-    return source_id, dict(part.split("=", 1) for part in parts if "=" in part)
+    pairs = (part.split("=", 1) for part in parts if "=" in part)
+    return source_id, {k: v for k, v in pairs if k != "editor"}
 
 
 # reviewers ----------------------------------------------------------------------------------
