@@ -221,4 +221,5 @@ A p-value is per row, not corrected for the number of rows.</p>
 <table id="editors-tests"><tr><th>group</th><th>editors (a - b)</th><th>pass-rate difference</th><th>test</th>
 <th>p-value</th></tr>{tests}</table>
 <table id="editors-noise-floor"><tr><th>editor</th><th>templates with a noise floor</th><th>mean floor</th></tr>
-{floor_rows}</table>"""
+{floor_rows}</table>
+"""

@@ -210,8 +210,7 @@ Editor calls in the run that wrote this release: {stats["editor_calls_this_run"]
     }</p>
 <table id="completeness"><tr><th>group</th><th>cells</th><th>accepted</th><th>undecided (needs review)</th>
 <th>unfilled (rejected, failed)</th></tr>{group_rows}</table>
-{editors_html(stats.get("editors"))}
-<h2>Editor noise floor</h2>
+{editors_html(stats.get("editors"))}<h2>Editor noise floor</h2>
 <p>Per template, the editor's output for "return this photo unchanged", measured like a candidate:
 its re-rendering of the photo. The cells' changed share, global shift, gain and body-skin change are
 judged above these values (each item's <code>floor_*</code> and <code>*_above_floor</code> fields).</p>
