@@ -233,3 +233,16 @@ def test_editors_are_refused_on_ray_before_anything_runs(tmp_path):
     with pytest.raises(SpecError, match=r"field `editors`: comparing editors runs on this machine only"):
         run_spec(_spec(tmp_path), out, ray="local")
     assert not out.exists()
+
+
+@pytest.mark.slow
+def test_publish_from_the_ledger_reads_every_editor(compared):
+    _, out, release, _ = compared
+    again = _run(["publish", str(out), "--version", "0.2.0", "--allow-incomplete"])
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "editor calls: 0" in again.stdout
+    second = out / "releases" / "demo-face" / "0.2.0"
+    assert verify_release(second) == []
+    assert _rows(second / "items.jsonl") == _rows(release / "items.jsonl")
+    stats = [json.loads((r / "stats.json").read_text()) for r in (release, second)]
+    assert stats[0]["editors"] == stats[1]["editors"]
