@@ -176,6 +176,20 @@ def write_report(release_dir: Path, *, spec: Any, items: Sequence[dict[str, Any]
         f"<tr><td>{html.escape(g['axis'])}={html.escape(g['group'])}</td><td>{drift(g)}</td></tr>"
         for g in expression.get("per_group", [])
     )
+    audit = stats.get("audit") or {}
+    audit_html = ""
+    if audit.get("no_source"):
+        skipped_rows = (
+            "".join(f"<tr><td><code>{html.escape(g)}</code></td><td>{n}</td></tr>" for g, n in audit["skipped"].items())
+            or '<tr><td colspan="2">none</td></tr>'
+        )
+        audit_html = f"""<h2>Gates skipped</h2>
+<p id="skipped-why">This set has no source photos (editor.import.no_source), so these gates were not run on
+any item: {html.escape(audit["why"])}. Only {html.escape(", ".join(audit["ran"]))} judged the candidates alone
+(no registration). Each item lists its <code>skipped_gates</code>; an item that passed the remaining gates is
+{html.escape(audit["verdict"])}.</p>
+<table id="skipped-gates"><tr><th>gate skipped</th><th>items</th></tr>{skipped_rows}</table>
+"""
     page = f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8">
 <title>{html.escape(spec.release.name)} {html.escape(spec.release.version)}</title>
@@ -195,7 +209,7 @@ spec sha256 <code>{html.escape(stats["spec_hash"][:16])}</code>.</p>
 <tr>{count_cells}<td>{counts.get("total", 0)}</td></tr></table>
 <p>Templates: {stats["templates"]["complete"]} of {stats["templates"]["total"]} complete.
 Editor calls in the run that wrote this release: {stats["editor_calls_this_run"]}.</p>
-<h2>Completeness</h2>
+{audit_html}<h2>Completeness</h2>
 <p>{
         "Complete: every cell accepted."
         if completeness.get("complete")

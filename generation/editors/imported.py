@@ -240,6 +240,12 @@ class ImportTable:
         if source is None:
             raise SetupError(f"{where}: no source (column {options.source_column!r})")
         found = resolver.find(source, folder)
+        if found is None and options.no_source:
+            raise SetupError(
+                f"{where}: scene {source!r} (column {options.source_column!r}) is not a source id of the spec's "
+                "metadata; with no_source the metadata lists each scene once (id: the scene, path: one of its "
+                "images, which stands for the scene in the release, licence)"
+            )
         if found is None:
             raise SetupError(
                 f"{where}: source {source!r} is neither a source id of the spec's metadata nor the path of one of "
@@ -265,7 +271,9 @@ class ImportTable:
             candidate_sha256=sha,
             problem=problem,
             prompt=row.get(options.prompt_column),
-            floor=folder / row.get(options.floor_column) if row.get(options.floor_column) else None,
+            floor=folder / row.get(options.floor_column)
+            if row.get(options.floor_column) and not options.no_source
+            else None,
         )
 
     def digest(self) -> str:
@@ -337,6 +345,16 @@ class ImportOptions(BaseModel):
     #: of the row's source (its noise floor, relative to the table's folder); the run judges the
     #: source's cells above it. Rows without one: the cells are judged as measured
     floor_column: str = "floor"
+    #: a set without source photos (like PAIRS: one scene, several generated people): the
+    #: ``source_column`` names each row's scene, a source id of the spec's metadata whose photo
+    #: is the image standing for the scene in the release (one of its candidates); nothing is
+    #: registered, and only the gates that judge a candidate alone run (the others are listed
+    #: as ``skipped_gates`` on every item and counted in stats.json ``audit.skipped``)
+    no_source: bool = False
+    #: with ``no_source``: a candidate that passes every gate that ran is ``accepted`` (judged
+    #: on the remaining gates); False (the default): it goes to review
+    #: (``import_source_gates_skipped``), since no gate judged what needs a source
+    accept_on_remaining: bool = False
     #: the editor that made the set and its version, as far as known (the items' lineage)
     editor_name: str = Field("unknown", min_length=1)
     editor_version: str | None = None
