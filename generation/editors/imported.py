@@ -35,6 +35,12 @@ made with, recorded on the item). ``table`` itself is relative to the spec's fol
   condition outside the spec's axes, a source that is not one of the spec's, or two rows for
   one source and condition (:class:`~counterfactory.manifests.errors.SetupError`).
 
+- A set without source photos (``no_source``, shaped like PAIRS: one scene, several generated
+  people): ``source_column`` names each row's scene, a source id of the spec's metadata whose
+  photo stands for the scene in the release; cells are judged alone
+  (:func:`~counterfactory.validation.judging.judge_alone`: no registration, only the gates that
+  need no source), the others listed on each item as ``skipped_gates``.
+
 Requests name no source, so the source a request is for is found from its pixels (the sha256 of
 the decoded array), each of the table's sources decoded once, as the run decodes it.
 """
