@@ -17,7 +17,7 @@ from PIL import Image, ImageDraw, ImageFont
 
 from counterfactory.validation.gates.base import FILLING_VERDICTS, VERDICTS
 from counterfactory.validation.review_stats import review_html
-from counterfactory.validation.target_stats import target_html
+from counterfactory.validation.target_stats import focus_html, target_html
 
 VERDICT_COLOURS = {
     "accepted": (46, 160, 67),
@@ -209,7 +209,7 @@ spec sha256 <code>{html.escape(stats["spec_hash"][:16])}</code>.</p>
 <tr>{count_cells}<td>{counts.get("total", 0)}</td></tr></table>
 <p>Templates: {stats["templates"]["complete"]} of {stats["templates"]["total"]} complete.
 Editor calls in the run that wrote this release: {stats["editor_calls_this_run"]}.</p>
-{audit_html}<h2>Completeness</h2>
+{audit_html}{focus_html(audit.get("focus"))}<h2>Completeness</h2>
 <p>{
         "Complete: every cell accepted."
         if completeness.get("complete")
