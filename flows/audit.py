@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from counterfactory.generation.align import AlignConfig
-from counterfactory.generation.editors.tables import TableError, read_table
+from counterfactory.generation.editors.tables import TableError, read_table, table_folder
 from counterfactory.generation.images import decoder_warnings
 from counterfactory.generation.masks import load_mask_file
 from counterfactory.generation.sources import SourceError, load_image
@@ -234,7 +234,7 @@ def measure_batch(
         raise TableError(
             f"{table_path}: the table needs the column(s) {', '.join(missing)}; it has {', '.join(columns)}"
         )
-    folder = table_path.parent
+    folder = table_folder(table_path)
     conditions = [name for name in columns if name not in BATCH_COLUMNS]
     measurer = PairMeasurer(spec_path)
     for row in rows:

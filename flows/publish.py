@@ -63,9 +63,15 @@ from counterfactory.validation.attrition import attrition_table, plot_attrition,
 from counterfactory.validation.editor_stats import editor_stats
 from counterfactory.validation.expression_audit import drift_rates, expression_label, modal_label
 from counterfactory.validation.gates.base import VERDICTS
+from counterfactory.validation.judging import SKIPPED_WHY, SOURCE_FREE_GATES, SOURCE_GATES_SKIPPED, no_source_mode
 from counterfactory.validation.report import write_report
 from counterfactory.validation.review_stats import release_review_stats
-from counterfactory.validation.target_stats import label_consistency, plot_skin_tone, skin_tone_stats
+from counterfactory.validation.target_stats import (
+    focus_comparison,
+    label_consistency,
+    plot_skin_tone,
+    skin_tone_stats,
+)
 
 STATUSES = VERDICTS
 
@@ -335,11 +341,49 @@ def item_rows(
                     "gates": candidate.gates if candidate else {},
                     "review": None,
                     "expression": None,
+                    # judged without a source photo (validation.judging.judge_alone)
+                    **_skipped_gates(candidate),
                 }
             )
     # a person's resolved decision is the item's status; the history goes into its row
     apply_reviews(ws.ledger, spec.review, rows)
     return rows
+
+
+def _skipped_gates(candidate: Any) -> dict[str, Any]:
+    """``{"skipped_gates": [...]}`` for a candidate judged without a source, else ``{}``."""
+    alignment = (candidate.alignment if candidate is not None else None) or {}
+    skipped = alignment.get("skipped_gates")
+    return {"skipped_gates": list(skipped)} if isinstance(skipped, list) else {}
+
+
+def audit_stats(
+    spec: Spec, items: Sequence[dict[str, Any]], manifest: Sequence[dict[str, Any]]
+) -> dict[str, Any] | None:
+    """stats.json ``audit`` of an imported set (the ``import`` backend; None for every other
+    spec): ``focus``, the set's QC figures beside FOCUS's published ones
+    (:func:`~counterfactory.validation.target_stats.focus_comparison`); and for a set judged
+    without source photos ``skipped`` (gate -> items it was not run on), why, and whether a pass
+    of the remaining gates is accepted."""
+    if spec.editor.backend != "import":
+        return None
+    audit: dict[str, Any] = {"focus": focus_comparison(items, manifest)}
+    accept = no_source_mode(spec)
+    if accept is None:
+        return audit
+    skipped: Counter[str] = Counter()
+    for item in items:
+        skipped.update(item.get("skipped_gates") or [])
+    return {
+        **audit,
+        "no_source": True,
+        "skipped": dict(sorted(skipped.items())),
+        "why": SKIPPED_WHY,
+        "ran": list(SOURCE_FREE_GATES),
+        "verdict": "accepted on the remaining gates"
+        if accept
+        else f"needs_review ({SOURCE_GATES_SKIPPED}) when the remaining gates pass",
+    }
 
 
 def _source_path(src: PreparedSource) -> str:
@@ -821,6 +865,8 @@ def publish_release(
         stats["editors"] = editor_stats(items, floors=floors_by_editor(spec, stats["noise_floor"]))
         stats["skin"] = skin_tone_stats(items, {p.id: _own_group(spec, p.meta) for p in prepared})
         stats["labels"] = label_consistency(items)
+        if (audit := audit_stats(spec, items, manifest)) is not None:
+            stats["audit"] = audit
         if stats["skin"]["by_condition"] or stats["skin"]["lightened_by_source_group"]:
             plot_skin_tone(stats["skin"], stage.dir / "skin_tone.png")
         text, text_sha = spec.as_written()

@@ -81,7 +81,11 @@ def prefect_api(*, startup_timeout_s: float = STARTUP_TIMEOUT_S, services: bool 
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, log_level="error", lifespan="on"))
+    # log_config None: uvicorn leaves the process's logging alone. Its default dictConfig
+    # clears every existing handler, and clearing Prefect's API log handler waits (up to 5 s)
+    # for it to drain to a server that is gone: 5 s of every run after the first in a process
+    # (the scheduler's, a benchmark's; benchmarks/import_vs_measure.py measured it)
+    server = uvicorn.Server(uvicorn.Config(app, log_level="error", lifespan="on", log_config=None))
     thread = threading.Thread(
         target=context.run, args=(server.run,), kwargs={"sockets": [sock]}, name="prefect-api", daemon=True
     )

@@ -54,7 +54,7 @@ from counterfactory.manifests.store import ImageStore
 from counterfactory.validation.faces import get_face_landmarker
 from counterfactory.validation.gates.attribute import AttributeGate, check_label_map
 from counterfactory.validation.judge import GateStack
-from counterfactory.validation.judging import FLOOR_VERDICT, TemplateJudge
+from counterfactory.validation.judging import FLOOR_VERDICT, TemplateJudge, no_source_mode
 from counterfactory.validation.skin import source_edit_region
 
 #: bump when the meaning of a judgement changes, so stored verdicts are recomputed
@@ -122,8 +122,8 @@ def _landmarker_identity() -> str:
 def source_check_key(spec: Spec, source: Source) -> str | None:
     """sha256 of what decides a face source's check: the photo's bytes, the face-mask mode and
     the landmarker model (None for limb designs, whose masks are read from files every run)."""
-    if spec.design.kind != "face":
-        return None
+    if spec.design.kind != "face" or no_source_mode(spec) is not None:
+        return None  # (a set without source photos checks no face in the scene's image)
     payload = {
         "version": SOURCE_CHECK_VERSION,
         "photo_sha256": source.sha256,
@@ -172,7 +172,14 @@ def prepare_sources(
             continue
         key = source_check_key(spec, item) if store is not None else None
         reason, prepared = _kept_check(item, kept.get(item.record.id), key, store)
-        if key is None or reason is _NOT_KEPT:
+        if no_source_mode(spec) is not None:
+            # an imported set without source photos: the scene's image stands for the scene in
+            # the release and is never compared with, so it needs no face and no edit region
+            reason, prepared = (
+                None,
+                PreparedSource(item, np.zeros(item.pixels.shape[:2], np.uint8), None, _record_meta(item)),
+            )
+        elif key is None or reason is _NOT_KEPT:
             landmarker = landmarker or get_face_landmarker()
             reason, prepared = _check_source(spec, item, landmarker)
             if key is not None:
@@ -304,7 +311,7 @@ NOISE_FLOOR_PROMPT = "noise_floor_v1"
 def uses_noise_floor(spec: Spec) -> bool:
     """Whether the spec's cells are judged relative to a noise-floor request (face designs
     with ``gates.noise_floor``)."""
-    return spec.design.kind == "face" and spec.gates.noise_floor
+    return spec.design.kind == "face" and spec.gates.noise_floor and no_source_mode(spec) is None
 
 
 def plan_noise_floor(spec: Spec, prepared: PreparedSource, editor: Editor, lineage: dict[str, Any]) -> PlannedAttempt:
@@ -398,6 +405,9 @@ def judge_key(spec: Spec) -> str:
             "masks": spec.masks.model_dump(mode="json") if kind == "limb" else None,
             "noise_floor": NOISE_FLOOR_PROMPT if uses_noise_floor(spec) else None,
             "version": JUDGE_VERSION,
+            # judged without a source (and whether a pass of the rest is accepted); absent
+            # otherwise, so every other spec's key is as it was
+            **({"no_source": alone} if (alone := no_source_mode(spec)) is not None else {}),
         },
         sort_keys=True,
     )

@@ -565,8 +565,11 @@ def _check_named_files(path: Path, spec: Spec, *, check_paths: bool) -> None:
     for config in spec.editor_configs():
         named = getattr(config.options(), "named_files", None)
         for field_name, p in (named() if callable(named) else {}).items():
-            if not Path(p).is_file():
-                raise _missing(path, field_name, Path(p), "an existing file", f"correct the path ({relative})")
+            # (a folder for an import backend's folder layout or Hugging Face dataset folder)
+            if not Path(p).exists():
+                raise _missing(
+                    path, field_name, Path(p), "an existing file or folder", f"correct the path ({relative})"
+                )
 
 
 def load_spec(path: str | Path, *, check_paths: bool = True) -> Spec:

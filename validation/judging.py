@@ -49,6 +49,16 @@ class Judged:
     gates: dict[str, Any]
 
 
+def no_source_mode(spec: Any) -> bool | None:
+    """None when the spec's cells are judged against their source; else (the editor's options
+    say ``no_source``) whether a candidate that passes every gate that can run alone is
+    accepted (``accept_on_remaining``)."""
+    options = spec.editor.options()
+    if not getattr(options, "no_source", False):
+        return None
+    return bool(getattr(options, "accept_on_remaining", False))
+
+
 class TemplateJudge:
     """Judges the attempts of one template: from the array an editor just returned, or from
     the store; the source's analysis is shared through the photo's sha256 (``source_key``).
@@ -70,6 +80,9 @@ class TemplateJudge:
         self.spec, self.ws, self.prepared, self.stack, self.jkey = spec, ws, prepared, stack, jkey
         self.floor = dict(floor) if floor else None
         self.as_floor = as_floor
+        #: None: judged against the source; else the set has no source photo
+        #: (:func:`judge_alone`), and this says whether a pass of the remaining gates is accepted
+        self.alone = no_source_mode(spec)
 
     def attempt(
         self,
@@ -101,6 +114,15 @@ class TemplateJudge:
                 return existing.verdict, list(existing.reasons)
         if attempt is not None and attempt.status == "refused":
             judged = Judged("rejected", [f"editor_refused: {attempt.reason}"], None, {}, {})
+        elif self.alone is not None:
+            judged = judge_alone(
+                output if output is not None else ws.store.get(attempt.output_sha256),
+                kind=spec.design.kind,
+                stack=self.stack,
+                store=ws.store,
+                extras={"condition": dict(cell.condition), "source": prepared.meta},
+                accept=self.alone,
+            )
         else:
             judged = judge_output(
                 prepared.source.pixels,
@@ -125,6 +147,48 @@ class TemplateJudge:
             gates=judged.gates,
         )
         return judged.verdict, judged.reasons
+
+
+#: the gates that judge a candidate alone (its faces, its perceived labels): the only ones run
+#: when a set has no source photo (:func:`judge_alone`); every other gate compares with a source
+SOURCE_FREE_GATES = ("face", "attribute")
+#: the review reason of a candidate judged without a source that passed every gate that ran
+SOURCE_GATES_SKIPPED = "import_source_gates_skipped"
+#: why :func:`judge_alone` skips a gate (recorded on the candidate, shown in the report)
+SKIPPED_WHY = "no source photo: the gate compares the candidate with its source"
+
+
+def judge_alone(
+    output: np.ndarray,
+    *,
+    kind: str,
+    stack: GateStack,
+    store: ImageStore | None = None,
+    extras: Mapping[str, Any] | None = None,
+    accept: bool = False,
+) -> Judged:
+    """Judge an output that has no source photo (an imported set like PAIRS: one scene, several
+    generated people): nothing is registered, and only :data:`SOURCE_FREE_GATES` run, on the
+    candidate alone (the face gate counts and scores its faces; the attribute gate reads its
+    labels). The gates skipped are listed in the alignment record (``skipped_gates``).
+
+    The verdict is the remaining gates' (``rejected``, ``failed`` and ``needs_review`` as they
+    say); one that passes all of them is ``needs_review`` with :data:`SOURCE_GATES_SKIPPED`
+    (a person judges what no gate could), unless ``accept``: then ``accepted``, judged on the
+    remaining gates, its skipped gates listed on the item.
+    """
+    from counterfactory.validation.gates.face import NO_SOURCE
+
+    skipped = [g.name for g in stack.gates if g.name not in SOURCE_FREE_GATES]
+    kept = stack.without(*skipped)
+    image = np.ascontiguousarray(output)
+    sha = store.put(image) if store is not None else None
+    judgement = kept.evaluate(image, image, extras={**(extras or {}), NO_SOURCE: True}, source_key=sha)
+    verdict, reasons = judgement.verdict, list(judgement.reasons)
+    if verdict == "accepted" and skipped and not accept:
+        verdict, reasons = "needs_review", [SOURCE_GATES_SKIPPED]
+    record = {"ok": None, "no_source": True, "note": SKIPPED_WHY, "skipped_gates": skipped}
+    return Judged(verdict, reasons, sha, record, judgement.to_dict()["gates"])
 
 
 #: the gates whose metrics need a registered candidate (skin measures both images on the

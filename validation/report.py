@@ -18,7 +18,7 @@ from PIL import Image, ImageDraw, ImageFont
 from counterfactory.validation.editor_stats import editors_html
 from counterfactory.validation.gates.base import FILLING_VERDICTS, VERDICTS
 from counterfactory.validation.review_stats import review_html
-from counterfactory.validation.target_stats import target_html
+from counterfactory.validation.target_stats import focus_html, target_html
 
 VERDICT_COLOURS = {
     "accepted": (46, 160, 67),
@@ -183,6 +183,20 @@ def write_report(release_dir: Path, *, spec: Any, items: Sequence[dict[str, Any]
         if names is None
         else "editors " + ", ".join(f"<code>{html.escape(n)}</code>" for n in names) + " (the grid once per editor)"
     )
+    audit = stats.get("audit") or {}
+    audit_html = ""
+    if audit.get("no_source"):
+        skipped_rows = (
+            "".join(f"<tr><td><code>{html.escape(g)}</code></td><td>{n}</td></tr>" for g, n in audit["skipped"].items())
+            or '<tr><td colspan="2">none</td></tr>'
+        )
+        audit_html = f"""<h2>Gates skipped</h2>
+<p id="skipped-why">This set has no source photos (editor.import.no_source), so these gates were not run on
+any item: {html.escape(audit["why"])}. Only {html.escape(", ".join(audit["ran"]))} judged the candidates alone
+(no registration). Each item lists its <code>skipped_gates</code>; an item that passed the remaining gates is
+{html.escape(audit["verdict"])}.</p>
+<table id="skipped-gates"><tr><th>gate skipped</th><th>items</th></tr>{skipped_rows}</table>
+"""
     page = f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8">
 <title>{html.escape(spec.release.name)} {html.escape(spec.release.version)}</title>
@@ -202,7 +216,7 @@ spec sha256 <code>{html.escape(stats["spec_hash"][:16])}</code>.</p>
 <tr>{count_cells}<td>{counts.get("total", 0)}</td></tr></table>
 <p>Templates: {stats["templates"]["complete"]} of {stats["templates"]["total"]} complete.
 Editor calls in the run that wrote this release: {stats["editor_calls_this_run"]}.</p>
-<h2>Completeness</h2>
+{audit_html}{focus_html(audit.get("focus"))}<h2>Completeness</h2>
 <p>{
         "Complete: every cell accepted."
         if completeness.get("complete")

@@ -167,6 +167,121 @@ def label_consistency(items: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     return {"by_condition": out}
 
 
+#: FOCUS's published QC figures of its released set (Dehdashtian et al. 2025), keyed as
+#: :func:`focus_comparison` computes them: the locality means and median from
+#: :data:`~counterfactory.validation.calibrate.PUBLISHED`, the VLM check's joint target-label
+#: agreement and the template-level expression drift rate
+FOCUS_TARGET_LABEL_ACCURACY = 0.979
+FOCUS_EXPRESSION_DRIFT = 0.121
+
+
+def focus_published() -> dict[str, float]:
+    """FOCUS's published figures: ``diff_face_mean``, ``diff_nonface_mean``, ``ratio_median``,
+    ``target_label_accuracy``, ``expression_drift``."""
+    from counterfactory.validation.calibrate import PUBLISHED
+
+    return {
+        "diff_face_mean": PUBLISHED["focus_diff_face_mean"],
+        "diff_nonface_mean": PUBLISHED["focus_diff_nonface_mean"],
+        "ratio_median": PUBLISHED["focus_ratio_median"],
+        "target_label_accuracy": FOCUS_TARGET_LABEL_ACCURACY,
+        "expression_drift": FOCUS_EXPRESSION_DRIFT,
+    }
+
+
+def _finite(value: Any) -> float | None:
+    return (
+        float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and np.isfinite(value) else None
+    )
+
+
+def focus_figures(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """FOCUS's QC figures computed as FOCUS computes them, over ``rows`` (items or manifest rows).
+
+    - ``diff_face_mean``, ``diff_nonface_mean``: means of the locality gate's ``focus_diff_face``
+      and ``focus_diff_nonface`` (the output as the editor returned it, resized to the source,
+      no registration), over the rows that have them (``n``); ``ratio_median``: the median of
+      ``focus_ratio`` over those with a finite ratio (``n_ratio``).
+    - ``target_label_accuracy``: the attribute gate's joint agreement (every checked axis's
+      ``match_<axis>`` True) over the rows it answered, with its Wilson interval; None without
+      an attribute gate.
+    - ``expression_drift``: the share of rows whose expression label differs from their
+      template's modal label (the release's expression audit), with its Wilson interval.
+    """
+    face, nonface, ratio = [], [], []
+    for row in rows:
+        m = _metrics(row, "locality") or {}
+        a, b = _finite(m.get("focus_diff_face")), _finite(m.get("focus_diff_nonface"))
+        if a is None or b is None:
+            continue
+        face.append(a)
+        nonface.append(b)
+        if (r := _finite(m.get("focus_ratio"))) is not None:
+            ratio.append(r)
+    answered = matched = 0
+    for row in rows:
+        m = _metrics(row, "attribute")
+        matches = [v for k, v in (m or {}).items() if k.startswith("match_")]
+        if not matches or any(v is None for v in matches):
+            continue
+        answered += 1
+        matched += all(bool(v) for v in matches)
+    labelled = [r for r in rows if r.get("expression")]
+    drifted = sum(not r["expression"]["consistent"] for r in labelled)
+    return {
+        "n": len(face),
+        "diff_face_mean": float(np.mean(face)) if face else None,
+        "diff_nonface_mean": float(np.mean(nonface)) if nonface else None,
+        "n_ratio": len(ratio),
+        "ratio_median": float(np.median(ratio)) if ratio else None,
+        "target_label_accuracy": _share(matched, answered) if answered else None,
+        "expression_drift": _share(drifted, len(labelled)) if labelled else None,
+    }
+
+
+def focus_comparison(items: Sequence[Mapping[str, Any]], manifest: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """stats.json ``audit.focus``: :func:`focus_figures` of the whole imported set (``set``: every
+    item) and of what the release keeps (``accepted``: the manifest rows), beside
+    :func:`focus_published`."""
+    return {"published": focus_published(), "set": focus_figures(items), "accepted": focus_figures(manifest)}
+
+
+def focus_html(focus: Mapping[str, Any] | None) -> str:
+    """The report's table of :func:`focus_comparison`."""
+    if not focus:
+        return ""
+
+    def value(figures: Mapping[str, Any], key: str) -> str:
+        v = figures.get(key)
+        if v is None:
+            return "n/a"
+        if isinstance(v, Mapping):
+            return "n/a" if v["share"] is None else f"{100 * v['share']:.1f} % (n={v['n']})"
+        return f"{100 * v:.1f} %" if key in ("target_label_accuracy", "expression_drift") else f"{v:.3f}"
+
+    names = {
+        "diff_face_mean": "diff_face, mean",
+        "diff_nonface_mean": "diff_nonface, mean",
+        "ratio_median": "diff_face / diff_nonface, median",
+        "target_label_accuracy": "target-label accuracy (joint)",
+        "expression_drift": "expression drift",
+    }
+    rows = "".join(
+        f"<tr><td>{label}</td><td>{value(focus['set'], key)}</td><td>{value(focus['accepted'], key)}</td>"
+        f"<td>{value(focus['published'], key)}</td></tr>"
+        for key, label in names.items()
+    )
+    return (
+        "<h2>Against FOCUS's published figures</h2>"
+        f"<p>This imported set's own QC figures, computed as FOCUS computes them (locality on the output as "
+        f"returned, resized to the source, no registration: {focus['set']['n']} items measured, "
+        f"{focus['accepted']['n']} of them accepted), beside the figures FOCUS published for its set. "
+        "Target-label accuracy needs an attribute gate; n/a: not measured.</p>"
+        '<table id="focus-comparison"><tr><th>figure</th><th>this set (all items)</th><th>accepted</th>'
+        f"<th>FOCUS published</th></tr>{rows}</table>"
+    )
+
+
 def plot_skin_tone(stats: Mapping[str, Any], path_png: str | Path) -> Path:
     """Two panels: the ITA change per condition (box: quartiles, whiskers: range, dots:
     candidates), and the share lightened beyond tolerance per source group with Wilson 95 %

@@ -35,6 +35,12 @@ made with, recorded on the item). ``table`` itself is relative to the spec's fol
   condition outside the spec's axes, a source that is not one of the spec's, or two rows for
   one source and condition (:class:`~counterfactory.manifests.errors.SetupError`).
 
+- A set without source photos (``no_source``, shaped like PAIRS: one scene, several generated
+  people): ``source_column`` names each row's scene, a source id of the spec's metadata whose
+  photo stands for the scene in the release; cells are judged alone
+  (:func:`~counterfactory.validation.judging.judge_alone`: no registration, only the gates that
+  need no source), the others listed on each item as ``skipped_gates``.
+
 Requests name no source, so the source a request is for is found from its pixels (the sha256 of
 the decoded array), each of the table's sources decoded once, as the run decodes it.
 """
@@ -50,10 +56,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
 from counterfactory.generation.editors.base import EditRequest, EditResult, SequentialEditor
-from counterfactory.generation.editors.tables import TableError, TableRow, read_table
+from counterfactory.generation.editors.tables import TableError, TableRow, read_folder, read_table, table_folder
 from counterfactory.generation.errors import SourceError
 from counterfactory.generation.images import DEFAULT_MAX_PIXELS, decoder_warnings, load_image
 from counterfactory.manifests.errors import SetupError
@@ -137,6 +143,12 @@ def _file_sha256(path: Path) -> tuple[str | None, str | None]:
         return None, f"cannot read the file ({exc.strerror or exc})"
 
 
+def _loose(label: str) -> str:
+    """A condition label as matched: case, ``_``, ``-`` and repeated spaces ignored
+    (``east_asian`` in a file name is ``East Asian``)."""
+    return " ".join(label.replace("_", " ").replace("-", " ").casefold().split())
+
+
 def _pixel_key(pixels: np.ndarray) -> str:
     digest = hashlib.sha256(str(pixels.shape).encode())
     digest.update(np.ascontiguousarray(pixels).tobytes())
@@ -168,9 +180,14 @@ class ImportTable:
 
         path = options.table_path()
         try:
-            columns, table_rows = read_table(path)
+            if options.folder is not None:
+                assert options.pattern is not None
+                choices = {options.condition_columns.get(axis, axis): values for axis, values in spec.axes.items()}
+                columns, table_rows = read_folder(path, options.pattern, choices)
+            else:
+                columns, table_rows = read_table(path)
         except TableError as exc:
-            raise SetupError(f"editor.import.table: {exc}") from None
+            raise SetupError(f"editor.import.{options.table_field}: {exc}") from None
         unknown = sorted(set(options.condition_columns) - set(spec.axes))
         if unknown:
             raise SetupError(
@@ -180,6 +197,12 @@ class ImportTable:
         condition_columns = {axis: options.condition_columns.get(axis, axis) for axis in spec.axes}
         needed = [options.source_column, options.candidate_column, *condition_columns.values()]
         missing = [c for c in dict.fromkeys(needed) if c not in columns]
+        if missing and options.folder is not None:
+            raise SetupError(
+                f"editor.import.pattern: {options.pattern!r} has no field {', '.join(repr(c) for c in missing)} "
+                f"(it has {', '.join(columns[:-2])}); name one field per design axis and the source, e.g. "
+                "'{source}_{race}_{gender}.png', or map them (source_column, condition_columns: {axis: field})"
+            )
         if missing:
             raise SetupError(
                 f"editor.import.table: {path}: no column {', '.join(repr(c) for c in missing)} (it has "
@@ -193,9 +216,9 @@ class ImportTable:
         photos = spec.photos.resolve()
         by_id = {r.id: r for r in records}
         by_path = {(photos / r.path).resolve(): r.id for r in records}
-        folder = path.parent
+        folder = table_folder(path)
         resolver = _SourceResolver(by_id, by_path, photos)
-        allowed = {axis: {v.casefold(): v for v in values} for axis, values in spec.axes.items()}
+        allowed = {axis: {_loose(v): v for v in values} for axis, values in spec.axes.items()}
         rows: list[ImportRow] = []
         first: dict[tuple[str, tuple[tuple[str, str], ...]], ImportRow] = {}
         for row in table_rows:
@@ -223,13 +246,16 @@ class ImportTable:
         resolver: _SourceResolver,
     ) -> ImportRow:
         row_id = row.get(options.id_column) or f"row{row.number}"
-        where = f"editor.import.table: {path}, row {row.number} (id {row_id!r})"
+        if options.folder is not None:
+            where = f"editor.import.folder: {path}, file {row_id!r}"
+        else:
+            where = f"editor.import.table: {path}, row {row.number} (id {row_id!r})"
         condition: dict[str, str] = {}
         for axis, column in condition_columns.items():
             value = row.get(column)
             if value is None:
                 raise SetupError(f"{where}: no value for the axis {axis!r} (column {column!r})")
-            spelt = allowed[axis].get(value.casefold())
+            spelt = allowed[axis].get(_loose(value))
             if spelt is None:
                 raise SetupError(
                     f"{where}: condition {axis}={value!r} is outside the spec's axes (design.axes.{axis}: "
@@ -240,6 +266,12 @@ class ImportTable:
         if source is None:
             raise SetupError(f"{where}: no source (column {options.source_column!r})")
         found = resolver.find(source, folder)
+        if found is None and options.no_source:
+            raise SetupError(
+                f"{where}: scene {source!r} (column {options.source_column!r}) is not a source id of the spec's "
+                "metadata; with no_source the metadata lists each scene once (id: the scene, path: one of its "
+                "images, which stands for the scene in the release, licence)"
+            )
         if found is None:
             raise SetupError(
                 f"{where}: source {source!r} is neither a source id of the spec's metadata nor the path of one of "
@@ -265,7 +297,9 @@ class ImportTable:
             candidate_sha256=sha,
             problem=problem,
             prompt=row.get(options.prompt_column),
-            floor=folder / row.get(options.floor_column) if row.get(options.floor_column) else None,
+            floor=folder / row.get(options.floor_column)
+            if row.get(options.floor_column) and not options.no_source
+            else None,
         )
 
     def digest(self) -> str:
@@ -319,8 +353,15 @@ class ImportOptions(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    #: the pair table (CSV, JSONL or Parquet), relative to the spec's folder
-    table: str = Field(min_length=1)
+    #: the pair table (CSV, JSONL, Parquet, or a Hugging Face dataset folder), relative to the
+    #: spec's folder; or ``folder`` and ``pattern`` instead
+    table: str | None = Field(None, min_length=1)
+    #: a folder of candidate images (relative to the spec's folder) whose paths, relative to it,
+    #: follow ``pattern`` (``"{source}_{race}_{gender}.png"``): one row per file, its fields the
+    #: columns (:func:`~counterfactory.generation.editors.tables.read_folder`); a file that does
+    #: not match stops the run, naming it
+    folder: str | None = Field(None, min_length=1)
+    pattern: str | None = Field(None, min_length=1)
     #: the column naming each row's source: a source id of the spec's metadata, or the path of
     #: one of its photos relative to the table's folder
     source_column: str = "source"
@@ -337,11 +378,35 @@ class ImportOptions(BaseModel):
     #: of the row's source (its noise floor, relative to the table's folder); the run judges the
     #: source's cells above it. Rows without one: the cells are judged as measured
     floor_column: str = "floor"
+    #: a set without source photos (like PAIRS: one scene, several generated people): the
+    #: ``source_column`` names each row's scene, a source id of the spec's metadata whose photo
+    #: is the image standing for the scene in the release (one of its candidates); nothing is
+    #: registered, and only the gates that judge a candidate alone run (the others are listed
+    #: as ``skipped_gates`` on every item and counted in stats.json ``audit.skipped``)
+    no_source: bool = False
+    #: with ``no_source``: a candidate that passes every gate that ran is ``accepted`` (judged
+    #: on the remaining gates); False (the default): it goes to review
+    #: (``import_source_gates_skipped``), since no gate judged what needs a source
+    accept_on_remaining: bool = False
     #: the editor that made the set and its version, as far as known (the items' lineage)
     editor_name: str = Field("unknown", min_length=1)
     editor_version: str | None = None
 
     _spec: _SpecContext | None = PrivateAttr(default=None)
+
+    @model_validator(mode="after")
+    def _one_input(self) -> ImportOptions:
+        if (self.table is None) == (self.folder is None):
+            raise ValueError("name the set with either table (a pair table or dataset folder) or folder and pattern")
+        if (self.folder is None) != (self.pattern is None):
+            raise ValueError("folder and pattern go together: pattern maps each file's path to its row")
+        return self
+
+    @property
+    def table_field(self) -> str:
+        """The spec field naming the set: ``table`` or ``folder``."""
+        return "table" if self.table is not None else "folder"
+
     _table: ImportTable | None = PrivateAttr(default=None)
 
     def bind_spec(self, spec: Any) -> None:
@@ -360,8 +425,8 @@ class ImportOptions(BaseModel):
         self._table = None
 
     def table_path(self) -> Path:
-        """The table's path: relative to the spec's folder (the working folder when unbound)."""
-        path = Path(self.table)
+        """The table's (or the folder's) path: relative to the spec's folder (the working folder when unbound)."""
+        path = Path(self.table if self.table is not None else str(self.folder))
         if path.is_absolute():
             return path
         return (self._spec.base_dir if self._spec is not None else Path.cwd()) / path
@@ -369,7 +434,7 @@ class ImportOptions(BaseModel):
     def named_files(self) -> dict[str, Path]:
         """The files these options name, by spec field, resolved: what
         :func:`~counterfactory.manifests.spec.load_spec` checks exist before any work."""
-        return {"editor.import.table": self.table_path().resolve()}
+        return {f"editor.import.{self.table_field}": self.table_path().resolve()}
 
     def read(self) -> ImportTable:
         """The table, read and checked once (:class:`ImportTable`).
@@ -462,7 +527,9 @@ class ImportEditor(SequentialEditor):
             "backend": self.name,
             "model_id": self.options.editor_name,
             "revision": self.options.editor_version,
-            "table": self.options.table,
+            "table": self.options.table
+            if self.options.table is not None
+            else f"{self.options.folder}:{self.options.pattern}",
             "table_sha256": table.digest(),
         }
 

@@ -219,3 +219,53 @@ def test_measure_batch_on_the_same_table(audited):
     assert lines[summary].startswith(f"summary: {len(made.rows)} pairs:")
     # the prompt column is the import backend's, not a condition
     assert any("race=" in line for line in lines[summary:]) and not any("prompt=" in line for line in lines)
+
+
+def _recompute(rows):
+    """FOCUS's figures recomputed here from release rows, as the paper defines them: means of
+    diff_face and diff_nonface, median of their ratio, the share of drifted expression labels."""
+    import statistics
+
+    measured = [
+        r["gates"]["locality"]["metrics"]
+        for r in rows
+        if "focus_diff_face" in ((r.get("gates") or {}).get("locality") or {}).get("metrics", {})
+        and r["gates"]["locality"]["metrics"]["focus_diff_face"] is not None
+    ]
+    ratios = [m["focus_ratio"] for m in measured if m.get("focus_ratio") is not None]
+    labelled = [r for r in rows if r.get("expression")]
+    return {
+        "n": len(measured),
+        "diff_face_mean": statistics.fmean(m["focus_diff_face"] for m in measured),
+        "diff_nonface_mean": statistics.fmean(m["focus_diff_nonface"] for m in measured),
+        "ratio_median": statistics.median(ratios),
+        "drift": sum(not r["expression"]["consistent"] for r in labelled) / len(labelled),
+    }
+
+
+@pytest.mark.slow
+def test_the_audit_sets_focus_published_figures_beside_the_sets_own(audited):
+    made, out, release, items, _ = audited
+    stats = json.loads((release / "stats.json").read_text())
+    focus = stats["audit"]["focus"]
+    # FOCUS's published QC figures (Dehdashtian et al. 2025)
+    assert focus["published"] == {
+        "diff_face_mean": 0.141,
+        "diff_nonface_mean": 0.022,
+        "ratio_median": 8.16,
+        "target_label_accuracy": 0.979,
+        "expression_drift": 0.121,
+    }
+    manifest = [json.loads(line) for line in (release / "manifest.jsonl").read_text().splitlines()]
+    for rows, figures in ((manifest, focus["accepted"]), (items, focus["set"])):
+        want = _recompute(rows)
+        assert figures["n"] == want["n"] > 0
+        for key in ("diff_face_mean", "diff_nonface_mean", "ratio_median"):
+            assert figures[key] == pytest.approx(want[key], rel=1e-12), key
+        assert figures["expression_drift"]["share"] == pytest.approx(want["drift"])
+        assert figures["target_label_accuracy"] is None  # the spec has no attribute gate
+    assert focus["set"]["n"] == sum(1 for i in items if i["status"] != "failed" and i["alignment"].get("ok"))
+    report = (release / "report.html").read_text()
+    assert "Against FOCUS&#x27;s published figures" in report or "Against FOCUS's published figures" in report
+    assert f"<td>{focus['accepted']['diff_face_mean']:.3f}</td><td>0.141</td>" in report
+    assert "<td>8.160</td>" in report and "<td>97.9 %</td>" in report and "<td>12.1 %</td>" in report

@@ -21,6 +21,8 @@ from counterfactory.validation.backends.base import DetectedFace
 from counterfactory.validation.faces import FaceObservation
 from counterfactory.validation.gates.base import GateResult, PairContext, SourceAnalysis
 
+#: the ``PairContext.extras`` key set when the candidate has no source photo to compare with
+NO_SOURCE = "no_source"
 #: Thresholds whose calibrated value depends on the detector (a score scale is per model).
 BACKEND_THRESHOLDS = ("min_detection_score",)
 
@@ -114,24 +116,32 @@ def face_gate(
     face), ``yaw_change_deg``, ``pitch_change_deg``, ``roll_change_deg``, ``pose_change_deg``
     (the largest absolute of the three), ``yaw_deg``, ``pitch_deg``, ``roll_deg`` (candidate).
 
+    With ``pair.extras[NO_SOURCE]`` (an imported set with no source photo, the candidate
+    standing as its own source) only the candidate is judged: its face count and detection
+    score; the source's counts, the pose, position and scale changes are None and not judged.
+
     Reasons: ``face_count_mismatch``, ``face_pose_unavailable`` (no mesh on one side),
     ``face_pose_change_above_max``, ``face_position_change_above_max``,
     ``face_scale_change_above_max``; metrics ``position_change``, ``scale_change``. Review: ``face_low_confidence`` (the candidate's face
     scores below ``min_detection_score``, the lowest score of any real calibration photo).
     """
+    alone = bool(pair.extras.get(NO_SOURCE))
     metrics: dict = {"mesh_faces": len(pair.candidate_faces)}
     reasons: list[str] = []
     if detector is not None:
         cand = _counted(detector.detect(pair.candidate), detection_threshold)
-        found = detector.detect(pair.source) if source_detections is None else source_detections
+        if alone:
+            found = []
+        else:
+            found = detector.detect(pair.source) if source_detections is None else source_detections
         src = _counted(found, detection_threshold)
         metrics["faces"] = len(cand)
-        metrics["source_faces"] = len(src)
+        metrics["source_faces"] = None if alone else len(src)
         metrics["detection_score"] = max((f.score for f in cand), default=None)
-        metrics["source_detection_score"] = max((f.score for f in src), default=None)
+        metrics["source_detection_score"] = None if alone else max((f.score for f in src), default=None)
     else:
         metrics["faces"] = len(pair.candidate_faces)
-        metrics["source_faces"] = len(pair.source_faces)
+        metrics["source_faces"] = None if alone else len(pair.source_faces)
         metrics["detection_score"] = None
         metrics["source_detection_score"] = None
     if metrics["faces"] != expected_faces:
@@ -157,7 +167,12 @@ def face_gate(
     ):
         metrics[key] = None
     src_face, cand_face = pair.source_face, pair.candidate_face
-    if src_face is not None and cand_face is not None:
+    if alone:
+        # no source photo: the candidate's own pose is recorded, nothing is compared
+        if cand_face is not None:
+            yaw, pitch, roll = cand_face.pose_deg()
+            metrics.update(yaw_deg=yaw, pitch_deg=pitch, roll_deg=roll)
+    elif src_face is not None and cand_face is not None:
         src_pose = src_face.pose_deg()
         cand_pose = cand_face.pose_deg()
         dyaw, dpitch, droll = pose_change_deg(src_pose, cand_pose)
@@ -191,9 +206,9 @@ def face_gate(
             "expected_faces": expected_faces,
             "detection_threshold": detection_threshold,
             "min_detection_score": min_detection_score if detector is not None else None,
-            "max_pose_change_deg": max_pose_change_deg,
-            "max_position_change": max_position_change,
-            "max_scale_change": max_scale_change,
+            "max_pose_change_deg": None if alone else max_pose_change_deg,
+            "max_position_change": None if alone else max_position_change,
+            "max_scale_change": None if alone else max_scale_change,
             "backend": getattr(detector, "name", "landmarker"),
         },
     )
