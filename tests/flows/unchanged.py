@@ -2,23 +2,32 @@
 
 A fingerprint is what a run decided, read back from its ``--out`` folder:
 
-- ``attempts``: every ledger attempt row (attempt id, cell, attempt number, seed, status, output
-  sha256, reason), sorted by attempt id;
-- ``candidates``: every judged candidate (attempt id, aligned image sha256, verdict, reasons,
-  judge key), sorted by attempt id;
-- ``release``: every file of the sealed release with its sha256 from ``checksums.sha256``, where
-  the three files that also say *when* and *by which run* the release was sealed are hashed with
-  that one field taken out (:data:`NORMALISED`).
+- ``attempts``: every ledger attempt row (attempt id, cell, attempt number, seed, status, reason,
+  and the output image's size and 8x8 thumbnail), sorted by attempt id;
+- ``candidates``: every judged candidate (attempt id, verdict, reasons, judge key, the aligned
+  image's size and thumbnail), sorted by attempt id;
+- ``release``: every file of the sealed release (checked against ``checksums.sha256``): JSON,
+  JSONL and Parquet as their rows with each content hash replaced by the image it names (or
+  ``<sha256>``), images as thumbnails, text as its text without the numbers plus the numbers; the
+  three files that also say *when* and *by which run* the release was sealed lose that one field
+  (:data:`NORMALISED`).
+
+Ids, cells, seeds, statuses, verdicts, reasons, judge keys and every string must be equal; measured
+numbers and thumbnails agree within a tolerance (:data:`REL_TOLERANCE`, :data:`THUMB_TOLERANCE`).
+Byte hashes of outputs are not compared: MediaPipe's, OpenCV's and onnxruntime's kernels differ in
+the last bits between CPUs, so an AMD machine writes other PNG bytes than the Intel one that
+recorded the first fingerprints (attempt ids, verdicts and reasons were the same on both).
 
 Scenarios run the real command line as a user runs it (``python -m counterfactory run SPEC --out
 DIR --publish --allow-incomplete``). ``python -m tests.flows.unchanged record`` re-runs every
-scenario and writes ``tests/data/unchanged/<scenario>.json``; do that only when a change of
+scenario and writes ``tests/data/unchanged/<scenario>.json.gz``; do that only when a change of
 behaviour is intended, and say so in the commit.
 """
 
 from __future__ import annotations
 
 import argparse
+import gzip
 import hashlib
 import json
 import os
@@ -33,6 +42,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 REPO = Path(__file__).resolve().parents[2]
 DATA = REPO / "tests" / "data" / "unchanged"
@@ -49,7 +60,7 @@ class Scenario:
 
     @property
     def record_path(self) -> Path:
-        return DATA / f"{self.name}.json"
+        return DATA / f"{self.name}.json.gz"
 
 
 SCENARIOS = {
@@ -170,62 +181,157 @@ def _sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def _normalised(name: str, data: bytes) -> bytes:
+#: A content hash: the name of a stored image, of a release's image, source or input file.
+_HEX = re.compile(r"[0-9a-f]{64}")
+#: Numbers in a text file (the report, the spec copy): compared with :func:`_close`, the text around them exactly.
+_NUMBER = re.compile(r"(?<![\w.])-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?")
+#: Thumbnail side (pixels a side, per channel) an image is fingerprinted by, and the grey levels
+#: (of 255) a thumbnail value may differ by.
+THUMB = 8
+THUMB_TOLERANCE = 4
+#: How far a measured number may move between two machines: the floats the gates record come from
+#: MediaPipe, OpenCV and onnxruntime, whose SIMD kernels differ in the last bits between CPUs (an
+#: Intel and an AMD machine give other landmarks' last digits, so other mask edges, other PNG bytes).
+REL_TOLERANCE = 0.02
+ABS_TOLERANCE = 1e-3
+
+
+def _thumb(path: Path) -> dict[str, Any]:
+    from PIL import Image
+
+    with Image.open(path) as im:
+        rgb = im.convert("RGB")
+        size = list(rgb.size)
+        small = rgb.resize((THUMB, THUMB), Image.Resampling.BOX)
+    return {"image": size, "thumb": np.asarray(small).reshape(-1).tolist()}
+
+
+class _Resolver:
+    """Content hashes in a fingerprint replaced by what they name: an image's size and thumbnail
+    (found in the run's store or the release folder), else the marker ``<sha256>``."""
+
+    def __init__(self, out: Path, release: Path) -> None:
+        self.out, self.release = out, release
+
+    def image(self, sha: str) -> dict[str, Any] | None:
+        for path in (self.out / "store" / sha[:2] / f"{sha}.png", self.release / "images" / f"{sha}.png"):
+            if path.is_file():
+                return _thumb(path)
+        return None
+
+    def __call__(self, value: Any) -> Any:
+        if isinstance(value, dict):
+            return {k: self(v) for k, v in value.items()}
+        if isinstance(value, list | tuple):
+            return [self(v) for v in value]
+        if isinstance(value, bytes):
+            return {"bytes": len(value)}
+        if isinstance(value, str) and _HEX.search(value):
+            if _HEX.fullmatch(value):
+                return self.image(value) or "<sha256>"
+            relative = self.release / value
+            if relative.suffix.lower() in (".png", ".jpg", ".jpeg", ".webp") and relative.is_file():
+                return _thumb(relative)
+            return _HEX.sub("<sha256>", value)
+        return value
+
+
+def _text_fingerprint(text: str) -> dict[str, Any]:
+    text = _HEX.sub("<sha256>", text)
+    return {"text_sha256": _sha(_NUMBER.sub("#", text).encode()), "numbers": _NUMBER.findall(text)}
+
+
+def _file_fingerprint(name: str, data: bytes, path: Path, resolve: _Resolver) -> Any:
     if name == "release.json":
         info = json.loads(data)
         info.pop("created_at")
-        return json.dumps(info, sort_keys=True).encode()
+        return resolve(info)
     if name == "stats.json":
         stats = json.loads(data)
         stats.pop("editor_calls_this_run")
-        return json.dumps(stats, sort_keys=True).encode()
+        return resolve(stats)
     if name == "report.html":
-        changed, n = _REPORT_CALLS.subn(rb"\1N\2", data)
+        data, n = _REPORT_CALLS.subn(rb"\1N\2", data)
         if n != 1:
             raise AssertionError(f"report.html: expected one editor-calls sentence, found {n}")
-        return changed
-    raise KeyError(name)
+    suffix = path.suffix.lower()
+    if suffix == ".json":
+        return resolve(json.loads(data))
+    if suffix == ".jsonl":
+        return [resolve(json.loads(line)) for line in data.decode("utf-8").splitlines() if line.strip()]
+    if suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        return resolve(pq.read_table(path).to_pylist())
+    if suffix in (".png", ".jpg", ".jpeg", ".webp"):
+        return _thumb(path)
+    return _text_fingerprint(data.decode("utf-8", errors="replace"))
 
 
-def release_fingerprint(folder: Path) -> dict[str, str]:
-    """``{relative path: sha256}`` of a sealed release, from its ``checksums.sha256``.
+def release_fingerprint(folder: Path, out: Path | None = None) -> dict[str, Any]:
+    """``{relative path: what the file says}`` of a sealed release, each file re-hashed against
+    ``checksums.sha256`` first (a checksum file that does not match its folder fails here).
 
-    The files of :data:`NORMALISED` are hashed as normalised (their key gets ``#normalised``);
-    every listed file is re-hashed, so a checksum file that does not match its folder fails here.
+    Files named by a content hash (``images/``, ``sources/``, ``inputs/``) are counted per folder:
+    the rows that name them carry their thumbnails. JSON, JSONL and Parquet files are their rows with
+    every content hash replaced (:class:`_Resolver`); images are thumbnails; text files are their
+    text with the numbers taken out, and the numbers. The files of :data:`NORMALISED` lose the one
+    thing that records the sealing.
     """
-    listed: dict[str, str] = {}
+    resolve = _Resolver(out or folder, folder)
+    listed: dict[str, Any] = {}
+    named_by_hash: dict[str, int] = {}
     for line in (folder / "checksums.sha256").read_text(encoding="utf-8").splitlines():
         digest, relative = line.split("  ", 1)
-        data = (folder / relative).read_bytes()
+        path = folder / relative
+        data = path.read_bytes()
         if _sha(data) != digest:
-            raise AssertionError(f"{folder / relative}: sha256 differs from checksums.sha256")
-        if relative in NORMALISED:
-            listed[f"{relative}#normalised"] = _sha(_normalised(relative, data))
-        else:
-            listed[relative] = digest
-    missing = set(NORMALISED) - {k.split("#")[0] for k in listed}
+            raise AssertionError(f"{path}: sha256 differs from checksums.sha256")
+        if _HEX.search(relative):
+            key = _HEX.sub("<sha256>", relative)
+            named_by_hash[key] = named_by_hash.get(key, 0) + 1
+            continue
+        listed[relative] = _file_fingerprint(relative, data, path, resolve)
+    missing = set(NORMALISED) - set(listed)
     if missing:
         raise AssertionError(f"{folder}: checksums.sha256 lists none of {sorted(missing)}")
+    listed["files named by content hash"] = named_by_hash
     return dict(sorted(listed.items()))
 
 
 def fingerprint(out: Path, scenario: Scenario) -> dict[str, Any]:
     """What the run under ``out`` decided: its attempts, candidates and release (module docstring)."""
+    resolve = _Resolver(out, out / scenario.release)
     with _ledger(out) as db:
         attempts = [
-            {"attempt_id": a, "cell_id": c, "attempt_no": n, "seed": s, "status": st, "output_sha256": o, "reason": r}
+            {
+                "attempt_id": a,
+                "cell_id": c,
+                "attempt_no": n,
+                "seed": s,
+                "status": st,
+                "reason": r,
+                "output": resolve.image(o) if o else None,
+            }  # fmt: skip
             for a, c, n, s, st, o, r in db.execute(
                 "select attempt_id, cell_id, attempt_no, seed, status, output_sha256, reason "
                 "from attempts order by attempt_id"
             )
         ]
         candidates = [
-            {"attempt_id": a, "image_sha256": i, "verdict": v, "reasons": json.loads(r) if r else r, "judge_key": k}
+            {
+                "attempt_id": a,
+                "verdict": v,
+                "reasons": json.loads(r) if r else r,
+                "judge_key": k,
+                "image": resolve.image(i) if i else None,
+            }  # fmt: skip
             for a, i, v, r, k in db.execute(
                 "select attempt_id, image_sha256, verdict, reasons, judge_key from candidates order by attempt_id"
             )
         ]
-    return {"attempts": attempts, "candidates": candidates, "release": release_fingerprint(out / scenario.release)}
+    release = release_fingerprint(out / scenario.release, out)
+    return {"attempts": attempts, "candidates": candidates, "release": release}
 
 
 def editor_calls(out: Path, scenario: Scenario) -> int:
@@ -234,31 +340,94 @@ def editor_calls(out: Path, scenario: Scenario) -> int:
     return json.loads((out / scenario.release / "stats.json").read_text())["editor_calls_this_run"]
 
 
-def differences(live: dict[str, Any], recorded: dict[str, Any], limit: int = 5) -> list[str]:
-    """The first differing rows of each part of two fingerprints, readable; empty when equal."""
+def _close(old: Any, new: Any) -> bool:
+    """Numbers within :data:`ABS_TOLERANCE` + :data:`REL_TOLERANCE` of each other (a number printed
+    in a text also by one unit of its last printed digit)."""
+    if isinstance(old, str) and isinstance(new, str):
+        last = len(old.split(".")[1].lower().split("e")[0]) if "." in old else 0
+        unit = 10.0**-last if "e" not in old.lower() else 0.0
+        old_v, new_v = float(old), float(new)
+        return abs(old_v - new_v) <= ABS_TOLERANCE + REL_TOLERANCE * abs(old_v) + 1.01 * unit
+    return abs(old - new) <= ABS_TOLERANCE + REL_TOLERANCE * abs(old)
+
+
+def _compare(old: Any, new: Any, where: str, found: list[str]) -> None:
+    """Append to ``found`` each place where ``new`` is not ``old``: keys, strings, booleans and
+    None exactly; numbers within :func:`_close`; thumbnails within :data:`THUMB_TOLERANCE`."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        if "thumb" in old and "thumb" in new:
+            worst = max((abs(a - b) for a, b in zip(old["thumb"], new["thumb"], strict=True)), default=0)
+            if old["image"] != new["image"] or worst > THUMB_TOLERANCE:
+                found.append(f"{where}: image {old['image']} -> {new['image']}, thumbnail differs by up to {worst}")
+            return
+        if "numbers" in old and "numbers" in new and "text_sha256" in old:
+            if old["text_sha256"] != new["text_sha256"] or len(old["numbers"]) != len(new["numbers"]):
+                found.append(f"{where}: text differs (not only its numbers)")
+                return
+            for i, (a, b) in enumerate(zip(old["numbers"], new["numbers"], strict=True)):
+                if not _close(a, b):
+                    found.append(f"{where}: number {i}: recorded {a} now {b}")
+            return
+        for key in sorted(old.keys() | new.keys()):
+            if key not in old or key not in new:
+                found.append(
+                    f"{where}.{key}: recorded {old.get(key, '<absent>')!r:.80} now {new.get(key, '<absent>')!r:.80}"
+                )
+            else:
+                _compare(old[key], new[key], f"{where}.{key}", found)
+        return
+    if isinstance(old, list) and isinstance(new, list):
+        if len(old) != len(new):
+            found.append(f"{where}: {len(old)} entries recorded, {len(new)} now")
+            return
+        for i, (a, b) in enumerate(zip(old, new, strict=True)):
+            _compare(a, b, f"{where}[{i}]", found)
+        return
+    numbers = (int, float)
+    if (
+        isinstance(old, numbers)
+        and isinstance(new, numbers)
+        and not isinstance(old, bool)
+        and not isinstance(new, bool)
+    ):
+        if not _close(old, new):
+            found.append(f"{where}: recorded {old} now {new}")
+        return
+    if old != new:
+        found.append(f"{where}: recorded {old!r:.120} now {new!r:.120}")
+
+
+def differences(live: dict[str, Any], recorded: dict[str, Any], limit: int = 8) -> list[str]:
+    """The first differences of each part of two fingerprints, readable; empty when they agree.
+
+    Ledger rows are matched by attempt id (ids, cells, seeds, statuses, verdicts, reasons and judge
+    keys exactly); measured numbers and images within the tolerances above, so a fingerprint
+    recorded on one CPU holds on another.
+    """
     shown: list[str] = []
     for part in ("attempts", "candidates"):
         old = {r["attempt_id"]: r for r in recorded[part]}
         new = {r["attempt_id"]: r for r in live[part]}
-        rows = []
+        found: list[str] = []
         for key in sorted(old.keys() | new.keys()):
-            if old.get(key) != new.get(key):
-                rows.append(f"  {part} {key[:16]}:\n    recorded {old.get(key)}\n    now      {new.get(key)}")
-        if rows:
-            shown.append(f"{part}: {len(rows)} of {len(old)} recorded rows differ (first {min(limit, len(rows))}):")
-            shown.extend(rows[:limit])
-    old, new = recorded["release"], live["release"]
-    files = [f"  {k}: recorded {old.get(k)} now {new.get(k)}" for k in sorted(old.keys() | new.keys())
-             if old.get(k) != new.get(k)]  # fmt: skip
-    if files:
-        shown.append(f"release: {len(files)} of {len(old)} recorded files differ (first {min(limit, len(files))}):")
-        shown.extend(files[:limit])
+            if key not in old or key not in new:
+                found.append(f"{part} {key[:16]}: {'only now' if key in new else 'recorded, missing now'}")
+            else:
+                _compare(old[key], new[key], f"{part} {key[:16]}", found)
+        if found:
+            shown.append(f"{part}: {len(found)} differences (first {min(limit, len(found))}):")
+            shown.extend(f"  {line}" for line in found[:limit])
+    found = []
+    _compare(recorded["release"], live["release"], "release", found)
+    if found:
+        shown.append(f"release: {len(found)} differences (first {min(limit, len(found))}):")
+        shown.extend(f"  {line}" for line in found[:limit])
     return shown
 
 
 def load_record(scenario: Scenario) -> dict[str, Any]:
     """The recorded JSON of ``scenario`` (``commit``, ``recorded_at``, ``editor_calls``, ``fingerprint``)."""
-    return json.loads(scenario.record_path.read_text(encoding="utf-8"))
+    return json.loads(gzip.decompress(scenario.record_path.read_bytes()).decode("utf-8"))
 
 
 def _commit() -> str:
@@ -289,7 +458,8 @@ def record(names: list[str]) -> None:
                 "editor_calls": editor_calls(out, scenario),
                 "fingerprint": fingerprint(out, scenario),
             }
-        scenario.record_path.write_text(json.dumps(data, indent=1, sort_keys=False) + "\n", encoding="utf-8")
+        text = json.dumps(data, indent=0, sort_keys=False) + "\n"
+        scenario.record_path.write_bytes(gzip.compress(text.encode("utf-8"), mtime=0))
         print(f"{name}: {len(data['fingerprint']['attempts'])} attempts, {seconds:.0f} s -> {scenario.record_path}")
 
 
