@@ -19,7 +19,7 @@ that fails records its error and the next one runs. The steps:
 6. ``cpu_offload``: one edit with ``enable_model_cpu_offload``.
 7. ``ray``: ``counterfactory run --ray local`` with the qwen backend and ``num_gpus`` 1 (0 in
    the dry run), on the tiny pipeline saved to disk (Ray's worker processes load from a folder;
-   57 GB of random full-size weights would not fit the machine's disk).
+   57 GB of random full-size weights would not fit the machine's disk), with one source photo.
 8. ``workers``: ``benchmarks/workers_scaling.py``: the template work on 1, 2, 4 and 8 processes,
    and, where Prefect imports, ``counterfactory run --workers N``.
 """
@@ -336,7 +336,11 @@ def ray_step(folder: Path, device: str, dtype: str, num_gpus: int, steps: int, w
     import yaml
 
     spec = yaml.safe_load((REPO / "assets/specs/demo-face.yaml").read_text())
-    spec["sources"] = {"photos": str(REPO / "assets/photos"), "metadata": str(REPO / "assets/photos/metadata.yaml")}
+    # one source photo: the step shows the Ray path (cluster, GPU request, worker, ledger), not throughput
+    listed = yaml.safe_load((REPO / "assets/photos/metadata.yaml").read_text())
+    listed["sources"] = [s for s in listed["sources"] if s["id"] == "grace_hopper"]
+    (work / "ray-metadata.yaml").write_text(yaml.safe_dump(listed, sort_keys=False))
+    spec["sources"] = {"photos": str(REPO / "assets/photos"), "metadata": str(work / "ray-metadata.yaml")}
     spec["design"]["axes"] = {"race": ["Black"], "gender": ["female"]}
     spec["design"]["strata"] = ["presented_gender"]
     spec["editor"] = {
