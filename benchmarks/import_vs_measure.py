@@ -8,8 +8,9 @@ process, after a warm-up of each side (models loaded, caches filled):
 - ``import``: ``counterfactory run`` in-process (:func:`counterfactory.flows.resume.run_spec`,
   one template at a time, no publish) into a fresh folder: table read, ledger, store, alignment,
   gates, candidates recorded;
-- ``measure``: :func:`counterfactory.flows.audit.measure_batch` over the same table (align and
-  gates, nothing recorded).
+- ``measure``: :func:`counterfactory.flows.audit.measure_batch` over the same table with the same
+  spec (align and gates, nothing recorded): the spec's edit region, alignment and gates, so both
+  sides judge the same problem and give the same verdicts.
 
 Each side runs ``--repeat`` times, interleaved; the figure is the median seconds per pair of
 each and their ratio (target: import <= 1.10 x measure). ``--profile FILE`` writes a cProfile

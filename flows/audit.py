@@ -15,11 +15,13 @@ from counterfactory.generation.align import AlignConfig
 from counterfactory.generation.editors.tables import TableError, read_table, table_folder
 from counterfactory.generation.images import decoder_warnings
 from counterfactory.generation.masks import load_mask_file
+from counterfactory.generation.regions import DEFAULT_REGION
 from counterfactory.generation.sources import SourceError, load_image
 from counterfactory.manifests.errors import CounterfactoryError
 from counterfactory.validation.faces import face_mask, get_face_landmarker
 from counterfactory.validation.judge import GatesConfig, GateStack
 from counterfactory.validation.judging import judge_output
+from counterfactory.validation.skin import source_edit_region
 
 #: decoded sources kept for the next pairs (a batch table is usually sorted by source)
 SOURCES_KEPT = 4
@@ -51,17 +53,23 @@ class PairMeasurer:
 
     def __init__(self, spec_path: Path | None = None) -> None:
         self.align_config, self.gates_config = AlignConfig(), GatesConfig()
+        #: the face edit region, as a run of the spec draws it (the prompt's region, or
+        #: ``gates.edit_region``); without a spec, ``gates.edit_region`` else the face oval
+        self.region = self.gates_config.edit_region or DEFAULT_REGION
         if spec_path is not None:
+            from counterfactory.flows.steps import edit_region
             from counterfactory.manifests.spec import load_spec
 
             spec = load_spec(spec_path)
             self.align_config, self.gates_config = spec.align, spec.gates
+            self.region = edit_region(spec)
         self._stacks: dict[str, GateStack] = {}
         self._sources: OrderedDict[tuple[str, str, str | None], _Source] = OrderedDict()
 
     def _stack(self, kind: str) -> GateStack:
         if kind not in self._stacks:
-            self._stacks[kind] = GateStack.from_config(self.gates_config, kind)
+            # the run's stack (flows.steps.build_gate_stack): the same edit region
+            self._stacks[kind] = GateStack.from_config(self.gates_config, kind, region=self.region)
         return self._stacks[kind]
 
     def _source(self, path: Path, kind: str, mask_path: Path | None) -> _Source:
@@ -84,11 +92,15 @@ class PairMeasurer:
                 raise PairError("mask_unreadable", str(exc)) from None
         else:
             faces = get_face_landmarker().detect(loaded.pixels)
-            region = (
-                face_mask(faces[0].landmarks, loaded.pixels.shape[:2], mode=self.gates_config.face_mask)
-                if faces
-                else None
-            )
+            region = None
+            if faces and self.region == DEFAULT_REGION:
+                region = face_mask(faces[0].landmarks, loaded.pixels.shape[:2], mode=self.gates_config.face_mask)
+            elif faces:
+                # the region the run keeps out of registration and composites inside
+                # (flows.steps._check_source): the prompt's, drawn on the person
+                region, _ = source_edit_region(
+                    loaded.pixels, faces[0].landmarks, self.region, mode=self.gates_config.face_mask
+                )
             face_size = faces[0].size_px if faces else None
         source = _Source(loaded.pixels, loaded.sha256, region, face_size, loaded.notes)
         self._sources[key] = source

@@ -146,3 +146,37 @@ def test_measure_batch_refuses_a_table_without_its_columns(tmp_path):
         list(measure_batch(table))
     with pytest.raises(TableError, match="pair table is one of"):
         list(measure_batch(tmp_path / "pairs.xlsx"))
+
+
+def test_measure_with_a_spec_draws_the_runs_edit_region(tmp_path):
+    """`measure --spec` judges as a run of that spec does: the edit region its prompt names
+    (here face, neck and ears), not the face oval; without a spec, the face oval."""
+    import yaml
+
+    from counterfactory.flows.audit import PairMeasurer
+    from counterfactory.flows.steps import edit_region
+    from counterfactory.manifests.spec import load_spec
+
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    Image.fromarray(read_rgb("grace_hopper.jpg")).save(photos / "a.png")
+    (photos / "metadata.yaml").write_text(
+        yaml.safe_dump({"sources": [{"id": "a", "path": "a.png", "licence": "CC BY 4.0"}]})
+    )
+    spec = {
+        "name": "region",
+        "sources": {"photos": "photos", "metadata": "photos/metadata.yaml"},
+        "design": {
+            "kind": "face",
+            "axes": {"race": ["Black", "White"], "gender": ["female", "male"]},
+            "strata": [],
+            "templates_per_stratum": 1,
+        },
+        "prompts": {"face": "face_only_v1"},
+        "release": {"name": "region", "version": "0.1.0"},
+    }
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    measurer = PairMeasurer(path)
+    assert measurer.region == edit_region(load_spec(path)) == "face_neck_ears"
+    assert PairMeasurer().region == "face"
