@@ -436,12 +436,54 @@ def _measure_batch(table: Path, *, kind: str | None, spec_path: Path | None, as_
     show_default=True,
     help="Good-edit acceptance the corpus thresholds keep on the training split.",
 )
-def calibrate(out: Path, spec_path: Path | None, failures: int, seed: int, target: float) -> None:
+@click.option(
+    "--london",
+    "london",
+    type=click.Path(path_type=Path, file_okay=False),
+    help="Also build the failure corpus from the Face Research Lab London Set in this folder "
+    "(neutral/, smiling/, london_info.csv): split by person, with its real expression pairs.",
+)
+@click.option(
+    "--london-people", type=click.IntRange(min=2), default=None, help="Use this many of its people (all by default)."
+)
+@click.option(
+    "--london-per-class",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="Variants per class and person.",
+)
+@click.option(
+    "--london-side", type=click.IntRange(min=128), default=384, show_default=True, help="Its photos' long side, pixels."
+)
+def calibrate(
+    out: Path,
+    spec_path: Path | None,
+    failures: int,
+    seed: int,
+    target: float,
+    london: Path | None,
+    london_people: int | None,
+    london_per_class: int,
+    london_side: int,
+) -> None:
     """Measure the no-op ceiling and different-person floor; with --failures, build the
     failure-mode corpus, set the face-edit thresholds from it and report the held-out
     good-edit acceptance and per-class catch rates."""
     from counterfactory.validation.calibrate import run_calibration
     from counterfactory.validation.calibration_base import bundled_photo_paths
+    from counterfactory.validation.photo_sets import london_set
+
+    sets = []
+    if london is not None:
+        if failures == 0:
+            _fail("--london adds people to the failure corpus: give --failures N too")
+        try:
+            sets.append(
+                london_set(london, people=london_people, per_class=london_per_class, max_side=london_side, seed=seed)
+            )
+        except (FileNotFoundError, ValueError) as exc:
+            _fail(str(exc))
 
     paths = bundled_photo_paths()
     if spec_path is not None:
@@ -450,15 +492,39 @@ def calibrate(out: Path, spec_path: Path | None, failures: int, seed: int, targe
 
         spec = load_spec(spec_path)
         paths += [spec.sources.photos / r.path for r in load_metadata(spec.sources.metadata)]
-    result = run_calibration(sorted(set(paths)), out, failures=failures, seed=seed, target=target)
+    result = run_calibration(sorted(set(paths)), out, failures=failures, seed=seed, target=target, photo_sets=sets)
     click.echo(json.dumps(result.get("suggested", result), indent=2, sort_keys=True, default=str))
     corpus = result.get("failures")
     if corpus is not None:
+        by_set = corpus.get("heldout_by_set", {})
         click.echo("held-out split of the failure corpus (good: accepted; failures: rejected or sent to review):")
+        for name, info in corpus["config"].get("photo_sets", {}).items():
+            held = "half the people, balanced by group" if info["split_by"] == "person" else "odd variants"
+            click.echo(
+                f"  {name}: {info['photos']} photos of {info['people']} people at {info['max_side']} px; held out: {held}"
+            )
+        sets_shown = [n for n in by_set if by_set[n]]
+        header = "".join(f"  {n:>16s}" for n in sets_shown) if len(sets_shown) > 1 else ""
+        click.echo(f"  {'class':16s} {'n':>4s}  {'all':>14s}{header}")
         for label, rates in corpus["heldout"].items():
             rate = rates.get("acceptance", rates.get("caught"))
             kind = "accepted" if "acceptance" in rates else "caught"
-            click.echo(f"  {label:16s} n={rates['n']:3d}  {kind} {rate:6.1%}")
+            cells = ""
+            if len(sets_shown) > 1:
+                for n in sets_shown:
+                    r = by_set[n].get(label)
+                    cells += (
+                        f"  {'-':>16s}"
+                        if r is None
+                        else f"  {r.get('acceptance', r.get('caught')):9.1%} (n={r['n']:3d})"
+                    )
+            click.echo(f"  {label:16s} {rates['n']:4d}  {kind} {rate:6.1%}{cells}")
+        for group, labels in corpus.get("heldout_by_group", {}).items():
+            good = labels.get("good")
+            caught = [v["caught"] for k, v in labels.items() if "caught" in v]
+            if good is not None:
+                lowest = f"; lowest failure-class catch rate {min(caught):.1%}" if caught else ""
+                click.echo(f"  group {group}: good edits accepted {good['acceptance']:.1%} (n={good['n']}){lowest}")
         click.echo(
             f"good-edit acceptance {corpus['good_acceptance_heldout']:.1%}; "
             f"lowest failure-class catch rate {corpus['min_caught_heldout']:.1%}"

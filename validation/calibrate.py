@@ -26,7 +26,7 @@ import itertools
 import json
 import math
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -47,6 +47,7 @@ from counterfactory.validation.gates.expression import au_changes
 from counterfactory.validation.gates.face import pose_change_deg
 from counterfactory.validation.gates.identity import cosine_similarity
 from counterfactory.validation.gates.locality import locality_metrics
+from counterfactory.validation.photo_sets import PhotoSet
 from counterfactory.validation.thresholds import RECALIBRATE
 
 SCHEMA = "counterfactory.calibration/1"
@@ -559,6 +560,7 @@ def run_calibration(
     failures: int = 0,
     seed: int = 0,
     target: float = 0.95,
+    photo_sets: Sequence[PhotoSet] = (),
 ) -> dict[str, Any]:
     """Measure the no-op ceiling and different-person floor on ``image_paths`` and write
     ``out_dir/calibration.json`` (distributions, suggested thresholds, the rules behind them)
@@ -579,6 +581,9 @@ def run_calibration(
             (:mod:`counterfactory.validation.failures`); 0: no corpus (no-op rules only).
         seed: the corpus seed.
         target: good-edit acceptance the corpus thresholds aim at on the training split.
+        photo_sets: more photos for the failure corpus only, each with its own size and split
+            (:func:`~counterfactory.validation.photo_sets.london_set`: the London set, split by
+            person, with real expression pairs).
 
     Returns:
         The dict written to ``calibration.json``.
@@ -614,6 +619,7 @@ def run_calibration(
             target=target,
             face_mask_mode=face_mask_mode,
             progress=progress,
+            photo_sets=photo_sets,
         )
         suggested["face"] = corpus["face_gates"]
         rules = corpus_rules(RULES)

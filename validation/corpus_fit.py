@@ -12,18 +12,21 @@ into ``calibration.json`` and ``failures.png``.
 from __future__ import annotations
 
 import copy
+import dataclasses
+import itertools
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from counterfactory.validation.backends.sface import OPENCV_SAME_PERSON_COSINE
-from counterfactory.validation.calibration_base import sig_down, sig_up, with_progress
+from counterfactory.validation.calibration_base import BUNDLED_FACES, sig_down, sig_up, with_progress
 from counterfactory.validation.faces import MaskMode
-from counterfactory.validation.failures import CLASSES, GOOD, build_corpus, build_floors
+from counterfactory.validation.failures import CLASSES, GOOD, build_floors, build_set_corpus
 from counterfactory.validation.gates.locality import FLOOR_RELATIVE
+from counterfactory.validation.photo_sets import PhotoSet
 
 #: Thresholds the failure corpus sets: ``(gate, threshold, metric, bound)``; ``bound`` is
 #: ``max`` (reject above) or ``min`` (reject below).
@@ -119,6 +122,8 @@ def measure_case(case, stack, floor: dict[str, Any] | None = None) -> dict[str, 
     from counterfactory.generation.align import align_candidate
 
     record: dict[str, Any] = {"case": case.case_id, "photo": case.photo, "label": case.label, "split": case.split}
+    if case.photo_set != "bundled":
+        record.update(photo_set=case.photo_set, person=case.person, group=case.group)
     alignment = align_candidate(
         case.source, case.output, mask=case.face_mask, kind="face", face_size_px=case.face_size_px
     )
@@ -223,6 +228,7 @@ def run_failure_corpus(
     face_mask_mode: MaskMode = "oval",
     progress: bool = True,
     classes: tuple[str, ...] | None = None,
+    photo_sets: Sequence[PhotoSet] = (),
 ) -> dict[str, Any]:
     """Build the failure corpus, pick the corpus thresholds on its training split, and judge
     its held-out split with them.
@@ -234,6 +240,10 @@ def run_failure_corpus(
         per_class, seed, max_side: corpus size, seed and source size cap.
         target: good-edit acceptance the thresholds aim at on the training split, in (0, 1).
         classes: a subset of the corpus classes (all by default; ``good`` must be among them).
+        photo_sets: more photos, each :class:`~counterfactory.validation.photo_sets.PhotoSet`
+            with its own variants per class, size and split (the London set: split by
+            person, with real expression pairs); ``image_paths`` are the ``bundled`` set,
+            held out by variant.
 
     Returns: ``{"config", "rule", "thresholds", "heldout": per-class rates,
     "good_acceptance_heldout", "min_caught_heldout", "cases": [records]}``; held-out verdicts
@@ -244,20 +254,25 @@ def run_failure_corpus(
     measuring = _stack(_measuring_config(base_face_gates), face_mask_mode)
     # each photo's noise floor: its "unchanged" output, measured like any case; every case of
     # the photo is judged relative to it, as a run judges a template's cells
+    sets = [PhotoSet("bundled", tuple(Path(p) for p in image_paths), per_class, max_side), *photo_sets]
+    sets = [s for s in sets if s.paths]
+    if len({s.name for s in sets}) != len(sets):
+        raise ValueError(f"photo sets need distinct names, got {[s.name for s in sets]}")
+    floor_cases = itertools.chain.from_iterable(
+        (dataclasses.replace(c, photo_set=s.name) for c in build_floors([], seed=seed, photo_set=s)) for s in sets
+    )
     floors = {
-        c.photo: noise_floor_metrics(measure_case(c, measuring))
-        for c in with_progress(
-            build_floors(image_paths, seed=seed, max_side=max_side), progress, "noise floors", unit="photo"
-        )
+        f"{c.photo_set}/{c.photo}": noise_floor_metrics(measure_case(c, measuring))
+        for c in with_progress(floor_cases, progress, "noise floors", unit="photo")
     }
 
     def measured(split: str, stack) -> list:
         # streamed: a case's images are dropped as soon as it is measured
-        cases = build_corpus(
-            image_paths, per_class=per_class, seed=seed, max_side=max_side, splits=(split,), classes=classes
+        cases = itertools.chain.from_iterable(
+            build_set_corpus(s, seed=seed, splits=(split,), classes=classes) for s in sets
         )
         return [
-            measure_case(c, stack, floors.get(c.photo))
+            measure_case(c, stack, floors.get(f"{c.photo_set}/{c.photo}"))
             for c in with_progress(cases, progress, f"corpus {split.replace('heldout', 'held-out')}", unit="case")
         ]
 
@@ -277,6 +292,15 @@ def run_failure_corpus(
     judging = _stack(face_gates, face_mask_mode)
     heldout = measured("heldout", judging)
     rates = _rates(heldout)
+    by_set = {s.name: _rates([r for r in heldout if r.get("photo_set", "bundled") == s.name]) for s in sets}
+    groups = sorted({r["group"] for r in heldout if r.get("group")})
+    by_group = {
+        g: {
+            label: {k: v[k] for k in ("n", "acceptance", "caught") if k in v}
+            for label, v in _rates([r for r in heldout if r.get("group") == g]).items()
+        }
+        for g in groups
+    }
     caught = [v["caught"] for k, v in rates.items() if k != GOOD]
     good = [r["metrics"] for r in train + heldout if r["label"] == GOOD]
 
@@ -296,12 +320,30 @@ def run_failure_corpus(
         "registered_ratio_median": stat("locality.ratio", np.median),
     }
     return {
-        "config": {"per_class": per_class, "seed": seed, "target": target, "max_side": max_side},
+        "config": {
+            "per_class": per_class,
+            "seed": seed,
+            "target": target,
+            "max_side": max_side,
+            "photo_sets": {
+                s.name: {
+                    "photos": len(s.paths),
+                    "people": len({s.people.get(p) or BUNDLED_FACES.get(p.name, ((p.stem,),))[0][0] for p in s.paths}),
+                    "per_class": s.per_class,
+                    "max_side": s.max_side,
+                    "split_by": s.split_by,
+                    "pairs": len(s.pairs),
+                }
+                for s in sets
+            },
+        },
         "classes": CLASSES,
         "rule": CORPUS_RULE,
         "thresholds": chosen,
         "face_gates": face_gates,
         "heldout": rates,
+        "heldout_by_set": by_set,
+        "heldout_by_group": by_group,
         "good_acceptance_heldout": rates.get(GOOD, {}).get("acceptance"),
         "min_caught_heldout": min(caught) if caught else None,
         "good_edits_locality": focus,

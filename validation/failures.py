@@ -20,6 +20,10 @@ Failure classes, each on top of a good edit (``CLASSES`` describes them):
 
 - ``expression``: mouth corners lifted (smile) or lowered (frown) by 0.07-0.14 inter-ocular
   distances, or brows raised by 0.08-0.15;
+- ``expression_real``: the same person photographed smiling in the same session (a photo set's
+  ``pairs``: the London set), placed in the source's frame on the head outline, ears and neck
+  (:func:`~counterfactory.validation.photo_sets.register_pair`), then a good edit: a real
+  expression change, which no synthetic warp reproduces exactly; made only where a pair exists;
 - ``identity_swap``: another bundled person's face (never the same person) aligned on the
   five face-recognition keypoints, colour-matched and blended into the oval;
 - ``noop_copy``: the source with jitter and re-encoding only: the editor did nothing;
@@ -40,10 +44,11 @@ Failure classes, each on top of a good edit (``CLASSES`` describes them):
   only the face; hair lies outside the face mask and is measured as non-face.
 
 Every class is made ``per_class`` times per photo (good edits :data:`GOOD_MULTIPLIER` times
-as often) with its own seed; variants with an odd
-index form the held-out split that :mod:`counterfactory.validation.corpus_fit` never uses to
-pick thresholds (held-out cases share photos with the training split, never parameters or
-jitter). Only photos with exactly one face are used: a face design refuses other sources. Sources are scaled to at most ``max_side`` pixels first (the gates' cost grows with
+as often) with its own seed. The held-out split, which
+:mod:`counterfactory.validation.corpus_fit` never uses to pick thresholds, is either the odd
+variant indices (held-out cases share photos with the training split, never parameters or
+jitter) or, for a :class:`~counterfactory.validation.photo_sets.PhotoSet` split by person,
+every case of half the people (balanced per group). Only photos with exactly one face are used: a face design refuses other sources. Sources are scaled to at most ``max_side`` pixels first (the gates' cost grows with
 the pixel count; the measures are size-free).
 """
 
@@ -73,6 +78,7 @@ from counterfactory.validation.faces import (
     get_face_landmarker,
 )
 from counterfactory.validation.gates.locality import to_lab
+from counterfactory.validation.photo_sets import MESH_RIGID, TEM_RIGID, PhotoSet, person_splits, read_tem, register_pair
 from counterfactory.validation.segment import get_person_segmenter
 
 GOOD = "good"
@@ -80,6 +86,7 @@ GOOD = "good"
 CLASSES: dict[str, str] = {
     GOOD: "face-only edit: skin tone, colour transfer or feature morph, inside the face oval",
     "expression": "good edit + smile, frown or raised brows",
+    "expression_real": "good edit of the same person's own smiling photo, same session, registered",
     "identity_swap": "good edit + another person's face pasted in",
     "noop_copy": "the source unchanged (jitter and re-encoding only)",
     "object_added": "good edit + a pasted object away from the face",
@@ -122,6 +129,10 @@ class Case:
     face_mask: np.ndarray
     face_size_px: float
     params: dict[str, Any] = field(default_factory=dict)
+    #: the :class:`~counterfactory.validation.photo_sets.PhotoSet` the photo comes from
+    photo_set: str = "bundled"
+    person: str = ""
+    group: str = ""
 
 
 def _seed(*parts: object) -> int:
@@ -537,17 +548,48 @@ class _Photo:
     face: FaceObservation
     oval: np.ndarray
     face_lab: np.ndarray  # (2, 3): mean and std of the face's CIELAB
+    group: str = ""
+    #: the same person in another expression, in this photo's frame: (image, face, oval, registration)
+    pair: tuple[np.ndarray, FaceObservation, np.ndarray, dict[str, float]] | None = None
 
 
-def _load_photos(paths: list[Path], max_side: int) -> list[_Photo]:
+def _scaled(image: np.ndarray, max_side: int) -> tuple[np.ndarray, float]:
+    h, w = image.shape[:2]
+    s = min(1.0, max_side / max(h, w))
+    if s < 1.0:
+        image = cv2.resize(image, (round(w * s), round(h * s)), interpolation=cv2.INTER_AREA)
+    return image, s
+
+
+def _paired(photo_set: PhotoSet, path: Path, image: np.ndarray, face: FaceObservation, s: float):
+    """The set's other-expression photo of ``path``, registered into ``image``'s frame, or None."""
+    other_path = photo_set.pairs.get(path)
+    if other_path is None:
+        return None
+    other, s_other = _scaled(load_rgb(other_path), photo_set.max_side)
+    landmarker = get_face_landmarker()
+    tem, tem_other = photo_set.landmarks.get(path), photo_set.landmarks.get(other_path)
+    if tem is not None and tem_other is not None:
+        points = read_tem(tem)[list(TEM_RIGID)] * s
+        points_other = read_tem(tem_other)[list(TEM_RIGID)] * s_other
+    else:
+        found = landmarker.detect(other)
+        if len(found) != 1:
+            return None
+        points = face.landmarks[list(MESH_RIGID), :2]
+        points_other = found[0].landmarks[list(MESH_RIGID), :2]
+    warped, registration = register_pair(image, other, points, points_other)
+    faces = landmarker.detect(warped)
+    if len(faces) != 1:
+        return None
+    return warped, faces[0], face_mask(faces[0].landmarks, warped.shape[:2], mode="oval"), registration
+
+
+def _load_photos(paths: list[Path], max_side: int, photo_set: PhotoSet | None = None) -> list[_Photo]:
     landmarker = get_face_landmarker()
     photos = []
     for path in paths:
-        image = load_rgb(path)
-        h, w = image.shape[:2]
-        s = min(1.0, max_side / max(h, w))
-        if s < 1.0:
-            image = cv2.resize(image, (round(w * s), round(h * s)), interpolation=cv2.INTER_AREA)
+        image, s = _scaled(load_rgb(path), max_side)
         faces = landmarker.detect(image)
         if len(faces) != 1:
             # a face design takes sources with exactly one face (others fail as sources)
@@ -555,13 +597,26 @@ def _load_photos(paths: list[Path], max_side: int) -> list[_Photo]:
         face = faces[0]
         oval = face_mask(face.landmarks, image.shape[:2], mode="oval")
         bundled = BUNDLED_FACES.get(Path(path).name)
-        if bundled is not None and len(bundled) == len(faces):
+        if photo_set is not None and Path(path) in photo_set.people:
+            person = photo_set.people[Path(path)]
+        elif bundled is not None and len(bundled) == len(faces):
             ordered = sorted(faces, key=lambda f: f.box[0])
             person = bundled[next(i for i, f in enumerate(ordered) if f is face)][0]
         else:
             person = Path(path).stem
         lab = to_lab(image)[oval > 0]
-        photos.append(_Photo(Path(path).name, person, image, face, oval, np.stack([lab.mean(0), lab.std(0)])))
+        photos.append(
+            _Photo(
+                Path(path).name,
+                person,
+                image,
+                face,
+                oval,
+                np.stack([lab.mean(0), lab.std(0)]),
+                group=(photo_set.groups.get(person, "") if photo_set is not None else ""),
+                pair=_paired(photo_set, Path(path), image, face, s) if photo_set is not None else None,
+            )
+        )
     return photos
 
 
@@ -575,7 +630,8 @@ def build_corpus(
     classes: tuple[str, ...] | None = None,
     rerender: bool = True,
 ) -> Iterator[Case]:
-    """Yield the corpus cases photo by photo, class by class (see the module docstring).
+    """Yield the corpus cases photo by photo, class by class (see the module docstring),
+    held out by variant (:func:`build_set_corpus` for a photo set split by person).
 
     Args:
         paths: source photos; each needs exactly one face, as a face design's sources do
@@ -593,35 +649,61 @@ def build_corpus(
             a diffusion editor's decoder re-synthesises every pixel it returns.
 
     A failure that cannot be made on a photo (no room away from the face for an object, no
-    skin visible outside the head) is skipped for that photo.
+    skin visible outside the head, no photo of the person's other expression) is skipped for
+    that photo.
     """
-    photos = _load_photos([Path(p) for p in paths], max_side)
+    photo_set = PhotoSet("bundled", tuple(Path(p) for p in paths), per_class, max_side)
+    yield from build_set_corpus(photo_set, seed=seed, splits=splits, classes=classes, rerender=rerender)
+
+
+def build_set_corpus(
+    photo_set: PhotoSet,
+    *,
+    seed: int = 0,
+    splits: tuple[str, ...] = ("train", "heldout"),
+    classes: tuple[str, ...] | None = None,
+    rerender: bool = True,
+) -> Iterator[Case]:
+    """:func:`build_corpus` over one :class:`~counterfactory.validation.photo_sets.PhotoSet`:
+    its photos, variants per class, size cap, split (by variant or by person) and pairs.
+    Donors (identity swaps, colour transfers, pasted objects) are other people of the set."""
+    photos = _load_photos(list(photo_set.paths), photo_set.max_side, photo_set)
+    by_person = (
+        person_splits([p.person for p in photos], {p.person: p.group for p in photos}, seed)
+        if photo_set.split_by == "person"
+        else None
+    )
     wanted = classes or tuple(CLASSES)
     for photo in photos:
         others = [p for p in photos if p.person != photo.person]
         for label in wanted:
-            for index in range(per_class * (GOOD_MULTIPLIER if label == GOOD else 1)):
-                split = split_of(index)
+            for index in range(photo_set.per_class * (GOOD_MULTIPLIER if label == GOOD else 1)):
+                split = by_person[photo.person] if by_person is not None else split_of(index)
                 if split not in splits:
                     continue
                 rng = np.random.default_rng(_seed(seed, photo.name, label, index))
                 donor = others[int(rng.integers(0, len(others)))] if others else None
                 case = _make_case(photo, label, index, split, rng, donor, seed, rerender)
                 if case is not None:
-                    yield case
+                    yield dataclasses.replace(case, photo_set=photo_set.name, person=photo.person, group=photo.group)
 
 
 #: the label of a photo's noise-floor case (:func:`build_floors`): not a corpus class
 FLOOR = "floor"
 
 
-def build_floors(paths: list[Path], *, seed: int = 0, max_side: int = 512, rerender: bool = True) -> Iterator[Case]:
+def build_floors(
+    paths: list[Path], *, seed: int = 0, max_side: int = 512, rerender: bool = True, photo_set: PhotoSet | None = None
+) -> Iterator[Case]:
     """One noise-floor case per one-face photo: the source unchanged, re-rendered and jittered
     with its own seed, as an editor answers the request "return this photo unchanged".
 
     The corpus judges every case of a photo relative to it, as a run judges every cell of a
-    template relative to the editor's floor request for that template.
+    template relative to the editor's floor request for that template. With ``photo_set``,
+    its photos and size cap replace ``paths`` and ``max_side``.
     """
+    if photo_set is not None:
+        paths, max_side = list(photo_set.paths), photo_set.max_side
     for photo in _load_photos([Path(p) for p in paths], max_side):
         rng = np.random.default_rng(_seed(seed, photo.name, FLOOR, 0))
         case = _make_case(photo, "noop_copy", 0, FLOOR, rng, None, seed, rerender)
@@ -635,6 +717,12 @@ def _make_case(
     params: dict[str, Any] = {}
     if label == "noop_copy":
         edited = image
+    elif label == "expression_real":
+        if photo.pair is None:
+            return None
+        pair_image, pair_face, pair_oval, registration = photo.pair
+        edited, params = good_edit(pair_image, pair_face, pair_oval, rng, donor.face_lab if donor is not None else None)
+        params["registration"] = registration
     else:
         donor_lab = donor.face_lab if donor is not None else None
         edited, params = good_edit(image, face, oval, rng, donor_lab)
