@@ -12,7 +12,6 @@ into ``calibration.json`` and ``failures.png``.
 from __future__ import annotations
 
 import copy
-import dataclasses
 import itertools
 import math
 from collections.abc import Mapping, Sequence
@@ -22,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from counterfactory.validation.backends.sface import OPENCV_SAME_PERSON_COSINE
-from counterfactory.validation.calibration_base import BUNDLED_FACES, sig_down, sig_up, with_progress
+from counterfactory.validation.calibration_base import sig_down, sig_up, with_progress
 from counterfactory.validation.faces import MaskMode
 from counterfactory.validation.failures import CLASSES, GOOD, build_floors, build_set_corpus
 from counterfactory.validation.gates.locality import FLOOR_RELATIVE
@@ -258,9 +257,7 @@ def run_failure_corpus(
     sets = [s for s in sets if s.paths]
     if len({s.name for s in sets}) != len(sets):
         raise ValueError(f"photo sets need distinct names, got {[s.name for s in sets]}")
-    floor_cases = itertools.chain.from_iterable(
-        (dataclasses.replace(c, photo_set=s.name) for c in build_floors([], seed=seed, photo_set=s)) for s in sets
-    )
+    floor_cases = itertools.chain.from_iterable(build_floors([], seed=seed, photo_set=s) for s in sets)
     floors = {
         f"{c.photo_set}/{c.photo}": noise_floor_metrics(measure_case(c, measuring))
         for c in with_progress(floor_cases, progress, "noise floors", unit="photo")
@@ -328,7 +325,7 @@ def run_failure_corpus(
             "photo_sets": {
                 s.name: {
                     "photos": len(s.paths),
-                    "people": len({s.people.get(p) or BUNDLED_FACES.get(p.name, ((p.stem,),))[0][0] for p in s.paths}),
+                    "people": len({s.person_of(p) for p in s.paths}),
                     "per_class": s.per_class,
                     "max_side": s.max_side,
                     "split_by": s.split_by,

@@ -66,7 +66,7 @@ import cv2
 import numpy as np
 
 from counterfactory.generation.masks import dilate, feather
-from counterfactory.validation.calibration_base import BUNDLED_FACES, load_rgb
+from counterfactory.validation.calibration_base import load_rgb
 from counterfactory.validation.faces import (
     LEFT_BROW,
     LIPS,
@@ -596,14 +596,7 @@ def _load_photos(paths: list[Path], max_side: int, photo_set: PhotoSet | None = 
             continue
         face = faces[0]
         oval = face_mask(face.landmarks, image.shape[:2], mode="oval")
-        bundled = BUNDLED_FACES.get(Path(path).name)
-        if photo_set is not None and Path(path) in photo_set.people:
-            person = photo_set.people[Path(path)]
-        elif bundled is not None and len(bundled) == len(faces):
-            ordered = sorted(faces, key=lambda f: f.box[0])
-            person = bundled[next(i for i, f in enumerate(ordered) if f is face)][0]
-        else:
-            person = Path(path).stem
+        person = (photo_set or PhotoSet("", (), 1)).person_of(Path(path))
         lab = to_lab(image)[oval > 0]
         photos.append(
             _Photo(
@@ -704,10 +697,11 @@ def build_floors(
     """
     if photo_set is not None:
         paths, max_side = list(photo_set.paths), photo_set.max_side
+    name = photo_set.name if photo_set is not None else "bundled"
     for photo in _load_photos([Path(p) for p in paths], max_side):
         rng = np.random.default_rng(_seed(seed, photo.name, FLOOR, 0))
         case = _make_case(photo, "noop_copy", 0, FLOOR, rng, None, seed, rerender)
-        yield dataclasses.replace(case, case_id=f"{photo.name}:{FLOOR}", label=FLOOR)
+        yield dataclasses.replace(case, case_id=f"{photo.name}:{FLOOR}", label=FLOOR, photo_set=name)
 
 
 def _make_case(

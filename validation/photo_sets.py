@@ -75,6 +75,18 @@ class PhotoSet:
     pairs: Mapping[Path, Path] = field(default_factory=dict)
     landmarks: Mapping[Path, Path] = field(default_factory=dict)
 
+    def person_of(self, path: Path) -> str:
+        """Who a one-face photo of the set shows: :attr:`people`'s entry, else the person
+        :data:`~counterfactory.validation.calibration_base.BUNDLED_FACES` names for a bundled
+        one-face photo, else the file's stem (a person no other photo shows)."""
+        from counterfactory.validation.calibration_base import BUNDLED_FACES
+
+        path = Path(path)
+        if path in self.people:
+            return self.people[path]
+        bundled = BUNDLED_FACES.get(path.name)
+        return bundled[0][0] if bundled is not None and len(bundled) == 1 else path.stem
+
     def __post_init__(self) -> None:
         if self.per_class < 1:
             raise ValueError(f"photo set {self.name!r}: per_class must be at least 1, got {self.per_class}")
