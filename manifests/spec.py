@@ -451,6 +451,10 @@ class Spec(BaseModel):
             data["trials"].pop("options")
         if not data["trials"]["per_editor"]:  # a pooled bank: as before editors could be compared
             data["trials"].pop("per_editor")
+        # the registration's correlation floor at its default: the spec as before it was a
+        # setting (what the check does is the judging code's, versioned by its judge key)
+        if data["align"]["min_correlation"] == type(self.align).model_fields["min_correlation"].default:
+            data["align"].pop("min_correlation")
         data.pop("ledger_url", None)
         data.pop("run", None)
         data.pop("store_dir", None)
