@@ -378,7 +378,7 @@ def measure(
     align = report["alignment"]
     click.echo(
         f"alignment: ok={align['ok']} scale={align['scale']} rotation={align['rotation_deg']}° "
-        f"shift={align['shift_px']} residual_px={align['residual_px']} correlation={align.get('correlation')}"
+        f"shift={align['shift_px']} residual_px={align['residual_px']} correlation={align['correlation']}"
     )
     for gate, result in report["gates"].items():
         codes = list(result["reasons"]) + [f"review: {c}" for c in result.get("review", [])]

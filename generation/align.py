@@ -536,8 +536,9 @@ def register(
     init, p_src, p_cand = _feature_estimate(s, c, region)
     starts = [init] if init is not None else list(editor_frames(s.shape, c.shape).values())
     best: tuple[np.ndarray, float] | None = None
+    s_band = bandpass(s, bandpass_sigma(s.shape))  # every start refines against the same copy
     for start in starts:
-        refined = _refine_at_source_scale(s, c, region, start)
+        refined = _refine_at_source_scale(s_band, c, region, start)
         if (
             refined is not None
             and ecc_diverged(refined[0], s.shape, c.shape) is None
@@ -579,7 +580,7 @@ def registration_correlation(
     where = (region > 0) & (inside > 0)
     if int(where.sum()) < 64:
         return None
-    sigma = BANDPASS_SIGMA_FRAC * max(source.shape[:2])
+    sigma = bandpass_sigma(source.shape)
     a = bandpass(_grey(source), sigma)[where].astype(np.float64)
     b = bandpass(_grey(registered), sigma)[where].astype(np.float64)
     a -= a.mean()
@@ -634,9 +635,14 @@ def ecc_diverged(refined: np.ndarray, source_shape, output_shape) -> str | None:
 BANDPASS_SIGMA_FRAC = 1.0 / 48.0
 
 
+def bandpass_sigma(shape: tuple[int, ...]) -> float:
+    """The band-pass blur's sigma, in pixels, for a source of ``shape``."""
+    return BANDPASS_SIGMA_FRAC * max(shape[:2])
+
+
 def bandpass_margin(shape: tuple[int, ...]) -> int:
     """Pixels along an image's edges that its band-pass reads beyond the edge for: two sigmas."""
-    return int(math.ceil(2.0 * BANDPASS_SIGMA_FRAC * max(shape[:2])))
+    return int(math.ceil(2.0 * bandpass_sigma(shape)))
 
 
 def bandpass(grey: np.ndarray, sigma: float) -> np.ndarray:
@@ -647,18 +653,19 @@ def bandpass(grey: np.ndarray, sigma: float) -> np.ndarray:
 
 
 def _refine_at_source_scale(
-    s: np.ndarray, c: np.ndarray, region: np.ndarray, start: np.ndarray
+    s_band: np.ndarray, c: np.ndarray, region: np.ndarray, start: np.ndarray
 ) -> tuple[np.ndarray, float] | None:
-    """ECC from ``start`` on band-passed copies (:data:`BANDPASS_SIGMA_FRAC`), with the
-    candidate shrunk uniformly to about the source's scale: ``(warp, correlation)``."""
-    sigma = BANDPASS_SIGMA_FRAC * max(s.shape)
-    margin = bandpass_margin(s.shape)
+    """ECC from ``start`` on band-passed copies (:data:`BANDPASS_SIGMA_FRAC`; ``s_band`` the
+    source's, made once per registration), with the candidate shrunk uniformly to about the
+    source's scale: ``(warp, correlation)``."""
+    sigma = bandpass_sigma(s_band.shape)
+    margin = bandpass_margin(s_band.shape)
     scale = _scale_of(start)
     if scale <= SHRINK_ABOVE:
-        return _ecc_refine(bandpass(s, sigma), bandpass(c, sigma * scale), region, start, margin=margin)
+        return _ecc_refine(s_band, bandpass(c, sigma * scale), region, start, margin=margin)
     small, shrink = _shrink_uniformly(c, 1.0 / scale)
     start = _compose(shrink, start)
-    refined = _ecc_refine(bandpass(s, sigma), bandpass(small, sigma * _scale_of(start)), region, start, margin=margin)
+    refined = _ecc_refine(s_band, bandpass(small, sigma * _scale_of(start)), region, start, margin=margin)
     if refined is None:
         return None
     return _compose(_invert(shrink), refined[0]), refined[1]
@@ -745,7 +752,7 @@ def align_candidate(
         t, residual, matches, failure = register(source, candidate, region, method=config.method)
     registered = failure is None and t is not None and config.method != "none"
     frame_name, _, motion = _split_frame(t if t is not None else frames["fill"], (h, w), candidate.shape[:2])
-    if failure is None and t is not None and config.method != "none":
+    if registered:
         out_of_bounds = _within_bounds(motion, (h, w), config)
         if out_of_bounds:
             failure = f"align_transform_out_of_bounds: {out_of_bounds}"
