@@ -16,6 +16,11 @@ Runs ``GateStack.evaluate`` over a folder of pairs and reports, in one run:
    ``rerender_max_side`` (``--rerender-side``; ``--rerender-repeat 0`` skips it). It is the
    editor's cost, not the gates': it is not in the ratio above.
 
+Face pairs are judged as a run judges a template's cells: against the editor's noise-floor
+output of their source (here the source re-encoded as JPEG at quality 85, standing in for an
+editor's "return this photo unchanged"; the locality gate compares each candidate with it
+pixel by pixel, whatever its pixels, so the cost is a run's).
+
 Each worker uses one intra-op thread per library and loads its models once before the
 clock starts. Image decoding is not timed (the stack receives arrays); as a run does, the
 stack finds a source's cached analysis by the sha256 of the source file.
@@ -133,24 +138,30 @@ def _init_worker(pair_files, kind: str, face_mask_mode: str) -> None:
     from counterfactory.validation.backends import set_worker_threads
 
     set_worker_threads(1)
+    import cv2
+
     from counterfactory.validation.calibration_base import load_rgb
+    from counterfactory.validation.gates.locality import FLOOR_IMAGE
     from counterfactory.validation.judge import GatesConfig, GateStack
 
     _stack = GateStack.from_config(GatesConfig(face_mask=face_mask_mode), kind)
     _pairs = []
     sources: dict[str, np.ndarray] = {}
+    floors: dict[str, dict] = {}
     for _, src, cand, mask in pair_files:
         edit = None
         if mask is not None:
-            import cv2
-
             edit = cv2.imread(str(mask), cv2.IMREAD_GRAYSCALE)
         digest = hashlib.sha256(src.read_bytes()).hexdigest()
         if digest not in sources:
             sources[digest] = load_rgb(src)
-        _pairs.append((sources[digest], load_rgb(cand), edit, digest))
-    for source, candidate, edit, _ in _pairs[:2]:  # warm up every model
-        _stack.evaluate(source, candidate, edit_mask=edit)
+            floors[digest] = {}
+            if kind == "face":
+                ok, buf = cv2.imencode(".jpg", sources[digest][:, :, ::-1], [cv2.IMWRITE_JPEG_QUALITY, 85])
+                floors[digest] = {FLOOR_IMAGE: np.ascontiguousarray(cv2.imdecode(buf, cv2.IMREAD_COLOR)[:, :, ::-1])}
+        _pairs.append((sources[digest], load_rgb(cand), edit, digest, floors[digest]))
+    for source, candidate, edit, _, extras in _pairs[:2]:  # warm up every model
+        _stack.evaluate(source, candidate, edit_mask=edit, extras=extras)
         _source_models(source)
         _candidate_models(candidate, _source_face(source))
     _stack.sources.clear()
@@ -212,7 +223,7 @@ def _overhead(repeat: int) -> dict:
     for r in range(repeat):
         previous = None
         src_face = None
-        for i, (source, candidate, edit, digest) in enumerate(_pairs):
+        for i, (source, candidate, edit, digest, extras) in enumerate(_pairs):
             new_source = digest != previous
             previous = digest
             if new_source:
@@ -227,7 +238,7 @@ def _overhead(repeat: int) -> dict:
                     _candidate_models(candidate, src_face)
                     models += time.perf_counter() - t
                 else:
-                    judgement = _stack.evaluate(source, candidate, edit_mask=edit, source_key=digest)
+                    judgement = _stack.evaluate(source, candidate, edit_mask=edit, source_key=digest, extras=extras)
                     stack += time.perf_counter() - t
                     if r == 0:
                         verdicts[judgement.verdict] = verdicts.get(judgement.verdict, 0) + 1
@@ -248,8 +259,8 @@ def _throughput(args) -> dict:
     cpu = time.process_time()
     wall_start = time.time()
     for i in indices:
-        source, candidate, edit, digest = _pairs[i]
-        _stack.evaluate(source, candidate, edit_mask=edit, source_key=digest)
+        source, candidate, edit, digest, extras = _pairs[i]
+        _stack.evaluate(source, candidate, edit_mask=edit, source_key=digest, extras=extras)
     return {
         "start": wall_start,
         "end": wall_start + (time.perf_counter() - start),

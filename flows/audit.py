@@ -19,6 +19,7 @@ from counterfactory.generation.regions import DEFAULT_REGION
 from counterfactory.generation.sources import SourceError, load_image
 from counterfactory.manifests.errors import CounterfactoryError
 from counterfactory.validation.faces import face_mask, get_face_landmarker
+from counterfactory.validation.gates.locality import FLOOR_IMAGE
 from counterfactory.validation.judge import GatesConfig, GateStack
 from counterfactory.validation.judging import judge_output
 from counterfactory.validation.skin import source_edit_region
@@ -122,9 +123,11 @@ class PairMeasurer:
             source_key=source.sha256,
         )
 
-    def noise_floor(self, source: _Source, floor_path: Path, kind: str) -> dict[str, Any]:
-        """The locality measures of ``floor_path``, the editor's output for "return this photo
-        unchanged" of this source, measured like a candidate (what a run's floor request gives).
+    def noise_floor(self, source: _Source, floor_path: Path, kind: str) -> tuple[dict[str, Any], np.ndarray | None]:
+        """``(measures, registered image)`` of ``floor_path``, the editor's output for "return
+        this photo unchanged" of this source, measured like a candidate (what a run's floor
+        request gives): the locality measures, and the output registered to the source, which
+        the locality gate compares with each candidate pixel by pixel.
 
         Raises:
             PairError: the file cannot be read, or could not be registered to the source.
@@ -144,7 +147,7 @@ class PairMeasurer:
                 f"({', '.join(judged.reasons) or 'no locality measures'}); give the editor's output for "
                 "'return this photo unchanged' of the same source",
             )
-        return floor
+        return floor, judged.image
 
     def measure(
         self,
@@ -170,7 +173,7 @@ class PairMeasurer:
         extras: dict[str, Any] = {"condition": dict(condition)} if condition else {}
         floor = None
         if floor_path is not None:
-            floor = self.noise_floor(source, floor_path, kind)
+            floor, extras[FLOOR_IMAGE] = self.noise_floor(source, floor_path, kind)
             extras["noise_floor"] = floor
         judged = self._judge(source, candidate.pixels, kind, extras or None)
         return {

@@ -348,14 +348,17 @@ def plan_noise_floor(spec: Spec, prepared: PreparedSource, editor: Editor, linea
     return PlannedAttempt(cell, 1, aid, request, prompt)
 
 
-def floor_metrics(gates: Mapping[str, Any], attempt: str) -> dict[str, Any] | None:
-    """The measures a floor output gives the locality gate (``{metric: value, "attempt_id"}``),
-    from its candidate's gate records; None when locality could not measure it."""
+def floor_metrics(gates: Mapping[str, Any], attempt: str, image_sha256: str | None = None) -> dict[str, Any] | None:
+    """The measures a floor output gives the locality gate (``{metric: value, "attempt_id"}``,
+    and ``image_sha256``, its registered image in the store, when given), from its candidate's
+    gate records; None when locality could not measure it."""
     from counterfactory.validation.gates.locality import FLOOR_RELATIVE
 
     metrics = ((gates or {}).get("locality") or {}).get("metrics") or {}
     floor = {k: metrics[k] for k in FLOOR_RELATIVE if isinstance(metrics.get(k), (int, float))}
-    return {**floor, "attempt_id": attempt} if floor else None
+    if not floor:
+        return None
+    return {**floor, "attempt_id": attempt, **({"image_sha256": image_sha256} if image_sha256 else {})}
 
 
 def noise_floor(
@@ -388,7 +391,7 @@ def noise_floor(
     known = ws.ledger.candidate(plan.attempt_id)
     if known is None or known.verdict != FLOOR_VERDICT:
         return None, calls
-    return floor_metrics(known.gates, plan.attempt_id), calls
+    return floor_metrics(known.gates, plan.attempt_id, known.image_sha256), calls
 
 
 def judge_key(spec: Spec) -> str:

@@ -455,6 +455,10 @@ class Spec(BaseModel):
         # setting (what the check does is the judging code's, versioned by its judge key)
         if data["align"]["min_correlation"] == type(self.align).model_fields["min_correlation"].default:
             data["align"].pop("min_correlation")
+        # the floor-relative per-pixel share unset (no calibration sets it): as before it existed
+        locality = data["gates"][kind].get("locality")
+        if isinstance(locality, dict) and locality.get("max_excess_share", 0) is None:
+            locality.pop("max_excess_share")
         data.pop("ledger_url", None)
         data.pop("run", None)
         data.pop("store_dir", None)

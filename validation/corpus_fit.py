@@ -24,7 +24,7 @@ from counterfactory.validation.backends.sface import OPENCV_SAME_PERSON_COSINE
 from counterfactory.validation.calibration_base import sig_down, sig_up, with_progress
 from counterfactory.validation.faces import MaskMode
 from counterfactory.validation.failures import CLASSES, GOOD, build_floors, build_set_corpus
-from counterfactory.validation.gates.locality import FLOOR_RELATIVE
+from counterfactory.validation.gates.locality import FLOOR_IMAGE, FLOOR_RELATIVE
 from counterfactory.validation.photo_sets import PhotoSet
 
 #: Thresholds the failure corpus sets: ``(gate, threshold, metric, bound)``; ``bound`` is
@@ -44,6 +44,8 @@ CORPUS_THRESHOLDS: tuple[tuple[str, str, str, str], ...] = (
     ("locality", "max_global_shift", "locality.global_shift_above_floor", "max"),
     ("locality", "max_global_gain_change", "locality.global_gain_change_above_floor", "max"),
     ("locality", "max_body_skin_delta_e", "locality.body_skin_delta_e_above_floor", "max"),
+    # per pixel against the floor output itself: what the editor's re-rendering never changes
+    ("locality", "max_excess_share", "locality.excess_share", "max"),
     # a copy re-rendered is still a copy: the band-limited face change of a no-op is the
     # decoder's alone (sent to review)
     ("locality", "min_face_change", "locality.face_change", "min"),
@@ -112,8 +114,14 @@ def noise_floor_metrics(record: dict[str, Any]) -> dict[str, float] | None:
     return floor or None
 
 
-def measure_case(case, stack, floor: dict[str, Any] | None = None) -> dict[str, Any]:
+def measure_case(case, stack, floor: dict[str, Any] | None = None, *, keep_image: bool = False) -> dict[str, Any]:
     """Align one corpus case as the factory does and judge it with ``stack``.
+
+    ``floor``: the photo's noise floor, ``{metric: value}`` with the floor output registered
+    to the source under :data:`~counterfactory.validation.gates.locality.FLOOR_IMAGE` (as a
+    run hands a template's floor to its cells). ``keep_image``: also return the registered
+    output under ``"image"`` (a floor case's, for the cases judged against it; None when it
+    could not be registered).
 
     Returns ``{case, photo, label, split, verdict, reasons, metrics}`` (metrics: the
     :data:`CORPUS_METRICS` that could be measured).
@@ -126,6 +134,8 @@ def measure_case(case, stack, floor: dict[str, Any] | None = None) -> dict[str, 
     alignment = align_candidate(
         case.source, case.output, mask=case.face_mask, kind="face", face_size_px=case.face_size_px
     )
+    if keep_image:
+        record["image"] = alignment.image if alignment.ok else None
     if not alignment.ok:
         record.update(verdict="rejected", reasons=[alignment.reason.split(":")[0]], metrics={})
         return record
@@ -135,7 +145,7 @@ def measure_case(case, stack, floor: dict[str, Any] | None = None) -> dict[str, 
         covered=alignment.covered,
         raw_candidate=alignment.raw,
         unregistered=case.output,
-        extras={"noise_floor": floor} if floor else None,
+        extras={"noise_floor": floor, FLOOR_IMAGE: floor.get(FLOOR_IMAGE)} if floor else None,
     )
     metrics = judgement.metrics
     record.update(
@@ -148,6 +158,18 @@ def measure_case(case, stack, floor: dict[str, Any] | None = None) -> dict[str, 
         },
     )
     return record
+
+
+def measure_floor(case, stack) -> dict[str, Any] | None:
+    """A photo's noise floor from its floor case (:func:`~counterfactory.validation.failures.build_floors`):
+    :func:`noise_floor_metrics` of its record with the registered floor output under
+    :data:`~counterfactory.validation.gates.locality.FLOOR_IMAGE`; None when it could not be
+    measured."""
+    record = measure_case(case, stack, keep_image=True)
+    floor = noise_floor_metrics(record)
+    if floor is None or record.get("image") is None:
+        return floor
+    return {**floor, FLOOR_IMAGE: record["image"]}
 
 
 def corpus_thresholds(train: list[dict[str, Any]], *, target: float) -> dict[str, dict[str, float]]:
@@ -259,7 +281,7 @@ def run_failure_corpus(
         raise ValueError(f"photo sets need distinct names, got {[s.name for s in sets]}")
     floor_cases = itertools.chain.from_iterable(build_floors([], seed=seed, photo_set=s) for s in sets)
     floors = {
-        f"{c.photo_set}/{c.photo}": noise_floor_metrics(measure_case(c, measuring))
+        f"{c.photo_set}/{c.photo}": measure_floor(c, measuring)
         for c in with_progress(floor_cases, progress, "noise floors", unit="photo")
     }
 
@@ -344,9 +366,14 @@ def run_failure_corpus(
         "good_acceptance_heldout": rates.get(GOOD, {}).get("acceptance"),
         "min_caught_heldout": min(caught) if caught else None,
         "good_edits_locality": focus,
-        "noise_floors": floors,
+        # the floors' measures (their registered images stay out of the JSON)
+        "noise_floors": {k: _without_image(v) for k, v in floors.items()},
         "cases": train + heldout,
     }
+
+
+def _without_image(floor: dict[str, Any] | None) -> dict[str, Any] | None:
+    return None if floor is None else {k: v for k, v in floor.items() if k != FLOOR_IMAGE}
 
 
 def plot_failures(corpus: dict[str, Any], path_png: str | Path) -> Path:

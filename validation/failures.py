@@ -31,6 +31,9 @@ Failure classes, each on top of a good edit (``CLASSES`` describes them):
 - ``text_added``: a line of text, 1-3 % of the image, written away from the face;
 - ``object_removed``: the most textured region away from the face (2-5 % of the image)
   painted over by inpainting (Telea, 2004), as an editor erasing an object does;
+- the three local failures are made only where they are visible (a mean CIELAB change of at
+  least :data:`MIN_VISIBLE_DELTA_E` over their own pixels, a few placements tried); a photo
+  with nothing visible to erase, or only patches like its wall, gets none of that class;
 - ``body_skin``: the good edit's skin change applied to the person's skin outside the head
   too (neck, hands, arms: the selfie segmenter's person, skin-coloured pixels);
 - ``global_colour``: a colour cast, a white-balance shift, or a contrast change of the whole
@@ -341,25 +344,55 @@ def _identity_swap(image, face, oval, rng, donor) -> tuple[np.ndarray, dict]:
     return _blend(image, _from_lab(matched), alpha), {"donor": donor_name}
 
 
+#: A local failure (an object added or removed, text written) is made only where a person
+#: would see it: the mean CIELAB colour difference (CIE76) it makes over its own pixels is at
+#: least this. Below it the "failure" is a wall pasted on a wall or an erased patch of plain
+#: shirt, which no gate should catch and no reviewer would call a change (5 is about twice a
+#: just-noticeable difference of uniform patches).
+MIN_VISIBLE_DELTA_E = 5.0
+#: Placements (and donor patches) tried before a local failure is skipped on a photo.
+VISIBLE_TRIES = 8
+
+
+def visible_delta_e(before: np.ndarray, after: np.ndarray, where: np.ndarray) -> float:
+    """Mean CIE76 colour difference of ``after`` against ``before`` (uint8 RGB) over the
+    pixels where ``where`` (bool or {0, 255}) holds; 0 for no pixels."""
+    keep = np.asarray(where) > 0
+    if not keep.any():
+        return 0.0
+    a = to_lab(np.ascontiguousarray(before[keep]).reshape(-1, 1, 3))
+    b = to_lab(np.ascontiguousarray(after[keep]).reshape(-1, 1, 3))
+    return float(np.linalg.norm((b - a).reshape(-1, 3), axis=1).mean())
+
+
 def _object_added(image, face, oval, rng, donor_image) -> tuple[np.ndarray, dict]:
     h, w = image.shape[:2]
     share = float(rng.uniform(0.02, 0.05))
     aspect = float(rng.uniform(0.6, 1.6))
     bw = int(math.sqrt(share * h * w * aspect))
     bh = int(share * h * w / max(bw, 1))
-    at = _place_box(rng, _region_away_from_face(oval, face.size_px), bw, bh)
-    if at is None:
-        return None, {}
-    x, y = at
+    allowed = _region_away_from_face(oval, face.size_px)
     dh, dw = donor_image.shape[:2]
-    sx, sy = int(rng.integers(0, max(1, dw - bw))), int(rng.integers(0, max(1, dh - bh)))
-    patch = cv2.resize(donor_image[sy : sy + bh, sx : sx + bw], (bw, bh))
+    for _ in range(VISIBLE_TRIES):
+        at = _place_box(rng, allowed, bw, bh)
+        if at is None:
+            return None, {}
+        x, y = at
+        sx, sy = int(rng.integers(0, max(1, dw - bw))), int(rng.integers(0, max(1, dh - bh)))
+        patch = cv2.resize(donor_image[sy : sy + bh, sx : sx + bw], (bw, bh))
+        seen = visible_delta_e(image[y : y + bh, x : x + bw], patch, np.ones((bh, bw), bool))
+        if seen >= MIN_VISIBLE_DELTA_E:
+            break
+    else:
+        # every patch tried looks like what it covers (a donor's wall on this wall)
+        return None, {}
     out = image.copy()
     box = np.zeros((h, w), np.uint8)
     box[y : y + bh, x : x + bw] = 255
     placed = out.copy()
     placed[y : y + bh, x : x + bw] = patch
-    return _blend(out, placed, feather(box, 2.0)), {"box": [x, y, bw, bh], "share": round(bw * bh / (h * w), 4)}
+    params = {"box": [x, y, bw, bh], "share": round(bw * bh / (h * w), 4), "delta_e": round(seen, 2)}
+    return _blend(out, placed, feather(box, 2.0)), params
 
 
 _WORDS = ("SALE", "OPEN", "HELLO", "CAFE", "EXIT", "NEWS", "2026", "VOTE", "TAXI", "HOTEL")
@@ -373,14 +406,21 @@ def _text_added(image, face, oval, rng) -> tuple[np.ndarray, dict]:
     scale = math.sqrt(share * h * w / max(tw * (th + base), 1))
     thick = max(1, int(round(2 * scale)))
     (tw, th), base = cv2.getTextSize(text, cv2.FONT_HERSHEY_DUPLEX, scale, thick)
-    at = _place_box(rng, _region_away_from_face(oval, face.size_px), tw, th + base)
-    if at is None:
-        return None, {}
-    x, y = at
-    colour = tuple(int(c) for c in rng.integers(0, 256, size=3))
-    out = image.copy()
-    cv2.putText(out, text, (x, y + th), cv2.FONT_HERSHEY_DUPLEX, scale, colour, thick, cv2.LINE_AA)
-    return out, {"text": text, "box": [x, y, tw, th + base]}
+    allowed = _region_away_from_face(oval, face.size_px)
+    for _ in range(VISIBLE_TRIES):
+        at = _place_box(rng, allowed, tw, th + base)
+        if at is None:
+            return None, {}
+        x, y = at
+        colour = tuple(int(c) for c in rng.integers(0, 256, size=3))
+        out = image.copy()
+        cv2.putText(out, text, (x, y + th), cv2.FONT_HERSHEY_DUPLEX, scale, colour, thick, cv2.LINE_AA)
+        strokes = np.any(out != image, axis=2)
+        # the strokes' own colour against what they cover: grey text on a grey wall is unseen
+        seen = visible_delta_e(image, out, strokes)
+        if seen >= MIN_VISIBLE_DELTA_E:
+            return out, {"text": text, "box": [x, y, tw, th + base], "delta_e": round(seen, 2)}
+    return None, {}
 
 
 def _object_removed(image, face, oval, rng) -> tuple[np.ndarray, dict]:
@@ -390,28 +430,31 @@ def _object_removed(image, face, oval, rng) -> tuple[np.ndarray, dict]:
     allowed = _region_away_from_face(oval, face.size_px)
     grey = cv2.cvtColor(image, cv2.COLOR_RGB2GRAY).astype(np.float32)
     energy = np.abs(cv2.Laplacian(cv2.GaussianBlur(grey, (0, 0), 1.5), cv2.CV_32F))
-    best, best_e = None, -1.0
+    boxes: list[tuple[float, tuple[int, int]]] = []
     for _ in range(40):
         at = _place_box(rng, allowed, side, side, tries=20)
         if at is None:
             continue
         x, y = at
-        e = float(energy[y : y + side, x : x + side].mean())
-        if e > best_e:
-            best, best_e = at, e
-    if best is None:
-        return None, {}
-    x, y = best
-    hole = np.zeros((h, w), np.uint8)
-    cv2.ellipse(hole, (x + side // 2, y + side // 2), (side // 2, side // 2), 0, 0, 360, 255, -1)
-    # inpaint at reduced size: Telea's cost grows with the hole's area
-    f = min(1.0, 256.0 / side)
-    small = cv2.resize(image, None, fx=f, fy=f, interpolation=cv2.INTER_AREA)
-    small_hole = cv2.resize(hole, (small.shape[1], small.shape[0]), interpolation=cv2.INTER_NEAREST)
-    filled = cv2.inpaint(small, small_hole, 5, cv2.INPAINT_TELEA)
-    filled = cv2.resize(filled, (w, h), interpolation=cv2.INTER_CUBIC)
-    out = _blend(image, filled, feather(dilate(hole, 2), 3.0))
-    return out, {"box": [x, y, side, side], "share": round(math.pi * side * side / 4 / (h * w), 4)}
+        boxes.append((float(energy[y : y + side, x : x + side].mean()), at))
+    # the most textured places first; one whose erasure a person would see is kept
+    boxes.sort(key=lambda b: -b[0])
+    for _, (x, y) in boxes[:VISIBLE_TRIES]:
+        hole = np.zeros((h, w), np.uint8)
+        cv2.ellipse(hole, (x + side // 2, y + side // 2), (side // 2, side // 2), 0, 0, 360, 255, -1)
+        # inpaint at reduced size: Telea's cost grows with the hole's area
+        f = min(1.0, 256.0 / side)
+        small = cv2.resize(image, None, fx=f, fy=f, interpolation=cv2.INTER_AREA)
+        small_hole = cv2.resize(hole, (small.shape[1], small.shape[0]), interpolation=cv2.INTER_NEAREST)
+        filled = cv2.inpaint(small, small_hole, 5, cv2.INPAINT_TELEA)
+        filled = cv2.resize(filled, (w, h), interpolation=cv2.INTER_CUBIC)
+        out = _blend(image, filled, feather(dilate(hole, 2), 3.0))
+        seen = visible_delta_e(image, out, hole)
+        if seen >= MIN_VISIBLE_DELTA_E:
+            params = {"box": [x, y, side, side], "share": round(math.pi * side * side / 4 / (h * w), 4)}
+            return out, {**params, "delta_e": round(seen, 2)}
+    # nothing textured enough to erase visibly away from the face (a plain wall and shirt)
+    return None, {}
 
 
 def _body_skin_region(image, face, oval) -> np.ndarray:

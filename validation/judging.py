@@ -19,6 +19,7 @@ from counterfactory.generation.attempts import FINISHED_ATTEMPT
 from counterfactory.generation.sampling import Cell
 from counterfactory.manifests.ledger import Attempt, Candidate
 from counterfactory.manifests.store import ImageStore
+from counterfactory.validation.gates.locality import FLOOR_IMAGE
 from counterfactory.validation.judge import GateStack
 
 if TYPE_CHECKING:
@@ -40,6 +41,7 @@ class Judged:
         image_sha256: the aligned image in the store, or None (not aligned, or no store).
         alignment: :meth:`~counterfactory.generation.align.Alignment.record`.
         gates: per-gate metrics, thresholds and reasons (``Judgement.to_dict()["gates"]``).
+        image: the aligned image itself (``(H, W, 3)`` uint8), or None when not aligned.
     """
 
     verdict: str
@@ -47,6 +49,7 @@ class Judged:
     image_sha256: str | None
     alignment: dict[str, Any]
     gates: dict[str, Any]
+    image: np.ndarray | None = None
 
 
 def no_source_mode(spec: Any) -> bool | None:
@@ -57,6 +60,16 @@ def no_source_mode(spec: Any) -> bool | None:
     if not getattr(options, "no_source", False):
         return None
     return bool(getattr(options, "accept_on_remaining", False))
+
+
+def floor_image(ws: Any, floor: Mapping[str, Any] | None) -> np.ndarray | None:
+    """The registered floor output a noise floor names (``floor["image_sha256"]``, the floor
+    candidate's aligned image), read from ``ws.store``; None without one or when it is gone
+    (the cells are then judged on the floor's measures alone)."""
+    sha = (floor or {}).get("image_sha256")
+    if not sha or not ws.store.has(sha):
+        return None
+    return ws.store.get(sha)
 
 
 class TemplateJudge:
@@ -79,6 +92,9 @@ class TemplateJudge:
     ) -> None:
         self.spec, self.ws, self.prepared, self.stack, self.jkey = spec, ws, prepared, stack, jkey
         self.floor = dict(floor) if floor else None
+        #: the floor output itself (registered to the source), read once from the store: the
+        #: locality gate compares every cell's output with it pixel by pixel
+        self.floor_image = floor_image(ws, self.floor)
         self.as_floor = as_floor
         #: None: judged against the source; else the set has no source photo
         #: (:func:`judge_alone`), and this says whether a pass of the remaining gates is accepted
@@ -133,7 +149,12 @@ class TemplateJudge:
                 align=spec.align,
                 stack=self.stack,
                 store=ws.store,
-                extras={"condition": dict(cell.condition), "source": prepared.meta, "noise_floor": self.floor},
+                extras={
+                    "condition": dict(cell.condition),
+                    "source": prepared.meta,
+                    "noise_floor": self.floor,
+                    FLOOR_IMAGE: self.floor_image,
+                },
                 source_key=prepared.source.sha256,
             )
         ws.ledger.record_candidate(
@@ -266,4 +287,6 @@ def judge_output(
         unregistered=output,
         source_key=source_key,
     )
-    return Judged(judgement.verdict, list(judgement.reasons), sha, record, judgement.to_dict()["gates"])
+    return Judged(
+        judgement.verdict, list(judgement.reasons), sha, record, judgement.to_dict()["gates"], alignment.image
+    )

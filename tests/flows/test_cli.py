@@ -240,6 +240,7 @@ def test_measure_with_the_editors_noise_floor(tmp_path):
     plain = json.loads(_run(args).stdout)
     assert plain["noise_floor"] is None
     assert "floor_changed_share" not in plain["gates"]["locality"]["metrics"]
+    assert "excess_share" not in plain["gates"]["locality"]["metrics"]
     result = _run([*args, "--floor", str(tmp_path / "floor.png")])
     assert result.returncode == 0, result.stderr[-2000:]
     report = json.loads(result.stdout)
@@ -250,6 +251,8 @@ def test_measure_with_the_editors_noise_floor(tmp_path):
         assert m[f"{key}_above_floor"] == pytest.approx(m[key] - floor[key])
     # the object stands above the re-rendering: rejected either way
     assert m["changed_share_above_floor"] > 0.01
+    # and pixel by pixel against the floor output: about the object's own area stays
+    assert m["excess_share"] > 0.01
     assert "locality_changed_share_above_max" in report["reasons"]
     missing = _run([*args, "--floor", str(tmp_path / "nope.png")])
     assert missing.returncode == 2 and "nope.png" in missing.stderr and "Traceback" not in missing.stderr

@@ -222,8 +222,10 @@ def test_each_editor_is_a_view_and_one_editor_specs_hash_as_before(tmp_path):
     one = load_spec(REPO / "assets/specs/demo-face.yaml")
     assert one.editor_views() == [one] and "editors" not in one.canonical()
     assert "per_editor" not in one.canonical()["trials"]
-    # the demo spec's hash before editors could be compared (its releases name it)
-    assert one.spec_hash() == "0e9cb694b575d92c50450e8b8d13cce1d004e9ce29d496560f56a77bfc0df9d8"
+    # the demo spec's hash, of the same form as before editors could be compared (its releases
+    # name it); the shipped thresholds are part of the study, so a new calibration changes it
+    # (2026-12-04: excess_share calibrated; without that threshold the hash is as it was)
+    assert one.spec_hash() == "81fdf34bcd797acebe0775003f0336d014a6e80e7cafdca1b554cbd77b0cc19c"
 
 
 def test_editors_are_refused_on_ray_before_anything_runs(tmp_path):

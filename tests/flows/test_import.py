@@ -150,12 +150,6 @@ def test_every_row_is_accounted_for_in_the_release(audited):
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=True,
-    reason="known gap (issue 19): the calibration re-rendered through TAEF2 catches added text 83 % and "
-    "objects 78-89 % on its held-out split; here text and object rows are accepted with a changed share "
-    "above the floor under 0.014 (thin strokes and small patches fall below the band-limited level)",
-)
 def test_failures_are_not_accepted(audited):
     """Rule: at most one row of a failure class is accepted. Issue 19 asks every failure class
     caught on at least 95 % of its held-out cases, so about 17 failure rows expect at most one

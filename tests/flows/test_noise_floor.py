@@ -47,6 +47,8 @@ def test_one_floor_request_per_template_judged_against_reported_and_paid_once(tm
         m = c.gates["locality"]["metrics"]
         floor = candidates[next(r.attempt_id for r in floors if r.cell_id.split("|")[0] == c.cell_id.split("|")[0])]
         fm = floor.gates["locality"]["metrics"]
+        # and compared with the floor output itself, read from the run's store
+        assert isinstance(m["excess_share"], float) and 0.0 <= m["excess_share"] <= 1.0
         for key in FLOOR_RELATIVE:
             if m.get(key) is None or fm.get(key) is None:
                 continue

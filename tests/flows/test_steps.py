@@ -17,6 +17,7 @@ from counterfactory.generation.editors.qwen import QwenEditor
 from counterfactory.generation.sources import PreparedSource
 from counterfactory.manifests.spec import load_spec
 from counterfactory.validation.faces import face_mask, get_face_landmarker
+from counterfactory.validation.gates.locality import FLOOR_IMAGE
 from counterfactory.validation.judging import FLOOR_VERDICT, judge_output
 from tests.flows.fake_editor import FakeEditor
 
@@ -232,8 +233,10 @@ def test_outputs_judged_from_memory_match_a_judgement_read_back_from_the_store(s
     fresh_store = ImageStore(tmp_path / "fresh")
     # the cells were judged above the template's noise floor: the fresh judgement is too
     (floor_row,) = ws.ledger.candidates_of_cells([f"{source.id}|{FLOOR_VERDICT}"])
-    floor = steps.floor_metrics(floor_row.gates, floor_row.attempt_id)
-    assert floor is not None
+    floor = steps.floor_metrics(floor_row.gates, floor_row.attempt_id, floor_row.image_sha256)
+    assert floor is not None and floor["image_sha256"] == floor_row.image_sha256
+    # and pixel by pixel against the floor output itself, which the run read from its store
+    floor_image = ws.store.get(floor_row.image_sha256)
     for cell in outcome.cells:
         attempt, candidate = ws.ledger.attempt(cell.final_attempt), ws.ledger.candidate(cell.final_attempt)
         fresh = judge_output(
@@ -245,8 +248,14 @@ def test_outputs_judged_from_memory_match_a_judgement_read_back_from_the_store(s
             align=spec.align,
             stack=stack,
             store=fresh_store,
-            extras={"condition": dict(cell.cell.condition), "source": source.meta, "noise_floor": floor},
+            extras={
+                "condition": dict(cell.cell.condition),
+                "source": source.meta,
+                "noise_floor": floor,
+                FLOOR_IMAGE: floor_image,
+            },
         )
+        assert isinstance(candidate.gates["locality"]["metrics"]["excess_share"], float)
         assert candidate.image_sha256 == fresh.image_sha256 is not None
         assert (candidate.verdict, candidate.reasons) == (fresh.verdict, fresh.reasons)
         assert candidate.alignment == json.loads(json.dumps(fresh.alignment))

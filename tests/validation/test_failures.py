@@ -68,12 +68,19 @@ def test_shipped_calibration_meets_the_issue_on_its_held_out_split():
     # the shipped run is the bundled photos' (the London run, with its real expression pairs,
     # is reported in the README and not shipped: its good edits misregister on plain backdrops)
     assert set(held) == set(CLASSES) - {"expression_real"}
-    # every case re-rendered through TAEF2 and judged above its photo's noise floor: good edits
-    # accepted >= 95 %; the failure classes at >= 75 % (issue 19 asks 95 %: expression, added
-    # text and objects, and removed objects that the re-rendering half-hides are still owed)
+    # every case re-rendered through TAEF2 and judged above its photo's noise floor and against
+    # the floor output pixel by pixel: good edits accepted >= 95 %; added and removed objects and
+    # text caught >= 95 % (issue 19); expression and re-rendered copies at >= 75 % (issue 19 asks
+    # 95 %: smiles under the mouth-corner threshold, copies whose decoder changes the face more
+    # than min_face_change, are still owed)
     assert held[GOOD]["acceptance"] >= 0.95
+    for label in ("object_added", "text_added", "object_removed"):
+        assert held[label]["caught"] >= 0.95, (label, held[label])
     for label in set(FAILURE_CLASSES) & set(held):
         assert held[label]["caught"] >= 0.75, (label, held[label])
+    # the three local failures are caught by the per-pixel comparison with the floor output
+    for label in ("object_added", "text_added", "object_removed"):
+        assert "locality_excess_share_above_max" in held[label]["reasons"], held[label]
     assert corpus["noise_floors"] and all(f is not None for f in corpus["noise_floors"].values())
     assert corpus["good_acceptance_heldout"] == held[GOOD]["acceptance"]
     # the shipped defaults are the corpus's thresholds, and held-out cases never set them
@@ -94,3 +101,41 @@ def test_corpus_calibration_is_reproducible():
     assert a["heldout"] == b["heldout"]
     assert [r["verdict"] for r in a["cases"]] == [r["verdict"] for r in b["cases"]]
     assert set(a["thresholds"]) == {"face", "identity", "expression", "locality"}
+
+
+def test_local_failures_are_made_only_where_a_person_would_see_them():
+    """An added object, text or an erased patch changes its own pixels by at least
+    MIN_VISIBLE_DELTA_E (CIE76); on a plain backdrop with nothing to erase, and with only
+    patches like the wall to paste, the photo gets none of those cases (issue 19: 91 % of the
+    London set's erased patches had been plain wall, mean change 2 ΔE)."""
+    from counterfactory.validation.failures import (
+        MIN_VISIBLE_DELTA_E,
+        _load_photos,
+        _object_added,
+        _object_removed,
+        _text_added,
+        visible_delta_e,
+    )
+
+    photo = _load_photos([PHOTOS_DIR / "grace_hopper.jpg"], 384)[0]
+    image, face, oval = photo.image, photo.face, photo.oval
+    donor = _load_photos([PHOTOS_DIR / "astronaut.png"], 384)[0].image
+    for seed in range(3):
+        for make, args in ((_object_added, (donor,)), (_text_added, ()), (_object_removed, ())):
+            out, params = make(image, face, oval, np.random.default_rng(seed), *args)
+            assert out is not None, (make.__name__, seed)
+            assert params["delta_e"] >= MIN_VISIBLE_DELTA_E
+            # the recorded figure is the change a person sees: measured here from the pixels
+            x, y, w, h = params["box"]
+            box = np.zeros(image.shape[:2], bool)
+            box[y : y + h, x : x + w] = True
+            assert visible_delta_e(image, out, box & np.any(out != image, axis=2)) > 0.5 * MIN_VISIBLE_DELTA_E
+    # the same person in front of a plain wall, in a plain jacket: nothing there to erase, and
+    # a donor that is the same wall pastes nothing a person would see
+    plain = np.where(oval[..., None] > 0, image, np.uint8(128)).astype(np.uint8)
+    rng = np.random.default_rng(0)
+    assert _object_removed(plain, face, oval, rng) == (None, {})
+    assert _object_added(plain, face, oval, rng, np.full_like(donor, 130)) == (None, {})
+    # grey text on the grey wall is unseen; the colours drawn are random, so some line shows
+    shown = [_text_added(plain, face, oval, np.random.default_rng(s))[1] for s in range(4)]
+    assert all(p == {} or p["delta_e"] >= MIN_VISIBLE_DELTA_E for p in shown)

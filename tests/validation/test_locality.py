@@ -210,3 +210,103 @@ def test_a_limb_candidate_identical_to_its_source_is_not_an_edit(grace_and_mask)
     painted[limb > 0] = (196, 160, 140)
     result = locality_gate(_pair(source, painted, fmask=fmask, edit_mask=limb, kind="limb"), **thresholds)
     assert result.passed, result.metrics
+
+
+def _textured_renders(source: np.ndarray, seeds: tuple[int, ...]) -> list[np.ndarray]:
+    """Re-renders of ``source`` as a decoder makes them: its own zero-mean grain (+-12 grey
+    levels) drawn afresh for every request, and every edge moved by up to a pixel."""
+    out = []
+    for seed in seeds:
+        rng = np.random.default_rng(seed)
+        moved = np.roll(source, int(rng.integers(-1, 2)), axis=int(rng.integers(0, 2)))
+        grain = rng.integers(-12, 13, size=source.shape)
+        out.append(np.clip(moved.astype(int) + grain, 0, 255).astype(np.uint8))
+    return out
+
+
+def test_excess_over_the_floor_output_ignores_re_rendering_and_keeps_thin_text():
+    from counterfactory.validation.gates.locality import band_diff, coherent_share, excess_share
+
+    rng = np.random.default_rng(3)
+    # a plain wall with a little structure, as behind the London sitters
+    source = np.clip(120 + 10 * np.sin(np.arange(300)[None, :] / 5.0) + rng.normal(0, 4, (300, 300)), 0, 255)
+    source = np.repeat(source[..., None], 3, axis=2).astype(np.uint8)
+    region = np.full((300, 300), 255, np.uint8)
+    floor, again = _textured_renders(source, (1, 2))
+    # the same editor re-rendering the same photo a second time: nothing beyond its floor
+    assert np.abs(again.astype(int) - source).mean() > 5
+    assert excess_share(source, again, floor, region) == 0.0
+    # one-pixel text, 50 grey levels darker: its strokes count (less their faint antialiased
+    # fringe); the band limit spreads them thinner than its level
+    written = again.copy()
+    cv2.putText(written, "SALE 2026", (20, 160), cv2.FONT_HERSHEY_SIMPLEX, 1.0, (70, 70, 70), 1, cv2.LINE_AA)
+    strokes = np.any(written != again, axis=2)
+    share = excess_share(source, written, floor, region)
+    assert share == pytest.approx(strokes.mean(), rel=0.5)
+    assert coherent_share(band_diff(source, written), region) < 0.75 * share
+    # where the floor output did not cover the frame (black), nothing there counts
+    cut = floor.copy()
+    cut[:, :150] = 0
+    assert excess_share(source, written, cut, region) < 0.5 * share
+
+
+def test_an_edge_registered_a_pixel_apart_is_not_an_excess():
+    from counterfactory.validation.gates.locality import excess_share
+
+    # a dark suit against a bright wall: a 200-level edge
+    source = np.full((300, 300, 3), 230, np.uint8)
+    source[:, 150:] = 30
+    region = np.full((300, 300), 255, np.uint8)
+    floor = source.copy()
+    # the candidate's registration lands one pixel off at that edge (at 2 MP, a 0.3 % scale
+    # error at the frame's edge), the floor's exactly
+    off = source.copy()
+    off[:, 149:] = 30
+    assert excess_share(source, off, floor, region) == 0.0
+    # on a 5-times finer photo, a slip of five pixels, measured on its working grid (every 5th
+    # pixel): the sampled pixel lands on the edge's other side, one grid pixel away
+    big = cv2.resize(source, (1500, 1500), interpolation=cv2.INTER_NEAREST)
+    big_off = big.copy()
+    big_off[:, 745:] = 30
+    grid = np.s_[::5, ::5]
+    assert not np.array_equal(big[grid], big_off[grid])
+    assert excess_share(big[grid], big_off[grid], big[grid].copy(), region) == 0.0
+    # while a patch of another colour there is
+    patched = off.copy()
+    patched[100:140, 60:100] = (40, 160, 40)
+    assert excess_share(source, patched, floor, region) == pytest.approx(40 * 40 / 300**2, rel=0.3)
+
+
+def test_excess_share_is_judged_only_with_the_floor_output(grace_and_mask, landmarker):
+    from counterfactory.validation.gates.locality import FLOOR_IMAGE
+
+    source, fmask = grace_and_mask
+    faces = landmarker.detect(source)
+    floor, again = _textured_renders(source, (5, 6))
+    h, w = source.shape[:2]
+    marked = again.copy()
+    cv2.putText(marked, "EXIT", (int(0.03 * w), int(0.95 * h)), cv2.FONT_HERSHEY_SIMPLEX, 1.2, (250, 20, 20), 2)
+
+    def judge(candidate, floor_image):
+        pair = PairContext(
+            source=source,
+            candidate=candidate,
+            kind="face",
+            face_mask=fmask,
+            edit_mask=None,
+            source_faces=faces,
+            candidate_faces=faces,
+            extras={FLOOR_IMAGE: floor_image} if floor_image is not None else {},
+        )
+        return locality_gate(pair, max_excess_share=0.001)
+
+    plain = judge(again, floor)
+    assert plain.passed and plain.metrics["excess_share"] == 0.0
+    written = judge(marked, floor)
+    assert written.reasons == ("locality_excess_share_above_max",)
+    assert written.metrics["excess_share"] > 0.001
+    # without the floor output there is nothing to compare with: not measured, not judged
+    alone = judge(marked, None)
+    assert "excess_share" not in alone.metrics and alone.passed
+    # a floor image of another shape is not this photo's: ignored the same way
+    assert "excess_share" not in judge(marked, floor[:-8]).metrics

@@ -26,6 +26,14 @@ Means over a large area hide local and global failures, so face edits are also j
   person's skin outside the head (the selfie segmenter's person minus the grown oval, pixels
   whose source colour is close to the face's skin): skin lightened on neck and hands.
 
+- ``excess_share`` (with the editor's noise-floor output, ``pair.extras[FLOOR_IMAGE]``): the
+  share of pixels away from the face, in connected areas, where the candidate differs from
+  the source by :data:`EXCESS_LEVEL` more than the same editor's "return this photo
+  unchanged" output does nearby (:func:`excess_change`). The floor output carries the
+  editor's own re-rendering of this very photo, so what remains is what the candidate alone
+  changed: thin text and small objects the band limit spreads too thin, a patch pasted on a
+  plain wall, an erased one.
+
 When the caller hands the registered output before compositing (``raw_candidate``) and the
 editor's output as returned (``unregistered``), the same figures are reported for the raw
 edit (``raw_*``) and FOCUS-comparable ones (``focus_diff_face``, ``focus_diff_nonface``,
@@ -36,7 +44,9 @@ release can be set beside FOCUS's 0.141 / 0.022 / 8.16.
 from __future__ import annotations
 
 import math
+import weakref
 from dataclasses import dataclass
+from typing import Any
 
 import cv2
 import numpy as np
@@ -67,6 +77,20 @@ BAND_FRAC = 0.01
 #: measured region (a 1.5 % object is 15 times larger): the scattered specks where a
 #: re-render moves a sharp edge are smaller.
 MIN_CHANGE_AREA_FRAC = 0.001
+#: ``excess_share`` (judged against the editor's own "unchanged" output of the photo): each
+#: per-pixel difference is smoothed with this sigma in working-grid pixels (a pixel's
+#: neighbours, not a band limit: text strokes and small objects keep their contrast) ...
+EXCESS_SMOOTH_PX = 1.0
+#: ... after each output is matched to the source within this many working-grid pixels (an
+#: edge registered a pixel apart is not a change) ...
+EXCESS_SHIFT_PX = 1
+#: ... the floor's difference is grown by this radius (a max filter of 2r + 1 pixels), as a
+#: re-render moves an edge by a pixel or two between requests ...
+EXCESS_GROW_PX = 3
+#: ... and a pixel is changed beyond the floor where the candidate's difference exceeds the
+#: grown floor's by this, in [0, 1] (14 grey levels), in connected areas of at least
+#: :data:`MIN_CHANGE_AREA_FRAC` of the region.
+EXCESS_LEVEL = 14.0 / 255.0
 #: The face region grown by this fraction of the face size before measuring outside it:
 #: face edits are feathered across the oval's edge.
 FACE_MARGIN_FRAC = 0.10
@@ -123,6 +147,15 @@ class LocalityGateConfig(BaseModel):
     )
     min_band_ratio: float | None = Field(
         None, ge=0.0, description="face edits: band-limited face change / band-limited change away from the face"
+    )
+    max_excess_share: float | None = Field(
+        None,
+        ge=0.0,
+        le=1.0,
+        description=(
+            "face edits: share of pixels away from the face changed beyond the editor's own 'unchanged' output "
+            "(judged only with a noise floor image)"
+        ),
     )
 
 
@@ -266,6 +299,91 @@ def coherent_share(change: np.ndarray, region: np.ndarray, level: float | None =
     areas = stats[1:count, cv2.CC_STAT_AREA]
     kept = areas[areas >= MIN_CHANGE_AREA_FRAC * n]
     return float(kept.sum() / n)
+
+
+def _padded(work_source: np.ndarray) -> np.ndarray:
+    """float32 ``work_source`` padded by :data:`EXCESS_SHIFT_PX` (edge replicated)."""
+    r = EXCESS_SHIFT_PX
+    return cv2.copyMakeBorder(work_source.astype(np.float32), r, r, r, r, cv2.BORDER_REPLICATE)
+
+
+def _diff_to(padded: np.ndarray, image: np.ndarray) -> np.ndarray:
+    b = image.astype(np.float32)
+    h, w = b.shape[:2]
+    best = None
+    for dy in range(2 * EXCESS_SHIFT_PX + 1):
+        for dx in range(2 * EXCESS_SHIFT_PX + 1):
+            d = cv2.transform(cv2.absdiff(b, padded[dy : dy + h, dx : dx + w]), _CHANNEL_MEAN)
+            best = d if best is None else np.minimum(best, d, out=best)
+    return cv2.GaussianBlur(best, (0, 0), sigmaX=EXCESS_SMOOTH_PX)
+
+
+def pixel_diff(source: np.ndarray, image: np.ndarray) -> np.ndarray:
+    """``(h, w)`` float32 in [0, 1]: at each pixel, the smallest channel mean of ``|image -
+    source|`` over the source's pixels within :data:`EXCESS_SHIFT_PX` of it (uint8 ``(h, w,
+    3)``, one grid), smoothed with sigma :data:`EXCESS_SMOOTH_PX`.
+
+    The shift tolerance makes a sharp edge registered a pixel apart (on a working grid of
+    every k-th pixel, k pixels: an output resized up from an editor's smaller frame, a fraction
+    of a percent of scale, or a sampled pixel landing on the edge's other side) differ by
+    little; a colour that is nowhere near (text, a pasted or erased patch) differs fully.
+    """
+    return _diff_to(_padded(source), image)
+
+
+class _FloorSide:
+    """What :func:`excess_change` needs of a source and its floor output, made once per pair
+    of arrays (every cell of a template is compared with the same two): the padded source and
+    the floor's grown difference. Kept while both arrays live (weak references)."""
+
+    _cache: dict[tuple[int, int], tuple[Any, Any, np.ndarray, np.ndarray]] = {}
+
+    @classmethod
+    def of(cls, source: np.ndarray, floor: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        key = (id(source), id(floor))
+        hit = cls._cache.get(key)
+        if hit is not None and hit[0]() is source and hit[1]() is floor:
+            return hit[2], hit[3]
+        padded = _padded(source)
+        grown = cv2.dilate(_diff_to(padded, floor), _square(EXCESS_GROW_PX))
+        # a handful of templates at a time: dead entries, then the oldest, go first
+        for old in [k for k, v in cls._cache.items() if v[0]() is None or v[1]() is None]:
+            del cls._cache[old]
+        while len(cls._cache) >= 8:
+            del cls._cache[next(iter(cls._cache))]
+        cls._cache[key] = (weakref.ref(source), weakref.ref(floor), padded, grown)
+        return padded, grown
+
+
+def excess_change(source: np.ndarray, candidate: np.ndarray, floor: np.ndarray) -> np.ndarray:
+    """``(h, w)`` float32: how much more ``candidate`` differs from ``source`` at each pixel
+    than the editor's floor output ``floor`` does within :data:`EXCESS_GROW_PX` (both
+    differences :func:`pixel_diff`; all three uint8 on one grid, both outputs registered to
+    the source).
+
+    The floor is the same editor re-rendering the same photo with nothing asked: its own
+    texture, grain and edge shifts are where it differs, and a candidate differing as much
+    there is re-rendering too. What the candidate alone changes, an object pasted on a plain
+    wall, text, an erased patch, stays at full per-pixel contrast, which the band limit of
+    :func:`band_diff` would spread below its level when the change is thin or small. Where
+    the floor output did not cover the frame its pixels are black, its difference large, and
+    nothing there counts. The padded source and the floor's grown difference are made once
+    per template (:class:`_FloorSide`).
+    """
+    padded, grown = _FloorSide.of(source, floor)
+    return _diff_to(padded, candidate) - grown
+
+
+def excess_share(source: np.ndarray, candidate: np.ndarray, floor: np.ndarray, region: np.ndarray) -> float | None:
+    """Share in [0, 1] of ``region``'s pixels in connected areas where :func:`excess_change`
+    exceeds :data:`EXCESS_LEVEL` (at least :data:`MIN_CHANGE_AREA_FRAC` of the region each,
+    :func:`coherent_share`); None for an empty region. All arrays on one grid (the working
+    grid, in a gate stack)."""
+    return coherent_share(excess_change(source, candidate, floor), region, EXCESS_LEVEL)
+
+
+def _square(radius: int) -> np.ndarray:
+    return np.ones((2 * radius + 1, 2 * radius + 1), np.uint8)
 
 
 def _work_region(region: np.ndarray, stride: int) -> np.ndarray:
@@ -686,6 +804,37 @@ def noise_floor_of(pair: PairContext) -> dict | None:
     return dict(floor) if floor else None
 
 
+#: ``pair.extras`` key of the editor's floor output itself: ``(H, W, 3)`` uint8, registered to
+#: the source like the candidate (the floor candidate's aligned image)
+FLOOR_IMAGE = "noise_floor_image"
+
+
+def floor_image_of(pair: PairContext) -> np.ndarray | None:
+    """The floor output on the pair's working grid (``pair.extras[FLOOR_IMAGE]``, every k-th
+    pixel), or None when the caller has none or it is not the source's shape. The grid is
+    made once per floor array (every cell of a template hands the same one)."""
+    image = (pair.extras or {}).get(FLOOR_IMAGE)
+    if image is None or getattr(image, "shape", None) != pair.source.shape:
+        return None
+    k = pair.stride
+    if k == 1:
+        return image
+    key = (id(image), k)
+    hit = _FLOOR_GRIDS.get(key)
+    if hit is not None and hit[0]() is image:
+        return hit[1]
+    grid = np.ascontiguousarray(image[::k, ::k])
+    for old in [key for key, v in _FLOOR_GRIDS.items() if v[0]() is None]:
+        del _FLOOR_GRIDS[old]
+    while len(_FLOOR_GRIDS) >= 8:
+        del _FLOOR_GRIDS[next(iter(_FLOOR_GRIDS))]
+    _FLOOR_GRIDS[key] = (weakref.ref(image), grid)
+    return grid
+
+
+_FLOOR_GRIDS: dict[tuple[int, int], tuple[Any, np.ndarray]] = {}
+
+
 def locality_gate(
     pair: PairContext,
     *,
@@ -701,6 +850,7 @@ def locality_gate(
     min_diff_inside_edit: float | None = None,
     min_face_change: float | None = None,
     min_band_ratio: float | None = None,
+    max_excess_share: float | None = None,
 ) -> GateResult:
     """Judge where ``pair.candidate`` differs from ``pair.source``.
 
@@ -739,10 +889,12 @@ def locality_gate(
         "min_diff_inside_edit": min_diff_inside_edit,
         "min_face_change": min_face_change,
         "min_band_ratio": min_band_ratio,
+        "max_excess_share": max_excess_share,
         "ratio_floor": RATIO_FLOOR,
         "local_change_level": LOCAL_CHANGE_LEVEL,
         "band_frac": BAND_FRAC,
         "min_change_area_frac": MIN_CHANGE_AREA_FRAC,
+        "excess_level": EXCESS_LEVEL,
     }
     reasons: list[str] = []
     review: list[str] = []
@@ -764,6 +916,14 @@ def locality_gate(
     metrics: dict = {"mask_mode": pair.face_mask_mode, **m}
     if prepared is not None:
         metrics.update(_face_measures(prepared, pair.work_source, pair.work_candidate, work_covered=pair.work_covered))
+        floor_image = floor_image_of(pair)
+        if floor_image is not None:
+            region = prepared.work_region
+            if pair.work_covered is not None:
+                region = np.where(pair.work_covered, region, np.uint8(0))
+            metrics["excess_share"] = finite_or_none(
+                excess_share(pair.work_source, pair.work_candidate, floor_image, region)
+            )
     raw = pair.raw_candidate
     if raw is not None and raw.shape == pair.source.shape:
         r = locality_metrics(pair.source, raw, pair.face_mask, edit_mask, pair.covered, oval_mask=oval)
@@ -793,6 +953,7 @@ def locality_gate(
             max_body_skin_delta_e,
             min_face_change,
             min_band_ratio,
+            max_excess_share,
         )
     )
     if face_judged:
@@ -816,6 +977,9 @@ def locality_gate(
                     value = metrics[f"{key}_above_floor"] = value - base
                 if bound is not None and value is not None and value > bound:
                     reasons.append(code)
+            excess = metrics.get("excess_share")
+            if max_excess_share is not None and excess is not None and excess > max_excess_share:
+                reasons.append("locality_excess_share_above_max")
             face_change = metrics.get("face_change")
             unchanged = (min_diff_face is not None and m["diff_face"] < min_diff_face) or (
                 min_face_change is not None and face_change is not None and face_change < min_face_change
