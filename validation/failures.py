@@ -439,12 +439,12 @@ def _object_removed(image, face, oval, rng) -> tuple[np.ndarray, dict]:
         boxes.append((float(energy[y : y + side, x : x + side].mean()), at))
     # the most textured places first; one whose erasure a person would see is kept
     boxes.sort(key=lambda b: -b[0])
+    # inpaint at reduced size: Telea's cost grows with the hole's area
+    f = min(1.0, 256.0 / side)
+    small = cv2.resize(image, None, fx=f, fy=f, interpolation=cv2.INTER_AREA)
     for _, (x, y) in boxes[:VISIBLE_TRIES]:
         hole = np.zeros((h, w), np.uint8)
         cv2.ellipse(hole, (x + side // 2, y + side // 2), (side // 2, side // 2), 0, 0, 360, 255, -1)
-        # inpaint at reduced size: Telea's cost grows with the hole's area
-        f = min(1.0, 256.0 / side)
-        small = cv2.resize(image, None, fx=f, fy=f, interpolation=cv2.INTER_AREA)
         small_hole = cv2.resize(hole, (small.shape[1], small.shape[0]), interpolation=cv2.INTER_NEAREST)
         filled = cv2.inpaint(small, small_hole, 5, cv2.INPAINT_TELEA)
         filled = cv2.resize(filled, (w, h), interpolation=cv2.INTER_CUBIC)

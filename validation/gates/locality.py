@@ -308,6 +308,16 @@ def _padded(work_source: np.ndarray) -> np.ndarray:
 
 
 def _diff_to(padded: np.ndarray, image: np.ndarray) -> np.ndarray:
+    """``(h, w)`` float32 in [0, 1]: at each pixel of ``image`` (uint8 ``(h, w, 3)``), the
+    smallest channel mean of ``|image - source|`` over the source's pixels within
+    :data:`EXCESS_SHIFT_PX` of it (``padded``: :func:`_padded` source, same grid), smoothed
+    with sigma :data:`EXCESS_SMOOTH_PX`.
+
+    The shift tolerance makes a sharp edge registered a pixel apart (on a working grid of
+    every k-th pixel, k pixels: an output resized up from an editor's smaller frame, a fraction
+    of a percent of scale, or a sampled pixel landing on the edge's other side) differ by
+    little; a colour that is nowhere near (text, a pasted or erased patch) differs fully.
+    """
     b = image.astype(np.float32)
     h, w = b.shape[:2]
     best = None
@@ -318,35 +328,24 @@ def _diff_to(padded: np.ndarray, image: np.ndarray) -> np.ndarray:
     return cv2.GaussianBlur(best, (0, 0), sigmaX=EXCESS_SMOOTH_PX)
 
 
-def pixel_diff(source: np.ndarray, image: np.ndarray) -> np.ndarray:
-    """``(h, w)`` float32 in [0, 1]: at each pixel, the smallest channel mean of ``|image -
-    source|`` over the source's pixels within :data:`EXCESS_SHIFT_PX` of it (uint8 ``(h, w,
-    3)``, one grid), smoothed with sigma :data:`EXCESS_SMOOTH_PX`.
-
-    The shift tolerance makes a sharp edge registered a pixel apart (on a working grid of
-    every k-th pixel, k pixels: an output resized up from an editor's smaller frame, a fraction
-    of a percent of scale, or a sampled pixel landing on the edge's other side) differ by
-    little; a colour that is nowhere near (text, a pasted or erased patch) differs fully.
-    """
-    return _diff_to(_padded(source), image)
-
-
 class _FloorSide:
     """What :func:`excess_change` needs of a source and its floor output, made once per pair
     of arrays (every cell of a template is compared with the same two): the padded source and
-    the floor's grown difference. Kept while both arrays live (weak references)."""
+    the floor's grown difference on the source's grid. Kept while both arrays live (weak
+    references), a handful of templates at a time."""
 
-    _cache: dict[tuple[int, int], tuple[Any, Any, np.ndarray, np.ndarray]] = {}
+    _cache: dict[tuple[int, int, int], tuple[Any, Any, np.ndarray, np.ndarray]] = {}
 
     @classmethod
-    def of(cls, source: np.ndarray, floor: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        key = (id(source), id(floor))
+    def of(cls, source: np.ndarray, floor: np.ndarray, stride: int) -> tuple[np.ndarray, np.ndarray]:
+        key = (id(source), id(floor), stride)
         hit = cls._cache.get(key)
         if hit is not None and hit[0]() is source and hit[1]() is floor:
             return hit[2], hit[3]
         padded = _padded(source)
-        grown = cv2.dilate(_diff_to(padded, floor), _square(EXCESS_GROW_PX))
-        # a handful of templates at a time: dead entries, then the oldest, go first
+        on_grid = floor if stride == 1 else np.ascontiguousarray(floor[::stride, ::stride])
+        grown = cv2.dilate(_diff_to(padded, on_grid), _square(EXCESS_GROW_PX))
+        # dead entries, then the oldest, go first
         for old in [k for k, v in cls._cache.items() if v[0]() is None or v[1]() is None]:
             del cls._cache[old]
         while len(cls._cache) >= 8:
@@ -355,11 +354,12 @@ class _FloorSide:
         return padded, grown
 
 
-def excess_change(source: np.ndarray, candidate: np.ndarray, floor: np.ndarray) -> np.ndarray:
+def excess_change(source: np.ndarray, candidate: np.ndarray, floor: np.ndarray, stride: int = 1) -> np.ndarray:
     """``(h, w)`` float32: how much more ``candidate`` differs from ``source`` at each pixel
     than the editor's floor output ``floor`` does within :data:`EXCESS_GROW_PX` (both
-    differences :func:`pixel_diff`; all three uint8 on one grid, both outputs registered to
-    the source).
+    differences :func:`_diff_to`). ``source`` and ``candidate`` are uint8 on one grid;
+    ``floor`` is the full-size output registered to the source, of which every ``stride``-th
+    pixel is that grid (``stride`` 1: it is on the grid already).
 
     The floor is the same editor re-rendering the same photo with nothing asked: its own
     texture, grain and edge shifts are where it differs, and a candidate differing as much
@@ -370,16 +370,18 @@ def excess_change(source: np.ndarray, candidate: np.ndarray, floor: np.ndarray) 
     nothing there counts. The padded source and the floor's grown difference are made once
     per template (:class:`_FloorSide`).
     """
-    padded, grown = _FloorSide.of(source, floor)
+    padded, grown = _FloorSide.of(source, floor, stride)
     return _diff_to(padded, candidate) - grown
 
 
-def excess_share(source: np.ndarray, candidate: np.ndarray, floor: np.ndarray, region: np.ndarray) -> float | None:
+def excess_share(
+    source: np.ndarray, candidate: np.ndarray, floor: np.ndarray, region: np.ndarray, stride: int = 1
+) -> float | None:
     """Share in [0, 1] of ``region``'s pixels in connected areas where :func:`excess_change`
     exceeds :data:`EXCESS_LEVEL` (at least :data:`MIN_CHANGE_AREA_FRAC` of the region each,
-    :func:`coherent_share`); None for an empty region. All arrays on one grid (the working
-    grid, in a gate stack)."""
-    return coherent_share(excess_change(source, candidate, floor), region, EXCESS_LEVEL)
+    :func:`coherent_share`); None for an empty region. ``source``, ``candidate`` and ``region``
+    on one grid, ``floor`` full size with that grid its every ``stride``-th pixel."""
+    return coherent_share(excess_change(source, candidate, floor, stride), region, EXCESS_LEVEL)
 
 
 def _square(radius: int) -> np.ndarray:
@@ -810,29 +812,12 @@ FLOOR_IMAGE = "noise_floor_image"
 
 
 def floor_image_of(pair: PairContext) -> np.ndarray | None:
-    """The floor output on the pair's working grid (``pair.extras[FLOOR_IMAGE]``, every k-th
-    pixel), or None when the caller has none or it is not the source's shape. The grid is
-    made once per floor array (every cell of a template hands the same one)."""
+    """The floor output (``pair.extras[FLOOR_IMAGE]``), or None when the caller has none or it
+    is not the source's shape."""
     image = (pair.extras or {}).get(FLOOR_IMAGE)
     if image is None or getattr(image, "shape", None) != pair.source.shape:
         return None
-    k = pair.stride
-    if k == 1:
-        return image
-    key = (id(image), k)
-    hit = _FLOOR_GRIDS.get(key)
-    if hit is not None and hit[0]() is image:
-        return hit[1]
-    grid = np.ascontiguousarray(image[::k, ::k])
-    for old in [key for key, v in _FLOOR_GRIDS.items() if v[0]() is None]:
-        del _FLOOR_GRIDS[old]
-    while len(_FLOOR_GRIDS) >= 8:
-        del _FLOOR_GRIDS[next(iter(_FLOOR_GRIDS))]
-    _FLOOR_GRIDS[key] = (weakref.ref(image), grid)
-    return grid
-
-
-_FLOOR_GRIDS: dict[tuple[int, int], tuple[Any, np.ndarray]] = {}
+    return image
 
 
 def locality_gate(
@@ -922,7 +907,7 @@ def locality_gate(
             if pair.work_covered is not None:
                 region = np.where(pair.work_covered, region, np.uint8(0))
             metrics["excess_share"] = finite_or_none(
-                excess_share(pair.work_source, pair.work_candidate, floor_image, region)
+                excess_share(pair.work_source, pair.work_candidate, floor_image, region, pair.stride)
             )
     raw = pair.raw_candidate
     if raw is not None and raw.shape == pair.source.shape:
