@@ -227,7 +227,9 @@ Editor calls in the run that wrote this release: {stats["editor_calls_this_run"]
 {editors_html(stats.get("editors"))}<h2>Editor noise floor</h2>
 <p>Per template, the editor's output for "return this photo unchanged", measured like a candidate:
 its re-rendering of the photo. The cells' changed share, global shift, gain and body-skin change are
-judged above these values (each item's <code>floor_*</code> and <code>*_above_floor</code> fields).</p>
+judged above these values (each item's <code>floor_*</code> and <code>*_above_floor</code> fields),
+and each cell's output is compared with this output pixel by pixel: <code>excess_share</code> is the share
+away from the edit region that the cell alone changed.</p>
 <table id="noise-floor"><tr><th>template</th>{floor_head}<th>attempt</th></tr>{floor_rows}</table>
 <h2>Expression drift</h2>
 <p>Variants whose SMILE / NEUTRAL / SERIOUS label differs from their template's modal label:
