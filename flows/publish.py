@@ -603,7 +603,7 @@ def noise_floor_stats(spec: Spec, ws: Workspace, prepared: Sequence[PreparedSour
         if c.judge_key != jkey or c.verdict != FLOOR_VERDICT:
             continue
         m = (c.gates.get("locality") or {}).get("metrics") or {}
-        keys = (*FLOOR_RELATIVE, "diff_face", "diff_nonface", "face_change", "nonface_change")
+        keys = (*FLOOR_RELATIVE, "diff_face", "diff_nonface", "nonface_change")
         out[planned[aid]] = {
             "attempt_id": c.attempt_id,
             "image_sha256": c.image_sha256,

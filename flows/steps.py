@@ -58,7 +58,7 @@ from counterfactory.validation.judging import FLOOR_VERDICT, TemplateJudge, no_s
 from counterfactory.validation.skin import source_edit_region
 
 #: bump when the meaning of a judgement changes, so stored verdicts are recomputed
-JUDGE_VERSION = 3
+JUDGE_VERSION = 4
 #: seconds to wait before each re-fetch of a paid remote request that did not come back
 #: (its editor already retried each HTTP call); after the last, the next run fetches it
 RESUME_WAITS_S = (1.0, 4.0, 16.0)

@@ -459,6 +459,10 @@ class Spec(BaseModel):
         locality = data["gates"][kind].get("locality")
         if isinstance(locality, dict) and locality.get("max_excess_share", 0) is None:
             locality.pop("max_excess_share")
+        # likewise the mouth corners' shift in the pixels
+        expression = data["gates"][kind].get("expression")
+        if isinstance(expression, dict) and expression.get("max_mouth_corner_shift_iod", 0) is None:
+            expression.pop("max_mouth_corner_shift_iod")
         data.pop("ledger_url", None)
         data.pop("run", None)
         data.pop("store_dir", None)

@@ -156,7 +156,14 @@ def write_report(release_dir: Path, *, spec: Any, items: Sequence[dict[str, Any]
     def num(value: Any) -> str:
         return f"{value:.4g}" if isinstance(value, (int, float)) else "-"
 
-    floor_keys = ("changed_share", "global_shift", "global_gain_change", "body_skin_delta_e", "diff_nonface")
+    floor_keys = (
+        "changed_share",
+        "global_shift",
+        "global_gain_change",
+        "body_skin_delta_e",
+        "face_change",
+        "diff_nonface",
+    )
     floor_rows = (
         "".join(
             f"<tr><td>{html.escape(tid)}</td>"
@@ -226,8 +233,8 @@ Editor calls in the run that wrote this release: {stats["editor_calls_this_run"]
 <th>unfilled (rejected, failed)</th></tr>{group_rows}</table>
 {editors_html(stats.get("editors"))}<h2>Editor noise floor</h2>
 <p>Per template, the editor's output for "return this photo unchanged", measured like a candidate:
-its re-rendering of the photo. The cells' changed share, global shift, gain and body-skin change are
-judged above these values (each item's <code>floor_*</code> and <code>*_above_floor</code> fields),
+its re-rendering of the photo. The cells' changed share, global shift, gain, body-skin change and
+face change (a cell whose face changed no more than here is a copy, sent to review) are judged above these values (each item's <code>floor_*</code> and <code>*_above_floor</code> fields),
 and each cell's output is compared with this output pixel by pixel: <code>excess_share</code> is the share
 away from the edit region that the cell alone changed.</p>
 <table id="noise-floor"><tr><th>template</th>{floor_head}<th>attempt</th></tr>{floor_rows}</table>

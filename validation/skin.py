@@ -95,10 +95,13 @@ def region_ita(image: np.ndarray, mask: np.ndarray | None, *, min_pixels: int = 
     """
     if mask is None:
         return None
-    pixels = _masked_pixels(image, mask)
-    if pixels.shape[0] < min_pixels:
+    flat = np.flatnonzero(np.asarray(mask).reshape(-1))
+    if flat.size < min_pixels:
         return None
-    return float(np.median(ita_deg(rgb_to_lab(pixels[:: max(pixels.shape[0] // MAX_SAMPLES, 1)]))))
+    # the strided sample's indices first, then only those pixels (the same pixels as striding
+    # the gathered region)
+    pixels = np.ascontiguousarray(image).reshape(-1, image.shape[-1])[flat[:: max(flat.size // MAX_SAMPLES, 1)]]
+    return float(np.median(ita_deg(rgb_to_lab(pixels))))
 
 
 def _masked_pixels(image: np.ndarray, mask: np.ndarray) -> np.ndarray:

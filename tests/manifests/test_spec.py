@@ -240,6 +240,26 @@ def test_spec_hash_covers_only_the_active_backend_and_kind(specs_dir):
     assert changed(store_dir=Path("/mnt/lab/store")) == spec.spec_hash()
 
 
+def test_thresholds_added_since_a_spec_was_written_leave_its_hash_when_unset(specs_dir):
+    """A spec that sets the newer thresholds to null (as one written before they existed
+    judged without them) hashes without them: its canonical form has no such keys, and
+    setting one changes the hash."""
+    spec = load_spec(specs_dir / "demo-face.yaml")
+    face = spec.gates.face
+    unset = face.model_copy(
+        update={
+            "expression": face.expression.model_copy(update={"max_mouth_corner_shift_iod": None}),
+            "locality": face.locality.model_copy(update={"max_excess_share": None}),
+        }
+    )
+    old = spec.model_copy(update={"gates": spec.gates.model_copy(update={"face": unset})})
+    canonical = old.canonical()["gates"]["face"]
+    assert "max_mouth_corner_shift_iod" not in canonical["expression"]
+    assert "max_excess_share" not in canonical["locality"]
+    assert "max_mouth_corner_shift_iod" in spec.canonical()["gates"]["face"]["expression"]
+    assert old.spec_hash() != spec.spec_hash()
+
+
 @pytest.mark.slow
 def test_the_spec_module_imports_no_pipeline_layer():
     # manifests is the bottom layer: the spec names its generation/validation sections by

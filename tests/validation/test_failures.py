@@ -1,9 +1,10 @@
 """The failure-mode corpus and the thresholds it calibrates (issue 9).
 
 The corpus is seeded (the same seed gives the same bytes), labels every case, keeps a
-held-out split, and the shipped calibration reports on that split: good edits accepted at
-least 95 % of the time and every failure class caught (rejected or sent to review) at least
-75 % of the time (every case re-rendered, judged above its photo's noise floor).
+held-out split (by person for the London set), and the shipped calibration reports on that
+split: good edits accepted at least 95 % of the time and every failure class caught (rejected
+or sent to review) at least 95 % of the time (every case re-rendered, judged above its photo's
+noise floor and against its floor output).
 """
 
 from __future__ import annotations
@@ -65,22 +66,30 @@ def test_shipped_calibration_meets_the_issue_on_its_held_out_split():
     cal = load_calibration()
     corpus = cal["failures"]
     held = corpus["heldout"]
-    # the shipped run is the bundled photos' (the London run, with its real expression pairs,
-    # is reported in the README and not shipped: its good edits misregister on plain backdrops)
-    assert set(held) == set(CLASSES) - {"expression_real"}
+    # the shipped run is the bundled photos' (held out by variant) and the London set's (82
+    # people, held out by person, with their real smiles as a class of its own)
+    assert set(held) == set(CLASSES)
+    assert set(corpus["heldout_by_set"]) == {"bundled", "london"}
+    assert corpus["config"]["photo_sets"]["london"]["split_by"] == "person"
+    london = [r for r in corpus["cases"] if r.get("photo_set") == "london"]
+    people = {split: {r["person"] for r in london if r["split"] == split} for split in ("train", "heldout")}
+    assert len(people["train"]) >= 40 and len(people["heldout"]) >= 40
+    assert not people["train"] & people["heldout"]  # no held-out person set a threshold
     # every case re-rendered through TAEF2 and judged above its photo's noise floor and against
-    # the floor output pixel by pixel: good edits accepted >= 95 %; added and removed objects and
-    # text caught >= 95 % (issue 19); expression and re-rendered copies at >= 75 % (issue 19 asks
-    # 95 %: smiles under the mouth-corner threshold, copies whose decoder changes the face more
-    # than min_face_change, are still owed)
+    # the floor output pixel by pixel: good edits accepted >= 95 % and every failure class
+    # (real expression pairs among them) caught >= 95 % (issue 19)
     assert held[GOOD]["acceptance"] >= 0.95
-    for label in ("object_added", "text_added", "object_removed"):
+    for label in FAILURE_CLASSES:
         assert held[label]["caught"] >= 0.95, (label, held[label])
-    for label in set(FAILURE_CLASSES) & set(held):
-        assert held[label]["caught"] >= 0.75, (label, held[label])
-    # the three local failures are caught by the per-pixel comparison with the floor output
+    assert held["expression_real"]["n"] >= 40
+    # the three local failures are caught by the per-pixel comparison with the floor output,
+    # smiles and frowns by the mouth corners' shift in the pixels, copies by their face change
+    # above the floor's
     for label in ("object_added", "text_added", "object_removed"):
         assert "locality_excess_share_above_max" in held[label]["reasons"], held[label]
+    for label in ("expression", "expression_real"):
+        assert "expression_mouth_corner_shift_above_max" in held[label]["reasons"], held[label]
+    assert "locality_face_unchanged" in held["noop_copy"]["reasons"]
     assert corpus["noise_floors"] and all(f is not None for f in corpus["noise_floors"].values())
     assert corpus["good_acceptance_heldout"] == held[GOOD]["acceptance"]
     # the shipped defaults are the corpus's thresholds, and held-out cases never set them
@@ -89,6 +98,34 @@ def test_shipped_calibration_meets_the_issue_on_its_held_out_split():
         assert face[gate][name] == corpus["thresholds"][gate][name]
     assert face["identity"].get("max_cosine") is None
     assert {r["split"] for r in corpus["cases"]} == {"train", "heldout"}
+
+
+def test_each_photo_set_keeps_its_own_good_edits_inside_the_thresholds():
+    """A threshold is fitted on each photo set's good edits alone and the loosest kept: pooled,
+    the 164 London good edits that all score an excess_share of 0 outvote the bundled set's few
+    that do not (the London run of 2026-12-04 set 0.00069 and rejected 3 of 36 bundled good
+    edits held out)."""
+    from counterfactory.validation.corpus_fit import corpus_thresholds
+
+    rng = np.random.default_rng(0)
+
+    def good(photo_set, excess):
+        metrics = {metric: float(rng.uniform(0.01, 0.02)) for _, _, metric, _ in CORPUS_THRESHOLDS}
+        metrics["identity.cosine"] = float(rng.uniform(0.8, 0.95))
+        metrics["locality.excess_share"] = excess
+        record = {"label": GOOD, "metrics": metrics}
+        return record if photo_set == "bundled" else {**record, "photo_set": photo_set}
+
+    bundled = [good("bundled", 0.0) for _ in range(37)] + [good("bundled", 0.0014)]
+    london = [good("london", 0.0) for _ in range(164)]
+    fitted = corpus_thresholds(bundled + london, target=0.95)["locality"]["max_excess_share"]
+    assert fitted > 0.0014  # every bundled good edit passes
+    assert fitted == corpus_thresholds(bundled, target=0.95)["locality"]["max_excess_share"]
+    pooled = [{**r, "photo_set": "one"} for r in bundled + london]
+    assert corpus_thresholds(pooled, target=0.95)["locality"]["max_excess_share"] < 0.0014  # the old rule
+    # a lower bound takes the lowest set's: its smallest good face change still passes
+    low = min(r["metrics"]["locality.face_change_above_floor"] for r in bundled)
+    assert corpus_thresholds(bundled + london, target=0.95)["locality"]["min_face_change"] < low
 
 
 @pytest.mark.slow

@@ -13,7 +13,12 @@ import pytest
 
 from counterfactory.validation.faces import LEFT_BROW, RIGHT_BROW, FaceObservation, face_mask
 from counterfactory.validation.gates.base import PairContext
-from counterfactory.validation.gates.expression import brow_shifts, expression_geometry, geometry_changes
+from counterfactory.validation.gates.expression import (
+    brow_shifts,
+    expression_geometry,
+    geometry_changes,
+    mouth_corner_shifts,
+)
 from counterfactory.validation.gates.face import face_placement_change
 from counterfactory.validation.gates.locality import (
     LOCAL_CHANGE_LEVEL,
@@ -163,6 +168,61 @@ def test_brows_of_a_feature_transplant_do_not_move(photo, landmarker):
     alpha = feather(face_mask(face.landmarks, source.shape[:2], mode="skin"), 8)[..., None]
     candidate = np.round(alpha * warped + (1 - alpha) * source).astype(np.uint8)
     assert max(abs(v) for v in brow_shifts(source, candidate, face.landmarks)) < 0.015
+
+
+@pytest.mark.parametrize("roll_deg", [0.0, 20.0])
+@pytest.mark.parametrize("k", [-3, 2, 4])
+def test_mouth_corner_region_moved_k_pixels_gives_k_over_iod(photo, landmarker, roll_deg, k):
+    """Each mouth corner and the skin around it moved up (k > 0) or down by k pixels in the
+    pixels: its measured shift is k / iod, tilted or not; the other corner, left in place,
+    reads 0."""
+    image = photo("obama_portrait.jpg")
+    face = landmarker.detect(image)[0]
+    image, lm = _rotated(image, face.landmarks, -face.pose_deg()[2])
+    iod = float(np.hypot(*(lm[473] - lm[468])))
+    x, y = lm[61]  # the subject's right corner (image left)
+    r = int(0.35 * iod)
+    x0, x1, y0, y1 = int(x - r), int(x + r), int(y - r), int(y + r)
+    moved = image.copy()
+    moved[y0 - k : y1 - k, x0:x1] = image[y0:y1, x0:x1]
+    src, cand = image, moved
+    if roll_deg:
+        cand, _ = _rotated(moved, lm, roll_deg)
+        src, lm = _rotated(image, lm, roll_deg)
+    right, left = mouth_corner_shifts(src, cand, lm)
+    assert right == pytest.approx(k / iod, abs=0.3 / iod)
+    assert left == pytest.approx(0.0, abs=0.3 / iod)
+
+
+def test_fuller_lips_and_a_recoloured_face_do_not_move_the_mouth_corners(photo, landmarker):
+    """A good edit's lip morph (12 % taller about the lips' centre, as the corpus makes) and a
+    face recoloured 20 L* darker leave each corner's patch where it was (under 0.01 iod), where
+    the frown the corpus warps in at its smallest (0.07 iod) moves it by 0.05 or more."""
+    from counterfactory.generation.masks import feather
+    from counterfactory.validation.faces import LIPS
+    from counterfactory.validation.failures import _bump, _scale_about, _warp_field
+
+    image = photo("obama_portrait.jpg")
+    face = landmarker.detect(image)[0]
+    lm = face.landmarks[:, :2]
+    dx, dy = _scale_about(image.shape[:2], lm[list(LIPS)].mean(axis=0), 0.12 * face.size_px, 1.0, 1.12)
+    fuller = _warp_field(image, dx, dy)
+    assert np.abs(fuller.astype(int) - image).max() > 40  # the lips did change
+    assert max(abs(v) for v in mouth_corner_shifts(image, fuller, face.landmarks)) < 0.01
+    lab = to_lab(image)
+    alpha = feather(face_mask(face.landmarks, image.shape[:2], mode="oval"), 8)
+    lab[..., 0] -= 20.0 * alpha
+    darker = np.clip(np.rint(cv2.cvtColor(lab, cv2.COLOR_Lab2RGB) * 255), 0, 255).astype(np.uint8)
+    assert max(abs(v) for v in mouth_corner_shifts(image, darker, face.landmarks)) < 0.01
+    # the corpus's smallest frown: both corners warped down by 0.07 iod at their centre
+    iod = float(np.hypot(*(lm[473] - lm[468])))
+    down = np.zeros(image.shape[:2], np.float32)
+    for corner in (61, 291):
+        # as the corpus draws it: "up" times a negative amount (the face is upright: up is -y)
+        down += 0.07 * iod * _bump(image.shape[:2], lm[corner], 0.18 * iod)
+    frown = _warp_field(image, np.zeros_like(down), down)
+    right, left = mouth_corner_shifts(image, frown, face.landmarks)
+    assert right < -0.05 and left < -0.05
 
 
 def test_face_moved_by_d_pixels_and_scaled(photo, landmarker):

@@ -277,6 +277,21 @@ def test_an_edge_registered_a_pixel_apart_is_not_an_excess():
     assert excess_share(source, patched, floor, region) == pytest.approx(40 * 40 / 300**2, rel=0.3)
 
 
+def _judged_face_pair(source, candidate, fmask, faces, extras, **thresholds):
+    """The locality gate on a face pair whose faces are known, with these ``extras``."""
+    pair = PairContext(
+        source=source,
+        candidate=candidate,
+        kind="face",
+        face_mask=fmask,
+        edit_mask=None,
+        source_faces=faces,
+        candidate_faces=faces,
+        extras=extras,
+    )
+    return locality_gate(pair, **thresholds)
+
+
 def test_excess_share_is_judged_only_with_the_floor_output(grace_and_mask, landmarker):
     from counterfactory.validation.gates.locality import FLOOR_IMAGE
 
@@ -288,17 +303,8 @@ def test_excess_share_is_judged_only_with_the_floor_output(grace_and_mask, landm
     cv2.putText(marked, "EXIT", (int(0.03 * w), int(0.95 * h)), cv2.FONT_HERSHEY_SIMPLEX, 1.2, (250, 20, 20), 2)
 
     def judge(candidate, floor_image):
-        pair = PairContext(
-            source=source,
-            candidate=candidate,
-            kind="face",
-            face_mask=fmask,
-            edit_mask=None,
-            source_faces=faces,
-            candidate_faces=faces,
-            extras={FLOOR_IMAGE: floor_image} if floor_image is not None else {},
-        )
-        return locality_gate(pair, max_excess_share=0.001)
+        extras = {FLOOR_IMAGE: floor_image} if floor_image is not None else {}
+        return _judged_face_pair(source, candidate, fmask, faces, extras, max_excess_share=0.001)
 
     plain = judge(again, floor)
     assert plain.passed and plain.metrics["excess_share"] == 0.0
@@ -310,3 +316,65 @@ def test_excess_share_is_judged_only_with_the_floor_output(grace_and_mask, landm
     assert "excess_share" not in alone.metrics and alone.passed
     # a floor image of another shape is not this photo's: ignored the same way
     assert "excess_share" not in judge(marked, floor[:-8]).metrics
+
+
+def _judged_with_floor(source, candidate, fmask, faces, floor, **thresholds):
+    """The locality gate on a face pair, with the noise floor's figures when given."""
+    return _judged_face_pair(source, candidate, fmask, faces, {"noise_floor": floor} if floor else {}, **thresholds)
+
+
+def test_a_copy_is_told_from_an_edit_by_its_face_change_above_the_floor(grace_and_mask, landmarker):
+    """A decoder that moves the face's tone a little on every request (here 5 grey levels,
+    smooth, inside the face: about 0.02 of band-limited face change, more than a small good
+    edit of a smooth face shows) makes a copy look edited. Judged against the editor's own copy
+    of the photo, the copy is a copy again, and an edit of 10 more levels is an edit."""
+    source, fmask = grace_and_mask
+    faces = landmarker.detect(source)
+    wobble = cv2.GaussianBlur(fmask.astype(np.float32) / 255.0, (0, 0), 6.0)[..., None] * 5.0
+
+    def rendered(extra_levels: float, seed: int) -> np.ndarray:
+        (grained,) = _textured_renders(source, (seed,))
+        return np.clip(grained + wobble * (1.0 + extra_levels / 5.0), 0, 255).astype(np.uint8)
+
+    def judge(candidate, floor):
+        return _judged_with_floor(source, candidate, fmask, faces, floor, min_face_change=0.01)
+
+    floor_image, copy, edit = rendered(0, 7), rendered(0, 8), rendered(10, 9)
+    floor = {"face_change": judge(floor_image, None).metrics["face_change"]}
+    assert floor["face_change"] > 0.015
+    # reproduction: judged as measured, the decoder's own change passes the copy as an edit
+    alone = judge(copy, None)
+    assert alone.review == () and alone.metrics["face_change"] > 0.01
+    # above the floor: a copy
+    judged = judge(copy, floor)
+    assert judged.review == ("locality_face_unchanged",)
+    assert judged.metrics["floor_face_change"] == floor["face_change"]
+    assert abs(judged.metrics["face_change_above_floor"]) < 0.003
+    # while the edit's 10 levels (0.039) stand above it
+    edited = judge(edit, floor)
+    assert edited.review == ()
+    assert edited.metrics["face_change_above_floor"] == pytest.approx(10 / 255, rel=0.3)
+
+
+def test_with_a_floor_the_raw_face_difference_does_not_call_a_subtle_edit_a_copy(grace_and_mask, landmarker):
+    """FOCUS's raw diff_face under min_diff_face (0.02) sends a face to review as unchanged. A
+    subtle good edit (4 grey levels over the face, re-rendered) is under it; with the editor's
+    floor its face change above the floor's decides, and it is an edit. Without a floor, the
+    raw figure still decides (and still catches a plain copy)."""
+    source, fmask = grace_and_mask
+    faces = landmarker.detect(source)
+    soft = cv2.GaussianBlur(fmask.astype(np.float32) / 255.0, (0, 0), 6.0)[..., None]
+    floor_image = np.clip(source + soft * 1.0, 0, 255).astype(np.uint8)
+    subtle = np.clip(source + soft * 4.0, 0, 255).astype(np.uint8)
+
+    def judge(candidate, floor):
+        return _judged_with_floor(source, candidate, fmask, faces, floor, min_diff_face=0.02, min_face_change=0.0011)
+
+    floor = {"face_change": judge(floor_image, None).metrics["face_change"]}
+    alone = judge(subtle, None)
+    assert alone.metrics["diff_face"] < 0.02 and alone.review == ("locality_face_unchanged",)
+    judged = judge(subtle, floor)
+    assert judged.review == (), judged.metrics
+    assert judged.metrics["face_change_above_floor"] > 0.005
+    # a copy of the floor is still a copy
+    assert judge(floor_image.copy(), floor).review == ("locality_face_unchanged",)

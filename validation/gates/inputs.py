@@ -73,7 +73,9 @@ def input_gate(
             reasons.append("input_edit_mask_shape_mismatch")
     measurable = not reasons
     if cand is not None:
-        sample = np.ascontiguousarray(cand.reshape(-1, 3)[:: max(cand.shape[0] * cand.shape[1] // 65536, 1)])
+        step = max(cand.shape[0] * cand.shape[1] // 65536, 1)
+        # every step-th pixel, copied as 3-byte items (numpy copies 3-wide rows slowly)
+        sample = np.ascontiguousarray(cand).reshape(-1).view("V3")[::step].copy().view(np.uint8).reshape(-1, 3)
         # population std per channel (numpy's std over a 3-wide last axis is slow)
         std = float(np.mean(cv2.meanStdDev(sample.reshape(-1, 1, 3))[1]))
         metrics["candidate_std"] = std

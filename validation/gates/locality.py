@@ -43,6 +43,7 @@ release can be set beside FOCUS's 0.141 / 0.022 / 8.16.
 
 from __future__ import annotations
 
+import functools
 import math
 import weakref
 from dataclasses import dataclass
@@ -115,7 +116,10 @@ class LocalityGateConfig(BaseModel):
 
     max_diff_nonface: float | None = Field(None, ge=0.0, le=1.0, description="face edits: outside the face")
     min_diff_face: float | None = Field(
-        None, ge=0.0, le=1.0, description="face edits: below this the face is unchanged (sent to review)"
+        None,
+        ge=0.0,
+        le=1.0,
+        description="face edits: below this the face is unchanged (sent to review); judged only without a noise floor",
     )
     min_ratio: float | None = Field(None, ge=0.0, description="face edits: diff_face / diff_nonface")
     max_diff_outside_edit: float | None = Field(
@@ -143,7 +147,10 @@ class LocalityGateConfig(BaseModel):
         None,
         ge=0.0,
         le=1.0,
-        description="face edits: band-limited face change below this: unchanged (sent to review)",
+        description=(
+            "face edits: band-limited face change (above the noise floor's, with one) below this: unchanged "
+            "(sent to review)"
+        ),
     )
     min_band_ratio: float | None = Field(
         None, ge=0.0, description="face edits: band-limited face change / band-limited change away from the face"
@@ -266,9 +273,20 @@ def band_sigma(shape: tuple[int, ...]) -> float:
     return max(BAND_FRAC * math.sqrt(shape[0] * shape[1]), 0.5)
 
 
+@functools.lru_cache(maxsize=64)
+def _gaussian_kernel(sigma: float) -> np.ndarray:
+    """OpenCV's own Gaussian kernel for a float image at ``sigma`` (4 sigma each side, the size
+    ``GaussianBlur`` picks)."""
+    return cv2.getGaussianKernel(int(round(sigma * 8 + 1)) | 1, sigma, cv2.CV_32F)
+
+
 def lowpass(image: np.ndarray) -> np.ndarray:
-    """``image`` as float32 Gaussian-smoothed at :func:`band_sigma` (per channel)."""
-    return cv2.GaussianBlur(image.astype(np.float32), (0, 0), sigmaX=band_sigma(image.shape))
+    """``image`` as float32 Gaussian-smoothed at :func:`band_sigma` (per channel): the kernel
+    ``GaussianBlur`` uses on float32, applied straight from uint8 (no float copy of the image
+    first; the result differs from ``GaussianBlur`` of the float copy by at most 5e-5 grey
+    levels, floating-point order)."""
+    k = _gaussian_kernel(band_sigma(image.shape))
+    return cv2.sepFilter2D(image, cv2.CV_32F, k, k, borderType=cv2.BORDER_REFLECT_101)
 
 
 def band_diff(source: np.ndarray, candidate: np.ndarray, *, source_low: np.ndarray | None = None) -> np.ndarray:
@@ -474,7 +492,7 @@ def _global_change_at(sample: RegionSample, candidate: np.ndarray) -> tuple[floa
     cand = candidate[sample.rows, sample.cols].astype(np.float32)
     # per channel on contiguous rows: numpy reduces a 3-wide last axis slowly
     diff = np.ascontiguousarray((cand - src).T)
-    shift = float(max(abs(float(np.median(ch))) for ch in diff)) / 255.0
+    shift = float(np.max(np.abs(np.median(diff, axis=1)))) / 255.0
     s_std = _channel_std(src)
     c_std = _channel_std(cand)
     ok = s_std > 1.0
@@ -786,8 +804,9 @@ def _face_measures(
     return out
 
 
-#: The measures judged relative to the editor's noise floor (:func:`noise_floor_of`).
-FLOOR_RELATIVE = ("changed_share", "global_shift", "global_gain_change", "body_skin_delta_e")
+#: The measures judged relative to the editor's noise floor (:func:`noise_floor_of`): the
+#: four upper bounds, and the face change a copy would show (``min_face_change``).
+FLOOR_RELATIVE = ("changed_share", "global_shift", "global_gain_change", "body_skin_delta_e", "face_change")
 
 
 def noise_floor_of(pair: PairContext) -> dict | None:
@@ -800,7 +819,11 @@ def noise_floor_of(pair: PairContext) -> dict | None:
     ``changed_share``; a colour bias of the decoder moves ``global_shift``). With a floor, the
     :data:`FLOOR_RELATIVE` measures are judged as their excess over it (``<metric>_above_floor``,
     recorded beside ``floor_<metric>``), so the limits hold for a new editor without
-    recalibration; without one they are judged as measured.
+    recalibration; without one they are judged as measured. That holds for ``face_change`` too:
+    the decoder alone moves a copy's band-limited face change by about 0.016 on a
+    finely textured face (``obama_partial_face.jpg`` through TAEF2), more than a small good
+    edit of a smooth face shows in all, so a copy is told from an edit by how far its face
+    changed beyond the editor's own copy of the photo.
     """
     floor = (pair.extras or {}).get("noise_floor")
     return dict(floor) if floor else None
@@ -847,7 +870,9 @@ def locality_gate(
     ``locality_global_shift_above_max`` / ``locality_global_gain_above_max`` (colour cast,
     white balance, contrast), ``locality_body_skin_above_max`` (skin recoloured outside the
     head), ``locality_no_face_mask``; a face that did not change beyond ``min_diff_face``
-    goes to review as ``locality_face_unchanged`` (its ratio is noise and is not judged).
+    (judged only without a noise floor) or whose band-limited change stays under
+    ``min_face_change`` (above the floor's, with one) goes to review as
+    ``locality_face_unchanged`` (its ratio is noise and is not judged).
     Limb edits (``max_diff_outside_edit``, ``max_diff_face_drift``): reject
     ``locality_no_edit_mask``, ``locality_edit_mask_shape_mismatch``,
     ``locality_outside_edit_diff_above_max``, ``locality_face_drift_above_max`` (judged only
@@ -966,7 +991,15 @@ def locality_gate(
             if max_excess_share is not None and excess is not None and excess > max_excess_share:
                 reasons.append("locality_excess_share_above_max")
             face_change = metrics.get("face_change")
-            unchanged = (min_diff_face is not None and m["diff_face"] < min_diff_face) or (
+            floor_face = None if floor is None else finite_or_none(floor.get("face_change"))
+            if face_change is not None and floor_face is not None:
+                metrics["floor_face_change"] = floor_face
+                face_change = metrics["face_change_above_floor"] = face_change - floor_face
+            # FOCUS's raw diff_face tells a copy only where nothing re-renders the pixels: with
+            # the editor's floor, the face change above it does (a subtle good edit's re-rendered
+            # face differs by less than 0.02 on its own, a copy's by up to 0.026)
+            raw_copy = min_diff_face is not None and floor_face is None and m["diff_face"] < min_diff_face
+            unchanged = raw_copy or (
                 min_face_change is not None and face_change is not None and face_change < min_face_change
             )
             if unchanged:
