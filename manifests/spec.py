@@ -455,14 +455,11 @@ class Spec(BaseModel):
         # setting (what the check does is the judging code's, versioned by its judge key)
         if data["align"]["min_correlation"] == type(self.align).model_fields["min_correlation"].default:
             data["align"].pop("min_correlation")
-        # the floor-relative per-pixel share unset (no calibration sets it): as before it existed
-        locality = data["gates"][kind].get("locality")
-        if isinstance(locality, dict) and locality.get("max_excess_share", 0) is None:
-            locality.pop("max_excess_share")
-        # likewise the mouth corners' shift in the pixels
-        expression = data["gates"][kind].get("expression")
-        if isinstance(expression, dict) and expression.get("max_mouth_corner_shift_iod", 0) is None:
-            expression.pop("max_mouth_corner_shift_iod")
+        # thresholds added later, left unset (no calibration sets them): as before they existed
+        for gate, key in (("locality", "max_excess_share"), ("expression", "max_mouth_corner_shift_iod")):
+            section = data["gates"][kind].get(gate)
+            if isinstance(section, dict) and section.get(key, 0) is None:
+                section.pop(key)
         data.pop("ledger_url", None)
         data.pop("run", None)
         data.pop("store_dir", None)

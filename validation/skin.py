@@ -95,18 +95,24 @@ def region_ita(image: np.ndarray, mask: np.ndarray | None, *, min_pixels: int = 
     """
     if mask is None:
         return None
-    flat = np.flatnonzero(np.asarray(mask).reshape(-1))
+    flat = _mask_index(mask)
     if flat.size < min_pixels:
         return None
     # the strided sample's indices first, then only those pixels (the same pixels as striding
     # the gathered region)
-    pixels = np.ascontiguousarray(image).reshape(-1, image.shape[-1])[flat[:: max(flat.size // MAX_SAMPLES, 1)]]
+    pixels = _masked_pixels(image, mask, flat[:: max(flat.size // MAX_SAMPLES, 1)])
     return float(np.median(ita_deg(rgb_to_lab(pixels))))
 
 
-def _masked_pixels(image: np.ndarray, mask: np.ndarray) -> np.ndarray:
-    """``(N, 3)`` pixels of ``image`` where ``mask`` is nonzero, in raster order."""
-    flat = np.flatnonzero(np.asarray(mask).reshape(-1))
+def _mask_index(mask: np.ndarray) -> np.ndarray:
+    """Flat raster indices of ``mask``'s nonzero pixels."""
+    return np.flatnonzero(np.asarray(mask).reshape(-1))
+
+
+def _masked_pixels(image: np.ndarray, mask: np.ndarray, index: np.ndarray | None = None) -> np.ndarray:
+    """``(N, 3)`` pixels of ``image`` where ``mask`` is nonzero, in raster order (only those at
+    ``index``, flat indices of :func:`_mask_index`, when given)."""
+    flat = _mask_index(mask) if index is None else index
     return np.ascontiguousarray(image).reshape(-1, image.shape[-1])[flat]
 
 
