@@ -43,7 +43,9 @@ class _Commands(click.Group):
 
 @click.group(cls=_Commands, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option(
-    "--verbose", is_flag=True, help="Let MediaPipe, TFLite, absl and OpenCV log to stderr (hidden by default)."
+    "--verbose",
+    is_flag=True,
+    help="Let MediaPipe, TFLite, absl, OpenCV and the run's own Prefect server log to stderr (hidden by default).",
 )
 def main(verbose: bool) -> None:
     """counterfactory: counterfactual image stimuli, edited, aligned, measured and released."""

@@ -11,22 +11,134 @@ A user who points ``PREFECT_API_URL`` at a server of their own keeps it: nothing
 ``services=True`` (``counterfactory schedule``) also runs the server's background services, the
 scheduler among them, which turns a deployment's schedule into flow runs; the served flow runs
 are child processes that reach this server through ``PREFECT_API_URL`` in their environment.
+
+Stopping is ordered as Prefect's own test harness orders it: the process's Prefect clients first
+send what they still hold (task-run events, API logs) while the server is up, then the server
+stops. Stopped the other way round, a run of a few hundred tasks spent 7 s per undelivered event
+retrying a closed port at exit, and the server's event recorders, cancelled mid-write, printed
+SQLAlchemy tracebacks under the progress bar.
+
+What the server itself logs (its own thread, and SQLAlchemy's asyncio pools, which only the
+server uses here) is the server's business, not the run's: it goes to ``prefect-server.log`` in
+``PREFECT_HOME``, beside the server's database, and to the console only with
+``counterfactory --verbose``.
 """
 
 from __future__ import annotations
 
 import contextvars
+import logging
 import os
 import socket
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 from counterfactory.manifests.errors import CounterfactoryError
 
 #: how long to wait for the server's start-up (database migrations on a busy machine)
 STARTUP_TIMEOUT_S = 600.0
+#: how long the process's Prefect clients may take to send what they hold before the server stops
+DRAIN_TIMEOUT_S = 120.0
+#: the server thread's name: what it logs is the server's own
+SERVER_THREAD = "prefect-api"
+#: the file in ``PREFECT_HOME`` that receives what the server logs
+SERVER_LOG = "prefect-server.log"
+#: SQLAlchemy's pools for asyncio engines log under this name; in this process only Prefect's
+#: server has one (the ledger's engine is synchronous). A pool's connection can be finalised,
+#: and log, on whichever thread collects it.
+ASYNC_POOL_LOGGER = "sqlalchemy.pool.impl.Async"
+
+
+def server_log_path() -> Path:
+    """``PREFECT_HOME/prefect-server.log``: where the in-process server's own log lines go."""
+    from prefect.settings import get_current_settings
+
+    return Path(get_current_settings().home).expanduser() / SERVER_LOG
+
+
+def is_server_record(record: logging.LogRecord) -> bool:
+    """Whether the in-process server logged ``record`` (its thread, or an asyncio pool's logger)."""
+    return record.threadName == SERVER_THREAD or record.name.startswith(ASYNC_POOL_LOGGER)
+
+
+class _ServerLogRedirect(logging.Filter):
+    """On the handlers that print: hands the server's records to its log file instead (unless
+    the process is verbose). One record that reaches two printing handlers is written once."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.file: logging.FileHandler | None = None
+        self._last: logging.LogRecord | None = None
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        from counterfactory.validation.quiet import verbose
+
+        if not is_server_record(record) or verbose():
+            return True
+        if self.file is not None and record is not self._last:
+            self._last = record
+            self.file.handle(record)
+        return False
+
+
+_REDIRECT = _ServerLogRedirect()
+
+
+def _printing_handlers() -> list[logging.Handler]:
+    """The handlers that write to the console: on the root logger and on every logger that has
+    its own (Prefect's ``uvicorn``, ``fastapi`` and ``prefect._internal`` do not propagate)."""
+    loggers = [logging.getLogger()] + [
+        logger for logger in logging.Logger.manager.loggerDict.values() if isinstance(logger, logging.Logger)
+    ]
+    found: dict[int, logging.Handler] = {}
+    for logger in loggers:
+        for handler in logger.handlers:
+            # a stream handler that is not a file's: Prefect's console and debug handlers (stderr)
+            if isinstance(handler, logging.StreamHandler) and not isinstance(handler, logging.FileHandler):
+                found[id(handler)] = handler
+    return list(found.values())
+
+
+def _redirect_server_logs() -> None:
+    """Keep the server's records off the console, into :func:`server_log_path` (idempotent; the
+    filter stays for the process's life, for records logged while the server's pool is collected)."""
+    path = server_log_path()
+    if _REDIRECT.file is None or Path(_REDIRECT.file.baseFilename) != path.resolve():
+        if _REDIRECT.file is not None:
+            _REDIRECT.file.close()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        handler = logging.FileHandler(path, encoding="utf-8", delay=True)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s [%(threadName)s] %(message)s"))
+        _REDIRECT.file = handler
+    for handler in _printing_handlers():
+        if _REDIRECT not in handler.filters:
+            handler.addFilter(_REDIRECT)
+
+
+def drain_prefect_clients(timeout_s: float = DRAIN_TIMEOUT_S) -> None:
+    """Let this process's Prefect clients send what they hold (events, API logs) and stop them;
+    the next flow run starts them afresh. Prefect's ``prefect_test_harness`` does this before it
+    stops its server, for the same reason."""
+    from prefect.events.worker import EventsWorker
+    from prefect.logging.handlers import APILogWorker
+
+    # each worker reports "Still processing items: N items remaining..." as a warning of its own
+    # logger (named after its class, outside Prefect's level setting) while it drains: news for
+    # someone waiting at interpreter exit, noise under a finished run's summary. (The workers share
+    # one instance registry, so draining either class can drain both: both are quiet throughout.)
+    progress = [logging.getLogger(worker.__name__) for worker in (APILogWorker, EventsWorker)]
+    levels = [logger.level for logger in progress]
+    for logger in progress:
+        logger.setLevel(logging.ERROR)
+    try:
+        for worker in (APILogWorker, EventsWorker):
+            worker.drain_all(timeout=timeout_s, at_exit=False)
+    finally:
+        for logger, level in zip(progress, levels, strict=True):
+            logger.setLevel(level)
 
 
 def _service_settings() -> dict:
@@ -86,8 +198,9 @@ def prefect_api(*, startup_timeout_s: float = STARTUP_TIMEOUT_S, services: bool 
     # for it to drain to a server that is gone: 5 s of every run after the first in a process
     # (the scheduler's, a benchmark's; benchmarks/import_vs_measure.py measured it)
     server = uvicorn.Server(uvicorn.Config(app, log_level="error", lifespan="on", log_config=None))
+    _redirect_server_logs()
     thread = threading.Thread(
-        target=context.run, args=(server.run,), kwargs={"sockets": [sock]}, name="prefect-api", daemon=True
+        target=context.run, args=(server.run,), kwargs={"sockets": [sock]}, name=SERVER_THREAD, daemon=True
     )
     thread.start()
     deadline = time.monotonic() + startup_timeout_s
@@ -110,8 +223,14 @@ def prefect_api(*, startup_timeout_s: float = STARTUP_TIMEOUT_S, services: bool 
         with temporary_settings(updates={PREFECT_API_URL: url}):
             yield url
     finally:
-        if exported:
-            os.environ.pop("PREFECT_API_URL", None)
-        server.should_exit = True
-        thread.join(timeout=10)
-        sock.close()
+        try:
+            # with the server still up: what the clients hold reaches it, nothing is in flight
+            drain_prefect_clients()
+        finally:
+            if exported:
+                os.environ.pop("PREFECT_API_URL", None)
+            server.should_exit = True
+            thread.join(timeout=10)
+            sock.close()
+            if _REDIRECT.file is not None:
+                _REDIRECT.file.close()  # reopened (appending) if the server's pool logs later

@@ -3,6 +3,7 @@ unless ``counterfactory --verbose`` asks for them (issue 24)."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -58,6 +59,15 @@ def test_demo_prints_no_native_library_line_and_verbose_brings_them_back(tmp_pat
         )
     ]
     assert not other, other
+
+    # what the demo's release holds (issue 19): at least three quarters of its cells accepted,
+    # none waiting in review for face-body tone congruence, which the demo spec does not require
+    release = tmp_path / "quiet" / "releases" / "demo-face" / "0.1.0"
+    items = [json.loads(line) for line in (release / "items.jsonl").read_text().splitlines() if line.strip()]
+    assert len(items) == 18, len(items)
+    accepted = [item for item in items if item["status"] == "accepted"]
+    assert len(accepted) >= 0.75 * len(items), [(item["cell_id"], item["status"], item["reasons"]) for item in items]
+    assert not [item for item in items if "skin_face_body_mismatch" in (item["reasons"] or [])]
 
     loud = _demo(tmp_path / "verbose", "--verbose")
     native = [line for line in loud if NATIVE.search(line)]
