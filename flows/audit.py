@@ -4,7 +4,7 @@ one pair or a table of them with ``--batch``)."""
 from __future__ import annotations
 
 from collections import Counter, OrderedDict
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,7 +21,7 @@ from counterfactory.manifests.errors import CounterfactoryError
 from counterfactory.validation.faces import face_mask, get_face_landmarker
 from counterfactory.validation.gates.locality import FLOOR_IMAGE
 from counterfactory.validation.judge import GatesConfig, GateStack
-from counterfactory.validation.judging import judge_output
+from counterfactory.validation.judging import floor_path_of, judge_output
 from counterfactory.validation.skin import source_edit_region
 
 #: decoded sources kept for the next pairs (a batch table is usually sorted by source)
@@ -176,7 +176,11 @@ class PairMeasurer:
             floor, extras[FLOOR_IMAGE] = self.noise_floor(source, floor_path, kind)
             extras["noise_floor"] = floor
         judged = self._judge(source, candidate.pixels, kind, extras or None)
+        return self._report(source_path, candidate_path, kind, source, candidate, judged, floor)
+
+    def _report(self, source_path, candidate_path, kind, source, candidate, judged, floor) -> dict[str, Any]:
         return {
+            "floor_path": floor_path_of(judged.gates),
             "noise_floor": floor,
             "source": str(source_path),
             "candidate": str(candidate_path),
@@ -188,6 +192,43 @@ class PairMeasurer:
             "notes": {"source": list(source.notes), "candidate": list(candidate.notes)},
             "warnings": decoder_warnings(source.notes) + decoder_warnings(candidate.notes),
         }
+
+    def measure_cohort(
+        self, source_path: Path, candidates: Sequence[tuple[Path, Mapping[str, str] | None]]
+    ) -> list[dict[str, Any] | PairError]:
+        """Face pairs of one source judged together (:func:`~counterfactory.validation.judging.judge_cohort`):
+        each against the median of the others, the cohort floor, as an import judges a set
+        with several candidates per source. One report (as :meth:`measure`'s) or
+        :class:`PairError` per candidate, in order.
+
+        Raises:
+            PairError: the source cannot be read.
+        """
+        from counterfactory.validation.judging import judge_cohort
+
+        source = self._source(source_path, "face", None)
+        loaded: list[Any] = []
+        for path, _ in candidates:
+            try:
+                loaded.append(load_image(path))
+            except SourceError as exc:
+                loaded.append(PairError("candidate_unreadable", str(exc)))
+        good = [i for i, c in enumerate(loaded) if not isinstance(c, PairError)]
+        judged = judge_cohort(
+            source.pixels,
+            [loaded[i].pixels for i in good],
+            kind="face",
+            region=source.region,
+            face_size_px=source.face_size,
+            align=self.align_config,
+            stack=self._stack("face"),
+            extras=[{"condition": dict(candidates[i][1])} if candidates[i][1] else None for i in good],
+            source_key=source.sha256,
+        )
+        out: list[dict[str, Any] | PairError] = list(loaded)
+        for i, j in zip(good, judged, strict=True):
+            out[i] = self._report(source_path, candidates[i][0], "face", source, loaded[i], j, None)
+        return out
 
 
 def measure_pair(
@@ -220,7 +261,7 @@ def measure_pair(
 
 #: the columns of a batch table that are not condition labels (``prompt``: what the ``import``
 #: editor backend records on the item, so one table serves both)
-BATCH_COLUMNS = ("id", "source", "candidate", "mask", "prompt")
+BATCH_COLUMNS = ("id", "source", "candidate", "mask", "prompt", "floor")
 
 
 def measure_batch(
@@ -252,6 +293,24 @@ def measure_batch(
     folder = table_folder(table_path)
     conditions = [name for name in columns if name not in BATCH_COLUMNS]
     measurer = PairMeasurer(spec_path)
+    # face pairs without a floor are judged per source, each against the others (the cohort
+    # floor), as an import of the same table judges them; the reports keep the table's order
+    cohorts: dict[str, list[Any]] = {}
+    if kind != "limb":
+        for row in rows:
+            if row.get("source") and row.get("candidate") and not row.get("mask") and not row.get("floor"):
+                cohorts.setdefault(row.get("source"), []).append(row)
+    judged_rows: dict[int, Any] = {}
+    for source, members in cohorts.items():
+        if len(members) < 2:
+            continue
+        pairs = [(folder / r.get("candidate"), {n: r.values[n] for n in conditions if n in r.values}) for r in members]
+        try:
+            reports = measurer.measure_cohort(folder / source, pairs)
+        except PairError as exc:
+            reports = [exc] * len(members)
+        for r, report in zip(members, reports, strict=True):
+            judged_rows[r.number] = report
     for row in rows:
         pair_id = row.get("id") or f"row{row.number}"
         condition = {name: row.values[name] for name in conditions if name in row.values}
@@ -267,13 +326,19 @@ def measure_batch(
             }
             continue
         try:
-            report = measurer.measure(
-                folder / source,
-                folder / candidate,
-                mask_path=None if mask is None else folder / mask,
-                kind=kind,
-                condition=condition,
-            )
+            report = judged_rows.get(row.number)
+            if isinstance(report, PairError):
+                raise report
+            if report is None:
+                floor = row.get("floor")
+                report = measurer.measure(
+                    folder / source,
+                    folder / candidate,
+                    mask_path=None if mask is None else folder / mask,
+                    kind=kind,
+                    condition=condition,
+                    floor_path=None if floor is None else folder / floor,
+                )
         except PairError as exc:
             yield {**base, "verdict": "failed", "reasons": [exc.code], "error": exc.message}
             continue

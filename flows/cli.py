@@ -531,7 +531,40 @@ def calibrate(
             f"good-edit acceptance {corpus['good_acceptance_heldout']:.1%}; "
             f"lowest failure-class catch rate {corpus['min_caught_heldout']:.1%}"
         )
+        for line in path_lines(corpus.get("heldout_by_path", {})):
+            click.echo(line)
     click.echo(f"written: {out / 'calibration.json'}")
+
+
+def _pct(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.1%}"
+
+
+def path_lines(by_path: dict) -> list[str]:
+    """The held-out figures of each judging path (floor request, cohort floor, none), as
+    ``calibrate`` prints them: good edits per group and per direction with the largest gap,
+    each failure class, identity swaps caught by the identity gate, real smiles caught by the
+    expression gate."""
+    lines = []
+    for path, fig in by_path.items():
+        classes = fig["classes"]
+        good = classes.get("good", {})
+        lines.append(
+            f"judging path {path}: good edits accepted {_pct(good.get('acceptance'))} (n={good.get('n', 0)}); "
+            f"lowest failure-class catch {_pct(fig['min_caught'])}; largest gap between groups "
+            f"{_pct(fig['largest_group_gap'])}"
+        )
+        groups = ", ".join(f"{g or '-'} {_pct(v['acceptance'])} (n={v['n']})" for g, v in fig["good_by_group"].items())
+        lines.append(f"  good by group: {groups}")
+        directions = ", ".join(f"{d} {_pct(v['acceptance'])} (n={v['n']})" for d, v in fig["good_by_direction"].items())
+        lines.append(f"  good by direction: {directions}")
+        caught = ", ".join(f"{k} {_pct(v['caught'])}" for k, v in classes.items() if k != "good")
+        lines.append(f"  caught: {caught}")
+        lines.append(
+            f"  identity swaps caught by the identity gate {_pct(fig['identity_swaps_caught_by_identity'])}; "
+            f"real smiles caught by the expression gate {_pct(fig['real_smiles_caught_by_expression'])}"
+        )
+    return lines
 
 
 @main.command()

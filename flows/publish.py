@@ -63,7 +63,13 @@ from counterfactory.validation.attrition import attrition_table, plot_attrition,
 from counterfactory.validation.editor_stats import editor_stats
 from counterfactory.validation.expression_audit import drift_rates, expression_label, modal_label
 from counterfactory.validation.gates.base import VERDICTS
-from counterfactory.validation.judging import SKIPPED_WHY, SOURCE_FREE_GATES, SOURCE_GATES_SKIPPED, no_source_mode
+from counterfactory.validation.judging import (
+    SKIPPED_WHY,
+    SOURCE_FREE_GATES,
+    SOURCE_GATES_SKIPPED,
+    floor_path_of,
+    no_source_mode,
+)
 from counterfactory.validation.report import write_report
 from counterfactory.validation.review_stats import release_review_stats
 from counterfactory.validation.target_stats import (
@@ -320,6 +326,7 @@ def item_rows(
                     "cell_id": cell.cell_id,
                     "template_id": outcome.template_id,
                     "editor_name": editor_label(spec, cell),
+                    "floor_path": floor_path_of(candidate.gates) if candidate else None,
                     "kind": spec.design.kind,
                     "condition": dict(cell.condition),
                     "gender_match": cell.gender_match,
@@ -648,6 +655,8 @@ def build_stats(
             "incomplete": [o.template_id for o in outcomes if not o.complete],
         },
         "reasons": dict(reasons.most_common()),
+        # what each verdict knew of the editor's own re-rendering (validation.judging.floor_path_of)
+        "floor_paths": dict(sorted(Counter(row.get("floor_path") or "not measured" for row in items).items())),
         "editor_calls_this_run": editor_calls,
         "cost_usd_total": round(total_cost_usd, 4),
         "attrition": attrition_table(gate_rows),
@@ -754,6 +763,7 @@ def manifest_table(rows: Sequence[dict[str, Any]], axes: Sequence[str]):
                 "source_occupation": r["source"]["occupation"],
                 "source_presented_gender": r["source"]["presented_gender"],
                 "editor_name": r.get("editor_name"),
+                "floor_path": r.get("floor_path"),
                 "editor_backend": editor.get("backend"),
                 "editor_model": editor.get("model"),
                 "editor_revision": editor.get("revision"),

@@ -456,7 +456,12 @@ class Spec(BaseModel):
         if data["align"]["min_correlation"] == type(self.align).model_fields["min_correlation"].default:
             data["align"].pop("min_correlation")
         # thresholds added later, left unset (no calibration sets them): as before they existed
-        for gate, key in (("locality", "max_excess_share"), ("expression", "max_mouth_corner_shift_iod")):
+        for gate, key in (
+            ("locality", "max_excess_share"),
+            ("expression", "max_mouth_corner_shift_iod"),
+            ("locality", "cohort"),
+            ("locality", "no_floor"),
+        ):
             section = data["gates"][kind].get(gate)
             if isinstance(section, dict) and section.get(key, 0) is None:
                 section.pop(key)

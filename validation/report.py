@@ -174,6 +174,12 @@ def write_report(release_dir: Path, *, spec: Any, items: Sequence[dict[str, Any]
         or f'<tr><td colspan="{len(floor_keys) + 2}">no noise-floor request (limb design, or gates.noise_floor off)</td></tr>'
     )
     floor_head = "".join(f"<th>{k}</th>" for k in floor_keys)
+    path_rows = (
+        "".join(
+            f"<tr><td>{html.escape(str(k))}</td><td>{v}</td></tr>" for k, v in (stats.get("floor_paths") or {}).items()
+        )
+        or '<tr><td colspan="2">-</td></tr>'
+    )
 
     def drift(rate: dict[str, Any]) -> str:
         if not rate or not rate.get("n"):
@@ -238,6 +244,12 @@ face change (a cell whose face changed no more than here is a copy, sent to revi
 and each cell's output is compared with this output pixel by pixel: <code>excess_share</code> is the share
 away from the edit region that the cell alone changed.</p>
 <table id="noise-floor"><tr><th>template</th>{floor_head}<th>attempt</th></tr>{floor_rows}</table>
+<h3>What each verdict was judged against</h3>
+<p>Items by the floor that judged them (each item's <code>floor_path</code>): <em>request</em>, the editor's output
+for "return this photo unchanged" above; <em>cohort</em>, the median of the same source's other outputs (each
+output left out of its own), which show the editor's re-rendering of what none of them changed; <em>none</em>,
+a lone output judged by limits fitted on re-rendered edits without a floor.</p>
+<table id="floor-paths"><tr><th>judged against</th><th>items</th></tr>{path_rows}</table>
 <h2>Expression drift</h2>
 <p>Variants whose SMILE / NEUTRAL / SERIOUS label differs from their template's modal label:
 {drift(expression.get("overall", {}))}.</p>
