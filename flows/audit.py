@@ -45,6 +45,11 @@ class _Source:
     notes: tuple[str, ...]
 
 
+#: The face region ``measure`` judges without a spec: the one FOCUS's prompt names (face, neck,
+#: ears, facial hair; ``face_only_v1``), the region the shipped thresholds are calibrated on.
+AUDIT_REGION = "face_neck_ears"
+
+
 class PairMeasurer:
     """Measures pairs as ``counterfactory measure`` does, with the settings and gate stacks built once.
 
@@ -55,8 +60,8 @@ class PairMeasurer:
     def __init__(self, spec_path: Path | None = None) -> None:
         self.align_config, self.gates_config = AlignConfig(), GatesConfig()
         #: the face edit region, as a run of the spec draws it (the prompt's region, or
-        #: ``gates.edit_region``); without a spec, ``gates.edit_region`` else the face oval
-        self.region = self.gates_config.edit_region or DEFAULT_REGION
+        #: ``gates.edit_region``); without a spec, ``gates.edit_region`` else :data:`AUDIT_REGION`
+        self.region = self.gates_config.edit_region or AUDIT_REGION
         if spec_path is not None:
             from counterfactory.flows.steps import edit_region
             from counterfactory.manifests.spec import load_spec

@@ -375,6 +375,7 @@ def measure(
         click.echo(json.dumps(report, indent=2, sort_keys=True, default=str))
         return
     click.echo(f"verdict: {report['verdict']}" + (f"  ({', '.join(report['reasons'])})" if report["reasons"] else ""))
+    click.echo(f"floor: {report.get('floor_path') or 'not measured'}")
     for warning in report["warnings"]:
         click.echo(f"warning: {warning}")
     align = report["alignment"]
@@ -403,7 +404,10 @@ def _measure_batch(table: Path, *, kind: str | None, spec_path: Path | None, as_
                 continue
             detail = [report["error"]] if "error" in report else list(report["reasons"])
             detail += [f"warning: {w}" for w in report.get("warnings", [])]
-            click.echo(f"{report['id']}\t{report['verdict']}" + (f"\t{'; '.join(detail)}" if detail else ""))
+            floor = f"floor={report.get('floor_path') or '-'}"
+            click.echo(
+                f"{report['id']}\t{report['verdict']}" + (f"\t{'; '.join(detail)}" if detail else "") + f"\t{floor}"
+            )
     except (OSError, ValueError, TableError) as exc:
         _fail(str(exc))
     summary = summarise_batch(reports)

@@ -23,13 +23,16 @@ import numpy as np
 from counterfactory.validation.backends.sface import OPENCV_SAME_PERSON_COSINE
 from counterfactory.validation.calibration_base import sig_down, sig_up, with_progress
 from counterfactory.validation.faces import MaskMode
-from counterfactory.validation.failures import CLASSES, GOOD, build_floors, build_set_corpus
+from counterfactory.validation.failures import CLASSES, CORPUS_REGION, GOOD, build_floors, build_set_corpus
 from counterfactory.validation.gates.locality import FLOOR_IMAGE, FLOOR_RELATIVE, PATH_THRESHOLDS
 from counterfactory.validation.photo_sets import PhotoSet
 
 #: Thresholds the failure corpus sets: ``(gate, threshold, metric, bound)``; ``bound`` is
 #: ``max`` (reject above) or ``min`` (reject below).
 CORPUS_THRESHOLDS: tuple[tuple[str, str, str, str], ...] = (
+    # a darker (or lighter) face scores lower with the detector than its source: the review
+    # floor is fitted on the good edits, not left at the lowest score of an unedited photo
+    ("face", "min_detection_score", "face.detection_score", "min"),
     ("face", "max_pose_change_deg", "face.pose_change_deg", "max"),
     ("face", "max_position_change", "face.position_change", "max"),
     ("face", "max_scale_change", "face.scale_change", "max"),
@@ -326,7 +329,8 @@ def _stack(face_gates: dict[str, dict[str, Any]], face_mask_mode: MaskMode):
     # plug-in) judge a change against the requested condition, which a corpus case does not have
     others = {g: None for g in GATES.names() if g not in CORPUS_GATES}
     gates = {**copy.deepcopy(face_gates), **others, "kind": "face"}
-    return GateStack.from_config(GatesConfig(face_mask=face_mask_mode, face=gates), "face")
+    # the region the corpus's edits change is the one FOCUS's prompt names, as a run of it judges
+    return GateStack.from_config(GatesConfig(face_mask=face_mask_mode, face=gates), "face", region=CORPUS_REGION)
 
 
 def _rates(records: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:

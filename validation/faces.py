@@ -343,6 +343,12 @@ NECK_SKIN_L = 35.0
 #: hairline, at most this many face heights above the mesh's top (a receding hairline, a bald
 #: head); hair stops it.
 FOREHEAD_MAX_RISE = 0.45
+#: ... and is skin only within this many L* below the face's (hair is darker than the skin beside
+#: it, for dark skin and dark hair too), this a*b* distance and this share of its chroma (hair
+#: is greyer).
+FOREHEAD_L_BELOW = 8.0
+FOREHEAD_SKIN_AB = 10.0
+FOREHEAD_MIN_CHROMA = 0.6
 #: Ears: ellipses beside the oval, half-axes as shares of the face's width and height.
 EAR_HALF_WIDTH, EAR_HALF_HEIGHT = 0.10, 0.20
 #: Forehead: the oval's top raised by this many face heights (to the hairline; hair above it
@@ -381,7 +387,21 @@ def visible_forehead(
     oval_pts = landmarks[list(FACE_OVAL), :2].astype(np.float64)
     top = landmarks[FOREHEAD_TOP, :2].astype(np.float64)
     reach = np.vstack([oval_pts, oval_pts - down * FOREHEAD_MAX_RISE * height])
-    return connected_skin(image, landmarks, oval, seed, person, reach, centre=top, half_width=0.5 * width)
+    # hair is darker and greyer than the skin beside it, most of all where both are dark:
+    # the forehead takes only skin no darker than the face by FOREHEAD_L_BELOW and as saturated
+    return connected_skin(
+        image,
+        landmarks,
+        oval,
+        seed,
+        person,
+        reach,
+        centre=top,
+        half_width=0.5 * width,
+        l_range=(FOREHEAD_L_BELOW, NECK_SKIN_L),
+        ab=FOREHEAD_SKIN_AB,
+        min_chroma=FOREHEAD_MIN_CHROMA,
+    )
 
 
 def connected_skin(
@@ -394,12 +414,15 @@ def connected_skin(
     *,
     centre: np.ndarray,
     half_width: float,
+    l_range: tuple[float, float] = (-NECK_SKIN_L, NECK_SKIN_L),
+    ab: float = NECK_SKIN_AB,
+    min_chroma: float = 0.0,
 ) -> np.ndarray:
     """``(H, W)`` uint8 {0, 255}: skin pixels inside the convex hull of ``reach`` (points,
     pixels) and within ``half_width`` pixels of ``centre`` across the face's axis, connected to
-    ``seed`` or the oval. Skin is a ``person`` pixel whose CIELAB lies within
-    :data:`NECK_SKIN_AB` (a*b*) and :data:`NECK_SKIN_L` (L*) of the face skin's median (the oval
-    eroded off hair and background).
+    ``seed`` or the oval. Skin is a ``person`` pixel whose CIELAB lies within ``ab`` (a*b*)
+    of the face skin's median (the oval eroded off hair and background), whose L* differs from
+    it by ``l_range`` (below, above), and whose chroma is at least ``min_chroma`` of the face's.
 
     ``image`` ``(H, W, 3)`` uint8 RGB; ``oval`` and ``seed`` ``(H, W)`` {0, 255}; ``person``
     ``(H, W)`` bool. Computed inside the reach's bounding box only."""
@@ -421,9 +444,10 @@ def connected_skin(
     face_lab = _lab(np.ascontiguousarray(image[core > 0]).reshape(-1, 1, 3)).reshape(-1, 3)
     ref = np.median(face_lab, axis=0)
     lab = _lab(np.ascontiguousarray(image[y : y + bh, x : x + bw]))
-    skin = (np.linalg.norm(lab[..., 1:] - ref[1:], axis=2) <= NECK_SKIN_AB) & (
-        np.abs(lab[..., 0] - ref[0]) <= NECK_SKIN_L
-    )
+    dl = lab[..., 0] - ref[0]
+    skin = (np.linalg.norm(lab[..., 1:] - ref[1:], axis=2) <= ab) & (dl >= -abs(l_range[0])) & (dl <= l_range[1])
+    if min_chroma > 0:
+        skin &= np.hypot(lab[..., 1], lab[..., 2]) >= min_chroma * float(np.hypot(ref[1], ref[2]))
     candidates = (skin & person[y : y + bh, x : x + bw] & (box > 0)).astype(np.uint8)
     # the oval's own pixels join the seed, so skin connects through the face
     touch = (seed[y : y + bh, x : x + bw] > 0) | (oval[y : y + bh, x : x + bw] > 0)

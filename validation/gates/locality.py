@@ -1001,7 +1001,7 @@ def locality_gate(
     oval = prepared.oval if prepared is not None else pair.face_mask
     # the stack draws face masks as {0, 255} already; only caller-given edit masks are coerced
     m = locality_metrics(pair.source, pair.candidate, pair.face_mask, edit_mask, pair.covered, oval_mask=oval)
-    metrics: dict = {"mask_mode": pair.face_mask_mode, "floor_path": path, **m}
+    metrics: dict = {"mask_mode": pair.face_mask_mode, **({"floor_path": path} if pair.kind == "face" else {}), **m}
     if prepared is not None:
         metrics.update(_face_measures(prepared, pair.work_source, pair.work_candidate, work_covered=pair.work_covered))
         floor_image, stride = floor_image_of(pair), pair.stride
