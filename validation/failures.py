@@ -22,8 +22,10 @@ Failure classes, each on top of a good edit (``CLASSES`` describes them):
   distances, or brows raised by 0.08-0.15;
 - ``expression_real``: the same person photographed smiling in the same session (a photo set's
   ``pairs``: the London set), placed in the source's frame on the head outline, ears and neck
-  (:func:`~counterfactory.validation.photo_sets.register_pair`), then a good edit: a real
-  expression change, which no synthetic warp reproduces exactly; made only where a pair exists;
+  (:func:`~counterfactory.validation.photo_sets.register_pair`), its edit region pasted into the
+  source (everything outside it stays the source's, so registration is not what tells it), then
+  a good edit: a real expression change, which no synthetic warp reproduces exactly; made only
+  where a pair exists;
 - ``identity_swap``: another bundled person's face (never the same person) aligned on the
   five face-recognition keypoints, colour-matched and blended into the oval;
 - ``noop_copy``: the source with jitter and re-encoding only: the editor did nothing;
@@ -862,14 +864,13 @@ def _make_case(
         if photo.pair is None:
             return None
         pair_image, pair_face, pair_oval, registration = photo.pair
+        # the smiling face, registered on the rigid points, in the neutral photo: everything
+        # outside the edit region stays the neutral photo's (the sitter's shoulders and the
+        # lighting move between two shots), so the expression, not the registration, decides
+        where = photo.region if photo.region is not None else oval
+        composite = _blend(image, pair_image, feather(where, max(2.0, 0.05 * face.size_px)))
         edited, params = good_edit(
-            pair_image,
-            pair_face,
-            pair_oval,
-            rng,
-            donor.face_lab if donor is not None else None,
-            photo.region,
-            shape_donor,
+            composite, face, oval, rng, donor.face_lab if donor is not None else None, photo.region, shape_donor
         )
         params["registration"] = registration
     else:
