@@ -71,6 +71,8 @@ class PairMeasurer:
             self.region = edit_region(spec)
         self._stacks: dict[str, GateStack] = {}
         self._sources: OrderedDict[tuple[str, str, str | None], _Source] = OrderedDict()
+        #: each source's floor output, measured once for the pairs that name it (a table's rows)
+        self._floors: dict[tuple[str, str, str], tuple[dict[str, Any], np.ndarray | None]] = {}
 
     def _stack(self, kind: str) -> GateStack:
         if kind not in self._stacks:
@@ -139,6 +141,9 @@ class PairMeasurer:
         """
         from counterfactory.flows.steps import floor_metrics
 
+        key = (source.sha256, str(floor_path), kind)
+        if key in self._floors:
+            return self._floors[key]
         try:
             image = load_image(floor_path)
         except SourceError as exc:
@@ -152,6 +157,9 @@ class PairMeasurer:
                 f"({', '.join(judged.reasons) or 'no locality measures'}); give the editor's output for "
                 "'return this photo unchanged' of the same source",
             )
+        self._floors[key] = (floor, judged.image)
+        while len(self._floors) > SOURCES_KEPT:
+            self._floors.pop(next(iter(self._floors)))
         return floor, judged.image
 
     def measure(

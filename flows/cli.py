@@ -568,6 +568,12 @@ def path_lines(by_path: dict) -> list[str]:
             f"  identity swaps caught by the identity gate {_pct(fig['identity_swaps_caught_by_identity'])}; "
             f"real smiles caught by the expression gate {_pct(fig['real_smiles_caught_by_expression'])}"
         )
+        if path == "request":  # the identity gate does not depend on the path: once
+            overlap = ", ".join(
+                f"{g or '-'} good >= {v['good_min']}, swaps <= {v['swap_max']} ({v['swaps_above_good_min']} above)"
+                for g, v in fig.get("identity_overlap_by_group", {}).items()
+            )
+            lines.append(f"  identity cosine, good edits vs swaps per group: {overlap}")
     return lines
 
 
