@@ -31,6 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from counterfactory.generation.errors import MetadataError, MetadataProblem, SourceError
 from counterfactory.generation.images import (
     DEFAULT_MAX_PIXELS,
+    MAX_SIDE_PX,
     MIN_SIDE_PX,
     LoadedImage,
     load_image,
@@ -48,8 +49,9 @@ class SourcesConfig(BaseModel):
 
     photos: Path
     metadata: Path
-    #: photos with more pixels are refused before decoding (see :func:`load_image`)
-    max_pixels: int = Field(DEFAULT_MAX_PIXELS, gt=0)
+    #: photos with more pixels are refused before decoding (see :func:`load_image`); at most
+    #: MAX_SIDE_PX squared (16384 x 16384), the largest image any side limit lets through
+    max_pixels: int = Field(DEFAULT_MAX_PIXELS, gt=0, le=MAX_SIDE_PX * MAX_SIDE_PX)
 
 
 class Source:

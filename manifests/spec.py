@@ -32,7 +32,13 @@ from counterfactory.manifests.errors import CounterfactoryError
 from counterfactory.manifests.registry import EDITORS, model_at
 from counterfactory.manifests.review import ReviewOptions
 from counterfactory.manifests.trials import TRIALS_DIR, TrialError, TrialsConfig, load_biographies, needs_biographies
-from counterfactory.manifests.yamlsafe import MAX_YAML_BYTES, YamlLimitError, safe_load_limited
+from counterfactory.manifests.yamlsafe import (
+    MAX_YAML_BYTES,
+    YamlDuplicateKeyError,
+    YamlLimitError,
+    brief,
+    safe_load_limited,
+)
 
 if TYPE_CHECKING:
     from counterfactory.generation.align import AlignConfig
@@ -212,8 +218,8 @@ class RayConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     address: str = Field("local", min_length=1)
-    num_gpus: float | None = Field(None, ge=0)
-    num_cpus: float = Field(1.0, gt=0)
+    num_gpus: float | None = Field(None, ge=0, le=1024)
+    num_cpus: float = Field(1.0, gt=0, le=65_536)
     connect_timeout_s: float = Field(5.0, gt=0, le=600)
 
 
@@ -355,6 +361,11 @@ class Spec(BaseModel):
                 "an SQLAlchemy URL such as 'sqlite:////abs/path/ledger.sqlite' or "
                 f"'postgresql+psycopg://user@host/db' ({exc})"
             ) from None
+        from counterfactory.manifests.ledger import missing_driver
+
+        missing = missing_driver(value)
+        if missing is not None:
+            raise ValueError(f"a ledger URL whose database driver is installed; {missing}")
         return value
 
     @model_validator(mode="after")
@@ -389,6 +400,14 @@ class Spec(BaseModel):
             view._editor_name = entry.name
             views.append(view)
         return views
+
+    def bind_run_folder(self, out: str | Path) -> None:
+        """Tell each editor backend whose options keep files of the run (the import backend's
+        embedded dataset images) the run's folder ``out``, before they read anything."""
+        for config in self.editor_configs():
+            bind = getattr(config.options(), "bind_run_folder", None)
+            if callable(bind):
+                bind(Path(out))
 
     def editor_configs(self) -> list[EditorConfig]:
         """Every editor the spec runs with (``editors``, else ``[editor]``)."""
@@ -479,8 +498,7 @@ class Spec(BaseModel):
 
 
 def _describe(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 80 else text[:77] + "..."
+    return brief(value, 80)
 
 
 def format_validation_error(path: Path | str, error: ValidationError) -> str:
@@ -610,6 +628,8 @@ def load_spec(path: str | Path, *, check_paths: bool = True) -> Spec:
         ) from None
     except YamlLimitError as exc:
         raise SpecError(f"{path}: refused: {exc}") from None
+    except YamlDuplicateKeyError as exc:
+        raise SpecError(f"{path}: {exc}") from None
     except yaml.YAMLError as exc:
         raise SpecError(f"{path}: not valid YAML: {exc}") from None
     if not isinstance(data, dict):
