@@ -133,10 +133,11 @@ def read_regular(path: str | Path, max_bytes: int) -> bytes:
     Raises:
         see :func:`open_regular`.
     """
-    with open_regular(path, max_bytes) as (file, _):
-        data = file.read(max_bytes + 1)
-    if len(data) > max_bytes:
-        raise InputFileError(f"{Path(path).name!r} grew past the limit of {max_bytes:,} bytes while it was read")
+    with open_regular(path, max_bytes) as (file, size):
+        data = file.read(size)  # at most max_bytes: a read sized by the limit would allocate it
+        grew = file.read(1)
+    if grew:
+        raise InputFileError(f"{Path(path).name!r} grew while it was read; read it again once it is written")
     return data
 
 

@@ -46,8 +46,8 @@ from counterfactory.manifests.safefiles import (
     DEFAULT_MAX_TABLE_BYTES,
     InputFileError,
     inside,
-    open_regular,
     private_dir,
+    read_regular,
     sha256_file,
 )
 
@@ -356,16 +356,13 @@ def read_table_file(path: Path, *, max_bytes: int = DEFAULT_MAX_TABLE_BYTES) -> 
     if not path.exists():
         raise TableError(f"{path}: table not found")
     try:
-        with open_regular(path, max_bytes) as (file, _):
-            data = file.read(max_bytes + 1)
+        data = read_regular(path, max_bytes)
     except InputFileError as exc:
         raise TableError(
             f"{path}: {exc}".replace("editor.import.max_file_bytes", "editor.import.max_table_bytes")
         ) from None
     except OSError as exc:
         raise TableError(f"{path}: cannot read the table ({exc.strerror or exc})") from None
-    if len(data) > max_bytes:
-        raise TableError(f"{path}: grew past the limit of {max_bytes:,} bytes while it was read")
     suffix = path.suffix.lower()
     raw: list[dict[str, Any]]
     if suffix == ".parquet":
