@@ -18,6 +18,7 @@ from counterfactory.generation.masks import load_mask_file
 from counterfactory.generation.regions import DEFAULT_REGION
 from counterfactory.generation.sources import SourceError, load_image
 from counterfactory.manifests.errors import CounterfactoryError
+from counterfactory.manifests.safefiles import InputFileError, inside
 from counterfactory.validation.faces import face_mask, get_face_landmarker
 from counterfactory.validation.gates.locality import FLOOR_IMAGE
 from counterfactory.validation.judge import GatesConfig, GateStack
@@ -237,8 +238,9 @@ def measure_batch(
     ``prompt`` (not read here) and any other columns, which are the pair's ``condition``. Each report is :func:`measure_pair`'s plus
     ``id`` and ``condition``; a pair whose file is missing or unreadable is reported with
     ``verdict: failed``, a reason code (``source_unreadable``, ``candidate_unreadable``,
-    ``mask_unreadable``, ``row_incomplete``) and ``error`` (the message naming the file), and
-    the batch goes on.
+    ``mask_unreadable``, ``row_incomplete``, ``path_refused``: an absolute path, one leading out
+    of the table's folder through ``..`` or a symbolic link, or a NUL byte in it, none of which
+    is read) and ``error`` (the message naming the row and column), and the batch goes on.
 
     Raises:
         TableError: the table itself cannot be read (raised before any pair is measured).
@@ -266,11 +268,27 @@ def measure_batch(
                 "error": f"{table_path}, row {row.number}: no {'source' if source is None else 'candidate'} path",
             }
             continue
+        paths: dict[str, Path] = {}
+        refused = None
+        for column, value in (("source", source), ("candidate", candidate), ("mask", mask)):
+            if value is None:
+                continue
+            if column in row.embedded:  # the file the table's own bytes were written to
+                paths[column] = Path(value)
+                continue
+            try:
+                paths[column] = inside(folder, value, what="the table's folder", roots_field=None)
+            except InputFileError as exc:
+                refused = f"{table_path}, row {row.number}, column {column!r}: {exc}"
+                break
+        if refused is not None:
+            yield {**base, "verdict": "failed", "reasons": ["path_refused"], "error": refused}
+            continue
         try:
             report = measurer.measure(
-                folder / source,
-                folder / candidate,
-                mask_path=None if mask is None else folder / mask,
+                paths["source"],
+                paths["candidate"],
+                mask_path=paths.get("mask"),
                 kind=kind,
                 condition=condition,
             )

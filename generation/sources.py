@@ -249,9 +249,10 @@ def _decode_each(photos_dir: Path, records: list[SourceRecord], max_pixels: int)
         # copies the target's bytes, never a link that points elsewhere
         resolved = path.resolve()
         if not resolved.is_relative_to(photos_dir):
+            # where it leads is not said: the reason reaches the release's stats
             reason = (
-                f"source_outside_folder: {record.path} leads to {resolved}, outside the photos folder "
-                f"{photos_dir}; copy the photo into the folder instead of linking to it"
+                f"source_outside_folder: {record.path} leads outside the photos folder (through a "
+                "symbolic link); copy the photo into the folder instead of linking to it"
             )
             yield FailedSource(record.id, path, reason, record)
             continue

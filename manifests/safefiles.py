@@ -37,7 +37,14 @@ class InputFileError(CounterfactoryError, ValueError):
     the size limit. The message names the path as given (the caller adds the row)."""
 
 
-def inside(base: str | Path, name: str, *, roots: Sequence[str | Path] = (), what: str = "folder") -> Path:
+def inside(
+    base: str | Path,
+    name: str,
+    *,
+    roots: Sequence[str | Path] = (),
+    what: str = "folder",
+    roots_field: str | None = "editor.import.allowed_roots",
+) -> Path:
     """The file ``name`` (relative to ``base``) names, resolved, when it stays inside ``base``.
 
     Symbolic links are followed to their target, which must be inside too. An absolute
@@ -49,6 +56,7 @@ def inside(base: str | Path, name: str, *, roots: Sequence[str | Path] = (), wha
         name: the path as a table or metadata file gives it.
         roots: further folders a path may lead into.
         what: how messages call ``base`` ("the table's folder", ...).
+        roots_field: the setting that lists further roots, which messages suggest (None: none).
 
     Raises:
         InputFileError: a NUL byte, or a path that leads outside; the message names ``name``
@@ -66,11 +74,11 @@ def inside(base: str | Path, name: str, *, roots: Sequence[str | Path] = (), wha
         return target
     if any(target.is_relative_to(r) for r in allowed):
         return target
-    fix = "copy the file into it" + (
-        f", or list the folder holding it in editor.import.allowed_roots (now: {', '.join(map(str, allowed))})"
-        if allowed
-        else ", or name the folder holding it in editor.import.allowed_roots"
-    )
+    fix = "copy the file into it"
+    if roots_field is not None:
+        fix += f", or name the folder holding it in {roots_field}" + (
+            f" (now: {', '.join(map(str, allowed))})" if allowed else ""
+        )
     if given.is_absolute():
         raise InputFileError(f"{name!r} is an absolute path; paths are relative to {what} {folder}: {fix}")
     raise InputFileError(f"{name!r} leads outside {what} {folder} (through '..' or a symbolic link): {fix}")

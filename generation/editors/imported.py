@@ -694,7 +694,10 @@ class ImportEditor(SequentialEditor):
                 by_cell = {(r.source_id, tuple(r.condition.items())): r for r in table.rows}
                 photos: dict[str, Path] = {r.source_id: r.source_photo for r in table.rows}
                 source_of: dict[str, list[str]] = {}
+                folder = self.options._spec.photos.resolve() if self.options._spec is not None else None
                 for sid, photo in sorted(photos.items()):
+                    if folder is not None and not photo.is_relative_to(folder):
+                        continue  # a link out of the photos folder: the run fails this source itself
                     try:
                         pixels = load_image(photo, max_pixels=table.max_pixels).pixels
                     except SourceError:

@@ -282,3 +282,15 @@ def test_a_refused_table_is_a_setup_error_before_any_work(study):
     editor = make_editor("import", load_spec(study / "spec.yaml").editor.options())
     with pytest.raises(SetupError, match=r"row 1 \(id 'p1'\), column 'candidate'"):
         editor.prepare()
+
+
+def test_measure_batch_does_not_read_a_path_leading_out_of_the_tables_folder(study):
+    """``measure --batch`` reads the same tables: an outside path is that row's failure, unread."""
+    from counterfactory.flows.audit import measure_batch
+
+    table = study / "set" / "pairs.csv"
+    table.write_text("id,source,candidate\np1,ok.png,../outside/face.png\np2,ok.png,/dev/zero\n")
+    reports = list(measure_batch(table))
+    assert [r["reasons"] for r in reports] == [["path_refused"], ["path_refused"]]
+    assert "row 1, column 'candidate': '../outside/face.png' leads outside" in reports[0]["error"]
+    assert "row 2, column 'candidate': '/dev/zero' is an absolute path" in reports[1]["error"]
