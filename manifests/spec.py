@@ -134,13 +134,17 @@ class EditorConfig(BaseModel):
         return getattr(self, self.backend)
 
     def canonical(self) -> dict[str, Any]:
-        """JSON-ready: the backend, the retry budget, the seed and the active backend's options only."""
+        """JSON-ready: the backend, the retry budget, the seed and the active backend's options only
+        (less what the options model's ``canonical_trim`` drops: settings added later, at their
+        defaults, so a spec hashes as before they existed)."""
         data = self.model_dump(mode="json")
+        options = data[self.backend]
+        trim = getattr(self.options(), "canonical_trim", None)
         return {
             "backend": self.backend,
             "max_attempts": data["max_attempts"],
             "seed": data["seed"],
-            self.backend: data[self.backend],
+            self.backend: trim(options) if callable(trim) else options,
         }
 
 

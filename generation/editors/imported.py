@@ -502,6 +502,19 @@ class ImportOptions(BaseModel):
     _spec: _SpecContext | None = PrivateAttr(default=None)
     _run_folder: Path | None = PrivateAttr(default=None)
 
+    @staticmethod
+    def canonical_trim(data: dict[str, Any]) -> dict[str, Any]:
+        """``data`` (these options as JSON) without the file limits at their defaults and an empty
+        ``allowed_roots``: a spec hashes as before they existed
+        (:meth:`~counterfactory.manifests.spec.EditorConfig.canonical`)."""
+        data = dict(data)
+        if not data.get("allowed_roots"):
+            data.pop("allowed_roots", None)
+        for key, default in (("max_file_bytes", DEFAULT_MAX_FILE_BYTES), ("max_table_bytes", DEFAULT_MAX_TABLE_BYTES)):
+            if data.get(key) == default:
+                data.pop(key)
+        return data
+
     @field_validator("allowed_roots")
     @classmethod
     def _roots(cls, value: list[str]) -> list[str]:
