@@ -177,7 +177,7 @@ def _dataset_files(path: Path) -> list[Path]:
     where = data if data.is_dir() else path
     found = []
     for p in where.rglob("*"):
-        if p.suffix.lower() not in (".parquet", ".jsonl") or not (p.is_symlink() or p.is_file()):
+        if p.suffix.lower() not in (".parquet", ".jsonl") or not p.is_file():
             continue
         relative = p.relative_to(where).as_posix()
         try:
@@ -253,7 +253,8 @@ def read_folder(
     compiled = re.compile(regex + re.escape(pattern[at:]))
     rows: list[TableRow] = []
     unmatched: list[str] = []
-    files = sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_symlink() or p.is_file())
+    # (a link is followed: one to a file is that file, checked below to stay inside)
+    files = sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file())
     for relative in files:
         if any(part.startswith(".") for part in relative.split("/")):
             continue
