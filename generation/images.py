@@ -205,9 +205,9 @@ def load_image(
     try:
         # opened as a regular file of at most max_bytes, checked on the descriptor: a FIFO or a
         # device swapped in after the checks above is refused, never read
-        data = read_regular(path, max_bytes)
+        data = read_regular(path.resolve(), max_bytes, limit_field="sources.max_pixels")
     except InputFileError as exc:
-        raise SourceError(path, str(exc).replace("editor.import.max_file_bytes", "max_pixels")) from None
+        raise SourceError(path, str(exc)) from None
     except OSError as exc:
         raise SourceError(path, f"cannot read the file ({exc.strerror or exc})") from None
     if not data:

@@ -29,6 +29,8 @@ DEFAULT_MAX_FILE_BYTES = 256 << 20
 #: ``editor.import.max_table_bytes`` changes it
 DEFAULT_MAX_TABLE_BYTES = 2 << 30
 _CHUNK = 1 << 20
+#: the setting a too-large file's message names, unless the caller names another
+LIMIT_FIELD = "editor.import.max_file_bytes"
 
 
 class InputFileError(CounterfactoryError, ValueError):
@@ -85,10 +87,11 @@ def inside(
 
 
 @contextmanager
-def open_regular(path: str | Path, max_bytes: int) -> Iterator[tuple[BinaryIO, int]]:
+def open_regular(path: str | Path, max_bytes: int, *, limit_field: str = LIMIT_FIELD) -> Iterator[tuple[BinaryIO, int]]:
     """``(file, size)`` of ``path`` opened for reading, when it is a regular file of at most
     ``max_bytes`` bytes (checked on the open descriptor: a FIFO is opened without blocking and
     never read, a device never read, a link swapped in after :func:`inside` refused).
+    ``limit_field`` is the setting a message names for raising the limit.
 
     Raises:
         FileNotFoundError: no such file.
@@ -121,8 +124,8 @@ def open_regular(path: str | Path, max_bytes: int) -> Iterator[tuple[BinaryIO, i
             raise InputFileError(f"{path.name!r} is {kind}, not a regular file; name an image file")
         if info.st_size > max_bytes:
             raise InputFileError(
-                f"{path.name!r} is {info.st_size:,} bytes, over the limit of {max_bytes:,}; it is not an image "
-                "of a usable size (editor.import.max_file_bytes raises the limit)"
+                f"{path.name!r} is {info.st_size:,} bytes, over the limit of {max_bytes:,}; it is not a file "
+                f"of a usable size ({limit_field} raises the limit)"
             )
         # reads block again (a regular file never waits; the flag only kept the open from it)
         os.set_blocking(fd, True)
@@ -134,14 +137,14 @@ def open_regular(path: str | Path, max_bytes: int) -> Iterator[tuple[BinaryIO, i
         yield file, info.st_size
 
 
-def read_regular(path: str | Path, max_bytes: int) -> bytes:
+def read_regular(path: str | Path, max_bytes: int, *, limit_field: str = LIMIT_FIELD) -> bytes:
     """The bytes of a regular file of at most ``max_bytes`` (:func:`open_regular`); never more
     than ``max_bytes`` are read, even from a file that grows while it is read.
 
     Raises:
         see :func:`open_regular`.
     """
-    with open_regular(path, max_bytes) as (file, size):
+    with open_regular(path, max_bytes, limit_field=limit_field) as (file, size):
         data = file.read(size)  # at most max_bytes: a read sized by the limit would allocate it
         grew = file.read(1)
     if grew:

@@ -357,11 +357,9 @@ def read_table_file(path: Path, *, max_bytes: int = DEFAULT_MAX_TABLE_BYTES) -> 
     if not path.exists():
         raise TableError(f"{path}: table not found")
     try:
-        data = read_regular(path, max_bytes)
+        data = read_regular(path, max_bytes, limit_field="editor.import.max_table_bytes")
     except InputFileError as exc:
-        raise TableError(
-            f"{path}: {exc}".replace("editor.import.max_file_bytes", "editor.import.max_table_bytes")
-        ) from None
+        raise TableError(f"{path}: {exc}") from None
     except OSError as exc:
         raise TableError(f"{path}: cannot read the table ({exc.strerror or exc})") from None
     suffix = path.suffix.lower()

@@ -294,3 +294,14 @@ def test_measure_batch_does_not_read_a_path_leading_out_of_the_tables_folder(stu
     assert [r["reasons"] for r in reports] == [["path_refused"], ["path_refused"]]
     assert "row 1, column 'candidate': '../outside/face.png' leads outside" in reports[0]["error"]
     assert "row 2, column 'candidate': '/dev/zero' is an absolute path" in reports[1]["error"]
+
+
+def test_the_table_itself_is_read_only_when_regular_and_within_its_limit(study):
+    _table(study, "p1,hopper,ok.png,Black,female,")
+    _import_options(study, max_table_bytes=16)
+    line = _refused(study)
+    assert "pairs.csv: 'pairs.csv' is" in line and "over the limit of 16" in line and "max_table_bytes" in line
+    _import_options(study, max_table_bytes=1 << 20, table="set/pipe.csv")
+    os.mkfifo(study / "set" / "pipe.csv")
+    line = _refused(study)
+    assert "'pipe.csv' is a FIFO, not a regular file" in line
