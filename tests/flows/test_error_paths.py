@@ -60,6 +60,7 @@ def _limited(max_gib: int):
     return limit
 
 
+@pytest.mark.slow
 def test_a_spec_aliasing_a_megabyte_string_a_million_times_fails_fast(tmp_path):
     """2 MB of YAML: a 1 MiB string, a list of 1,000 aliases of it, and 1,000 aliases of that list
     under an unknown key: a million nodes (under the node limit) but 10^12 characters."""
