@@ -184,3 +184,17 @@ def test_run_publish_with_nothing_publishable_is_one_error_line(tmp_path):
     # what follows the line is its own explanation (per group, left out), not Prefect's log
     assert not re.search(r"^\d\d:\d\d:\d\d\.\d+ \| ", done.stderr, re.M), done.stderr
     assert not (tmp_path / "out" / "releases" / "import-test" / "0.1.0").exists()
+
+
+def test_a_metadata_csv_cell_over_the_csv_field_limit_is_one_error_naming_the_line(tmp_path):
+    spec = _study(tmp_path)
+    data = yaml.safe_load(spec.read_text())
+    data["sources"]["metadata"] = "photos/metadata.csv"
+    spec.write_text(yaml.safe_dump(data, sort_keys=False))
+    (tmp_path / "photos" / "metadata.csv").write_text(
+        f"id,path,licence,notes\nhopper,hopper.jpg,public domain,{'n' * 200_000}\n"
+    )
+    with pytest.raises(MetadataError, match=r"line 2.*a cell of more than 131,072 characters"):
+        load_metadata(tmp_path / "photos" / "metadata.csv")
+    line = _one_error(["run", str(spec), "--out", str(tmp_path / "out")])
+    assert "metadata.csv" in line and "131,072" in line and "n" * 100 not in line
