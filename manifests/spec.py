@@ -501,6 +501,26 @@ class Spec(BaseModel):
         return yaml.safe_dump(self.canonical(), sort_keys=False, allow_unicode=True)
 
 
+def _field_with_nul(data: Any, where: str = "") -> str | None:
+    """The dotted field of the first string (key or value) in ``data`` holding a NUL byte, or None."""
+    stack: list[tuple[Any, str]] = [(data, where)]
+    seen: set[int] = set()
+    while stack:
+        value, at = stack.pop()
+        if isinstance(value, str):
+            if "\x00" in value:
+                return at or "(top level)"
+        elif isinstance(value, (dict, list)) and id(value) not in seen:
+            seen.add(id(value))
+            items = value.items() if isinstance(value, dict) else enumerate(value)
+            for key, child in items:
+                name = f"{at}.{key}" if at else str(key)
+                if isinstance(key, str) and "\x00" in key:
+                    return name
+                stack.append((child, name))
+    return None
+
+
 def _describe(value: Any) -> str:
     return brief(value, 80)
 
@@ -638,6 +658,11 @@ def load_spec(path: str | Path, *, check_paths: bool = True) -> Spec:
         raise SpecError(f"{path}: not valid YAML: {exc}") from None
     if not isinstance(data, dict):
         raise SpecError(f"{path}: expected a mapping of spec fields at the top level, got {type(data).__name__}")
+    nul = _field_with_nul(data)
+    if nul is not None:
+        raise SpecError(
+            f"{path}: field `{nul}`: a NUL byte in its value (no path or name holds one); remove it, nothing was run"
+        )
     try:
         spec = Spec.model_validate(data)
     except ValidationError as exc:

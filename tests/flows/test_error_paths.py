@@ -198,3 +198,11 @@ def test_a_metadata_csv_cell_over_the_csv_field_limit_is_one_error_naming_the_li
         load_metadata(tmp_path / "photos" / "metadata.csv")
     line = _one_error(["run", str(spec), "--out", str(tmp_path / "out")])
     assert "metadata.csv" in line and "131,072" in line and "n" * 100 not in line
+
+
+def test_a_nul_byte_in_a_spec_value_is_one_error_naming_the_field(tmp_path):
+    spec = _study(tmp_path)
+    spec.write_text(spec.read_text().replace("table: pairs.csv", 'table: "pa\\0irs.csv"'))
+    assert 'table: "pa\\0irs.csv"' in spec.read_text()
+    line = _one_error(["run", str(spec), "--out", str(tmp_path / "out")])
+    assert "field `editor.import.table`: a NUL byte in its value" in line
