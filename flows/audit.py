@@ -18,6 +18,7 @@ from counterfactory.generation.masks import load_mask_file
 from counterfactory.generation.regions import DEFAULT_REGION
 from counterfactory.generation.sources import SourceError, load_image
 from counterfactory.manifests.errors import CounterfactoryError
+from counterfactory.manifests.safefiles import InputFileError, inside
 from counterfactory.validation.faces import face_mask, get_face_landmarker
 from counterfactory.validation.gates.locality import FLOOR_IMAGE
 from counterfactory.validation.judge import GatesConfig, GateStack
@@ -291,8 +292,9 @@ def measure_batch(
     ``prompt`` (not read here) and any other columns, which are the pair's ``condition``. Each report is :func:`measure_pair`'s plus
     ``id`` and ``condition``; a pair whose file is missing or unreadable is reported with
     ``verdict: failed``, a reason code (``source_unreadable``, ``candidate_unreadable``,
-    ``mask_unreadable``, ``row_incomplete``) and ``error`` (the message naming the file), and
-    the batch goes on.
+    ``mask_unreadable``, ``row_incomplete``, ``path_refused``: an absolute path, one leading out
+    of the table's folder through ``..`` or a symbolic link, or a NUL byte in it, none of which
+    is read) and ``error`` (the message naming the row and column), and the batch goes on.
 
     Raises:
         TableError: the table itself cannot be read (raised before any pair is measured).
@@ -306,20 +308,40 @@ def measure_batch(
     folder = table_folder(table_path)
     conditions = [name for name in columns if name not in BATCH_COLUMNS]
     measurer = PairMeasurer(spec_path)
+    # every path a row names, resolved inside the table's folder first (nothing refused is read)
+    resolved: dict[int, dict[str, Path] | str] = {}
+    for row in rows:
+        paths: dict[str, Path] = {}
+        for column in ("source", "candidate", "mask", "floor"):
+            value = row.get(column)
+            if value is None:
+                continue
+            if column in row.embedded:  # the file the table's own bytes were written to
+                paths[column] = Path(value)
+                continue
+            try:
+                paths[column] = inside(folder, value, what="the table's folder", roots_field=None)
+            except InputFileError as exc:
+                paths = f"{table_path}, row {row.number}, column {column!r}: {exc}"
+                break
+        resolved[row.number] = paths
     # face pairs without a floor are judged per source, each against the others (the cohort
     # floor), as an import of the same table judges them; the reports keep the table's order
-    cohorts: dict[str, list[Any]] = {}
+    cohorts: dict[Path, list[Any]] = {}
     if kind != "limb":
         for row in rows:
-            if row.get("source") and row.get("candidate") and not row.get("mask") and not row.get("floor"):
-                cohorts.setdefault(row.get("source"), []).append(row)
+            paths = resolved[row.number]
+            if isinstance(paths, dict) and {"source", "candidate"} <= set(paths) and not {"mask", "floor"} & set(paths):
+                cohorts.setdefault(paths["source"], []).append(row)
     judged_rows: dict[int, Any] = {}
-    for source, members in cohorts.items():
+    for source_path, members in cohorts.items():
         if len(members) < 2:
             continue
-        pairs = [(folder / r.get("candidate"), {n: r.values[n] for n in conditions if n in r.values}) for r in members]
+        pairs = [
+            (resolved[r.number]["candidate"], {n: r.values[n] for n in conditions if n in r.values}) for r in members
+        ]
         try:
-            reports = measurer.measure_cohort(folder / source, pairs)
+            reports = measurer.measure_cohort(source_path, pairs)
         except PairError as exc:
             reports = [exc] * len(members)
         for r, report in zip(members, reports, strict=True):
@@ -328,7 +350,7 @@ def measure_batch(
         pair_id = row.get("id") or f"row{row.number}"
         condition = {name: row.values[name] for name in conditions if name in row.values}
         base = {"id": pair_id, "row": row.number, "condition": condition}
-        source, candidate, mask = row.get("source"), row.get("candidate"), row.get("mask")
+        source, candidate = row.get("source"), row.get("candidate")
         base.update({"source": source, "candidate": candidate})
         if source is None or candidate is None:
             yield {
@@ -338,19 +360,22 @@ def measure_batch(
                 "error": f"{table_path}, row {row.number}: no {'source' if source is None else 'candidate'} path",
             }
             continue
+        paths = resolved[row.number]
+        if isinstance(paths, str):
+            yield {**base, "verdict": "failed", "reasons": ["path_refused"], "error": paths}
+            continue
         try:
             report = judged_rows.get(row.number)
             if isinstance(report, PairError):
                 raise report
             if report is None:
-                floor = row.get("floor")
                 report = measurer.measure(
-                    folder / source,
-                    folder / candidate,
-                    mask_path=None if mask is None else folder / mask,
+                    paths["source"],
+                    paths["candidate"],
+                    mask_path=paths.get("mask"),
                     kind=kind,
                     condition=condition,
-                    floor_path=None if floor is None else folder / floor,
+                    floor_path=paths.get("floor"),
                 )
         except PairError as exc:
             yield {**base, "verdict": "failed", "reasons": [exc.code], "error": exc.message}

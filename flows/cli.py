@@ -92,6 +92,7 @@ def run(
     install_stop_handlers()
     # every file the spec names is checked here, before anything is run or paid for
     spec = load_spec(spec_path)
+    spec.bind_run_folder(out)
     load_metadata(spec.sources.metadata)
     if publish:
         # a version taken by another spec can never be sealed: say so before anything is paid for
@@ -211,6 +212,7 @@ def schedule(
 
     when = make_schedule(cron=cron, interval=interval, timezone=timezone)
     spec = load_spec(spec_path)
+    spec.bind_run_folder(out)
     load_metadata(spec.sources.metadata)
     try:
         # a missing model, key or GPU stops here, not at the first tick
@@ -256,6 +258,7 @@ def publish(out: Path, version: str | None, spec_path: Path | None, allow_incomp
                 "explicitly with --spec PATH (cells the edited spec plans differently show as not run)"
             )
     spec = load_spec(spec_path)
+    spec.bind_run_folder(out)
     try:
         spec = with_version(spec, version)
     except ValidationError as exc:  # only the version is validated here

@@ -170,6 +170,7 @@ def run_spec(
     (:func:`~counterfactory.flows.ray.check_ray_target`), and the flow always runs.
     """
     spec = spec if spec is not None else load_spec(spec_path)
+    spec.bind_run_folder(out)
     on_ray = address = None
     if ray is not None or spec.run.ray is not None:
         if spec.editors is not None:

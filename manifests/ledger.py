@@ -293,6 +293,9 @@ class Ledger:
         if url.startswith("sqlite"):
             kwargs["connect_args"] = {"check_same_thread": False, "timeout": 60}
             _check_sqlite_file(url)
+        missing = missing_driver(url)
+        if missing is not None:
+            raise LedgerError(f"ledger_url {shown!r}: {missing}; nothing was run")
         try:
             self.engine = create_engine(url, **kwargs)
         except (ArgumentError, NoSuchModuleError, ValueError) as exc:
@@ -606,6 +609,38 @@ def _chunks(ids: Iterable[str], size: int = 500) -> list[list[str]]:
 def _run_lock_key(run_id: str) -> int:
     """A signed 64-bit advisory-lock key for a run id (stable across processes)."""
     return int.from_bytes(hashlib.sha256(f"counterfactory-run:{run_id}".encode()).digest()[:8], "big", signed=True)
+
+
+#: (dialect, driver) -> what to pip install for it
+_DRIVER_PACKAGES = {
+    ("postgresql", "psycopg"): "'counterfactory[postgres]'",
+    (
+        "postgresql",
+        "psycopg2",
+    ): "psycopg2-binary (or write postgresql+psycopg:// and pip install 'counterfactory[postgres]')",
+    ("mysql", "mysqldb"): "mysqlclient",
+    ("mysql", "pymysql"): "pymysql",
+    ("mysql", "mysqlconnector"): "mysql-connector-python",
+    ("mssql", "pyodbc"): "pyodbc",
+}
+
+
+def missing_driver(url: str) -> str | None:
+    """Why the database driver ``url`` names cannot be used here and what to install, or None
+    when it imports (or the URL does not parse: that is reported on its own)."""
+    try:
+        dialect = make_url(url).get_dialect()
+    except (ArgumentError, NoSuchModuleError, ValueError):
+        return None
+    try:
+        dialect.import_dbapi()
+    except ImportError as exc:
+        package = _DRIVER_PACKAGES.get((dialect.name, dialect.driver), f"the {dialect.driver} package")
+        return (
+            f"the {dialect.name} driver {dialect.driver!r} is not installed ({exc}): pip install {package}; "
+            "the ledger runs on SQLite (the default) or PostgreSQL"
+        )
+    return None
 
 
 def _shown_url(url: str) -> str:

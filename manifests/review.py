@@ -80,9 +80,9 @@ class ReviewOptions(BaseModel):
     audit_rejected_rate: float = Field(0.1, ge=0.0, le=1.0)
     #: fraction of queued items that need two independent decisions (Cohen's kappa is measured on them)
     double_review_rate: float = Field(0.0, ge=0.0, le=1.0)
-    seed: int = 0
+    seed: int = Field(0, ge=0, le=2**32 - 1)
     #: blinded spot-the-edit: a click within this many pixels of the edit mask counts as localised
-    spot_dilate_px: int = Field(24, ge=0)
+    spot_dilate_px: int = Field(24, ge=0, le=16_384)
 
 
 class ReviewError(CounterfactoryError, ValueError):
