@@ -257,8 +257,9 @@ def import_spec(table: str, *, version: str = "0.1.0", **editor) -> dict:
 FOCUS_PEOPLE = ("025", "042", "030", "045", "064", "070", "002", "004")
 FOCUS_GENDERS = {"025": "female", "042": "male", "030": "female", "045": "male", "064": "female", "070": "male",
                  "002": "female", "004": "male"}  # fmt: skip
-#: the failures added to three of its sources (one row each, an eleventh condition)
-FOCUS_FAILURES = {"042": "object_added", "030": "global_colour", "004": "identity_swap"}
+#: the failures added, each to the first of its sources where the corpus can make it (one row
+#: each, an eleventh condition; an added object needs a donor patch a person would see there)
+FOCUS_FAILURES = ("object_added", "global_colour", "identity_swap")
 
 
 def write_focus_set(folder: Path, *, seed: int = 0) -> ImportSet:
@@ -267,7 +268,7 @@ def write_focus_set(folder: Path, *, seed: int = 0) -> ImportSet:
     8-15 L*, half with a feature morph toward another group's proportions; every one re-rendered
     through TAEF2 and jittered, :mod:`counterfactory.validation.failures`), and three more rows,
     each a good edit with one failure on top (:data:`FOCUS_FAILURES`: an added object, a colour
-    cast, an identity swap). Rows carry ``label`` (the corpus class)."""
+    cast, an identity swap), each on another source. Rows carry ``label`` (the corpus class)."""
     from counterfactory.validation.failures import build_set_corpus
     from counterfactory.validation.photo_sets import PhotoSet
 
@@ -279,15 +280,16 @@ def write_focus_set(folder: Path, *, seed: int = 0) -> ImportSet:
     people = PhotoSet("focus", paths, per_class=3, max_side=MAX_SIDE)
     metadata, rows, used = [], [], {}
     cases = list(build_set_corpus(people, seed=seed, classes=(GOOD,)))
-    cases += [
-        c
-        for c in build_set_corpus(
-            PhotoSet("focus", paths, per_class=1, max_side=MAX_SIDE),
-            seed=seed,
-            classes=tuple(set(FOCUS_FAILURES.values())),
-        )
-        if FOCUS_FAILURES.get(Path(c.photo).stem) == c.label
-    ]
+    failed: dict[str, object] = {}
+    for c in build_set_corpus(
+        PhotoSet("focus", paths, per_class=1, max_side=MAX_SIDE), seed=seed, classes=FOCUS_FAILURES
+    ):
+        if c.label not in failed and c.photo not in {f.photo for f in failed.values()}:
+            failed[c.label] = c
+        if len(failed) == len(FOCUS_FAILURES):
+            break
+    assert sorted(failed) == sorted(FOCUS_FAILURES), sorted(failed)
+    cases += list(failed.values())
     for case in cases:
         stem = Path(case.photo).stem
         if stem not in used:
