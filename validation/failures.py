@@ -7,14 +7,16 @@ re-encoding, as a diffusion editor returns it (a 1-3 px shift, a 0.5-2 % zoom ab
 multiples of 16, JPEG at quality 85-95). The gates must accept the good edits and catch
 (reject, or send to review) every failure class.
 
-Good edits change only the face oval (:func:`~counterfactory.validation.faces.face_mask`,
-feathered inward), as the design asks:
+Good edits change only the edit region FOCUS's prompt names (:data:`CORPUS_REGION`: face, neck
+to the clothing line, ears, forehead to the hairline), as a study asks for them (issue 34):
 
-- ``skin_tone``: a CIELAB shift of lightness and hue of the face (8-25 L*, up to 8 a*b*);
-- ``colour_transfer``: the face's CIELAB mean and spread moved to another person's face
-  (Reinhard et al., "Color Transfer between Images", 2001);
-- ``feature_morph``: nose width, lip fullness and jaw width scaled by 0.88-1.12 with smooth
-  local warps inside the face (about what a changed demographic cue moves).
+- ``skin_tone``: the region's skin lighter or darker by 8-15 L* (:data:`GOOD_L_RANGE`), a*b*
+  moved by up to 5;
+- ``colour_transfer``: the region's CIELAB hue and spread moved to another person's face
+  (Reinhard et al., "Color Transfer between Images", 2001), its lightness by 8-15 L* either way;
+- half of them also a ``feature_morph``: nose width, lip fullness and jaw width moved part of
+  the way toward the proportions of a person of another group (:func:`face_proportions`), each
+  factor within 0.85-1.15, with smooth local warps inside the face.
 
 Failure classes, each on top of a good edit (``CLASSES`` describes them):
 
@@ -26,7 +28,7 @@ Failure classes, each on top of a good edit (``CLASSES`` describes them):
   source (everything outside it stays the source's, so registration is not what tells it), then
   a good edit: a real expression change, which no synthetic warp reproduces exactly; made only
   where a pair exists;
-- ``identity_swap``: another bundled person's face (never the same person) aligned on the
+- ``identity_swap``: another person's face of similar skin lightness (never the same person), aligned on the
   five face-recognition keypoints, colour-matched and blended into the oval;
 - ``noop_copy``: the source with jitter and re-encoding only: the editor did nothing;
 - ``object_added``: a patch of another photo, 2-5 % of the image, pasted away from the face;
@@ -90,7 +92,7 @@ from counterfactory.validation.segment import get_person_segmenter, work_stride
 GOOD = "good"
 #: Every class of the corpus and what it is.
 CLASSES: dict[str, str] = {
-    GOOD: "face-only edit: skin tone, colour transfer or feature morph, inside the face oval",
+    GOOD: "face-only edit: the skin of face, neck and ears lighter or darker by 8-15 L*, by a tone shift or a colour transfer, half with a morph toward another group",
     "expression": "good edit + smile, frown or raised brows",
     "expression_real": "good edit of the same person's own smiling photo, same session, registered",
     "identity_swap": "good edit + another person's face pasted in",
@@ -98,7 +100,7 @@ CLASSES: dict[str, str] = {
     "object_added": "good edit + a pasted object away from the face",
     "text_added": "good edit + text written away from the face",
     "object_removed": "good edit + a textured region painted over",
-    "body_skin": "good edit + the same skin change on neck, hands, arms",
+    "body_skin": "good edit + the same skin change on skin outside the region (chest, shoulders, hands, arms)",
     "global_colour": "good edit + colour cast, white balance or contrast change",
     "head_pose": "good edit + head rotated in the image plane",
     "head_position": "good edit + head moved",
