@@ -60,7 +60,7 @@ from counterfactory.manifests.review import (
     undo_decision,
 )
 from counterfactory.manifests.spec import Spec
-from counterfactory.manifests.store import ImageStore
+from counterfactory.manifests.store import DamagedBlobError, ImageStore, MissingBlobError, UnsafeBlobError
 from counterfactory.validation.review_stats import review_summary
 
 HERE = Path(__file__).resolve().parent
@@ -516,6 +516,30 @@ def _auth_routes(site: ReviewSite, templates: Jinja2Templates) -> APIRouter:
     return router
 
 
+def store_image(site: ReviewSite, sha256: str, cache_control: str) -> Response:
+    """The store's image ``sha256`` as a response, re-read and re-hashed on every request: only
+    bytes that are the image its name says are served (never a symlink's target, never a file
+    edited in the store); otherwise a 404 or 409 that says why."""
+    try:
+        data = site.store.read_bytes(sha256)
+    except MissingBlobError:
+        return JSONResponse({"error": f"no image {sha256[:12]}… in this run's store"}, status_code=404)
+    except UnsafeBlobError:
+        return JSONResponse(
+            {"error": f"image {sha256[:12]}… is not served: its store entry is not a regular file (a symlink?)"},
+            status_code=404,
+        )
+    except DamagedBlobError:
+        return JSONResponse(
+            {
+                "error": f"image {sha256[:12]}… is not served: its bytes in the store do not hash to its name "
+                "(edited or damaged); delete the file and re-run the spec to rebuild it"
+            },
+            status_code=409,
+        )
+    return Response(data, media_type="image/png", headers={"Cache-Control": cache_control})
+
+
 def _file_routes(site: ReviewSite) -> APIRouter:
     """The page's script and style, and the run's images by sha256."""
     router = APIRouter()
@@ -534,11 +558,7 @@ def _file_routes(site: ReviewSite) -> APIRouter:
                 {"error": "images are addressed by their sha256 (64 lowercase hex digits), nothing else"},
                 status_code=400,
             )
-        if not site.store.has(sha256):
-            return JSONResponse({"error": f"no image {sha256[:12]}… in this run's store"}, status_code=404)
-        return FileResponse(
-            site.store.path(sha256), media_type="image/png", headers={"Cache-Control": "private, max-age=86400"}
-        )
+        return store_image(site, sha256, "private, max-age=86400")
 
     return router
 
@@ -727,9 +747,7 @@ def _blind_routes(site: ReviewSite, templates: Jinja2Templates) -> APIRouter:
         pending = site.peek_trial(trial, request.state.reviewer)
         if pending is None:
             return JSONResponse({"error": "unknown or expired trial"}, status_code=404)
-        return FileResponse(
-            site.store.path(pending.sha256), media_type="image/png", headers={"Cache-Control": "no-store"}
-        )
+        return store_image(site, pending.sha256, "no-store")
 
     @router.post("/api/spot")
     def spot(

@@ -57,10 +57,8 @@ def template_task(spec, ws, prepared, cells, editor, stack, key):
 
 
 @task(name="release", cache_policy=NONE, **_TRANSIENT_RETRIES)
-def release_task(spec, ws, prepared, failed, outcomes, grid, editor_calls, allow_incomplete):
-    return publish_release(
-        spec, ws, prepared, failed, outcomes, grid, editor_calls=editor_calls, allow_incomplete=allow_incomplete
-    )
+def release_task(spec, ws, prepared, failed, outcomes, grid, allow_incomplete):
+    return publish_release(spec, ws, prepared, failed, outcomes, grid, allow_incomplete=allow_incomplete)
 
 
 def _flow_run_id() -> str | None:
@@ -144,7 +142,7 @@ def run_flow(
     outcomes.sort(key=outcome_order(spec))
     calls = sum(o.editor_calls for o in outcomes)
     ws.ledger.finish_run(run_id, editor_calls=calls)
-    sealed = release_task(spec, ws, prepared, failed, outcomes, grid, calls, allow_incomplete) if publish else None
+    sealed = release_task(spec, ws, prepared, failed, outcomes, grid, allow_incomplete) if publish else None
     publish_artifacts(spec.name, outcomes, editor_calls=calls, release_path=sealed.path if sealed else None)
 
     counts: dict[str, int] = {}
