@@ -533,6 +533,9 @@ KNOWN_FILES = {
     "diff.json",
     CHECKSUMS,
 }
+#: what every release ``publish`` seals holds (``release.json`` naming the version that wrote it)
+PUBLISHED_FILES = (MANIFEST, MANIFEST_PARQUET, ITEMS, "left_out.jsonl", "trials.jsonl", "derived.jsonl", "spec.yaml",
+                   "stats.json", "report.html")  # fmt: skip
 #: the id column of each table, unique within it
 TABLE_KEYS = {MANIFEST: "item_id", ITEMS: "cell_id", "derived.jsonl": "item_id", "trials.jsonl": "trial_id"}
 #: folders whose files are named by their content's sha256
@@ -854,6 +857,11 @@ def _check_release_json(path: Path, problems: list[str]) -> dict[str, Any] | Non
             problems.append(f"{RELEASE_JSON}: version {info.get('version')!r} but the folder is {path.name}")
         if info.get("name") != path.parent.name:
             problems.append(f"{RELEASE_JSON}: name {info.get('name')!r} but the folder is in {path.parent.name}")
+    if info.get("counterfactory_version") is not None:
+        # a published release: what verify re-derives from cannot simply be left out
+        for name in PUBLISHED_FILES:
+            if not (path / name).is_file():
+                problems.append(f"{name}: missing; every published release holds it (see release.json's files)")
     spec = path / "spec.yaml"
     if "spec_sha256" in info and spec.is_file() and sha256_file(spec) != info["spec_sha256"]:
         problems.append(f"{RELEASE_JSON}: spec_sha256 {str(info['spec_sha256'])[:12]}... is not spec.yaml's sha256")

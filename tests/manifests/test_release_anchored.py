@@ -211,3 +211,12 @@ def test_verify_expect_checks_the_digest_recorded_elsewhere(demo_run, tmp_path):
     assert wrong.returncode == 2 and wrong.stderr.strip().splitlines() == [
         "error: --expect 'not-a-digest': not a sha256 (64 hex digits); give the digest publish printed"
     ]
+
+
+def test_derived_files_deleted_and_unrecorded(demo_run, tmp_path):
+    release = _copy(demo_run.release, tmp_path)
+    (release / "stats.json").unlink()
+    (release / "report.html").unlink()
+    text = _problems(release)
+    assert "stats.json: missing; every published release holds it" in text
+    assert "report.html: missing; every published release holds it" in text
