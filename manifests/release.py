@@ -6,7 +6,14 @@ silently), ``left_out.jsonl`` (what an incomplete grid left out, and why), ``tri
 ``derived.jsonl`` (robustness variants), ``spec.yaml`` as the user wrote it, ``stats.json``,
 ``release.json``, ``report.html``, a JSON Schema for every JSON/JSONL file under ``schemas/``,
 the images under ``images/`` and ``sources/`` by sha256, and ``checksums.sha256`` over every
-file.
+file. ``release.json`` records the sha256 of every other file (``file_sha256``, all but itself
+and ``checksums.sha256``), so its own sha256 is the release's digest (:func:`release_digest`),
+which ``verify --expect`` checks against one recorded elsewhere.
+
+``verify`` trusts no file the release could regenerate: besides the checksums it refuses
+anything but regular files and non-empty folders, checks the schemas against the package's,
+and re-derives the manifest, the trials, ``stats.json``'s counts and ``report.html`` from the
+release's own tables (:func:`check_meaning`).
 
 A release owns its bytes: every image is copied (or reflinked, where the filesystem shares
 blocks copy-on-write) and its sha256 is checked while it is copied, never hard-linked, so an
