@@ -53,6 +53,13 @@ def main(verbose: bool) -> None:
     silence_native_logs(verbose_=verbose)
 
 
+def _digest_line(release: Path) -> str:
+    """``digest: <sha256 of release.json>``: what ``verify --expect`` checks a copy against."""
+    from counterfactory.manifests.release import release_digest
+
+    return f"digest: {release_digest(release)} (record it; `counterfactory verify RELEASE --expect DIGEST`)"
+
+
 @main.command()
 @click.argument("spec_path", type=click.Path(path_type=Path))
 @click.option(
@@ -173,6 +180,7 @@ def run(
             )
         state = "written" if summary.release_created else "unchanged (identical release already existed)"
         click.echo(f"release {state}: {summary.release_path}")
+        click.echo(_digest_line(summary.release_path))
         click.echo(f"report: {summary.release_path / 'report.html'}")
     click.echo(f"time: {time.perf_counter() - started:.1f} s")
 
@@ -274,6 +282,7 @@ def publish(out: Path, version: str | None, spec_path: Path | None, allow_incomp
     state = "written" if result.sealed.created else "unchanged (identical release already existed)"
     click.echo("editor calls: 0")
     click.echo(f"release {state}: {result.sealed.path}")
+    click.echo(_digest_line(result.sealed.path))
 
 
 @main.command()
@@ -582,17 +591,32 @@ def path_lines(by_path: dict) -> list[str]:
 
 @main.command()
 @click.argument("release", type=click.Path(path_type=Path, exists=True, file_okay=False))
-def verify(release: Path) -> None:
-    """Check a release folder: every file against its checksum and its schema, every image
-    against the sha256 its manifest row names, nothing unlisted, nothing outside the folder."""
-    from counterfactory.manifests.release import verify_release
+@click.option(
+    "--expect",
+    "expect",
+    metavar="SHA256",
+    help="The release's digest (sha256 of its release.json, printed by publish) as recorded elsewhere: "
+    "the release must be that one.",
+)
+def verify(release: Path, expect: str | None) -> None:
+    """Check a release folder: every file against its checksum, release.json's record and the
+    schema this package ships, every image against the sha256 its manifest row names, the
+    derived files (stats.json, report.html, trials.jsonl) against what the release's tables
+    give, only regular files, nothing unlisted, nothing outside the folder."""
+    import re
 
-    problems = verify_release(release)
+    from counterfactory.manifests.release import release_digest, verify_release
+
+    if expect is not None and not re.fullmatch(r"[0-9a-fA-F]{64}", expect.strip()):
+        _fail(f"--expect {expect!r}: not a sha256 (64 hex digits); give the digest publish printed")
+    problems = verify_release(release, expect=expect)
     if problems:
         for p in problems:
             click.echo(p, err=True)
         _fail(f"{release}: {len(problems)} problem(s)", code=1)
     click.echo(f"{release}: every file matches its checksum and schema")
+    digest = release_digest(release)
+    click.echo(f"digest: {digest}" + (" (as expected)" if expect is not None else ""))
 
 
 @main.group()

@@ -69,11 +69,9 @@ class _Refused:
 
 
 @task(name="release", cache_policy=NONE, **_TRANSIENT_RETRIES)
-def release_task(spec, ws, prepared, failed, outcomes, grid, editor_calls, allow_incomplete):
+def release_task(spec, ws, prepared, failed, outcomes, grid, allow_incomplete):
     try:
-        return publish_release(
-            spec, ws, prepared, failed, outcomes, grid, editor_calls=editor_calls, allow_incomplete=allow_incomplete
-        )
+        return publish_release(spec, ws, prepared, failed, outcomes, grid, allow_incomplete=allow_incomplete)
     except (PublishError, ReleaseExistsError) as exc:
         return _Refused(exc)
 
@@ -160,7 +158,7 @@ def run_flow(
     outcomes.sort(key=outcome_order(spec))
     calls = sum(o.editor_calls for o in outcomes)
     ws.ledger.finish_run(run_id, editor_calls=calls)
-    sealed = release_task(spec, ws, prepared, failed, outcomes, grid, calls, allow_incomplete) if publish else None
+    sealed = release_task(spec, ws, prepared, failed, outcomes, grid, allow_incomplete) if publish else None
     if isinstance(sealed, _Refused):
         ws.ledger.close()
         return sealed

@@ -254,7 +254,7 @@ def publish_if_changed(spec_path: str | Path, out: str | Path, *, allow_incomple
             write_json(stage / DIFF, {**diff, "changes": changes})
 
         sealed = publish_release(
-            target, ws, prepared, failed, outcomes, grid, editor_calls=0, allow_incomplete=allow_incomplete,
+            target, ws, prepared, failed, outcomes, grid, allow_incomplete=allow_incomplete,
             before_seal=write_diff,
         )  # fmt: skip
         return Regeneration(version, prev_version, str(sealed.path), 0, changes)

@@ -57,6 +57,8 @@ The tree (class, its builtin base, who raises it, what the user does)::
     │                                     the store. Re-run the spec: only those attempts re-run.
     ├── DamagedBlobError (OSError)        manifests.store: a stored image's bytes no longer match
     │                                     its hash. Delete it and re-run.
+    ├── UnsafeBlobError (OSError)         manifests.store: a store entry that is a symlink, a FIFO
+    │                                     or another non-regular file; never read. Delete it and re-run.
     ├── PublishError (RuntimeError)       flows.publish: a release that must not be sealed.
     │   ├── EmptyReleaseError             no cell was accepted or is waiting for review.
     │   └── IncompleteGridError           cells, sources or strata are missing; pass

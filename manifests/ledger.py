@@ -199,6 +199,27 @@ class SpotTrialRow(Base):
     #: the click fell inside the dilated edit mask (None: source shown or no click)
     localised: Mapped[bool | None] = mapped_column(Boolean, nullable=True)
     decided_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=_now)
+    #: the deal this answers (:class:`SpotDealRow`'s ``deal_id``; None in rows written before
+    #: revision 0005): a deal is answered once (a plain column: SQLite adds no foreign key in place)
+    deal_id: Mapped[int | None] = mapped_column(Integer, nullable=True)
+
+    __table_args__ = (Index("ux_spot_trials_deal", "deal_id", unique=True),)
+
+
+class SpotDealRow(Base):
+    """A blinded trial dealt to a reviewer, recorded when it is shown (before any answer): which
+    candidate, and whether it or its source photo was shown. One per reviewer and candidate, so
+    a reload deals the same trial again, and one shown but never answered stays on record."""
+
+    __tablename__ = "spot_deals"
+
+    deal_id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    attempt_id: Mapped[str] = mapped_column(String(64), ForeignKey("candidates.attempt_id"), index=True)
+    reviewer_id: Mapped[int] = mapped_column(Integer, ForeignKey("reviewers.reviewer_id"))
+    shown: Mapped[str] = mapped_column(String(16))  # source | candidate
+    dealt_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=_now)
+
+    __table_args__ = (Index("ux_spot_deals_reviewer_attempt", "reviewer_id", "attempt_id", unique=True),)
 
 
 @dataclass(frozen=True)
