@@ -224,9 +224,9 @@ def test_each_editor_is_a_view_and_one_editor_specs_hash_as_before(tmp_path):
     assert "per_editor" not in one.canonical()["trials"]
     # the demo spec's hash, of the same form as before editors could be compared (its releases
     # name it); the shipped thresholds are part of the study, so a new calibration changes it
-    # (2026-12-04: the London + bundled calibration, with max_mouth_corner_shift_iod and
-    # max_excess_share; a spec that leaves those unset hashes as it did before they existed)
-    assert one.spec_hash() == "a4d4e884ac6b40e7df67843049c451934e7d5c0b7a13f0b7c218474471149a7a"
+    # (2026-12-05: issue 34's calibration on three judging paths, with locality.cohort and
+    # locality.no_floor; a spec that leaves those unset hashes as it did before they existed)
+    assert one.spec_hash() == "98431919cafe5fb7f2e4199f3b8dae127bfd6c3fe6742355cd9c8c1790855bee"
 
 
 def test_editors_are_refused_on_ray_before_anything_runs(tmp_path):
