@@ -167,19 +167,7 @@ def write_import_set(folder: Path, *, seed: int = 0) -> ImportSet:
             suffix = {"webp": ".webp", "resized": ".jpg", "jpeg": ".jpg"}.get(form, ".png")
             name = f"candidates/{case.case_id.replace(':', '_').replace('.', '_')}{suffix}"
             _write(folder / name, image, form)
-            rows.append(
-                {
-                    "id": f"pair{n:03d}",
-                    "source": source_file,
-                    "candidate": name,
-                    "race": race,
-                    "gender": gender,
-                    "prompt": _prompt(race, gender),
-                    "label": case.label,
-                    "case_id": case.case_id,
-                    "form": form,
-                }
-            )
+            rows.append(_pair_row(n, source_file, name, race, gender, case, form))
     # one file in two rows: the second good edit again, for another condition of its source
     twice = [r for r in rows if r["label"] == GOOD][1]
     stem = Path(twice["source"]).stem
@@ -226,6 +214,21 @@ def write_import_set(folder: Path, *, seed: int = 0) -> ImportSet:
     spec = folder / "spec.yaml"
     spec.write_text(yaml.safe_dump(import_spec("pairs.csv"), sort_keys=False))
     return ImportSet(folder, spec, table, rows)
+
+
+def _pair_row(number: int, source: str, candidate: str, race: str, gender: str, case, form: str) -> dict[str, str]:
+    """One pair table row (and the labels the tests read: the corpus class, case id, file form)."""
+    return {
+        "id": f"pair{number:03d}",
+        "source": source,
+        "candidate": candidate,
+        "race": race,
+        "gender": gender,
+        "prompt": _prompt(race, gender),
+        "label": case.label,
+        "case_id": case.case_id,
+        "form": form,
+    }
 
 
 def _prompt(race: str, gender: str) -> str:
@@ -310,19 +313,7 @@ def write_focus_set(folder: Path, *, seed: int = 0) -> ImportSet:
         used[stem] += 1
         name = f"candidates/{case.case_id.replace(':', '_').replace('.', '_')}.png"
         Image.fromarray(case.output).save(folder / name)
-        rows.append(
-            {
-                "id": f"pair{len(rows) + 1:03d}",
-                "source": f"photos/{stem}.png",
-                "candidate": name,
-                "race": race,
-                "gender": gender,
-                "prompt": _prompt(race, gender),
-                "label": case.label,
-                "case_id": case.case_id,
-                "form": "png",
-            }
-        )
+        rows.append(_pair_row(len(rows) + 1, f"photos/{stem}.png", name, race, gender, case, "png"))
     (photos / "metadata.yaml").write_text(yaml.safe_dump({"sources": metadata}, sort_keys=False))
     table = folder / "pairs.csv"
     columns = ["id", "source", "candidate", "race", "gender", "prompt"]
