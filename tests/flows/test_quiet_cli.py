@@ -55,7 +55,7 @@ def test_demo_prints_no_native_library_line_and_verbose_brings_them_back(tmp_pat
         for line in quiet
         if not re.match(r"cells: +\d+%\|", line)
         and not re.match(
-            r"(cells|templates complete|editor calls|waiting for review|release written|report|time): ", line
+            r"(cells|templates complete|editor calls|waiting for review|release written|digest|report|time): ", line
         )
     ]
     assert not other, other
