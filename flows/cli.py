@@ -623,12 +623,13 @@ def ask(
     help="Score the papers' strict reading of each reply, or the reading a person makes.",
 )
 @click.option("--resamples", default=999, show_default=True, help="Bootstrap resamples over templates.")
-def score(release: Path, answers: tuple[Path, ...], out: Path, parse: str, resamples: int) -> None:
+@click.option("--min-n", type=int, help="Fewest comparisons a win-rate cell needs (default: release.json's analysis).")
+def score(release: Path, answers: tuple[Path, ...], out: Path, parse: str, resamples: int, min_n: int | None) -> None:
     """Score ANSWERS (answers ledgers or JSON lines) of RELEASE as the papers define their
     metrics: scores.json, per_trial.jsonl, the papers' tables, plots and report.html in OUT."""
     from counterfactory.validation.scoring.score import score as run_score
 
-    scores = run_score(release, list(answers), out, parse=parse, resamples=resamples)
+    scores = run_score(release, list(answers), out, parse=parse, resamples=resamples, min_n=min_n)
     models = ", ".join(scores["models"])
     click.echo(f"{scores['answers']} answers of {models} scored ({parse}) -> {out / 'report.html'}")
 

@@ -105,6 +105,7 @@ def score(
     *,
     parse: str = "strict",
     resamples: int = 999,
+    min_n: int | None = None,
 ) -> dict[str, Any]:
     """Score ``answer_paths`` against ``release`` and write the report to ``out``; returns scores."""
     info, trial_rows = load_release(release)
@@ -115,8 +116,10 @@ def score(
     check_answers(trials, answers)
     per_trial = per_trial_rows(trials, answers)
     analysis = info.get("analysis") or {}
-    axes = _axes_of(trial_rows)
-    min_n = int(analysis.get("min_n_per_cell", 1))
+    label_maps = analysis.get("label_map") or {}
+    # the design's axis order (release.json's analysis), else the order the rows name them
+    axes = list(next(iter(label_maps.values()), {})) or _axes_of(trial_rows)
+    min_n = int(min_n if min_n is not None else analysis.get("min_n_per_cell", 1))
     refs = (analysis.get("reference_groups") or {}).get("focus") or {}
     if not refs:
         values = {a: {str((t["group"].get("condition") or {}).get(a)) for t in trial_rows} for a in axes}

@@ -111,9 +111,13 @@ def spearman(x: Sequence[float], y: Sequence[float]) -> dict[str, Any]:
     """Spearman's rho and its p-value (``scipy.stats.spearmanr``); None with fewer than 3 pairs."""
     if len(x) < 3:
         return {"rho": None, "p_value": None, "n": len(x)}
+    import warnings
+
     from scipy.stats import spearmanr
 
-    res = spearmanr(x, y)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # a constant input has no rho: reported as None
+        res = spearmanr(x, y)
     rho = None if math.isnan(res.statistic) else float(res.statistic)
     return {"rho": rho, "p_value": None if rho is None else float(res.pvalue), "n": len(x)}
 

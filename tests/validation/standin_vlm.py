@@ -1,0 +1,175 @@
+"""An OpenAI-compatible stand-in vision-language model on 127.0.0.1 with known, injected effects.
+
+The server (``http.server``, one thread per request) answers ``POST /v1/chat/completions``. It
+knows each image of a release by the sha256 of its bytes (``images``: sha256 -> condition), so
+it can answer as a model with a bias would. The model name picks the behaviour:
+
+- ``biased``: 2AFC perceived safety prefers the female image of a mixed-gender pair with
+  probability :data:`FEMALE_PREFERENCE` (one draw per unordered pair, so both orders agree), and
+  every 2AFC trial answers "A" regardless with probability :data:`FIRST_BIAS` (a first-position
+  bias); MCQ salary answers D for male and C for female images (a gender gap of one bracket);
+  MCQ education declines for Black images; the salary is the biography's base salary times
+  :data:`SALARY_MULTIPLIER` of the image's race.
+- ``null``: none of that: 2AFC picks one image of each pair at random (both orders agree), MCQ
+  answers depend on the prompt only, salaries on the biography only, nothing is declined.
+
+"Random" is a hash of the request, so a run is reproducible. It counts requests, the most in
+flight at once, and answers ``503`` to the first request of trials in :data:`FLAKY` share
+(transport errors that ``ask`` must retry). ``latency_s`` delays every answer.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import re
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+FEMALE_PREFERENCE = 0.8
+FIRST_BIAS = 0.2
+SALARY_MULTIPLIER = {"Black": 0.9, "East Asian": 1.1}
+FLAKY = 0.02
+
+
+def _u(*parts: Any) -> float:
+    """A reproducible draw in [0, 1) from ``parts``."""
+    h = hashlib.sha256("|".join(map(str, parts)).encode()).digest()
+    return int.from_bytes(h[:8], "big") / 2**64
+
+
+class StandIn:
+    """The server's state: images by sha256, counters, and the HTTP server itself."""
+
+    def __init__(self, images: dict[str, dict[str, Any]], *, latency_s: float = 0.0, salt: str = "") -> None:
+        self.images = images
+        self.latency_s = latency_s
+        self.salt = salt
+        self.lock = threading.Lock()
+        self.requests = 0
+        self.in_flight = 0
+        self.max_in_flight = 0
+        self.errors_sent = 0
+        self.seen_flaky: set[str] = set()
+        handler = type("Handler", (_Handler,), {"standin": self})
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self.server.daemon_threads = True
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+
+    def start(self) -> StandIn:
+        self.thread.start()
+        return self
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+    def reset_counts(self) -> None:
+        with self.lock:
+            self.requests = 0
+            self.max_in_flight = 0
+            self.errors_sent = 0
+
+    # -------------------------------------------------------------- the model
+
+    def reply(self, model: str, prompt: str, shas: list[str]) -> str:
+        conds = [self.images.get(s, {}) for s in shas]
+        biased = model == "biased"
+        if "person A and the second image is person B" in prompt:
+            a, b = shas
+            pair = tuple(sorted((a, b)))
+            ga, gb = conds[0].get("gender"), conds[1].get("gender")
+            if biased and _u(self.salt, "first", prompt, a, b) < FIRST_BIAS:
+                return "A"
+            if biased and "comfortable approaching" in prompt and ga != gb:
+                female = a if ga == "female" else b
+                male = b if female == a else a
+                preferred = female if _u(self.salt, "pref", prompt, *pair) < FEMALE_PREFERENCE else male
+            else:
+                preferred = pair[0] if _u(self.salt, "coin", prompt, *pair) < 0.5 else pair[1]
+            return "A" if preferred == a else "B"
+        if "salary bracket" in prompt:
+            if biased:
+                return "D" if conds[0].get("gender") == "male" else "C"
+            return "ABCDEF"[int(_u(self.salt, prompt) * 6)]
+        if "highest level of education" in prompt:
+            if biased and conds[0].get("race") == "Black":
+                return "I'm sorry, but I can't infer a person's education from their appearance."
+            return "ABCD"[int(_u(self.salt, prompt) * 4)]
+        if "What annual salary" in prompt:
+            bio = prompt.split("Their biography:", 1)[-1]
+            base = 60_000 + 1_000 * int(_u(self.salt, bio) * 30)
+            multiplier = SALARY_MULTIPLIER.get(conds[0].get("race"), 1.0) if biased else 1.0
+            return str(round(base * multiplier))
+        return "I cannot help with that."
+
+
+class _Handler(BaseHTTPRequestHandler):
+    standin: StandIn
+
+    def log_message(self, *args: Any) -> None:  # quiet
+        return None
+
+    def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+        s = self.standin
+        with s.lock:
+            s.requests += 1
+            s.in_flight += 1
+            s.max_in_flight = max(s.max_in_flight, s.in_flight)
+        try:
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            content = body["messages"][0]["content"]
+            prompt = " ".join(p["text"] for p in content if p["type"] == "text")
+            shas = []
+            for p in content:
+                if p["type"] == "image_url":
+                    data = base64.b64decode(re.sub(r"^data:[^,]*,", "", p["image_url"]["url"]))
+                    shas.append(hashlib.sha256(data).hexdigest())
+            key = hashlib.sha256(json.dumps([prompt, shas]).encode()).hexdigest()
+            flaky = _u(s.salt, "flaky", key) < FLAKY
+            with s.lock:
+                first_time = flaky and key not in s.seen_flaky
+                s.seen_flaky.add(key)
+            if s.latency_s:
+                time.sleep(s.latency_s)
+            if first_time:
+                with s.lock:
+                    s.errors_sent += 1
+                self._send(503, {"error": {"message": "overloaded, try again", "type": "server_error"}})
+                return
+            reply = s.reply(body["model"], prompt, shas)
+            self._send(
+                200,
+                {
+                    "id": "chatcmpl-" + key[:12],
+                    "object": "chat.completion",
+                    "created": int(time.time()),
+                    "model": body["model"],
+                    "choices": [
+                        {"index": 0, "message": {"role": "assistant", "content": reply}, "finish_reason": "stop"}
+                    ],
+                    "usage": {
+                        "prompt_tokens": len(prompt.split()),
+                        "completion_tokens": len(reply.split()),
+                        "total_tokens": len(prompt.split()) + len(reply.split()),
+                    },
+                },
+            )
+        finally:
+            with s.lock:
+                s.in_flight -= 1
+
+    def _send(self, code: int, payload: dict[str, Any]) -> None:
+        data = json.dumps(payload).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
