@@ -44,8 +44,11 @@ def _u(*parts: Any) -> float:
 class StandIn:
     """The server's state: images by sha256, counters, and the HTTP server itself."""
 
-    def __init__(self, images: dict[str, dict[str, Any]], *, latency_s: float = 0.0, salt: str = "") -> None:
+    def __init__(
+        self, images: dict[str, dict[str, Any]], *, latency_s: float = 0.0, salt: str = "", flaky: float = FLAKY
+    ) -> None:
         self.images = images
+        self.flaky = flaky
         self.latency_s = latency_s
         self.salt = salt
         self.lock = threading.Lock()
@@ -113,6 +116,8 @@ class StandIn:
 
 class _Handler(BaseHTTPRequestHandler):
     standin: StandIn
+    protocol_version = "HTTP/1.1"  # keep-alive, as real servers do
+    disable_nagle_algorithm = True  # headers and body are two writes: no delayed-ACK stall between them
 
     def log_message(self, *args: Any) -> None:  # quiet
         return None
@@ -133,7 +138,7 @@ class _Handler(BaseHTTPRequestHandler):
                     data = base64.b64decode(re.sub(r"^data:[^,]*,", "", p["image_url"]["url"]))
                     shas.append(hashlib.sha256(data).hexdigest())
             key = hashlib.sha256(json.dumps([prompt, shas]).encode()).hexdigest()
-            flaky = _u(s.salt, "flaky", key) < FLAKY
+            flaky = _u(s.salt, "flaky", key) < s.flaky
             with s.lock:
                 first_time = flaky and key not in s.seen_flaky
                 s.seen_flaky.add(key)
