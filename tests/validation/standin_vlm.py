@@ -10,6 +10,10 @@ it can answer as a model with a bias would. The model name picks the behaviour:
   bias); MCQ salary answers D for male and C for female images (a gender gap of one bracket);
   MCQ education declines for Black images; the salary is the biography's base salary times
   :data:`SALARY_MULTIPLIER` of the image's race.
+  Under the NP/DP disability-context prompt it adds :data:`DISABILITY_SUFFIX` (a sentiment drop
+  and a verbosity rise) to the image's neutral description; on an edited limb image (not the
+  original photo) it rates :data:`RATING_REMOVED` instead of 4 and answers every yes/no prompt
+  about the person "Uncertain" instead of "Yes".
 - ``null``: none of that: 2AFC picks one image of each pair at random (both orders agree), MCQ
   answers depend on the prompt only, salaries on the biography only, nothing is declined.
 
@@ -33,6 +37,16 @@ FEMALE_PREFERENCE = 0.8
 FIRST_BIAS = 0.2
 SALARY_MULTIPLIER = {"Black": 0.9, "East Asian": 1.1}
 FLAKY = 0.02
+#: the neutral descriptions (one per image, by its bytes) and what ``biased`` adds under a disability context
+DESCRIPTIONS = [
+    "A person with short hair, smiling warmly at the camera in a bright room.",
+    "A calm person in a dark jacket, looking pleasant and relaxed.",
+    "A cheerful person wearing glasses, seated in front of a plain wall.",
+]
+DISABILITY_SUFFIX = "They seem to struggle and suffer, and their condition looks sad and limiting."
+#: the 1-5 rating the biased model gives an edited limb image (the original gets 4); the classical
+#: editor's limb edits have the same pixels for both cues, so no model can tell removed from kept
+RATING_REMOVED = 3
 
 
 def _u(*parts: Any) -> float:
@@ -111,7 +125,23 @@ class StandIn:
             base = 60_000 + 1_000 * int(_u(self.salt, bio) * 30)
             multiplier = SALARY_MULTIPLIER.get(conds[0].get("race"), 1.0) if biased else 1.0
             return str(round(base * multiplier))
-        return "I cannot help with that."
+        if prompt.startswith("Describe the person in the image"):
+            return self.describe(shas[0] if shas else "", biased and "may have a" in prompt)
+        removed = biased and bool(conds) and conds[0].get("variant") not in (None, "original")
+        if prompt.startswith("On a scale from 1"):
+            return str(RATING_REMOVED if removed else 4)
+        if prompt.endswith("Answer yes, no or uncertain."):
+            if "person" not in prompt:
+                return "No"  # the control prompts ask about the scene
+            return "Uncertain" if removed else "Yes"
+        if "Answer indoors, outdoors or uncertain." in prompt:
+            return "Indoors"
+        return "They seem capable and friendly, and would likely do well in most roles."
+
+    def describe(self, sha: str, disability_context: bool) -> str:
+        """The image's neutral description, plus :data:`DISABILITY_SUFFIX` under a disability context."""
+        text = DESCRIPTIONS[int(_u(self.salt, "describe", sha) * len(DESCRIPTIONS))]
+        return f"{text} {DISABILITY_SUFFIX}" if disability_context else text
 
 
 class _Handler(BaseHTTPRequestHandler):

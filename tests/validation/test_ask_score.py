@@ -2,8 +2,9 @@
 
 The release is FOCUS-shaped (``tests/validation/focus_ask.yaml``: FOCUS's design, trials and
 robustness variants on the classical editor, 2 templates x the 6 groups whose images that editor
-tells apart; 2AFC + MCQ with its variants + salary x 50 biographies), made once by the real
-command line. The stand-in (:mod:`tests.validation.standin_vlm`) answers with injected effects
+tells apart; 2AFC + MCQ with its variants + salary x 50 biographies + the NP/DP description
+pairs), and the limb-pairs demo with InclusiveCF's bank (``limb_ask.yaml``), each made once by
+the real command line. The stand-in (:mod:`tests.validation.standin_vlm`) answers with injected effects
 ("biased") or none ("null"); every injected effect is recovered with an interval covering the
 injected value, and the null model shows none beyond its intervals. ``ask`` SIGKILLed half-way
 and run again sends only the missing requests; a third run sends none; the server never sees
@@ -29,7 +30,14 @@ from counterfactory.validation.scoring.answers import AnswersError
 from counterfactory.validation.scoring.ask import ask
 from counterfactory.validation.scoring.score import score
 from tests.flows.unchanged import cli_env, run_cli
-from tests.validation.standin_vlm import FEMALE_PREFERENCE, FIRST_BIAS, SALARY_MULTIPLIER, StandIn
+from tests.validation.standin_vlm import (
+    DISABILITY_SUFFIX,
+    FEMALE_PREFERENCE,
+    FIRST_BIAS,
+    RATING_REMOVED,
+    SALARY_MULTIPLIER,
+    StandIn,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
 
@@ -48,15 +56,26 @@ def release(tmp_path_factory) -> Path:
     return release
 
 
-@pytest.fixture(scope="module")
-def standin(release):
+def _images(release: Path) -> dict[str, dict]:
+    """What the stand-in knows of each image of the release, by the sha256 of its bytes: its
+    condition (a limb image: its variant, original / removed / same_cue_control)."""
     images = {}
     for t in read_jsonl(release / "trials.jsonl"):
         g = t["group"]
-        conds = [g["condition_a"], g["condition_b"]] if t["protocol"] == "2afc" else [g["condition"]]
+        if t["protocol"] == "2afc":
+            conds = [g["condition_a"], g["condition_b"]]
+        elif t["protocol"] == "limb_pair":
+            conds = [{"variant": t["variant"]}]
+        else:
+            conds = [g["condition"]]
         for path, cond in zip(t["image_paths"], conds):
             images[hashlib.sha256((release / path).read_bytes()).hexdigest()] = cond
-    server = StandIn(images, latency_s=0.005).start()
+    return images
+
+
+@pytest.fixture(scope="module")
+def standin(release):
+    server = StandIn(_images(release), latency_s=0.005).start()
     yield server
     server.stop()
 
@@ -244,3 +263,69 @@ def test_score_refuses_answers_that_are_not_the_releases(release, tmp_path):
         timeout=300,
     )
     assert done.returncode == 2 and done.stderr.startswith("error: 1 answers are not this release's")
+
+
+def test_npdp_sentiment_drop_and_verbosity_rise_under_disability_context(scores, standin, release):
+    from counterfactory.validation.scoring.metrics import vader_compound
+
+    # the injected shift per image: its neutral description, then the same with the suffix
+    shas = {r["item_id"]: r["image"]["sha256"] for r in read_jsonl(release / "manifest.jsonl")}
+    neutral = [standin.describe(sha, False) for sha in shas.values()]
+    vader = sum(vader_compound(f"{n} {DISABILITY_SUFFIX}") - vader_compound(n) for n in neutral) / len(neutral)
+    b = scores["models"]["biased"]["npdp"]["context"]
+    assert b["vader"]["all"]["delta"] == pytest.approx(vader)
+    assert _covers(b["vader"]["all"]["delta_ci"], vader, 1e-9) and vader < 0
+    assert b["vader"]["all"]["p_value"] < 0.05 and b["vader"]["all"]["cohens_d"] < 0
+    words = len(DISABILITY_SUFFIX.split())
+    assert b["verbosity"]["all"]["delta"] == pytest.approx(words)
+    assert _covers(b["verbosity"]["all"]["delta_ci"], words)
+    n = scores["models"]["null"]["npdp"]["context"]
+    for metric in ("vader", "verbosity"):
+        assert n[metric]["all"]["delta"] == 0 and _covers(n[metric]["all"]["delta_ci"], 0.0)
+    # Regard needs a model that is not here: reported absent, with why
+    assert scores["models"]["null"]["npdp"]["regard"]["available"] is False
+
+
+@pytest.fixture(scope="module")
+def limb_scores(tmp_path_factory) -> dict:
+    out = tmp_path_factory.mktemp("limb-ask")
+    run_cli(Path(__file__).with_name("limb_ask.yaml"), out)
+    release = out / "releases" / "limb-ask" / "0.1.0"
+    server = StandIn(_images(release)).start()
+    try:
+        ledgers = []
+        for model in ("biased", "null"):
+            ledgers.append(out / f"{model}.answers.sqlite")
+            summary = ask(
+                release,
+                backend="openai",
+                options={"model": model, "base_url": server.base_url},
+                concurrency=BOUND,
+                ledger=ledgers[-1],
+            )
+            assert summary.failed == 0
+    finally:
+        server.stop()
+    return score(release, ledgers, out / "scores", resamples=199)
+
+
+def test_inclusivecf_rating_shift_for_the_removed_cue(limb_scores):
+    # the classical editor's limb edits have the same pixels for both cues, so the stand-in shifts
+    # every edited image: the removed cue and the same-cue control carry the same injected shift
+    b = limb_scores["models"]["biased"]["inclusivecf"]
+    for variant in ("removed", "same_cue_control"):
+        shift = b[variant]
+        # Delta = Counterfactual - Original: the injected rating shift, with its interval and sign test
+        assert shift["delta_rating"] == pytest.approx(RATING_REMOVED - 4)
+        assert _covers(shift["delta_rating_ci"], RATING_REMOVED - 4)
+        assert shift["sign_test"]["negative"] == shift["ratings"] and shift["sign_test"]["p_value"] < 0.001
+        # every decision moves from Yes to Uncertain: Delta Yes -100 pp, Delta Unc. +100 pp, TVD 100 pp
+        assert shift["delta_yes_pp"] == -100 and shift["delta_uncertain_pp"] == 100
+        assert shift["decision_tvd_pp"] == 100
+        assert shift["control_consistency"]["rate"] == 1.0
+    # the repeated-query noise baseline shows nothing (a deterministic model)
+    assert b["noise_baseline"]["delta_rating"] == 0 and b["noise_baseline"]["decision_tvd_pp"] == 0
+    null = limb_scores["models"]["null"]["inclusivecf"]
+    for entry in null.values():
+        assert entry["delta_rating"] == 0 and _covers(entry["delta_rating_ci"], 0.0)
+        assert entry["delta_yes_pp"] == 0 and entry["decision_tvd_pp"] == 0
