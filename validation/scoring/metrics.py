@@ -11,6 +11,7 @@ from __future__ import annotations
 import statistics
 from collections import Counter, defaultdict
 from collections.abc import Callable, Sequence
+from functools import cache
 from typing import Any
 
 from counterfactory.validation.scoring.stats import (
@@ -33,11 +34,6 @@ def group_label(condition: dict[str, Any] | None, axes: Sequence[str] | None = N
         return "original"
     keys = [a for a in (axes or []) if a in condition] + sorted(k for k in condition if k not in (axes or []))
     return " ".join(str(condition[k]) for k in keys)
-
-
-def _templates(items: dict[str, list[Any]]) -> tuple[list[str], list[Any]]:
-    units = sorted(items)
-    return units, units
 
 
 def _boot(
@@ -355,16 +351,16 @@ def focus_salary(
 # ---------------------------------------------------------------- NP/DP audit
 
 
-def vader_compound(text: str) -> float:
-    """VADER's compound score (``vaderSentiment``)."""
+@cache
+def _vader() -> Any:
     from vaderSentiment.vaderSentiment import SentimentIntensityAnalyzer
 
-    global _VADER
-    try:
-        analyzer = _VADER
-    except NameError:
-        analyzer = _VADER = SentimentIntensityAnalyzer()
-    return float(analyzer.polarity_scores(text)["compound"])
+    return SentimentIntensityAnalyzer()
+
+
+def vader_compound(text: str) -> float:
+    """VADER's compound score (``vaderSentiment``)."""
+    return float(_vader().polarity_scores(text)["compound"])
 
 
 def verbosity(text: str) -> int:

@@ -69,16 +69,21 @@ def template_bootstrap(
         value = statistic(chosen)
         return float("nan") if value is None else float(value)
 
-    res = bootstrap(
-        tuple(samples),
-        stat,
-        n_resamples=resamples,
-        confidence_level=confidence,
-        method="percentile",
-        vectorized=False,
-        paired=False,
-        random_state=np.random.default_rng(seed),
-    )
+    import warnings
+
+    with warnings.catch_warnings():
+        # every resample giving one value (an exact effect) is a zero-width interval, not a problem
+        warnings.simplefilter("ignore")
+        res = bootstrap(
+            tuple(samples),
+            stat,
+            n_resamples=resamples,
+            confidence_level=confidence,
+            method="percentile",
+            vectorized=False,
+            paired=False,
+            random_state=np.random.default_rng(seed),
+        )
     low, high = res.confidence_interval
     if math.isnan(low) or math.isnan(high):
         return None
