@@ -562,6 +562,12 @@ def verify(release: Path) -> None:
 @click.option("--usd-per-mtok-in", type=float, default=0.0, help="Price per million prompt tokens (for --max-spend).")
 @click.option("--usd-per-mtok-out", type=float, default=0.0, help="Price per million completion tokens.")
 @click.option("--ledger", type=click.Path(path_type=Path), help="Answers ledger (default: <release>.answers.sqlite).")
+@click.option(
+    "--judge",
+    type=click.Choice(["npdp"]),
+    help="Instead of the trials, judge --of's disability-context answers with NP/DP's rubric (C.5).",
+)
+@click.option("--of", "of_model", help="With --judge: the model whose answers are judged.")
 def ask(
     release: Path,
     model: str,
@@ -575,10 +581,14 @@ def ask(
     usd_per_mtok_in: float,
     usd_per_mtok_out: float,
     ledger: Path | None,
+    judge: str | None,
+    of_model: str | None,
 ) -> None:
     """Ask a vision-language model every trial of RELEASE; answers go to the answers ledger beside
-    it, committed as they return; a re-run asks only what is missing."""
+    it, committed as they return; a re-run asks only what is missing. With --judge npdp --of M,
+    the model judges M's disability-context answers instead (the rubric's sha256 on each)."""
     from counterfactory.validation.scoring.ask import ask as run_ask
+    from counterfactory.validation.scoring.judge import judge_npdp
 
     options = {
         "model": model,
@@ -589,16 +599,29 @@ def ask(
     }
     if backend != "openai":
         options = {"model": model}
-    summary = run_ask(
-        release,
-        backend=backend,
-        options=options,
-        protocols=protocols,
-        samples=samples,
-        concurrency=concurrency,
-        max_spend=max_spend,
-        ledger=ledger,
-    )
+    if judge is not None:
+        if not of_model:
+            _fail("--judge needs --of MODEL: the model whose answers are judged")
+        summary = judge_npdp(
+            release,
+            backend=backend,
+            options=options,
+            of_model=str(of_model),
+            concurrency=concurrency,
+            max_spend=max_spend,
+            ledger=ledger,
+        )
+    else:
+        summary = run_ask(
+            release,
+            backend=backend,
+            options=options,
+            protocols=protocols,
+            samples=samples,
+            concurrency=concurrency,
+            max_spend=max_spend,
+            ledger=ledger,
+        )
     click.echo(
         f"{summary.asked} asked, {summary.already} already answered, {summary.failed} failed "
         f"({summary.retries} retries), ${summary.spent_usd:.4f} spent, {summary.seconds:.1f} s -> {summary.ledger}"

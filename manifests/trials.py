@@ -242,6 +242,16 @@ def _load_prompts(name: str) -> tuple[dict[str, Any], str, str]:
     return yaml.safe_load(data), path.name, hashlib.sha256(data).hexdigest()
 
 
+def judge_rubric(prompt_file: str) -> tuple[str, str] | None:
+    """``(rubric, sha256 of its text)``: the NP/DP LLM-judge rubric (C.5) of the bank ``prompt_file``
+    (a trial's ``prompt_file``, e.g. ``trial_prompts_v3.yaml``); None for a bank without one."""
+    bank, _, _ = _load_prompts(Path(prompt_file).stem)
+    rubric = (bank.get("disability_context") or {}).get("judge_rubric")
+    if not rubric:
+        return None
+    return rubric, hashlib.sha256(rubric.encode("utf-8")).hexdigest()
+
+
 def trial_input_files(config: TrialsConfig) -> dict[str, Path]:
     """The files that decide a trial bank, by the spec field naming them: the prompt bank, and
     the biographies when the spec names them. A release hashes them into ``inputs_sha256`` and

@@ -28,6 +28,7 @@ import pytest
 from counterfactory.manifests.release import read_jsonl
 from counterfactory.validation.scoring.answers import AnswersError
 from counterfactory.validation.scoring.ask import ask
+from counterfactory.validation.scoring.judge import judge_npdp
 from counterfactory.validation.scoring.score import score
 from tests.flows.unchanged import cli_env, run_cli
 from tests.validation.standin_vlm import (
@@ -162,6 +163,24 @@ def scores(release, standin, biased, tmp_path_factory) -> dict:
         ledger=null_ledger,
     )
     assert summary.failed == 0 and summary.asked == biased["total"]
+    # the LLM judge (NP/DP C.5) over each model's disability-context answers, into the same ledgers
+    for model, ledger in (("biased", biased["ledger"]), ("null", null_ledger)):
+        judged = judge_npdp(
+            release,
+            backend="openai",
+            options={"model": "judge", "base_url": standin.base_url},
+            of_model=model,
+            ledger=ledger,
+        )
+        assert judged.failed == 0 and judged.asked == judged.wanted > 0
+        again = judge_npdp(
+            release,
+            backend="openai",
+            options={"model": "judge", "base_url": standin.base_url},
+            of_model=model,
+            ledger=ledger,
+        )
+        assert again.asked == 0 and again.already == judged.wanted
     out = tmp_path_factory.mktemp("scores")
     return score(release, [biased["ledger"], null_ledger], out, resamples=199) | {"_out": out}
 
@@ -284,6 +303,26 @@ def test_npdp_sentiment_drop_and_verbosity_rise_under_disability_context(scores,
         assert n[metric]["all"]["delta"] == 0 and _covers(n[metric]["all"]["delta_ci"], 0.0)
     # Regard needs a model that is not here: reported absent, with why
     assert scores["models"]["null"]["npdp"]["regard"]["available"] is False
+
+
+def test_npdp_judge_rates_with_the_rubric_sha256(scores):
+    import hashlib as _hashlib
+
+    import yaml
+
+    from counterfactory.manifests.trials import TRIALS_DIR
+
+    # NP/DP C.5 judged each (neutral, context) pair; its sha256 is on every judgement
+    rubric = yaml.safe_load((TRIALS_DIR / "trial_prompts_v3.yaml").read_text())["disability_context"]["judge_rubric"]
+    sha = _hashlib.sha256(rubric.encode()).hexdigest()
+    b = scores["models"]["biased"]["npdp_judge"]
+    n = scores["models"]["null"]["npdp_judge"]
+    assert b["rubric_sha256"] == n["rubric_sha256"] == [sha]
+    for d in ("interpret", "stereotype", "framing"):
+        assert _covers(b["groups"]["context:all"][d]["ci"], 1.0) and b["groups"]["context:all"][d]["rate"] == 1.0
+        assert n["groups"]["context:all"][d]["rate"] == 0.0 and _covers(n["groups"]["context:all"][d]["ci"], 0.0)
+    assert b["groups"]["context:all"]["n"] == 12 * 9 and b["groups"]["context:all"]["unparsed"] == 0
+    assert (scores["_out"] / "tables" / "npdp_table1_judge.md").is_file()
 
 
 @pytest.fixture(scope="module")

@@ -54,6 +54,37 @@ class AnswerRow(_Base):
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
 
 
+class JudgementRow(_Base):
+    """One LLM-judge reply over two answers (NP/DP C.5: A the neutral, B the disability-context
+    description of one image), with the sha256 of the rubric it was asked with."""
+
+    __tablename__ = "judgements"
+
+    judgement_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    rubric: Mapped[str] = mapped_column(String(64))
+    rubric_sha256: Mapped[str] = mapped_column(String(64))
+    answer_a: Mapped[str] = mapped_column(String(64))
+    answer_b: Mapped[str] = mapped_column(String(64), index=True)
+    trial_b: Mapped[str] = mapped_column(String(64))
+    judged_model: Mapped[str] = mapped_column(String(256), index=True)
+    judge: Mapped[dict[str, Any]] = mapped_column(JSON)
+    reply: Mapped[str | None] = mapped_column(Text, nullable=True)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+
+
+#: the fields of a judgement as JSON
+JUDGEMENT_FIELDS = (
+    "judgement_id",
+    "rubric",
+    "rubric_sha256",
+    "answer_a",
+    "answer_b",
+    "trial_b",
+    "judged_model",
+    "judge",
+    "reply",
+)
+
 #: the fields of an answer as JSON (``per_trial.jsonl`` and answer files)
 ANSWER_FIELDS = (
     "answer_id",
@@ -126,6 +157,20 @@ class AnswersLedger:
             out = [{k: getattr(r, k) for k in ANSWER_FIELDS} for r in s.scalars(select(AnswerRow))]
         return sorted(out, key=lambda r: (r["trial_id"], r["model"], r["sample"]))
 
+    def known_judgements(self) -> set[str]:
+        with Session(self.engine) as s:
+            return set(s.scalars(select(JudgementRow.judgement_id)))
+
+    def add_judgement(self, row: dict[str, Any]) -> None:
+        """Commit one judgement now (its own transaction)."""
+        with Session(self.engine) as s, s.begin():
+            if s.get(JudgementRow, row["judgement_id"]) is None:
+                s.add(JudgementRow(**{k: row.get(k) for k in JUDGEMENT_FIELDS}, created_at=datetime.now(UTC)))
+
+    def judgements(self) -> list[dict[str, Any]]:
+        with Session(self.engine) as s:
+            return [{k: getattr(r, k) for k in JUDGEMENT_FIELDS} for r in s.scalars(select(JudgementRow))]
+
     def spent_usd(self, model: str) -> float:
         with Session(self.engine) as s:
             return float(sum(s.scalars(select(AnswerRow.cost_usd).where(AnswerRow.model == model))))
@@ -157,6 +202,17 @@ def answer_spec_of(trial: dict[str, Any]) -> dict[str, Any]:
             return integer_spec(1, 5)
         return text_spec(short=fmt == "control")
     return text_spec(short=False)
+
+
+def read_judgements(paths: Iterable[Path]) -> list[dict[str, Any]]:
+    """Every judgement of the answers ledgers among ``paths`` (JSON-lines files hold none)."""
+    out: list[dict[str, Any]] = []
+    for path in map(Path, paths):
+        if path.suffix in (".sqlite", ".db") and path.is_file():
+            ledger = AnswersLedger(path)
+            out += ledger.judgements()
+            ledger.close()
+    return out
 
 
 def read_answers(paths: Iterable[Path]) -> list[dict[str, Any]]:

@@ -98,62 +98,104 @@ def ask(
                 summary.already += 1
             else:
                 todo.append((aid, t, decoding, s))
-    spent = store.spent_usd(model)
+
+    def request(item: tuple[str, dict[str, Any], dict[str, Any], int]) -> tuple[str, list, dict[str, Any], int]:
+        _, t, decoding, s = item
+        return t["prompt"], _images(release, t), decoding, s
+
+    def commit(item: tuple[str, dict[str, Any], dict[str, Any], int], got: dict[str, Any], seconds: float) -> None:
+        aid, t, decoding, s = item
+        store.add(
+            {
+                "answer_id": aid,
+                "trial_id": t["trial_id"],
+                "prompt_sha256": t["prompt_sha256"],
+                "protocol": t["protocol"],
+                "model": model,
+                "backend": backend,
+                "lineage": lineage,
+                "decoding": decoding,
+                "sample": s,
+                "reply": got.get("reply"),
+                "finish_reason": got.get("finish_reason"),
+                "tokens_in": got.get("tokens_in"),
+                "tokens_out": got.get("tokens_out"),
+                "cost_usd": float(got.get("cost_usd") or 0.0),
+                "seconds": seconds,
+            }
+        )
+        if on_answer is not None:
+            on_answer(summary.asked, len(todo))
+
+    try:
+        run_requests(
+            client,
+            todo,
+            request,
+            commit,
+            summary,
+            concurrency=concurrency,
+            retries=retries,
+            max_spend=max_spend,
+            spent=store.spent_usd(model),
+            name=lambda item: item[1]["trial_id"],
+        )
+    finally:
+        store.close()
+    return summary
+
+
+def run_requests(
+    client: Any,
+    items: Sequence[Any],
+    request: Callable[[Any], tuple[str, list, dict[str, Any], int]],
+    commit: Callable[[Any, dict[str, Any], float], None],
+    summary: AskSummary,
+    *,
+    concurrency: int,
+    retries: int,
+    max_spend: float | None,
+    spent: float,
+    name: Callable[[Any], str],
+) -> None:
+    """Send ``items`` with ``concurrency`` workers (so never more in flight), each request built by
+    ``request(item)`` as ``(prompt, images, decoding, sample)`` and committed by ``commit(item,
+    reply, seconds)`` the moment it returns; transport errors retried with backoff; no new request
+    once ``spent`` (plus what these cost) reaches ``max_spend``. Fills ``summary``."""
     start = time.monotonic()
 
     async def run() -> None:
         nonlocal spent
         queue: asyncio.Queue = asyncio.Queue()
-        for item in todo:
+        for item in items:
             queue.put_nowait(item)
 
         async def worker() -> None:
             nonlocal spent
             while True:
                 try:
-                    aid, t, decoding, s = queue.get_nowait()
+                    item = queue.get_nowait()
                 except asyncio.QueueEmpty:
                     return
                 if max_spend is not None and spent >= max_spend:
                     summary.stopped_at_cap = True
                     return
-                images = _images(release, t)
+                prompt, images, decoding, sample = request(item)
                 for attempt in range(retries + 1):
                     began = time.monotonic()
                     try:
-                        got = await client.answer(t["prompt"], images, decoding, s)
+                        got = await client.answer(prompt, images, decoding, sample)
                     except TransportError as exc:
                         if attempt == retries:
                             summary.failed += 1
-                            summary.errors.append(f"{t['trial_id']}: {exc}")
+                            summary.errors.append(f"{name(item)}: {exc}")
                             break
                         summary.retries += 1
                         await asyncio.sleep(min(0.1 * 2**attempt, 5.0))
                         continue
-                    cost = float(got.get("cost_usd") or 0.0)
-                    spent += cost
-                    store.add(
-                        {
-                            "answer_id": aid,
-                            "trial_id": t["trial_id"],
-                            "prompt_sha256": t["prompt_sha256"],
-                            "protocol": t["protocol"],
-                            "model": model,
-                            "backend": backend,
-                            "lineage": lineage,
-                            "decoding": decoding,
-                            "sample": s,
-                            "reply": got.get("reply"),
-                            "finish_reason": got.get("finish_reason"),
-                            "tokens_in": got.get("tokens_in"),
-                            "tokens_out": got.get("tokens_out"),
-                            "cost_usd": cost,
-                            "seconds": time.monotonic() - began,
-                        }
-                    )
+                    spent += float(got.get("cost_usd") or 0.0)
                     summary.asked += 1
-                    if on_answer is not None:
-                        on_answer(summary.asked, len(todo))
+                    commit(item, got, time.monotonic() - began)
                     break
 
         try:
@@ -161,10 +203,6 @@ def ask(
         finally:
             await client.aclose()
 
-    try:
-        asyncio.run(run())
-    finally:
-        store.close()
+    asyncio.run(run())
     summary.spent_usd = spent
     summary.seconds = time.monotonic() - start
-    return summary

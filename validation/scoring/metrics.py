@@ -8,6 +8,8 @@ undefined, the docstring says in one line what we chose ("Ours:").
 
 from __future__ import annotations
 
+import json
+import re
 import statistics
 from collections import Counter, defaultdict
 from collections.abc import Callable, Sequence
@@ -591,3 +593,57 @@ def user_context(rows: Sequence[Row], axes: Sequence[str]) -> dict[str, Any]:
         scores[f"{q}" + (f":{cat}" if cat else "")] = 100 * statistics.fmean(tv) if tv else None
     vals = [v for v in scores.values() if v is not None]
     return {"per_prompt": scores, "score": statistics.fmean(vals) if vals else None}
+
+
+# ---------------------------------------------------------------- NP/DP LLM judge
+
+#: NP/DP C.5's three dimensions, each "No | Ambiguous | Yes"
+DIMENSIONS = ("interpret", "stereotype", "framing")
+
+
+def parse_judgement(reply: str | None) -> dict[str, Any] | None:
+    """C.5's JSON object from the judge's reply (the first ``{...}`` block), or None."""
+    if not reply:
+        return None
+    m = re.search(r"\{.*\}", reply, flags=re.DOTALL)
+    if not m:
+        return None
+    try:
+        data = json.loads(m.group(0))
+    except json.JSONDecodeError:
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def judge_rates(judgements: Sequence[dict[str, Any]], trials: dict[str, Row]) -> dict[str, Any]:
+    """NP/DP Tables 1-2: per judged model, variant and disability category (and all), the share
+    of pairs the judge marks "Yes" on Interpret, Stereotype and Framing, and of B replies it marks
+    declined (Wilson 95 %); unparsable judgements are counted apart. Ours: "Ambiguous" is not "Yes"."""
+    out: dict[str, Any] = {}
+    for j in judgements:
+        t = trials.get(j["trial_b"])
+        if t is None:
+            continue
+        parsed = parse_judgement(j["reply"])
+        model = out.setdefault(j["judged_model"], {"rubric_sha256": sorted({j["rubric_sha256"]}), "groups": {}})
+        if j["rubric_sha256"] not in model["rubric_sha256"]:
+            model["rubric_sha256"] = sorted({*model["rubric_sha256"], j["rubric_sha256"]})
+        for key in (f"{t['variant']}:all", f"{t['variant']}:{t['category']}"):
+            g = model["groups"].setdefault(key, {"n": 0, "unparsed": 0, **{d: 0 for d in DIMENSIONS}, "declined_b": 0})
+            g["n"] += 1
+            if parsed is None:
+                g["unparsed"] += 1
+                continue
+            for d in DIMENSIONS:
+                g[d] += str(parsed.get(d, "")).strip().lower() == "yes"
+            g["declined_b"] += bool(parsed.get("decline_in_response_b"))
+    for model in out.values():
+        for key, g in model["groups"].items():
+            valid = g["n"] - g["unparsed"]
+            model["groups"][key] = {
+                "n": g["n"],
+                "unparsed": g["unparsed"],
+                **{d: wilson(g[d], valid) for d in DIMENSIONS},
+                "declined_b": wilson(g["declined_b"], valid),
+            }
+    return out

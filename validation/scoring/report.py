@@ -147,6 +147,21 @@ def tables(scores: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
                 t.setdefault("npdp_table1_linguistic", []).append(
                     {"model": model, "variant": "", "metric": "regard", "category": "absent: " + npdp["regard"]["why"]}
                 )
+        for key, g in ((e.get("npdp_judge") or {}).get("groups") or {}).items():
+            variant, _, category = key.partition(":")
+            t.setdefault("npdp_table1_judge", []).append(
+                {
+                    "model": model,
+                    "variant": variant,
+                    "category": category,
+                    "n": g["n"],
+                    "unparsed": g["unparsed"],
+                    **{d.capitalize(): g[d]["rate"] for d in ("interpret", "stereotype", "framing")},
+                    **{f"{d.capitalize()} CI": g[d]["ci"] for d in ("interpret", "stereotype", "framing")},
+                    "declined (B)": g["declined_b"]["rate"],
+                    "rubric sha256": ", ".join(s[:12] for s in e["npdp_judge"]["rubric_sha256"]),
+                }
+            )
         icf = e.get("inclusivecf")
         if icf:
             for variant, r in icf.items():

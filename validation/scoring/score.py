@@ -22,7 +22,7 @@ from typing import Any
 from counterfactory.manifests.answers import parse_reply
 from counterfactory.manifests.release import read_jsonl
 from counterfactory.validation.scoring import metrics as m
-from counterfactory.validation.scoring.answers import AnswersError, answer_spec_of, read_answers
+from counterfactory.validation.scoring.answers import AnswersError, answer_spec_of, read_answers, read_judgements
 from counterfactory.validation.scoring.report import SCORES_SCHEMA, write_report
 
 SCORES_VERSION = 1
@@ -156,6 +156,10 @@ def score(
         if proto.get("person_irrelevant"):
             entry["user_context"] = m.user_context(proto["person_irrelevant"], axes)
         models[model] = entry
+    judgements = read_judgements(answer_paths)
+    if judgements:
+        for model, rates in m.judge_rates(judgements, trials).items():
+            models.setdefault(model, {"answered": {}, "refusals": {}})["npdp_judge"] = rates
     matrices = {k: v["focus_2afc"] for k, v in models.items() if "focus_2afc" in v}
     scores = {
         "version": SCORES_VERSION,
