@@ -12,8 +12,6 @@ the stand-in is :mod:`tests.validation.standin_vlm` on 127.0.0.1.
 from __future__ import annotations
 
 import argparse
-import io
-import json
 import os
 import re
 import resource
@@ -25,33 +23,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from PIL import Image  # noqa: E402
-
-from tests.validation.standin_vlm import StandIn  # noqa: E402
-
-
-def synthetic_release(folder: Path, trials: int) -> Path:
-    release = folder / "release"
-    (release / "images").mkdir(parents=True)
-    buf = io.BytesIO()
-    Image.new("RGB", (64, 64), (120, 90, 60)).save(buf, format="PNG")
-    (release / "images" / "face.png").write_bytes(buf.getvalue())
-    (release / "release.json").write_text(json.dumps({"name": "bench", "version": "0.0.1"}))
-    with (release / "trials.jsonl").open("w") as f:
-        for i in range(trials):
-            row = {
-                "trial_id": f"bench{i:06d}",
-                "protocol": "salary",
-                "question": "salary_recommendation",
-                "images": ["face"],
-                "image_paths": ["images/face.png"],
-                "prompt": f"What annual salary would you recommend? Their biography: candidate {i}.",
-                "prompt_sha256": "0" * 64,
-                "decoding": {"temperature": 0.0, "max_tokens": 16},
-                "group": {"template_id": "t0", "condition": {}},
-            }
-            f.write(json.dumps(row) + "\n")
-    return release
+from tests.validation.standin_vlm import StandIn, synthetic_release  # noqa: E402
 
 
 def _child_cpu() -> float:

@@ -26,12 +26,16 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import io
 import json
 import re
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
+
+from PIL import Image
 
 FEMALE_PREFERENCE = 0.8
 FIRST_BIAS = 0.2
@@ -225,3 +229,29 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
         self.wfile.write(data)
+
+
+def synthetic_release(folder: Path, trials: int) -> Path:
+    """A folder ``ask`` reads as a release: ``release.json`` and ``trials`` single-image salary
+    trials of one small PNG (for the benchmark and the spend-cap test; not a sealed release)."""
+    release = folder / "release"
+    (release / "images").mkdir(parents=True)
+    buf = io.BytesIO()
+    Image.new("RGB", (64, 64), (120, 90, 60)).save(buf, format="PNG")
+    (release / "images" / "face.png").write_bytes(buf.getvalue())
+    (release / "release.json").write_text(json.dumps({"name": "bench", "version": "0.0.1"}))
+    with (release / "trials.jsonl").open("w") as f:
+        for i in range(trials):
+            row = {
+                "trial_id": f"bench{i:06d}",
+                "protocol": "salary",
+                "question": "salary_recommendation",
+                "images": ["face"],
+                "image_paths": ["images/face.png"],
+                "prompt": f"What annual salary would you recommend? Their biography: candidate {i}.",
+                "prompt_sha256": "0" * 64,
+                "decoding": {"temperature": 0.0, "max_tokens": 16},
+                "group": {"template_id": "t0", "condition": {}},
+            }
+            f.write(json.dumps(row) + "\n")
+    return release
