@@ -11,7 +11,10 @@ Runs ``GateStack.evaluate`` over a folder of pairs and reports, in one run:
    on both sides of the ratio;
 2. throughput of one worker process (pairs/s, images/s), stack only;
 3. throughput of ``--workers`` processes over the same pairs (target with 2: >= 1.7 x one);
-4. the re-render step's cost per edit, on its own: the ``classical`` editor's TAEF2 round
+4. the cohort floor's cost per candidate, on its own line: the leave-one-out medians of a
+   source's candidates and the judgement against them, beside the same candidates judged
+   against a request floor (the reference);
+5. the re-render step's cost per edit, on its own: the ``classical`` editor's TAEF2 round
    trip (:mod:`counterfactory.generation.rerender`) over each source photo at the editor's
    ``rerender_max_side`` (``--rerender-side``; ``--rerender-repeat 0`` skips it). It is the
    editor's cost, not the gates': it is not in the ratio above.
@@ -251,6 +254,57 @@ def _overhead(repeat: int) -> dict:
     }
 
 
+def _cohort_cost(repeat: int) -> dict:
+    """The cohort floor's cost per candidate, on its own: for each source, the leave-one-out
+    medians of its candidates on the working grid (:func:`~counterfactory.validation.cohort.cohort_floors`),
+    then every candidate judged with its cohort floor, interleaved with the same candidate judged
+    against the request floor (the reference, as above). The candidates are the demo's (already
+    in the source's frame), so registration is not in either figure."""
+    from counterfactory.validation.cohort import cohort_floors
+    from counterfactory.validation.gates.locality import FLOOR_WORK_IMAGE
+    from counterfactory.validation.segment import work_stride
+
+    by_source: dict[str, list] = {}
+    for source, candidate, edit, digest, extras in _pairs:
+        by_source.setdefault(digest, []).append((source, candidate, edit, extras))
+    floors_s = cohort_s = request_s = 0.0
+    n = 0
+    for r in range(repeat):
+        for digest, members in by_source.items():
+            k = work_stride(members[0][0].shape)
+            t = time.perf_counter()
+            floors = cohort_floors([c[::k, ::k] for _, c, _, _ in members])
+            floors_s += time.perf_counter() - t
+            _stack.sources.clear()
+            for i, ((source, candidate, edit, extras), floor) in enumerate(zip(members, floors)):
+                cohort = (
+                    {"noise_floor": {"path": "cohort", "members": floor.members}, FLOOR_WORK_IMAGE: floor.image}
+                    if floor is not None
+                    else None
+                )
+                for step in (0, 1) if (r + i) % 2 == 0 else (1, 0):
+                    t = time.perf_counter()
+                    if step == 0:
+                        _stack.evaluate(source, candidate, edit_mask=edit, source_key=digest, extras=cohort)
+                        cohort_s += time.perf_counter() - t
+                    else:
+                        _stack.evaluate(source, candidate, edit_mask=edit, source_key=digest, extras=extras)
+                        request_s += time.perf_counter() - t
+                n += 1
+    return {
+        "candidates": n,
+        "floors_ms_per_candidate": 1000 * floors_s / max(n, 1),
+        "cohort_judge_ms_per_candidate": 1000 * cohort_s / max(n, 1),
+        "request_judge_ms_per_candidate": 1000 * request_s / max(n, 1),
+    }
+
+
+def _run_cohort(pair_files, kind: str, mode: str, repeat: int) -> dict:
+    ctx = mp.get_context("spawn")
+    with ctx.Pool(1, initializer=_init_worker, initargs=(pair_files, kind, mode)) as pool:
+        return pool.apply(_cohort_cost, (repeat,))
+
+
 def _throughput(args) -> dict:
     """Stack only over this worker's share; start when every worker is ready."""
     indices, barrier = args
@@ -355,6 +409,7 @@ def main(argv: list[str] | None = None) -> int:
         one = _run_pool(1, pair_files, args.kind, args.face_mask, total)
         many = _run_pool(args.workers, pair_files, args.kind, args.face_mask, total) if args.workers > 1 else one
         rerender = rerender_cost(pair_files, args.rerender_side, args.rerender_repeat) if args.rerender_repeat else None
+        cohort = _run_cohort(pair_files, args.kind, args.face_mask, args.repeat) if args.kind == "face" else None
 
     ratio = over["stack_s"] / over["models_s"]
     speedup = many["pairs_per_s"] / one["pairs_per_s"]
@@ -374,6 +429,7 @@ def main(argv: list[str] | None = None) -> int:
         "cores_available": os.cpu_count(),
         "targets": {"stack_over_models_max": 1.3, "speedup_2_workers_min": 1.7},
         "rerender": rerender,
+        "cohort_floor": cohort,
     }
     print(f"verdicts (first pass): {over['verdicts']}")
     print(
@@ -407,6 +463,14 @@ def main(argv: list[str] | None = None) -> int:
             f"re-render (TAEF2 round trip, the editor's step, not the gates'): "
             f"{rerender['s_per_edit_mean']:.2f} s per edit (max {rerender['s_per_edit_max']:.2f}) at a long side of "
             f"{rerender['max_side']}, {rerender['s_per_megapixel']:.2f} s per megapixel, one thread"
+        )
+    if cohort is not None:
+        total = cohort["floors_ms_per_candidate"] + cohort["cohort_judge_ms_per_candidate"]
+        print(
+            f"cohort floor (no floor request; each candidate against the median of its source's others): "
+            f"{cohort['floors_ms_per_candidate']:.1f} ms per candidate for the medians, judged "
+            f"{cohort['cohort_judge_ms_per_candidate']:.1f} ms vs {cohort['request_judge_ms_per_candidate']:.1f} ms "
+            f"against a request floor: cohort / request = {total / cohort['request_judge_ms_per_candidate']:.3f}"
         )
     if args.json:
         args.json.write_text(json.dumps(report, indent=1) + "\n")

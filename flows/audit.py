@@ -4,7 +4,7 @@ one pair or a table of them with ``--batch``)."""
 from __future__ import annotations
 
 from collections import Counter, OrderedDict
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,10 +18,11 @@ from counterfactory.generation.masks import load_mask_file
 from counterfactory.generation.regions import DEFAULT_REGION
 from counterfactory.generation.sources import SourceError, load_image
 from counterfactory.manifests.errors import CounterfactoryError
+from counterfactory.manifests.safefiles import InputFileError, inside
 from counterfactory.validation.faces import face_mask, get_face_landmarker
 from counterfactory.validation.gates.locality import FLOOR_IMAGE
 from counterfactory.validation.judge import GatesConfig, GateStack
-from counterfactory.validation.judging import judge_output
+from counterfactory.validation.judging import floor_path_of, judge_output
 from counterfactory.validation.skin import source_edit_region
 
 #: decoded sources kept for the next pairs (a batch table is usually sorted by source)
@@ -45,6 +46,11 @@ class _Source:
     notes: tuple[str, ...]
 
 
+#: The face region ``measure`` judges without a spec: the one FOCUS's prompt names (face, neck,
+#: ears, facial hair; ``face_only_v1``), the region the shipped thresholds are calibrated on.
+AUDIT_REGION = "face_neck_ears"
+
+
 class PairMeasurer:
     """Measures pairs as ``counterfactory measure`` does, with the settings and gate stacks built once.
 
@@ -55,8 +61,8 @@ class PairMeasurer:
     def __init__(self, spec_path: Path | None = None) -> None:
         self.align_config, self.gates_config = AlignConfig(), GatesConfig()
         #: the face edit region, as a run of the spec draws it (the prompt's region, or
-        #: ``gates.edit_region``); without a spec, ``gates.edit_region`` else the face oval
-        self.region = self.gates_config.edit_region or DEFAULT_REGION
+        #: ``gates.edit_region``); without a spec, ``gates.edit_region`` else :data:`AUDIT_REGION`
+        self.region = self.gates_config.edit_region or AUDIT_REGION
         if spec_path is not None:
             from counterfactory.flows.steps import edit_region
             from counterfactory.manifests.spec import load_spec
@@ -66,6 +72,8 @@ class PairMeasurer:
             self.region = edit_region(spec)
         self._stacks: dict[str, GateStack] = {}
         self._sources: OrderedDict[tuple[str, str, str | None], _Source] = OrderedDict()
+        #: each source's floor output, measured once for the pairs that name it (a table's rows)
+        self._floors: dict[tuple[str, str, str], tuple[dict[str, Any], np.ndarray | None]] = {}
 
     def _stack(self, kind: str) -> GateStack:
         if kind not in self._stacks:
@@ -134,6 +142,9 @@ class PairMeasurer:
         """
         from counterfactory.flows.steps import floor_metrics
 
+        key = (source.sha256, str(floor_path), kind)
+        if key in self._floors:
+            return self._floors[key]
         try:
             image = load_image(floor_path)
         except SourceError as exc:
@@ -147,6 +158,9 @@ class PairMeasurer:
                 f"({', '.join(judged.reasons) or 'no locality measures'}); give the editor's output for "
                 "'return this photo unchanged' of the same source",
             )
+        self._floors[key] = (floor, judged.image)
+        while len(self._floors) > SOURCES_KEPT:
+            self._floors.pop(next(iter(self._floors)))
         return floor, judged.image
 
     def measure(
@@ -176,7 +190,11 @@ class PairMeasurer:
             floor, extras[FLOOR_IMAGE] = self.noise_floor(source, floor_path, kind)
             extras["noise_floor"] = floor
         judged = self._judge(source, candidate.pixels, kind, extras or None)
+        return self._report(source_path, candidate_path, kind, source, candidate, judged, floor)
+
+    def _report(self, source_path, candidate_path, kind, source, candidate, judged, floor) -> dict[str, Any]:
         return {
+            "floor_path": floor_path_of(judged.gates),
             "noise_floor": floor,
             "source": str(source_path),
             "candidate": str(candidate_path),
@@ -188,6 +206,43 @@ class PairMeasurer:
             "notes": {"source": list(source.notes), "candidate": list(candidate.notes)},
             "warnings": decoder_warnings(source.notes) + decoder_warnings(candidate.notes),
         }
+
+    def measure_cohort(
+        self, source_path: Path, candidates: Sequence[tuple[Path, Mapping[str, str] | None]]
+    ) -> list[dict[str, Any] | PairError]:
+        """Face pairs of one source judged together (:func:`~counterfactory.validation.judging.judge_cohort`):
+        each against the median of the others, the cohort floor, as an import judges a set
+        with several candidates per source. One report (as :meth:`measure`'s) or
+        :class:`PairError` per candidate, in order.
+
+        Raises:
+            PairError: the source cannot be read.
+        """
+        from counterfactory.validation.judging import judge_cohort
+
+        source = self._source(source_path, "face", None)
+        loaded: list[Any] = []
+        for path, _ in candidates:
+            try:
+                loaded.append(load_image(path))
+            except SourceError as exc:
+                loaded.append(PairError("candidate_unreadable", str(exc)))
+        good = [i for i, c in enumerate(loaded) if not isinstance(c, PairError)]
+        judged = judge_cohort(
+            source.pixels,
+            [loaded[i].pixels for i in good],
+            kind="face",
+            region=source.region,
+            face_size_px=source.face_size,
+            align=self.align_config,
+            stack=self._stack("face"),
+            extras=[{"condition": dict(candidates[i][1])} if candidates[i][1] else None for i in good],
+            source_key=source.sha256,
+        )
+        out: list[dict[str, Any] | PairError] = list(loaded)
+        for i, j in zip(good, judged, strict=True):
+            out[i] = self._report(source_path, candidates[i][0], "face", source, loaded[i], j, None)
+        return out
 
 
 def measure_pair(
@@ -220,7 +275,7 @@ def measure_pair(
 
 #: the columns of a batch table that are not condition labels (``prompt``: what the ``import``
 #: editor backend records on the item, so one table serves both)
-BATCH_COLUMNS = ("id", "source", "candidate", "mask", "prompt")
+BATCH_COLUMNS = ("id", "source", "candidate", "mask", "prompt", "floor")
 
 
 def measure_batch(
@@ -237,8 +292,9 @@ def measure_batch(
     ``prompt`` (not read here) and any other columns, which are the pair's ``condition``. Each report is :func:`measure_pair`'s plus
     ``id`` and ``condition``; a pair whose file is missing or unreadable is reported with
     ``verdict: failed``, a reason code (``source_unreadable``, ``candidate_unreadable``,
-    ``mask_unreadable``, ``row_incomplete``) and ``error`` (the message naming the file), and
-    the batch goes on.
+    ``mask_unreadable``, ``row_incomplete``, ``path_refused``: an absolute path, one leading out
+    of the table's folder through ``..`` or a symbolic link, or a NUL byte in it, none of which
+    is read) and ``error`` (the message naming the row and column), and the batch goes on.
 
     Raises:
         TableError: the table itself cannot be read (raised before any pair is measured).
@@ -252,11 +308,49 @@ def measure_batch(
     folder = table_folder(table_path)
     conditions = [name for name in columns if name not in BATCH_COLUMNS]
     measurer = PairMeasurer(spec_path)
+    # every path a row names, resolved inside the table's folder first (nothing refused is read)
+    resolved: dict[int, dict[str, Path] | str] = {}
+    for row in rows:
+        paths: dict[str, Path] = {}
+        for column in ("source", "candidate", "mask", "floor"):
+            value = row.get(column)
+            if value is None:
+                continue
+            if column in row.embedded:  # the file the table's own bytes were written to
+                paths[column] = Path(value)
+                continue
+            try:
+                paths[column] = inside(folder, value, what="the table's folder", roots_field=None)
+            except InputFileError as exc:
+                paths = f"{table_path}, row {row.number}, column {column!r}: {exc}"
+                break
+        resolved[row.number] = paths
+    # face pairs without a floor are judged per source, each against the others (the cohort
+    # floor), as an import of the same table judges them; the reports keep the table's order
+    cohorts: dict[Path, list[Any]] = {}
+    if kind != "limb":
+        for row in rows:
+            paths = resolved[row.number]
+            if isinstance(paths, dict) and {"source", "candidate"} <= set(paths) and not {"mask", "floor"} & set(paths):
+                cohorts.setdefault(paths["source"], []).append(row)
+    judged_rows: dict[int, Any] = {}
+    for source_path, members in cohorts.items():
+        if len(members) < 2:
+            continue
+        pairs = [
+            (resolved[r.number]["candidate"], {n: r.values[n] for n in conditions if n in r.values}) for r in members
+        ]
+        try:
+            reports = measurer.measure_cohort(source_path, pairs)
+        except PairError as exc:
+            reports = [exc] * len(members)
+        for r, report in zip(members, reports, strict=True):
+            judged_rows[r.number] = report
     for row in rows:
         pair_id = row.get("id") or f"row{row.number}"
         condition = {name: row.values[name] for name in conditions if name in row.values}
         base = {"id": pair_id, "row": row.number, "condition": condition}
-        source, candidate, mask = row.get("source"), row.get("candidate"), row.get("mask")
+        source, candidate = row.get("source"), row.get("candidate")
         base.update({"source": source, "candidate": candidate})
         if source is None or candidate is None:
             yield {
@@ -266,14 +360,23 @@ def measure_batch(
                 "error": f"{table_path}, row {row.number}: no {'source' if source is None else 'candidate'} path",
             }
             continue
+        paths = resolved[row.number]
+        if isinstance(paths, str):
+            yield {**base, "verdict": "failed", "reasons": ["path_refused"], "error": paths}
+            continue
         try:
-            report = measurer.measure(
-                folder / source,
-                folder / candidate,
-                mask_path=None if mask is None else folder / mask,
-                kind=kind,
-                condition=condition,
-            )
+            report = judged_rows.get(row.number)
+            if isinstance(report, PairError):
+                raise report
+            if report is None:
+                report = measurer.measure(
+                    paths["source"],
+                    paths["candidate"],
+                    mask_path=paths.get("mask"),
+                    kind=kind,
+                    condition=condition,
+                    floor_path=paths.get("floor"),
+                )
         except PairError as exc:
             yield {**base, "verdict": "failed", "reasons": [exc.code], "error": exc.message}
             continue

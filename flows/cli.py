@@ -53,6 +53,13 @@ def main(verbose: bool) -> None:
     silence_native_logs(verbose_=verbose)
 
 
+def _digest_line(release: Path) -> str:
+    """``digest: <sha256 of release.json>``: what ``verify --expect`` checks a copy against."""
+    from counterfactory.manifests.release import release_digest
+
+    return f"digest: {release_digest(release)} (record it; `counterfactory verify RELEASE --expect DIGEST`)"
+
+
 @main.command()
 @click.argument("spec_path", type=click.Path(path_type=Path))
 @click.option(
@@ -92,6 +99,7 @@ def run(
     install_stop_handlers()
     # every file the spec names is checked here, before anything is run or paid for
     spec = load_spec(spec_path)
+    spec.bind_run_folder(out)
     load_metadata(spec.sources.metadata)
     if publish:
         # a version taken by another spec can never be sealed: say so before anything is paid for
@@ -172,6 +180,7 @@ def run(
             )
         state = "written" if summary.release_created else "unchanged (identical release already existed)"
         click.echo(f"release {state}: {summary.release_path}")
+        click.echo(_digest_line(summary.release_path))
         click.echo(f"report: {summary.release_path / 'report.html'}")
     click.echo(f"time: {time.perf_counter() - started:.1f} s")
 
@@ -211,6 +220,7 @@ def schedule(
 
     when = make_schedule(cron=cron, interval=interval, timezone=timezone)
     spec = load_spec(spec_path)
+    spec.bind_run_folder(out)
     load_metadata(spec.sources.metadata)
     try:
         # a missing model, key or GPU stops here, not at the first tick
@@ -256,6 +266,7 @@ def publish(out: Path, version: str | None, spec_path: Path | None, allow_incomp
                 "explicitly with --spec PATH (cells the edited spec plans differently show as not run)"
             )
     spec = load_spec(spec_path)
+    spec.bind_run_folder(out)
     try:
         spec = with_version(spec, version)
     except ValidationError as exc:  # only the version is validated here
@@ -271,6 +282,7 @@ def publish(out: Path, version: str | None, spec_path: Path | None, allow_incomp
     state = "written" if result.sealed.created else "unchanged (identical release already existed)"
     click.echo("editor calls: 0")
     click.echo(f"release {state}: {result.sealed.path}")
+    click.echo(_digest_line(result.sealed.path))
 
 
 @main.command()
@@ -375,6 +387,7 @@ def measure(
         click.echo(json.dumps(report, indent=2, sort_keys=True, default=str))
         return
     click.echo(f"verdict: {report['verdict']}" + (f"  ({', '.join(report['reasons'])})" if report["reasons"] else ""))
+    click.echo(f"floor: {report.get('floor_path') or 'not measured'}")
     for warning in report["warnings"]:
         click.echo(f"warning: {warning}")
     align = report["alignment"]
@@ -403,7 +416,10 @@ def _measure_batch(table: Path, *, kind: str | None, spec_path: Path | None, as_
                 continue
             detail = [report["error"]] if "error" in report else list(report["reasons"])
             detail += [f"warning: {w}" for w in report.get("warnings", [])]
-            click.echo(f"{report['id']}\t{report['verdict']}" + (f"\t{'; '.join(detail)}" if detail else ""))
+            floor = f"floor={report.get('floor_path') or '-'}"
+            click.echo(
+                f"{report['id']}\t{report['verdict']}" + (f"\t{'; '.join(detail)}" if detail else "") + f"\t{floor}"
+            )
     except (OSError, ValueError, TableError) as exc:
         _fail(str(exc))
     summary = summarise_batch(reports)
@@ -531,22 +547,76 @@ def calibrate(
             f"good-edit acceptance {corpus['good_acceptance_heldout']:.1%}; "
             f"lowest failure-class catch rate {corpus['min_caught_heldout']:.1%}"
         )
+        for line in path_lines(corpus.get("heldout_by_path", {})):
+            click.echo(line)
     click.echo(f"written: {out / 'calibration.json'}")
+
+
+def _pct(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.1%}"
+
+
+def path_lines(by_path: dict) -> list[str]:
+    """The held-out figures of each judging path (floor request, cohort floor, none), as
+    ``calibrate`` prints them: good edits per group and per direction with the largest gap,
+    each failure class, identity swaps caught by the identity gate, real smiles caught by the
+    expression gate."""
+    lines = []
+    for path, fig in by_path.items():
+        classes = fig["classes"]
+        good = classes.get("good", {})
+        lines.append(
+            f"judging path {path}: good edits accepted {_pct(good.get('acceptance'))} (n={good.get('n', 0)}); "
+            f"lowest failure-class catch {_pct(fig['min_caught'])}; largest gap between groups "
+            f"{_pct(fig['largest_group_gap'])}"
+        )
+        groups = ", ".join(f"{g or '-'} {_pct(v['acceptance'])} (n={v['n']})" for g, v in fig["good_by_group"].items())
+        lines.append(f"  good by group: {groups}")
+        directions = ", ".join(f"{d} {_pct(v['acceptance'])} (n={v['n']})" for d, v in fig["good_by_direction"].items())
+        lines.append(f"  good by direction: {directions}")
+        caught = ", ".join(f"{k} {_pct(v['caught'])}" for k, v in classes.items() if k != "good")
+        lines.append(f"  caught: {caught}")
+        lines.append(
+            f"  identity swaps caught by the identity gate {_pct(fig['identity_swaps_caught_by_identity'])}; "
+            f"real smiles caught by the expression gate {_pct(fig['real_smiles_caught_by_expression'])}"
+        )
+        if path == "request":  # the identity gate does not depend on the path: once
+            overlap = ", ".join(
+                f"{g or '-'} good >= {v['good_min']}, swaps <= {v['swap_max']} ({v['swaps_above_good_min']} above)"
+                for g, v in fig.get("identity_overlap_by_group", {}).items()
+            )
+            lines.append(f"  identity cosine, good edits vs swaps per group: {overlap}")
+    return lines
 
 
 @main.command()
 @click.argument("release", type=click.Path(path_type=Path, exists=True, file_okay=False))
-def verify(release: Path) -> None:
-    """Check a release folder: every file against its checksum and its schema, every image
-    against the sha256 its manifest row names, nothing unlisted, nothing outside the folder."""
-    from counterfactory.manifests.release import verify_release
+@click.option(
+    "--expect",
+    "expect",
+    metavar="SHA256",
+    help="The release's digest (sha256 of its release.json, printed by publish) as recorded elsewhere: "
+    "the release must be that one.",
+)
+def verify(release: Path, expect: str | None) -> None:
+    """Check a release folder: every file against its checksum, release.json's record and the
+    schema this package ships, every image against the sha256 its manifest row names, the
+    derived files (stats.json, report.html, trials.jsonl) against what the release's tables
+    give, only regular files, nothing unlisted, nothing outside the folder."""
+    import re
 
-    problems = verify_release(release)
+    from counterfactory.manifests.release import release_digest, verify_release
+
+    if expect is not None and not re.fullmatch(r"[0-9a-fA-F]{64}", expect.strip()):
+        _fail(f"--expect {expect!r}: not a sha256 (64 hex digits); give the digest publish printed")
+    problems = verify_release(release, expect=expect)
     if problems:
         for p in problems:
             click.echo(p, err=True)
         _fail(f"{release}: {len(problems)} problem(s)", code=1)
     click.echo(f"{release}: every file matches its checksum and schema")
+    digest = release_digest(release)
+    click.echo(f"digest: {digest}" + (" (as expected)" if expect is not None else ""))
 
 
 @main.command()

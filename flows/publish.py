@@ -11,6 +11,7 @@ before a byte is staged.
 from __future__ import annotations
 
 import hashlib
+import json
 import shutil
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -53,23 +54,28 @@ from counterfactory.manifests.store import atomic_write, png_bytes
 from counterfactory.manifests.trials import (
     analysis_record,
     bank_record,
-    build_trials,
     load_biographies,
     needs_biographies,
+    release_trials,
     trial_input_files,
     trial_summary,
     trials_left_out,
 )
-from counterfactory.validation.attrition import attrition_table, plot_attrition, wilson_interval
-from counterfactory.validation.editor_stats import editor_stats
-from counterfactory.validation.expression_audit import drift_rates, expression_label, modal_label
+from counterfactory.validation.attrition import plot_attrition
+from counterfactory.validation.expression_audit import expression_label, modal_label
 from counterfactory.validation.gates.base import VERDICTS
-from counterfactory.validation.judging import SKIPPED_WHY, SOURCE_FREE_GATES, SOURCE_GATES_SKIPPED, no_source_mode
+from counterfactory.validation.judging import (
+    SKIPPED_WHY,
+    SOURCE_FREE_GATES,
+    SOURCE_GATES_SKIPPED,
+    floor_path_of,
+    no_source_mode,
+)
+from counterfactory.validation.release_derived import as_read_back, completeness_report, derived_stats, floors_by_editor
 from counterfactory.validation.report import write_report
 from counterfactory.validation.review_stats import release_review_stats
 from counterfactory.validation.target_stats import (
     focus_comparison,
-    label_consistency,
     plot_skin_tone,
     skin_tone_stats,
 )
@@ -170,10 +176,6 @@ def editor_label(spec: Spec, cell: Any) -> str:
     return cell.editor if cell.editor is not None else spec.editor.backend
 
 
-def group_key(condition: dict[str, str]) -> str:
-    return "|".join(f"{k}={v}" for k, v in condition.items())
-
-
 def cell_rows(ws: Workspace, spec: Spec, outcomes: Sequence[TemplateOutcome]) -> list[dict[str, Any]]:
     """Each cell's status after people's resolved reviews (no files touched): what decides
     completeness before anything is staged."""
@@ -205,12 +207,8 @@ def completeness(
 
     The grid is complete when every cell is accepted, no source failed and no stratum is short.
     """
-    per_group: dict[str, Counter] = {}
     left_out: list[dict[str, Any]] = []
     for row in rows:
-        slot = per_group.setdefault(group_key(row["condition"]), Counter())
-        slot["cells"] += 1
-        slot[{"accepted": "accepted", "needs_review": "undecided"}.get(row["status"], "unfilled")] += 1
         if row["status"] != "accepted":
             left_out.append(
                 {
@@ -235,18 +233,8 @@ def completeness(
         )
     for e in grid.excluded:
         left_out.append({"what": "source", "id": e.source_id, "status": "excluded", "reason": e.reason, "group": {}})
-    groups = [
-        {
-            "group": key,
-            "cells": slot["cells"],
-            "accepted": slot["accepted"],
-            "undecided": slot["undecided"],
-            "unfilled": slot["unfilled"],
-        }
-        for key, slot in per_group.items()
-    ]
-    complete = bool(groups) and all(g["accepted"] == g["cells"] for g in groups) and not failed and not grid.shortfalls
-    return {"complete": complete, "per_group": groups}, left_out
+    report = completeness_report(rows, failed_sources=bool(failed), short_strata=bool(grid.shortfalls))
+    return report, left_out
 
 
 def format_completeness(report: dict[str, Any], left_out: Sequence[dict[str, Any]], *, limit: int = 12) -> str:
@@ -321,6 +309,7 @@ def item_rows(
                     "cell_id": cell.cell_id,
                     "template_id": outcome.template_id,
                     "editor_name": editor_label(spec, cell),
+                    "floor_path": floor_path_of(candidate.gates) if candidate else None,
                     "kind": spec.design.kind,
                     "condition": dict(cell.condition),
                     "gender_match": cell.gender_match,
@@ -554,24 +543,6 @@ def build_derived(
     return rows
 
 
-def pass_rates(items: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Acceptance per condition group (each axis value, and the full condition), Wilson 95 %."""
-    counts: dict[str, list[int]] = {}
-    for row in items:
-        keys = [f"{k}={v}" for k, v in row["condition"].items()]
-        if len(keys) > 1:
-            keys.append(group_key(row["condition"]))
-        for key in keys:
-            slot = counts.setdefault(key, [0, 0])
-            slot[0] += row["status"] == "accepted"
-            slot[1] += 1
-    out = {}
-    for key, (passed, n) in sorted(counts.items()):
-        low, high = wilson_interval(passed, n)
-        out[key] = {"n": n, "passed": passed, "rate": passed / n if n else None, "ci_low": low, "ci_high": high}
-    return out
-
-
 def noise_floor_stats(spec: Spec, ws: Workspace, prepared: Sequence[PreparedSource], grid: Grid) -> dict[str, Any]:
     """Per template (and editor), what the editor's noise-floor request measured (``{template_id:
     {attempt_id, image_sha256, reasons, metrics}}``; with ``editors`` the keys are the floors' cell
@@ -618,55 +589,31 @@ def build_stats(
     spec: Spec,
     items: Sequence[dict[str, Any]],
     failed: Sequence[FailedSource],
-    outcomes: Sequence[TemplateOutcome],
     grid: Grid,
     *,
-    editor_calls: int,
     total_cost_usd: float,
-    report: dict[str, Any] | None = None,
+    floors: dict[str, Any],
 ) -> dict[str, Any]:
-    counts = Counter(row["status"] for row in items)
-    reasons = Counter(code.split(":")[0] for row in items if row["status"] != "accepted" for code in row["reasons"])
-    gate_rows = [
-        {
-            "condition": row["condition"],
-            "verdict": row["status"],
-            "gates": {name: bool(g.get("passed")) for name, g in (row["gates"] or {}).items()},
-        }
-        for row in items
-    ]
-    if report is None:
-        report, _ = completeness(items, failed, grid)
+    """``stats.json`` but its ``review``, ``skin`` and ``audit``: the sections ``verify``
+    re-derives from ``items.jsonl`` (:func:`~counterfactory.validation.release_derived.derived_stats`)
+    and the ledger's facts (failed sources, grid, cost, noise floors ``floors``). What the run
+    that sealed it spent (its editor calls) is not in it: a release is a function of its inputs,
+    and the run's own summary prints that count."""
+    names = [e.name for e in spec.editors] if spec.editors is not None else None
     return {
         "release": {"name": spec.release.name, "version": spec.release.version},
         "spec_hash": spec.spec_hash(),
-        "items": {status: counts.get(status, 0) for status in STATUSES} | {"total": len(items)},
         "failed_sources": [{"source_id": f.id, "path": f.path.name, "reason": f.reason} for f in failed],
         "grid": grid_summary(grid),
-        "templates": {
-            "total": len(outcomes),
-            "complete": sum(o.complete for o in outcomes),
-            "incomplete": [o.template_id for o in outcomes if not o.complete],
-        },
-        "reasons": dict(reasons.most_common()),
-        "editor_calls_this_run": editor_calls,
         "cost_usd_total": round(total_cost_usd, 4),
-        "attrition": attrition_table(gate_rows),
-        "pass_rates": pass_rates(items),
-        "completeness": report,
-        "expression": drift_rates(items),
+        "noise_floor": floors,
+        **derived_stats(
+            as_read_back(items, list(spec.design.axes)),
+            failed_sources=bool(failed),
+            short_strata=bool(grid.shortfalls),
+            floors=floors_by_editor(names, spec.editor.backend, floors),
+        ),
     }
-
-
-def floors_by_editor(spec: Spec, floors: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """:func:`noise_floor_stats`' floors as ``{editor label: {template_id: floor}}``."""
-    if spec.editors is None:
-        return {spec.editor.backend: floors}
-    out: dict[str, dict[str, Any]] = {}
-    for key, floor in floors.items():
-        template_id, _, label = key.partition("|editor=")
-        out.setdefault(label, {})[template_id.rsplit("|", 1)[0]] = floor
-    return out
 
 
 def build_trial_bank(
@@ -677,29 +624,15 @@ def build_trial_bank(
     biographies: dict[str, list[dict[str, str]]] | None,
     derived: Sequence[dict[str, Any]],
 ) -> list[dict[str, Any]]:
-    """The release's trials: pooled over the spec's editors (a template's variants are every
-    editor's), or with ``trials.per_editor`` one bank per editor, each over that editor's items
-    and its variants, joined (a row two banks share, such as a protocol's original photo, once)."""
+    """The release's trials (:func:`~counterfactory.manifests.trials.release_trials`, which
+    ``verify`` re-runs on the release's own tables): pooled over the spec's editors, or with
+    ``trials.per_editor`` one bank per editor."""
     per_template = len(grid.cells) // len(grid.templates) if grid.templates else None
-    views = spec.editor_views()
-    if not (spec.trials.per_editor and len(views) > 1):
-        return build_trials(
-            manifest, spec.trials, biographies=biographies, expected_variants=per_template, derived=derived
-        )
-    trials: dict[str, dict[str, Any]] = {}
-    for view in views:
-        mine = [row for row in manifest if row.get("editor_name") == view.editor_name]
-        ids = {row["item_id"] for row in mine}
-        bank = build_trials(
-            mine,
-            spec.trials,
-            biographies=biographies,
-            expected_variants=per_template // len(views) if per_template else None,
-            derived=[d for d in derived if d.get("parent_item_id") in ids],
-        )
-        for row in bank:
-            trials.setdefault(row["trial_id"], row)
-    return list(trials.values())
+    names = [view.editor_name or spec.editor.backend for view in spec.editor_views()]
+    return release_trials(
+        manifest, spec.trials, biographies=biographies, derived=derived, cells_per_template=per_template,
+        editor_names=names,
+    )  # fmt: skip
 
 
 def _own_group(spec: Spec, meta: dict[str, Any]) -> str | None:
@@ -755,6 +688,7 @@ def manifest_table(rows: Sequence[dict[str, Any]], axes: Sequence[str]):
                 "source_occupation": r["source"]["occupation"],
                 "source_presented_gender": r["source"]["presented_gender"],
                 "editor_name": r.get("editor_name"),
+                "floor_path": r.get("floor_path"),
                 "editor_backend": editor.get("backend"),
                 "editor_model": editor.get("model"),
                 "editor_revision": editor.get("revision"),
@@ -800,7 +734,6 @@ def publish_release(
     outcomes: Sequence[TemplateOutcome],
     grid: Grid,
     *,
-    editor_calls: int,
     allow_incomplete: bool = False,
     before_seal: Callable[[Path], None] | None = None,
 ) -> SealedRelease:
@@ -858,14 +791,10 @@ def publish_release(
         derived = build_derived(spec, manifest, prepared, stage)
         trials = build_trial_bank(spec, manifest, grid, biographies=biographies, derived=derived)
         left_out = left_out + trials_left_out(manifest, spec.trials, biographies=biographies)
-        stats = build_stats(
-            spec, items, failed, outcomes, grid, editor_calls=editor_calls, total_cost_usd=cost, report=report
-        )
+        floors = noise_floor_stats(spec, ws, prepared, grid)
+        stats = build_stats(spec, items, failed, grid, total_cost_usd=cost, floors=floors)
         stats["review"] = review
-        stats["noise_floor"] = noise_floor_stats(spec, ws, prepared, grid)
-        stats["editors"] = editor_stats(items, floors=floors_by_editor(spec, stats["noise_floor"]))
         stats["skin"] = skin_tone_stats(items, {p.id: _own_group(spec, p.meta) for p in prepared})
-        stats["labels"] = label_consistency(items)
         if (audit := audit_stats(spec, items, manifest)) is not None:
             stats["audit"] = audit
         if stats["skin"]["by_condition"] or stats["skin"]["lightened_by_source_group"]:
@@ -928,7 +857,9 @@ def publish_release(
         write_json(stage.dir / "stats.json", stats)
         plot_attrition(stats["attrition"], stage.dir / "attrition.png")
         write_json(stage.dir / RELEASE_JSON, release_info)
-        write_report(stage.dir, spec=spec, items=items, stats=stats)
+        # the report from stats.json as written: verify derives it again from the file
+        written_stats = json.loads((stage.dir / "stats.json").read_text(encoding="utf-8"))
+        write_report(stage.dir, spec=spec, items=items, stats=written_stats)
         if before_seal is not None:
             before_seal(stage.dir)
         sealed = stage.seal()
@@ -1004,9 +935,7 @@ def _publish_locked(spec: Spec, out: Path, *, allow_incomplete: bool) -> Publish
         grid = plan_grid(spec, prepared)
         outcomes = collect_outcomes(spec, ws, prepared, grid)
         report, left_out = completeness(cell_rows(ws, spec, outcomes), failed, grid)
-        sealed = publish_release(
-            spec, ws, prepared, failed, outcomes, grid, editor_calls=0, allow_incomplete=allow_incomplete
-        )
+        sealed = publish_release(spec, ws, prepared, failed, outcomes, grid, allow_incomplete=allow_incomplete)
         return PublishSummary(sealed, report, left_out)
     finally:
         ws.ledger.close()

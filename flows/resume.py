@@ -117,7 +117,7 @@ def run_settled(
     run_id = os.urandom(8).hex()
     ws.ledger.start_run(run_id, spec_name=spec.name, spec_hash=spec.spec_hash())
     sealed = (
-        publish_release(spec, ws, prepared, failed, outcomes, grid, editor_calls=0, allow_incomplete=allow_incomplete)
+        publish_release(spec, ws, prepared, failed, outcomes, grid, allow_incomplete=allow_incomplete)
         if publish
         else None
     )
@@ -170,6 +170,7 @@ def run_spec(
     (:func:`~counterfactory.flows.ray.check_ray_target`), and the flow always runs.
     """
     spec = spec if spec is not None else load_spec(spec_path)
+    spec.bind_run_folder(out)
     on_ray = address = None
     if ray is not None or spec.run.ray is not None:
         if spec.editors is not None:

@@ -49,18 +49,23 @@ from counterfactory.manifests.review import (
     QueueItem,
     Reviewer,
     ReviewError,
+    SpotDeal,
+    deal_spot_trial,
     hash_token,
+    last_spot_attempt,
+    open_spot_deal,
     parse_cell_id,
     queue_item,
     record_decision,
     record_spot_trial,
     review_queue,
     reviewer_for_token,
+    spot_deal,
     spot_pool,
     undo_decision,
 )
 from counterfactory.manifests.spec import Spec
-from counterfactory.manifests.store import ImageStore
+from counterfactory.manifests.store import DamagedBlobError, ImageStore, MissingBlobError, UnsafeBlobError
 from counterfactory.validation.review_stats import review_summary
 
 HERE = Path(__file__).resolve().parent
@@ -68,8 +73,6 @@ COOKIE = "cf_review"
 SHA256 = re.compile(r"^[0-9a-f]{64}$")
 #: |candidate - source| at which the heat map saturates (8-bit levels)
 HEAT_FULL_SCALE = 64
-#: a blinded trial not answered within this many seconds is forgotten
-TRIAL_TTL_S = 3600
 #: a view's ticket is good for this long (then the page asks for a fresh view)
 TICKET_TTL_S = 12 * 3600
 #: the largest request body accepted (a decision with a 2,000-character note is ~3 KB)
@@ -105,7 +108,7 @@ class PendingTrial:
     shown: str
     sha256: str
     template_id: str
-    issued: float
+    deal: SpotDeal
 
 
 @dataclass(frozen=True)
@@ -151,9 +154,6 @@ class ReviewSite:
         self._lock = threading.Lock()
         self._views: dict[str, TemplateView] = {}
         self._heat: dict[str, str] = {}
-        self._trials: dict[str, PendingTrial] = {}
-        #: reviewer id -> the template of their last blinded trial (never shown twice in a row)
-        self._last_blind: dict[int, str] = {}
         # the next item's derived images are made while the reviewer looks at this one
         self._warmer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="review-warm")
 
@@ -268,48 +268,56 @@ class ReviewSite:
 
     # blinded trials ---------------------------------------------------------------------
     def new_trial(self, reviewer: Reviewer) -> tuple[str, PendingTrial] | None:
-        pool = spot_pool(self.ledger, reviewer.reviewer_id)
-        with self._lock:
-            now = time.time()
-            for key in [k for k, t in self._trials.items() if now - t.issued > TRIAL_TTL_S]:
-                del self._trials[key]
-            pending = {t.attempt_id for t in self._trials.values() if t.reviewer_id == reviewer.reviewer_id}
-            last = self._last_blind.get(reviewer.reviewer_id)
-        pool = [p for p in pool if p[0] not in pending]
-        if not pool:
-            return None
-        # never the same photo twice in a row while another template is left
-        fresh = [p for p in pool if parse_cell_id(p[1])[0] != last]
-        attempt_id, cell_id, cand_sha = (fresh or pool)[secrets.randbelow(len(fresh or pool))]
-        template_id, _ = parse_cell_id(cell_id)
+        """The reviewer's blinded trial: the one dealt and not answered yet (a reload shows it
+        again), else a new one, recorded as dealt before it is shown; None when none is left."""
+        deal = open_spot_deal(self.ledger, reviewer.reviewer_id)
+        if deal is None:
+            pool = spot_pool(self.ledger, reviewer.reviewer_id)
+            if not pool:
+                return None
+            last = last_spot_attempt(self.ledger, reviewer.reviewer_id)
+            last_template = None
+            if last is not None:
+                candidate = self.ledger.candidate(last)
+                last_template = parse_cell_id(candidate.cell_id)[0] if candidate else None
+            # never the same photo twice in a row while another template is left
+            fresh = [p for p in pool if parse_cell_id(p[1])[0] != last_template]
+            attempt_id = (fresh or pool)[secrets.randbelow(len(fresh or pool))][0]
+            shown = "candidate" if secrets.randbelow(2) else "source"
+            deal = deal_spot_trial(self.ledger, reviewer, attempt_id, shown)
+        trial = self._pending(deal)
+        # the page's trial key: the deal, signed for this reviewer
+        return f"{deal.deal_id}-{self._sign(f'trial:{reviewer.reviewer_id}:{deal.deal_id}')}", trial
+
+    def _pending(self, deal: SpotDeal) -> PendingTrial:
+        candidate = self.ledger.candidate(deal.attempt_id)
+        if candidate is None or not candidate.image_sha256:
+            raise ReviewError("this trial's candidate is gone from the ledger; reload the page", status=404)
+        template_id = parse_cell_id(candidate.cell_id)[0]
         view = self.template_view(template_id)
-        shown = "candidate" if secrets.randbelow(2) else "source"
-        trial = PendingTrial(
-            reviewer.reviewer_id,
-            attempt_id,
-            shown,
-            cand_sha if shown == "candidate" else view.source_sha256,
-            template_id,
-            time.time(),
-        )
-        key = secrets.token_urlsafe(18)
-        with self._lock:
-            self._trials[key] = trial
-            self._last_blind[reviewer.reviewer_id] = template_id
-        return key, trial
+        sha = candidate.image_sha256 if deal.shown == "candidate" else view.source_sha256
+        return PendingTrial(deal.reviewer_id, deal.attempt_id, deal.shown, sha, template_id, deal)
+
+    def _deal_for(self, key: str, reviewer: Reviewer) -> SpotDeal | None:
+        deal_id, _, signature = key.partition("-")
+        if not deal_id.isdigit() or not hmac.compare_digest(
+            signature, self._sign(f"trial:{reviewer.reviewer_id}:{deal_id}")
+        ):
+            return None
+        deal = spot_deal(self.ledger, int(deal_id))
+        return deal if deal is not None and deal.reviewer_id == reviewer.reviewer_id else None
 
     def take_trial(self, key: str, reviewer: Reviewer) -> PendingTrial:
-        with self._lock:
-            trial = self._trials.get(key)
-            if trial is None or trial.reviewer_id != reviewer.reviewer_id:
-                raise ReviewError("unknown or expired trial; reload the page for a new image", status=404)
-            del self._trials[key]
-        return trial
+        deal = self._deal_for(key, reviewer)
+        if deal is None:
+            raise ReviewError("unknown trial; reload the page for your trial", status=404)
+        if deal.answered:
+            raise ReviewError("this trial was answered already; reload the page for the next one", status=404)
+        return self._pending(deal)
 
     def peek_trial(self, key: str, reviewer: Reviewer) -> PendingTrial | None:
-        with self._lock:
-            trial = self._trials.get(key)
-        return trial if trial is not None and trial.reviewer_id == reviewer.reviewer_id else None
+        deal = self._deal_for(key, reviewer)
+        return None if deal is None or deal.answered else self._pending(deal)
 
 
 def _fmt(value: Any) -> str:
@@ -327,6 +335,10 @@ def _condition_label(condition: dict[str, str]) -> str:
 
 
 def _matches(item: QueueItem, f: dict[str, str]) -> bool:
+    # the audit sample is blind to the gates: filtering it by their verdict or reasons would
+    # tell which items they accepted, so those filters list queued items only
+    if item.mode == "audit" and (f["verdict"] or f["reason"]):
+        return False
     if f["template"] and item.template_id != f["template"]:
         return False
     if f["condition"] and _condition_label(item.condition) != f["condition"]:
@@ -516,6 +528,30 @@ def _auth_routes(site: ReviewSite, templates: Jinja2Templates) -> APIRouter:
     return router
 
 
+def store_image(site: ReviewSite, sha256: str, cache_control: str) -> Response:
+    """The store's image ``sha256`` as a response, re-read and re-hashed on every request: only
+    bytes that are the image its name says are served (never a symlink's target, never a file
+    edited in the store); otherwise a 404 or 409 that says why."""
+    try:
+        data = site.store.read_bytes(sha256)
+    except MissingBlobError:
+        return JSONResponse({"error": f"no image {sha256[:12]}… in this run's store"}, status_code=404)
+    except UnsafeBlobError:
+        return JSONResponse(
+            {"error": f"image {sha256[:12]}… is not served: its store entry is not a regular file (a symlink?)"},
+            status_code=404,
+        )
+    except DamagedBlobError:
+        return JSONResponse(
+            {
+                "error": f"image {sha256[:12]}… is not served: its bytes in the store do not hash to its name "
+                "(edited or damaged); delete the file and re-run the spec to rebuild it"
+            },
+            status_code=409,
+        )
+    return Response(data, media_type="image/png", headers={"Cache-Control": cache_control})
+
+
 def _file_routes(site: ReviewSite) -> APIRouter:
     """The page's script and style, and the run's images by sha256."""
     router = APIRouter()
@@ -534,11 +570,7 @@ def _file_routes(site: ReviewSite) -> APIRouter:
                 {"error": "images are addressed by their sha256 (64 lowercase hex digits), nothing else"},
                 status_code=400,
             )
-        if not site.store.has(sha256):
-            return JSONResponse({"error": f"no image {sha256[:12]}… in this run's store"}, status_code=404)
-        return FileResponse(
-            site.store.path(sha256), media_type="image/png", headers={"Cache-Control": "private, max-age=86400"}
-        )
+        return store_image(site, sha256, "private, max-age=86400")
 
     return router
 
@@ -607,7 +639,7 @@ def _queue_routes(site: ReviewSite, templates: Jinja2Templates) -> APIRouter:
             options={
                 "template": sorted({i.template_id for i in state.items}),
                 "condition": sorted({_condition_label(i.condition) for i in state.items}),
-                "reason": sorted({r.split(":")[0] for i in state.items for r in i.reasons}),
+                "reason": sorted({r.split(":")[0] for i in state.items if i.mode != "audit" for r in i.reasons}),
                 "verdict": ["needs_review", "accepted", "rejected"],
                 "state": ["open", "disputed"],
             },
@@ -727,14 +759,12 @@ def _blind_routes(site: ReviewSite, templates: Jinja2Templates) -> APIRouter:
         pending = site.peek_trial(trial, request.state.reviewer)
         if pending is None:
             return JSONResponse({"error": "unknown or expired trial"}, status_code=404)
-        return FileResponse(
-            site.store.path(pending.sha256), media_type="image/png", headers={"Cache-Control": "no-store"}
-        )
+        return store_image(site, pending.sha256, "no-store")
 
     @router.post("/api/spot")
     def spot(
         request: Request,
-        trial: str = Form(..., max_length=64),
+        trial: str = Form(..., max_length=128),
         answer: str = Form(..., pattern=r"^(edited|unedited)$"),
         csrf: str = Form("", max_length=128),
         x: float | None = Form(None),
@@ -759,15 +789,13 @@ def _blind_routes(site: ReviewSite, templates: Jinja2Templates) -> APIRouter:
             localised = bool(
                 click is not None and 0 <= click[0] < w and 0 <= click[1] < h and region[int(click[1]), int(click[0])]
             )
-        record_spot_trial(
-            site.ledger,
-            attempt_id=pending.attempt_id,
-            reviewer=reviewer,
-            shown=pending.shown,
-            said_edited=said_edited,
-            click=click,
-            localised=localised,
-        )
+        try:
+            record_spot_trial(
+                site.ledger, deal=pending.deal, reviewer=reviewer, said_edited=said_edited, click=click,
+                localised=localised,
+            )  # fmt: skip
+        except ReviewError as exc:
+            return JSONResponse({"error": str(exc)}, status_code=exc.status)
         # what was shown stays unsaid: the answer must not teach the next trial
         return {"recorded": True}
 

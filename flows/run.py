@@ -26,12 +26,14 @@ from counterfactory.flows import steps  # noqa: E402
 from counterfactory.flows.artifacts import ProgressArtifact, publish_artifacts  # noqa: E402
 from counterfactory.flows.keys import template_key  # noqa: E402
 from counterfactory.flows.limits import apply_limits, limited_editor, limited_gates, spec_limits  # noqa: E402
-from counterfactory.flows.publish import outcome_order, publish_release, remember_spec  # noqa: E402
+from counterfactory.flows.publish import PublishError, outcome_order, publish_release, remember_spec  # noqa: E402
 from counterfactory.flows.ray import RayTarget, process_templates_on_ray, ray_cluster  # noqa: E402
 from counterfactory.flows.retries import RETRIES, RETRY_DELAYS_S, retry_transient  # noqa: E402
 from counterfactory.flows.server import prefect_api  # noqa: E402
 from counterfactory.flows.steps import RunSummary  # noqa: E402
 from counterfactory.flows.stopping import reinstall_stop_handlers  # noqa: E402
+from counterfactory.manifests.errors import CounterfactoryError  # noqa: E402
+from counterfactory.manifests.release import ReleaseExistsError  # noqa: E402
 from counterfactory.manifests.spec import Spec  # noqa: E402
 
 # Prefect's caching stays off (cache_policy=NONE: it would hash photos as arrays, and the ledger,
@@ -56,11 +58,22 @@ def template_task(spec, ws, prepared, cells, editor, stack, key):
     return steps.process_template(spec, ws, prepared, cells, editor, stack)
 
 
+@dataclasses.dataclass(frozen=True)
+class _Refused:
+    """The publishing policy refused the release (nothing to publish, an incomplete grid, a
+    version taken): the release task's value, not its exception, and :func:`run_locked` raises
+    it once the flow has ended. Raised inside the flow, Prefect would log it as a failed task
+    and a failed flow run, with its traceback, before the command line's one ``error:`` line."""
+
+    error: CounterfactoryError
+
+
 @task(name="release", cache_policy=NONE, **_TRANSIENT_RETRIES)
-def release_task(spec, ws, prepared, failed, outcomes, grid, editor_calls, allow_incomplete):
-    return publish_release(
-        spec, ws, prepared, failed, outcomes, grid, editor_calls=editor_calls, allow_incomplete=allow_incomplete
-    )
+def release_task(spec, ws, prepared, failed, outcomes, grid, allow_incomplete):
+    try:
+        return publish_release(spec, ws, prepared, failed, outcomes, grid, allow_incomplete=allow_incomplete)
+    except (PublishError, ReleaseExistsError) as exc:
+        return _Refused(exc)
 
 
 def _flow_run_id() -> str | None:
@@ -84,10 +97,11 @@ def run_flow(
     allow_incomplete: bool = False,
     on_ray: Any = None,
     workers: int = 2,
-) -> RunSummary:
+) -> RunSummary | _Refused:
     """Run one spec (parsed from ``spec_path``) end to end into ``out``; with ``publish``, seal
     its release too. Started by :func:`run_locked`, which has checked everything that could
-    refuse the run.
+    refuse the run; a release the publishing policy refuses ends the flow with :class:`_Refused`
+    (the run's cells are in the ledger all the same).
 
     Templates run concurrently on the flow's task runner. On Ray (``on_ray``, the checked
     target), the flow's task runner is prefect-ray's and edits and judgements run as tasks on
@@ -144,7 +158,10 @@ def run_flow(
     outcomes.sort(key=outcome_order(spec))
     calls = sum(o.editor_calls for o in outcomes)
     ws.ledger.finish_run(run_id, editor_calls=calls)
-    sealed = release_task(spec, ws, prepared, failed, outcomes, grid, calls, allow_incomplete) if publish else None
+    sealed = release_task(spec, ws, prepared, failed, outcomes, grid, allow_incomplete) if publish else None
+    if isinstance(sealed, _Refused):
+        ws.ledger.close()
+        return sealed
     publish_artifacts(spec.name, outcomes, editor_calls=calls, release_path=sealed.path if sealed else None)
 
     counts: dict[str, int] = {}
@@ -207,4 +224,6 @@ def run_locked(
             on_ray=on_ray,
             workers=workers,
         )
+    if isinstance(summary, _Refused):
+        raise summary.error
     return dataclasses.replace(summary, missing_outputs=missing)

@@ -220,6 +220,7 @@ def publish_if_changed(spec_path: str | Path, out: str | Path, *, allow_incomple
     from counterfactory.validation.release_diff import diff_releases
 
     spec = load_spec(spec_path)
+    spec.bind_run_folder(out)
     ws = open_workspace(spec, out)
     try:
         prepared, failed = prepare_sources(spec, ws.ledger)
@@ -253,7 +254,7 @@ def publish_if_changed(spec_path: str | Path, out: str | Path, *, allow_incomple
             write_json(stage / DIFF, {**diff, "changes": changes})
 
         sealed = publish_release(
-            target, ws, prepared, failed, outcomes, grid, editor_calls=0, allow_incomplete=allow_incomplete,
+            target, ws, prepared, failed, outcomes, grid, allow_incomplete=allow_incomplete,
             before_seal=write_diff,
         )  # fmt: skip
         return Regeneration(version, prev_version, str(sealed.path), 0, changes)
@@ -290,6 +291,7 @@ def regenerate_flow(spec_path: str, out: str, workers: int = 2, allow_incomplete
 
     started = datetime.now(UTC).isoformat()
     spec = load_spec(spec_path)
+    spec.bind_run_folder(out)
     base = {"flow_run_id": str(flow_run.id) if flow_run.id else None, "started_at": started}
     try:
         with RunFolderLock(out):

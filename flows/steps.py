@@ -58,7 +58,7 @@ from counterfactory.validation.judging import FLOOR_VERDICT, TemplateJudge, no_s
 from counterfactory.validation.skin import source_edit_region
 
 #: bump when the meaning of a judgement changes, so stored verdicts are recomputed
-JUDGE_VERSION = 4
+JUDGE_VERSION = 5
 #: seconds to wait before each re-fetch of a paid remote request that did not come back
 #: (its editor already retried each HTTP call); after the last, the next run fetches it
 RESUME_WAITS_S = (1.0, 4.0, 16.0)
@@ -394,6 +394,15 @@ def noise_floor(
     return floor_metrics(known.gates, plan.attempt_id, known.image_sha256), calls
 
 
+def uses_cohort_floor(spec: Spec, floor: Mapping[str, Any] | None) -> bool:
+    """Whether a template's cells are judged together against each other (the cohort floor,
+    :meth:`~counterfactory.validation.judging.TemplateJudge.cohort`): a face design with a
+    source photo, ``gates.cohort_floor`` on, and no floor request's output for the template
+    (an imported set without a ``floor`` column, ``gates.noise_floor: false``, a floor request
+    that failed)."""
+    return floor is None and spec.design.kind == "face" and spec.gates.cohort_floor and no_source_mode(spec) is None
+
+
 def judge_key(spec: Spec) -> str:
     """Hash of what decides a verdict for a stored output: alignment, the active kind's gates,
     the face-mask mode the gates draw, and the limb-mask growth (limb cells only)."""
@@ -407,6 +416,7 @@ def judge_key(spec: Spec) -> str:
             "edit_region": edit_region(spec) if kind == "face" else None,
             "masks": spec.masks.model_dump(mode="json") if kind == "limb" else None,
             "noise_floor": NOISE_FLOOR_PROMPT if uses_noise_floor(spec) else None,
+            "cohort_floor": spec.gates.cohort_floor,
             "version": JUDGE_VERSION,
             # judged without a source (and whether a pass of the rest is accepted); absent
             # otherwise, so every other spec's key is as it was
@@ -497,7 +507,10 @@ def process_template(
     # answers the request failed; the template's cells are then judged as measured
     if uses_noise_floor(spec):
         floor, calls = noise_floor(spec, ws, prepared, editor, lineage, stack, jkey, executor=executor)
-    template_judge = TemplateJudge(spec, ws, prepared, stack, jkey, floor=floor) if executor.inline else None
+    # without a floor output the template's outputs are judged together, each against the
+    # others (the cohort floor), after the round's edits: not one at a time as they return
+    inline = executor.inline and not uses_cohort_floor(spec, floor)
+    template_judge = TemplateJudge(spec, ws, prepared, stack, jkey, floor=floor) if inline else None
 
     def plan(open_cells: Sequence[Cell], attempt_no: int) -> list[PlannedAttempt]:
         return plan_attempts(spec, prepared, open_cells, editor, lineage, attempt_no)
@@ -511,7 +524,7 @@ def process_template(
             judged[aid] = template_judge.attempt(by_id[aid].cell, aid, output=image, fresh=True)
 
         def edit_round(chosen: Sequence[PlannedAttempt]) -> int:
-            if executor.inline:
+            if inline:
                 return executor.edit(ws, editor, chosen, lineage, on_output=judge_now)
             return executor.edit(ws, editor, chosen, lineage)
 
@@ -528,7 +541,7 @@ def process_template(
         # read in a few queries for the whole round
         rest = [planned for planned in plans if planned.attempt_id not in judged]
         rest_ids = [planned.attempt_id for planned in rest]
-        if executor.inline:
+        if inline:
             attempts, candidates = ws.ledger.attempts_by_id(rest_ids), ws.ledger.candidates_by_id(rest_ids)
             for planned in rest:
                 known = (attempts.get(planned.attempt_id), candidates.get(planned.attempt_id))
@@ -648,6 +661,8 @@ def judge_attempts(
     recorded with the verdict :data:`FLOOR_VERDICT`.
     """
     judge = TemplateJudge(spec, ws, prepared, stack, jkey, floor=floor, as_floor=as_floor)
+    if not as_floor and uses_cohort_floor(spec, floor):
+        return judge.cohort([(plan.cell, plan.attempt_id) for plan in plans])
     return [judge.attempt(plan.cell, plan.attempt_id) for plan in plans]
 
 

@@ -25,6 +25,7 @@ from PIL import ExifTags, Image, ImageOps, UnidentifiedImageError, features
 
 from counterfactory.generation.errors import SourceError
 from counterfactory.manifests.errors import CounterfactoryError
+from counterfactory.manifests.safefiles import InputFileError, read_regular
 
 #: Default pixel budget of one photo (width x height); larger photos are refused unread.
 DEFAULT_MAX_PIXELS = 40_000_000
@@ -85,6 +86,20 @@ def _too_long(width: int, height: int, max_side_px: int) -> str:
     )
 
 
+def _what_it_looks_like(start: bytes) -> str:
+    """A hint about a file PIL cannot read, from its first bytes, that never quotes them (the
+    file may be anything a table named: a message must not carry its contents)."""
+    if not start:
+        return "; the file is empty"
+    text = start.lstrip()
+    if text[:1] == b"<":
+        return " (it looks like HTML or XML); it may be a web page saved under an image name: download the image itself"
+    printable = sum(32 <= b < 127 or b in (9, 10, 13) for b in start)
+    if printable >= 0.95 * len(start):
+        return " (it looks like text); it may be a text file saved under an image name: name the image itself"
+    return " (no known image signature); it may be damaged or another kind of file: export it again as PNG or JPEG"
+
+
 def _check_size(path: Path, width: int, height: int, *, max_pixels: int, max_side_px: int) -> None:
     """Refuse a ``width`` x ``height`` image over the side or pixel limit, naming ``path``."""
     if max(width, height) > max_side_px:
@@ -114,12 +129,8 @@ def _check_header(path: Path, *, max_pixels: int, max_side_px: int) -> None:
                 width, height = image.size
         except UnidentifiedImageError:
             with open(path, "rb") as f:
-                start = f.read(16)
-            raise SourceError(
-                path,
-                f"not an image PIL can read (the file starts with {start!r}); it may be a "
-                "text or HTML page saved under an image name: download the image itself",
-            ) from None
+                start = f.read(512)
+            raise SourceError(path, f"not an image PIL can read{_what_it_looks_like(start)}") from None
         except Exception:  # noqa: BLE001 - other header failures get their own message from load_image
             return
     _check_size(path, width, height, max_pixels=max_pixels, max_side_px=max_side_px)
@@ -192,7 +203,11 @@ def load_image(
         )
     _check_header(path, max_pixels=max_pixels, max_side_px=max_side_px)
     try:
-        data = path.read_bytes()
+        # opened as a regular file of at most max_bytes, checked on the descriptor: a FIFO or a
+        # device swapped in after the checks above is refused, never read
+        data = read_regular(path.resolve(), max_bytes, limit_field="sources.max_pixels")
+    except InputFileError as exc:
+        raise SourceError(path, str(exc)) from None
     except OSError as exc:
         raise SourceError(path, f"cannot read the file ({exc.strerror or exc})") from None
     if not data:
@@ -217,9 +232,9 @@ def load_image(
             hint = (
                 "; this Pillow has no AVIF support: pip install 'pillow>=11.2' built with libavif"
                 if _looks_avif(data) and not AVIF_SUPPORTED
-                else "; it may be a text or HTML page saved under an image name: download the image itself"
+                else _what_it_looks_like(data[:512])
             )
-            raise SourceError(path, f"not an image PIL can read (the file starts with {data[:16]!r}){hint}") from None
+            raise SourceError(path, f"not an image PIL can read{hint}") from None
         except Exception as exc:  # noqa: BLE001 - any header failure is this file's problem
             raise SourceError(path, f"unreadable image header ({type(exc).__name__}: {exc}); {damaged}") from None
 

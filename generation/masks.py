@@ -270,8 +270,9 @@ def _inside(photos_dir: str | Path, relative: str) -> Path:
     folder = Path(photos_dir).resolve()
     target = (folder / relative).resolve()
     if not target.is_relative_to(folder):
+        # where it leads is not said: the message reaches the release's stats as the source's reason
         raise MaskError(
-            f"{folder / relative}: leads to {target}, outside the photos folder {folder}; copy the mask "
+            f"{relative}: leads outside the photos folder (through a symbolic link); copy the mask "
             "into the folder instead of linking to it"
         )
     return target

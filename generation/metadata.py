@@ -20,7 +20,15 @@ from pydantic import ValidationError
 
 from counterfactory.generation.errors import MetadataError, MetadataProblem
 from counterfactory.generation.records import RECORD_FIELDS, SourceRecord
-from counterfactory.manifests.yamlsafe import MAX_YAML_BYTES, MAX_YAML_NODES, expanded_size
+from counterfactory.manifests.yamlsafe import (
+    MAX_YAML_BYTES,
+    MAX_YAML_EXPANDED_CHARS,
+    MAX_YAML_NODES,
+    YamlDuplicateKeyError,
+    YamlLimitError,
+    brief,
+    load_with_node,
+)
 
 METADATA_SUFFIXES = (".yaml", ".yml", ".csv", ".jsonl")
 
@@ -121,8 +129,7 @@ def _file_error(path: Path, expected: str, received: str, line: int | None = Non
 
 
 def _abbrev(value: Any, limit: int = 80) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+    return brief(value, limit)
 
 
 def _pydantic_problem(err: dict[str, Any], index: int, id_: str | None, line: int | None) -> MetadataProblem:
@@ -151,13 +158,16 @@ def _pydantic_problem(err: dict[str, Any], index: int, id_: str | None, line: in
 
 def _yaml_entries(path: Path, text: str) -> list[_Entry]:
     try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
-        size = expanded_size(node) if node is not None else 0
-        if size > MAX_YAML_NODES:
-            raise _file_error(path, f"at most {MAX_YAML_NODES:,} values once aliases are expanded", f"{size:,}")
-        data = yaml.safe_load(text)
-    except RecursionError:
-        raise _file_error(path, "YAML nested to a readable depth", "a deeper nesting") from None
+        data, node = load_with_node(text)
+    except YamlDuplicateKeyError as exc:
+        received = f"{brief(exc.key, 60)} twice (first on line {exc.first_line})"
+        raise _file_error(path, "each key once per mapping", received, exc.line) from None
+    except YamlLimitError as exc:
+        expected = (
+            f"at most {MAX_YAML_NODES:,} values and {MAX_YAML_EXPANDED_CHARS:,} characters once aliases are "
+            "expanded, nested to a readable depth"
+        )
+        raise _file_error(path, expected, str(exc)) from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         line = mark.line + 1 if mark is not None else None
@@ -199,19 +209,42 @@ def _jsonl_entries(path: Path, text: str) -> Iterator[_Entry]:
         index += 1
 
 
+def _csv_problem(exc: csv.Error) -> str:
+    """What the csv module refused, without the cell (a message never quotes the file)."""
+    if "field larger than field limit" in str(exc):
+        return f"a cell of more than {csv.field_size_limit():,} characters"
+    return f"text the CSV reader refuses ({exc})"
+
+
 def _csv_entries(path: Path, text: str) -> Iterator[_Entry]:
     reader = csv.reader(io.StringIO(text, newline=""))
     try:
         header = next(reader)
     except StopIteration:
         raise _file_error(path, "a header row of field names", "an empty file") from None
+    except csv.Error as exc:
+        raise _file_error(path, "a header row of field names", _csv_problem(exc), line=1) from None
     header = [h.strip() for h in header]
     if any(not h for h in header) or len(set(header)) != len(header):
         expected = "a header row of distinct, non-empty field names"
         raise _file_error(path, expected, _abbrev(header), line=1)
     index = 0
     start = reader.line_num + 1
-    for cells in reader:
+    while True:
+        try:
+            cells = next(reader)
+        except StopIteration:
+            break
+        except csv.Error as exc:
+            problem = MetadataProblem(
+                index=index,
+                id=None,
+                line=start,
+                field=None,
+                expected="CSV cells of a readable size",
+                received=_csv_problem(exc),
+            )
+            raise MetadataError(path, [problem]) from None
         line = start
         start = reader.line_num + 1
         if not any(c.strip() for c in cells):

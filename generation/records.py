@@ -187,6 +187,8 @@ def _check_relative_path(value: str) -> str:
     text = value.strip()
     if not text:
         raise ValueError("a non-empty relative path")
+    if any(ord(c) < 32 or ord(c) == 127 for c in text):
+        raise ValueError("a path without NUL or other control characters (the file's name as it is on disk)")
     if PurePosixPath(text).is_absolute() or PureWindowsPath(text).is_absolute() or PureWindowsPath(text).drive:
         raise ValueError("a path relative to the photos folder, not an absolute path")
     if ".." in PurePosixPath(text.replace("\\", "/")).parts:

@@ -91,9 +91,9 @@ class DesignConfig(BaseModel):
     kind: Literal["face", "limb"]
     axes: dict[str, list[str]]
     strata: list[str] = Field(default_factory=lambda: ["occupation", "presented_gender"])
-    templates_per_stratum: int = Field(ge=1)
-    seed: int = Field(0, ge=0)
-    conditions_per_template: int | None = Field(None, ge=1)
+    templates_per_stratum: int = Field(ge=1, le=1_000_000)
+    seed: int = Field(0, ge=0, le=2**32 - 1)
+    conditions_per_template: int | None = Field(None, ge=1, le=1_000_000)
     gender_balance: Literal["any", "match", "mismatch", "balanced"] = "any"
     on_short_stratum: Literal["error", "take_all"] = "take_all"
 

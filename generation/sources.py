@@ -31,6 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from counterfactory.generation.errors import MetadataError, MetadataProblem, SourceError
 from counterfactory.generation.images import (
     DEFAULT_MAX_PIXELS,
+    MAX_SIDE_PX,
     MIN_SIDE_PX,
     LoadedImage,
     load_image,
@@ -48,8 +49,9 @@ class SourcesConfig(BaseModel):
 
     photos: Path
     metadata: Path
-    #: photos with more pixels are refused before decoding (see :func:`load_image`)
-    max_pixels: int = Field(DEFAULT_MAX_PIXELS, gt=0)
+    #: photos with more pixels are refused before decoding (see :func:`load_image`); at most
+    #: MAX_SIDE_PX squared (16384 x 16384), the largest image any side limit lets through
+    max_pixels: int = Field(DEFAULT_MAX_PIXELS, gt=0, le=MAX_SIDE_PX * MAX_SIDE_PX)
 
 
 class Source:
@@ -247,9 +249,10 @@ def _decode_each(photos_dir: Path, records: list[SourceRecord], max_pixels: int)
         # copies the target's bytes, never a link that points elsewhere
         resolved = path.resolve()
         if not resolved.is_relative_to(photos_dir):
+            # where it leads is not said: the reason reaches the release's stats
             reason = (
-                f"source_outside_folder: {record.path} leads to {resolved}, outside the photos folder "
-                f"{photos_dir}; copy the photo into the folder instead of linking to it"
+                f"source_outside_folder: {record.path} leads outside the photos folder (through a "
+                "symbolic link); copy the photo into the folder instead of linking to it"
             )
             yield FailedSource(record.id, path, reason, record)
             continue

@@ -32,8 +32,8 @@ class RobustnessConfig(BaseModel):
 
     mirror: bool = False
     crops: bool = False
-    medium_scale: float = Field(3.0, gt=1.0)
-    close_scale: float = Field(1.6, gt=1.0)
+    medium_scale: float = Field(3.0, gt=1.0, le=100.0)
+    close_scale: float = Field(1.6, gt=1.0, le=100.0)
 
 
 def _window(centre: float, size: int, lo: int, hi: int) -> tuple[int, int]:

@@ -18,6 +18,13 @@ The tree (class, its builtin base, who raises it, what the user does)::
     │                                     is missing. Fix the field the message names.
     ├── YamlLimitError (ValueError)       manifests.yamlsafe: a YAML file over a size or alias
     │                                     limit. Check it is the right file.
+    ├── YamlDuplicateKeyError (ValueError)  manifests.yamlsafe: a YAML mapping names one key twice
+    │                                     (the message names it and both lines). Remove one.
+    ├── InputFileError (ValueError)       manifests.safefiles: a file an imported set or metadata
+    │                                     names is outside its folder (no allowed root holds it),
+    │                                     has a NUL byte in its name, is not a regular file or is
+    │                                     too large; the import names the row. Fix the row, copy
+    │                                     the file in, or set editor.import.allowed_roots.
     ├── MetadataError (ValueError)        generation.metadata: the sources' metadata file as a
     │                                     whole. Fix the entries and fields it lists.
     ├── SourceError                       generation.images: one photo cannot be used (the run
@@ -50,6 +57,8 @@ The tree (class, its builtin base, who raises it, what the user does)::
     │                                     the store. Re-run the spec: only those attempts re-run.
     ├── DamagedBlobError (OSError)        manifests.store: a stored image's bytes no longer match
     │                                     its hash. Delete it and re-run.
+    ├── UnsafeBlobError (OSError)         manifests.store: a store entry that is a symlink, a FIFO
+    │                                     or another non-regular file; never read. Delete it and re-run.
     ├── PublishError (RuntimeError)       flows.publish: a release that must not be sealed.
     │   ├── EmptyReleaseError             no cell was accepted or is waiting for review.
     │   └── IncompleteGridError           cells, sources or strata are missing; pass

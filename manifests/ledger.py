@@ -199,6 +199,27 @@ class SpotTrialRow(Base):
     #: the click fell inside the dilated edit mask (None: source shown or no click)
     localised: Mapped[bool | None] = mapped_column(Boolean, nullable=True)
     decided_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=_now)
+    #: the deal this answers (:class:`SpotDealRow`'s ``deal_id``; None in rows written before
+    #: revision 0005): a deal is answered once (a plain column: SQLite adds no foreign key in place)
+    deal_id: Mapped[int | None] = mapped_column(Integer, nullable=True)
+
+    __table_args__ = (Index("ux_spot_trials_deal", "deal_id", unique=True),)
+
+
+class SpotDealRow(Base):
+    """A blinded trial dealt to a reviewer, recorded when it is shown (before any answer): which
+    candidate, and whether it or its source photo was shown. One per reviewer and candidate, so
+    a reload deals the same trial again, and one shown but never answered stays on record."""
+
+    __tablename__ = "spot_deals"
+
+    deal_id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    attempt_id: Mapped[str] = mapped_column(String(64), ForeignKey("candidates.attempt_id"), index=True)
+    reviewer_id: Mapped[int] = mapped_column(Integer, ForeignKey("reviewers.reviewer_id"))
+    shown: Mapped[str] = mapped_column(String(16))  # source | candidate
+    dealt_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=_now)
+
+    __table_args__ = (Index("ux_spot_deals_reviewer_attempt", "reviewer_id", "attempt_id", unique=True),)
 
 
 @dataclass(frozen=True)
@@ -293,6 +314,9 @@ class Ledger:
         if url.startswith("sqlite"):
             kwargs["connect_args"] = {"check_same_thread": False, "timeout": 60}
             _check_sqlite_file(url)
+        missing = missing_driver(url)
+        if missing is not None:
+            raise LedgerError(f"ledger_url {shown!r}: {missing}; nothing was run")
         try:
             self.engine = create_engine(url, **kwargs)
         except (ArgumentError, NoSuchModuleError, ValueError) as exc:
@@ -606,6 +630,38 @@ def _chunks(ids: Iterable[str], size: int = 500) -> list[list[str]]:
 def _run_lock_key(run_id: str) -> int:
     """A signed 64-bit advisory-lock key for a run id (stable across processes)."""
     return int.from_bytes(hashlib.sha256(f"counterfactory-run:{run_id}".encode()).digest()[:8], "big", signed=True)
+
+
+#: (dialect, driver) -> what to pip install for it
+_DRIVER_PACKAGES = {
+    ("postgresql", "psycopg"): "'counterfactory[postgres]'",
+    (
+        "postgresql",
+        "psycopg2",
+    ): "psycopg2-binary (or write postgresql+psycopg:// and pip install 'counterfactory[postgres]')",
+    ("mysql", "mysqldb"): "mysqlclient",
+    ("mysql", "pymysql"): "pymysql",
+    ("mysql", "mysqlconnector"): "mysql-connector-python",
+    ("mssql", "pyodbc"): "pyodbc",
+}
+
+
+def missing_driver(url: str) -> str | None:
+    """Why the database driver ``url`` names cannot be used here and what to install, or None
+    when it imports (or the URL does not parse: that is reported on its own)."""
+    try:
+        dialect = make_url(url).get_dialect()
+    except (ArgumentError, NoSuchModuleError, ValueError):
+        return None
+    try:
+        dialect.import_dbapi()
+    except ImportError as exc:
+        package = _DRIVER_PACKAGES.get((dialect.name, dialect.driver), f"the {dialect.driver} package")
+        return (
+            f"the {dialect.name} driver {dialect.driver!r} is not installed ({exc}): pip install {package}; "
+            "the ledger runs on SQLite (the default) or PostgreSQL"
+        )
+    return None
 
 
 def _shown_url(url: str) -> str:

@@ -6,7 +6,14 @@ silently), ``left_out.jsonl`` (what an incomplete grid left out, and why), ``tri
 ``derived.jsonl`` (robustness variants), ``spec.yaml`` as the user wrote it, ``stats.json``,
 ``release.json``, ``report.html``, a JSON Schema for every JSON/JSONL file under ``schemas/``,
 the images under ``images/`` and ``sources/`` by sha256, and ``checksums.sha256`` over every
-file.
+file. ``release.json`` records the sha256 of every other file (``file_sha256``, all but itself
+and ``checksums.sha256``), so its own sha256 is the release's digest (:func:`release_digest`),
+which ``verify --expect`` checks against one recorded elsewhere.
+
+``verify`` trusts no file the release could regenerate: besides the checksums it refuses
+anything but regular files and non-empty folders, checks the schemas against the package's,
+and re-derives the manifest, the trials, ``stats.json``'s counts and ``report.html`` from the
+release's own tables (:func:`check_meaning`).
 
 A release owns its bytes: every image is copied (or reflinked, where the filesystem shares
 blocks copy-on-write) and its sha256 is checked while it is copied, never hard-linked, so an
@@ -22,15 +29,19 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import importlib
 import json
 import os
 import re
 import shutil
+import stat
 import tempfile
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import yaml
 
 from counterfactory.manifests.errors import CounterfactoryError
 from counterfactory.manifests.store import atomic_write, sha256_file
@@ -178,6 +189,46 @@ class SealedRelease:
     manifest_sha256: str
     created: bool  # False when an identical release already existed
 
+    @property
+    def digest(self) -> str:
+        """The release's digest (:func:`release_digest`): what ``verify --expect`` checks."""
+        return release_digest(self.path)
+
+
+#: ``release.json``'s record of every other file's sha256
+FILE_SHA256 = "file_sha256"
+#: what ``release.json``'s ``file_sha256`` leaves out: itself, and the listing written after it
+UNRECORDED = (RELEASE_JSON, CHECKSUMS)
+
+
+def release_digest(path: str | Path) -> str:
+    """A release's digest: the sha256 of its ``release.json``.
+
+    ``release.json`` records every other file's sha256 (``file_sha256``, all but
+    ``checksums.sha256``, which lists the same files and ``release.json``), so the digest
+    changes when any byte of the release does. Publishing prints it; record it where the
+    release is cited, and ``counterfactory verify RELEASE --expect DIGEST`` proves a copy is
+    that release. Two releases sealed from the same inputs differ only in ``created_at`` (the
+    time of sealing), so their digests differ.
+    """
+    return sha256_file(Path(path) / RELEASE_JSON)
+
+
+def record_files(folder: Path, name: str, version: str) -> None:
+    """Write into ``folder``'s ``release.json`` (made with ``name`` and ``version`` when the
+    release has none) the sha256 of every other file (:data:`FILE_SHA256`)."""
+    folder = Path(folder)
+    info_file = folder / RELEASE_JSON
+    info = json.loads(info_file.read_text(encoding="utf-8")) if info_file.is_file() else {}
+    if not info:
+        info = {"name": name, "version": version}
+    info[FILE_SHA256] = {
+        p.relative_to(folder).as_posix(): sha256_file(p)
+        for p in sorted(folder.rglob("*"))
+        if p.is_file() and p.relative_to(folder).as_posix() not in UNRECORDED
+    }
+    write_json(info_file, info)
+
 
 def existing_release_conflict(releases_dir: Path, name: str, version: str, spec_sha256: str) -> str | None:
     """Why ``name`` ``version`` cannot be published from the spec file hashing to ``spec_sha256``, or None.
@@ -254,6 +305,7 @@ class ReleaseStage:
         if not manifest.exists():
             raise FileNotFoundError(f"{manifest}: a release needs a manifest before it is sealed")
         manifest_sha = sha256_file(manifest)
+        record_files(self.dir, self.name, self.version)
         lines = [
             f"{sha256_file(p)}  {p.relative_to(self.dir).as_posix()}\n"
             for p in sorted(self.dir.rglob("*"))
@@ -329,17 +381,24 @@ def read_checksums(path: Path) -> tuple[dict[str, str], list[str]]:
     return listed, problems
 
 
-def verify_release(path: str | Path, *, check_schemas: bool = True) -> list[str]:
+def verify_release(path: str | Path, *, check_schemas: bool = True, expect: str | None = None) -> list[str]:
     """Check a release folder; returns the problems (empty = valid).
 
-    Re-hashes every file listed in ``checksums.sha256`` (whose lines must be well formed and
-    stay inside the release), finds unlisted files, requires ``manifest.jsonl``, checks every
-    manifest and derived row's image (and source) against the sha256 the row names, checks
-    what the files mean (:func:`check_meaning`), and validates every JSON/JSONL file against its
-    schema.
+    Refuses anything but regular files and folders (symlinks, hard links, FIFOs, sockets,
+    devices, empty folders: :func:`check_entries`), re-hashes every file listed in
+    ``checksums.sha256`` (whose lines must be well formed and stay inside the release), finds
+    unlisted files, requires ``manifest.jsonl``, checks every manifest and derived row's image
+    (and source) against the sha256 the row names, checks what the files mean and re-derives
+    what is derived (:func:`check_meaning`), and validates every JSON/JSONL file against the
+    schema this package ships. With ``expect``, the release's digest (:func:`release_digest`)
+    must be that sha256.
     """
     path = Path(path)
-    listed, problems = read_checksums(path)
+    problems = check_entries(path)
+    if expect is not None:
+        problems += _check_digest(path, expect)
+    listed, listing_problems = read_checksums(path)
+    problems += listing_problems
     if CHECKSUMS in listed:
         problems.append(f"{CHECKSUMS}: lists itself")
     for required in (MANIFEST,):
@@ -353,7 +412,7 @@ def verify_release(path: str | Path, *, check_schemas: bool = True) -> list[str]
             problems.append(f"{relative}: checksum mismatch")
     for p in sorted(path.rglob("*")):
         if p.is_symlink():
-            problems.append(f"{p.relative_to(path).as_posix()}: a symlink; a release owns its bytes")
+            continue  # reported by check_entries
         elif p.is_file() and p.name != CHECKSUMS and p.relative_to(path).as_posix() not in listed:
             problems.append(f"{p.relative_to(path).as_posix()}: not listed in {CHECKSUMS}")
     if not (path / MANIFEST).is_file():
@@ -366,6 +425,58 @@ def verify_release(path: str | Path, *, check_schemas: bool = True) -> list[str]
 
         problems += validate_release_files(path)
     return problems
+
+
+def check_entries(path: Path) -> list[str]:
+    """What a release folder holds besides regular files with one link and non-empty folders.
+
+    A release owns its bytes: a symlink or a hard link (``st_nlink`` > 1) lets another path
+    change them, a FIFO blocks whoever reads it, and a socket, a device or an empty folder is
+    nothing a release writes. Nothing is followed or opened.
+    """
+    problems = []
+    for dirpath, dirnames, filenames in os.walk(path):
+        here = Path(dirpath)
+        if here != Path(path) and not dirnames and not filenames:
+            problems.append(f"{here.relative_to(path).as_posix()}: an empty folder; a release holds only its files")
+        for name in sorted(dirnames + filenames):
+            entry = here / name
+            relative = entry.relative_to(path).as_posix()
+            st = entry.lstat()
+            if stat.S_ISLNK(st.st_mode):
+                problems.append(f"{relative}: a symlink; a release owns its bytes (replace it with the file itself)")
+            elif stat.S_ISDIR(st.st_mode):
+                continue
+            elif not stat.S_ISREG(st.st_mode):
+                kind = (
+                    "a FIFO" if stat.S_ISFIFO(st.st_mode) else "a socket" if stat.S_ISSOCK(st.st_mode) else "a device"
+                )
+                problems.append(f"{relative}: {kind}, not a regular file; a release holds only regular files")
+            elif st.st_nlink > 1:
+                problems.append(
+                    f"{relative}: hard-linked ({st.st_nlink} links); a release owns its bytes, and another path "
+                    "can change these (copy the file: cp --preserve=all, not cp -l)"
+                )
+        dirnames[:] = [d for d in dirnames if not (here / d).is_symlink()]
+    return problems
+
+
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+
+
+def _check_digest(path: Path, expect: str) -> list[str]:
+    expect = expect.strip().lower()
+    if not _SHA256.match(expect):
+        return [f"--expect {expect!r}: not a sha256 (64 hex digits); give the digest publish printed"]
+    if not (path / RELEASE_JSON).is_file() or (path / RELEASE_JSON).is_symlink():
+        return [f"{RELEASE_JSON}: missing; a release's digest is its sha256"]
+    actual = release_digest(path)
+    if actual != expect:
+        return [
+            f"{RELEASE_JSON}: the release's digest (sha256 of {RELEASE_JSON}) is {actual}, not the expected "
+            f"{expect}; this is not the release that was recorded"
+        ]
+    return []
 
 
 def _check_rows(path: Path) -> list[str]:
@@ -429,6 +540,9 @@ KNOWN_FILES = {
     "diff.json",
     CHECKSUMS,
 }
+#: what every release ``publish`` seals holds (``release.json`` naming the version that wrote it)
+PUBLISHED_FILES = (MANIFEST, MANIFEST_PARQUET, ITEMS, "left_out.jsonl", "trials.jsonl", "derived.jsonl", "spec.yaml",
+                   "stats.json", "report.html")  # fmt: skip
 #: the id column of each table, unique within it
 TABLE_KEYS = {MANIFEST: "item_id", ITEMS: "cell_id", "derived.jsonl": "item_id", "trials.jsonl": "trial_id"}
 #: folders whose files are named by their content's sha256
@@ -499,6 +613,16 @@ def check_meaning(path: str | Path) -> list[str]:
     info = _check_release_json(path, problems)
     # releases sealed before trial ids were content hashes (no ``tables`` record) keep the other checks
     problems += _check_trials(path, tables, hashed_ids=bool((info or {}).get("tables")))
+    problems += _check_manifest_is_accepted_items(path, tables)
+    written = _written_spec(path, problems)
+    if written is not None:
+        problems += _check_schemas(path, info or {}, written)
+        problems += _check_trials_derived(path, info or {}, written, tables)
+        if info is not None:
+            # stats.json and report.html are re-derived by the code that wrote them, above this
+            # layer: reached by module name, as the spec reaches its sections
+            derived = importlib.import_module(DERIVED_CHECKS)
+            problems += derived.check_derived(path, info, written)
     problems += _check_parquet(path, tables[MANIFEST])
     referenced: set[str] = set()
     for name in (MANIFEST, ITEMS, "derived.jsonl"):
@@ -535,6 +659,159 @@ def check_meaning(path: str | Path) -> list[str]:
             f"{relative}: not accounted for (no row or release.json entry names it); a release holds only its own files"
         )
     return problems
+
+
+#: the module whose ``check_derived(release, info, written spec)`` re-derives ``stats.json``
+#: and ``report.html`` (:mod:`counterfactory.validation.release_derived`)
+DERIVED_CHECKS = "counterfactory.validation.release_derived"
+
+
+def _written_spec(path: Path, problems: list[str]) -> dict[str, Any] | None:
+    """The release's ``spec.yaml`` parsed as written (None when it has none)."""
+    file = path / "spec.yaml"
+    if not file.is_file() or file.is_symlink():
+        return None
+    from counterfactory.manifests.yamlsafe import safe_load_limited
+
+    try:
+        data = safe_load_limited(file.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, ValueError, yaml.YAMLError) as exc:
+        problems.append(f"spec.yaml: not readable YAML ({str(exc)[:160]}); derived files cannot be checked")
+        return None
+    if not isinstance(data, dict):
+        problems.append("spec.yaml: not a mapping of spec fields; derived files cannot be checked")
+        return None
+    return data
+
+
+def _canonical(value: Any) -> Any:
+    """``value`` as a JSON file holds it (so rows built in memory compare with rows read back)."""
+    return json.loads(json.dumps(value, sort_keys=True, default=_default))
+
+
+def _check_manifest_is_accepted_items(path: Path, tables: dict[str, list[tuple[int, dict[str, Any]]]]) -> list[str]:
+    """``manifest.jsonl`` is exactly ``items.jsonl``'s accepted rows, in order."""
+    if not (path / ITEMS).is_file():
+        return []
+    manifest = [row for _, row in tables[MANIFEST]]
+    accepted = [row for _, row in tables[ITEMS] if row.get("status") == "accepted"]
+    if manifest == accepted:
+        return []
+    in_items = {row.get("item_id") for row in accepted}
+    in_manifest = {row.get("item_id") for row in manifest}
+    problems = [
+        f"{ITEMS}: no accepted row for manifest item {item} (a row was dropped or its status edited)"
+        for item in sorted(map(str, in_manifest - in_items))[:10]
+    ]
+    problems += [
+        f"{MANIFEST}: no row for accepted item {item} of {ITEMS} (a row was dropped)"
+        for item in sorted(map(str, in_items - in_manifest))[:10]
+    ]
+    return problems or [f"{MANIFEST}: its rows are not {ITEMS}' accepted rows as they are (a row was edited)"]
+
+
+def _check_schemas(path: Path, info: dict[str, Any], written: dict[str, Any]) -> list[str]:
+    """Every file under ``schemas/`` is the schema this package ships (or, for a plug-in's
+    protocols and release files, builds): a release cannot loosen its own rules."""
+    folder = path / SCHEMAS_DIR
+    if not folder.is_dir():
+        return []
+    from counterfactory import __version__
+    from counterfactory.manifests.release_files import registered_schema, schema_file_name
+    from counterfactory.manifests.release_schema import load_schema, schema_files, trial_schema
+
+    expected: dict[str, Any] = {p.name: load_schema(p.name) for p in schema_files()}
+    trials = written.get("trials") if isinstance(written.get("trials"), dict) else {}
+    protocols = [str(p) for p in trials.get("protocols") or [] if isinstance(p, str)]
+    expected["trial.schema.json"] = trial_schema(protocols)
+    for name in info.get("tables") or {}:
+        schema = registered_schema(name) if name not in TABLE_KEYS and name != "left_out.jsonl" else None
+        if schema is not None:
+            expected[schema_file_name(name)] = schema
+    problems = []
+    for file in sorted(folder.iterdir()):
+        if file.is_symlink() or not file.is_file():
+            continue
+        relative = f"{SCHEMAS_DIR}/{file.name}"
+        if file.name not in expected:
+            problems.append(f"{relative}: not a schema counterfactory {__version__} ships for this release")
+            continue
+        try:
+            held = json.loads(file.read_text(encoding="utf-8"))
+        except (UnicodeDecodeError, ValueError):
+            held = None
+        if held != expected[file.name]:
+            problems.append(
+                f"{relative}: not the schema counterfactory {__version__} ships (edited, e.g. loosened, after "
+                f"sealing; release.json says it was made by {info.get('counterfactory_version')}); a release "
+                "cannot change its own rules"
+            )
+    return problems
+
+
+def _check_trials_derived(
+    path: Path, info: dict[str, Any], written: dict[str, Any], tables: dict[str, list[tuple[int, dict[str, Any]]]]
+) -> list[str]:
+    """``trials.jsonl`` is the bank the spec's ``trials`` builds from the manifest and derived
+    rows (:func:`~counterfactory.manifests.trials.release_trials`): a dropped trial or 2AFC group
+    shows even when ``release.json``'s table records were rewritten."""
+    if not (path / "trials.jsonl").is_file() or not (path / ITEMS).is_file():
+        return []
+    from pydantic import ValidationError
+
+    from counterfactory.manifests.trials import TrialsConfig, load_biographies, release_trials
+
+    section = dict(written.get("trials") or {}) if isinstance(written.get("trials"), dict) else {}
+    bios_file = (info.get("inputs") or {}).get("trials.biographies")
+    section.pop("biographies", None)
+    try:
+        config = TrialsConfig.model_validate(section)
+        biographies = load_biographies(path / bios_file) if bios_file else None
+    except (ValidationError, CounterfactoryError, OSError, ValueError) as exc:
+        return [f"trials.jsonl: cannot be re-derived: spec.yaml's trials section ({str(exc)[:200]})"]
+    bank = (info.get("trial_bank") or {}).get("sha256")
+    from counterfactory.manifests.trials import bank_record
+
+    if bank is not None and bank_record(config)["sha256"] != bank:
+        return [
+            f"trials.jsonl: cannot be re-derived: release.json's trial bank {config.prompts} is not the file this "
+            "package ships (a release made by another counterfactory version)"
+        ]
+    items = [row for _, row in tables[ITEMS]]
+    templates = {row.get("template_id") for row in items}
+    editors = written.get("editors")
+    if isinstance(editors, list):
+        names = [str(e.get("name")) for e in editors if isinstance(e, dict)]
+    else:
+        names = list(dict.fromkeys(str(row.get("editor_name")) for row in items))[:1]
+    manifest = [row for _, row in tables[MANIFEST]]
+    try:
+        expected = release_trials(
+            manifest,
+            config,
+            biographies=biographies,
+            derived=[row for _, row in tables["derived.jsonl"]],
+            cells_per_template=len(items) // len(templates) if templates else None,
+            editor_names=names,
+        )
+    except (CounterfactoryError, KeyError, TypeError, ValueError) as exc:
+        return [f"trials.jsonl: cannot be re-derived from {MANIFEST} ({type(exc).__name__}: {str(exc)[:160]})"]
+    held = [row for _, row in tables["trials.jsonl"]]
+    expected = _canonical(expected)
+    if held == expected:
+        return []
+    held_ids = {row.get("trial_id") for row in held}
+    missing = [row for row in expected if row.get("trial_id") not in held_ids]
+    extra = len(held_ids - {row.get("trial_id") for row in expected})
+    if missing:
+        shown = ", ".join(f"{r.get('protocol')} {r.get('trial_id')}" for r in missing[:5])
+        return [
+            f"trials.jsonl: {len(missing)} trial(s) the manifest gives are missing (first: {shown}); "
+            "a trial or a group was dropped after sealing"
+        ]
+    if extra:
+        return [f"trials.jsonl: {extra} trial(s) that the manifest does not give"]
+    return ["trials.jsonl: not the trial bank the manifest and spec.yaml's trials give (rows edited or reordered)"]
 
 
 def _check_trials(
@@ -587,6 +864,11 @@ def _check_release_json(path: Path, problems: list[str]) -> dict[str, Any] | Non
             problems.append(f"{RELEASE_JSON}: version {info.get('version')!r} but the folder is {path.name}")
         if info.get("name") != path.parent.name:
             problems.append(f"{RELEASE_JSON}: name {info.get('name')!r} but the folder is in {path.parent.name}")
+    if info.get("counterfactory_version") is not None:
+        # a published release: what verify re-derives from cannot simply be left out
+        for name in PUBLISHED_FILES:
+            if not (path / name).is_file():
+                problems.append(f"{name}: missing; every published release holds it (see release.json's files)")
     spec = path / "spec.yaml"
     if "spec_sha256" in info and spec.is_file() and sha256_file(spec) != info["spec_sha256"]:
         problems.append(f"{RELEASE_JSON}: spec_sha256 {str(info['spec_sha256'])[:12]}... is not spec.yaml's sha256")
@@ -607,6 +889,24 @@ def _check_release_json(path: Path, problems: list[str]) -> dict[str, Any] | Non
     for name, relative in (info.get("inputs") or {}).items():
         if not (path / relative).is_file():
             problems.append(f"{RELEASE_JSON}: inputs.{name} is {relative}, which the release does not hold")
+    recorded = info.get(FILE_SHA256)
+    if not isinstance(recorded, dict):
+        problems.append(
+            f"{RELEASE_JSON}: no {FILE_SHA256}; a release records every file's sha256 in it when sealed "
+            "(re-publish a release sealed before it did)"
+        )
+        return info
+    for p in sorted(path.rglob("*")):
+        relative = p.relative_to(path).as_posix()
+        if p.is_symlink() or not p.is_file() or relative in UNRECORDED:
+            continue
+        if relative not in recorded:
+            problems.append(f"{relative}: not recorded in {RELEASE_JSON}'s {FILE_SHA256} (added after sealing?)")
+        elif sha256_file(p) != recorded[relative]:
+            problems.append(f"{relative}: its sha256 is not the one {RELEASE_JSON} records (changed after sealing)")
+    for relative in recorded:
+        if not _inside(path, relative) or not (path / relative).is_file():
+            problems.append(f"{RELEASE_JSON}: {FILE_SHA256} records {relative}, which the release does not hold")
     return info
 
 

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import hashlib
 import secrets
+import unicodedata
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -51,6 +52,7 @@ from counterfactory.manifests.ledger import (
     DecisionRow,
     Ledger,
     ReviewerRow,
+    SpotDealRow,
     SpotTrialRow,
 )
 
@@ -80,9 +82,9 @@ class ReviewOptions(BaseModel):
     audit_rejected_rate: float = Field(0.1, ge=0.0, le=1.0)
     #: fraction of queued items that need two independent decisions (Cohen's kappa is measured on them)
     double_review_rate: float = Field(0.0, ge=0.0, le=1.0)
-    seed: int = 0
+    seed: int = Field(0, ge=0, le=2**32 - 1)
     #: blinded spot-the-edit: a click within this many pixels of the edit mask counts as localised
-    spot_dilate_px: int = Field(24, ge=0)
+    spot_dilate_px: int = Field(24, ge=0, le=16_384)
 
 
 class ReviewError(CounterfactoryError, ValueError):
@@ -122,15 +124,67 @@ class Reviewer:
     name: str
 
 
-def add_reviewer(ledger: Ledger, name: str) -> str:
-    """Register ``name`` and return their new token (shown once; the ledger keeps its sha256)."""
-    name = name.strip()
+#: letters of other scripts that look like Latin ones (Unicode's confusables for these scripts,
+#: TR39), upper and lower case: a name's skeleton maps them to the Latin letter they pass for
+_LOOKALIKES = str.maketrans(
+    "АВЕКМНОРСТХУІЈЅԚԜҮаеорсухіјѕԁһԛԝӏүвкмнтΑΒΕΖΗΙΚΜΝΟΡΤΥΧαοριυνκχ",
+    "ABEKMHOPCTXYIJSQWYaeopcyxijsdhqwlybkmhtABEZHIKMNOPTYXaopiuvkx",
+)
+#: scripts whose letters are told apart from Latin ones only by their code points
+_SCRIPTS = ("LATIN", "CYRILLIC", "GREEK")
+
+
+def reviewer_name(name: str) -> str:
+    """``name`` as the ledger stores it: NFKC-normalised, surrounding spaces removed.
+
+    Raises:
+        ReviewError: empty or over 200 characters; a control, format (bidirectional overrides,
+            zero-width) or separator character other than a space; letters of two scripts
+            that look alike (Latin with Cyrillic or Greek, as in ``аlice`` with a Cyrillic а).
+    """
+    name = unicodedata.normalize("NFKC", name).strip()
     if not name or len(name) > 200:
         raise ReviewError("a reviewer name is 1 to 200 characters")
+    for ch in name:
+        category = unicodedata.category(ch)
+        if category[0] == "C" or (category[0] == "Z" and ch != " "):
+            raise ReviewError(
+                f"a reviewer name has no control, invisible or direction-changing characters; {name!r} has "
+                f"U+{ord(ch):04X} ({unicodedata.name(ch, 'unnamed')})"
+            )
+    scripts = {unicodedata.name(ch, "").split(" ", 1)[0] for ch in name if ch.isalpha()} & set(_SCRIPTS)
+    if len(scripts) > 1:
+        raise ReviewError(
+            f"reviewer name {name!r} mixes {' and '.join(sorted(s.title() for s in scripts))} letters, which look "
+            "alike; write it in one script"
+        )
+    return name
+
+
+def name_key(name: str) -> str:
+    """What two reviewer names must not share: the NFKC form case-folded, with letters that
+    pass for Latin ones mapped to them (so ``ALICE``, ``alice`` and ``аlice`` share one)."""
+    return unicodedata.normalize("NFKC", name).translate(_LOOKALIKES).casefold().translate(_LOOKALIKES)
+
+
+def add_reviewer(ledger: Ledger, name: str) -> str:
+    """Register ``name`` (:func:`reviewer_name`) and return their new token (shown once; the
+    ledger keeps its sha256).
+
+    Raises:
+        ReviewError: a name :func:`reviewer_name` refuses; 409 when it is confusable with an
+            existing reviewer's (same :func:`name_key`).
+    """
+    name = reviewer_name(name)
+    key = name_key(name)
     token = secrets.token_urlsafe(32)
     with ledger.session() as s, s.begin():
-        if s.scalar(select(ReviewerRow).where(ReviewerRow.name == name)) is not None:
-            raise ReviewError(f"reviewer {name!r} already exists; choose another name", status=409)
+        for existing in s.scalars(select(ReviewerRow.name)):
+            if name_key(existing) == key:
+                same = (
+                    "already exists" if existing == name else f"is confusable with the existing reviewer {existing!r}"
+                )
+                raise ReviewError(f"reviewer {name!r} {same}; choose another name", status=409)
         s.add(ReviewerRow(name=name, token_sha256=hash_token(token)))
     return token
 
@@ -202,6 +256,17 @@ def standing_votes(decisions: Sequence[Decision]) -> list[Decision]:
     return sorted(standing.values(), key=lambda d: d.decision_id)
 
 
+def first_votes(decisions: Sequence[Decision]) -> list[Decision]:
+    """Each reviewer's first accept or reject, whatever they did after: an undo withdraws a
+    vote from the item's resolution, not from what the reviewer said before any gate verdict
+    was shown to them (the audit sample's override rates count these)."""
+    first: dict[int, Decision] = {}
+    for d in decisions:
+        if d.decision in OUTCOME:
+            first.setdefault(d.reviewer_id, d)
+    return sorted(first.values(), key=lambda d: d.decision_id)
+
+
 def resolve(decisions: Sequence[Decision], required: int) -> Resolution:
     """Apply the review rule (module docstring) to decisions in the order they were made."""
     events = sum(counts_as_event(d.decision) for d in decisions)
@@ -243,6 +308,11 @@ class QueueItem:
     @property
     def resolution(self) -> Resolution:
         return resolve(self.decisions, self.required)
+
+    @property
+    def first_resolution(self) -> Resolution:
+        """The rule applied to each reviewer's first vote (:func:`first_votes`)."""
+        return resolve(first_votes(self.decisions), self.required)
 
     def decided_by(self, reviewer_id: int) -> bool:
         """Whether the reviewer has a standing vote on the item."""
@@ -497,8 +567,9 @@ def revoke_reviewer(ledger: Ledger, name: str) -> bool:
     Raises:
         ReviewError: 404, no reviewer of that name.
     """
+    key = name_key(name.strip())
     with ledger.session() as s, s.begin():
-        row = s.scalar(select(ReviewerRow).where(ReviewerRow.name == name.strip()))
+        row = next((r for r in s.scalars(select(ReviewerRow)) if name_key(r.name) == key), None)
         if row is None:
             raise ReviewError(f"no reviewer named {name!r} in this ledger", status=404)
         if row.revoked_at is not None:
@@ -508,31 +579,117 @@ def revoke_reviewer(ledger: Ledger, name: str) -> bool:
 
 
 # blinded spot-the-edit ----------------------------------------------------------------------
+@dataclass(frozen=True)
+class SpotDeal:
+    """A blinded trial dealt to a reviewer (recorded when shown)."""
+
+    deal_id: int
+    attempt_id: str
+    reviewer_id: int
+    shown: str
+    answered: bool
+
+
+def _deal(row: SpotDealRow, answered: bool) -> SpotDeal:
+    return SpotDeal(row.deal_id, row.attempt_id, row.reviewer_id, row.shown, answered)
+
+
+def open_spot_deal(ledger: Ledger, reviewer_id: int) -> SpotDeal | None:
+    """The reviewer's oldest blinded trial dealt and not answered yet (what a reload shows again)."""
+    with ledger.session() as s:
+        answered = select(SpotTrialRow.deal_id).where(SpotTrialRow.deal_id.is_not(None))
+        row = s.scalar(
+            select(SpotDealRow)
+            .where(SpotDealRow.reviewer_id == reviewer_id, SpotDealRow.deal_id.not_in(answered))
+            .order_by(SpotDealRow.deal_id)
+            .limit(1)
+        )
+        return None if row is None else _deal(row, False)
+
+
+def spot_deal(ledger: Ledger, deal_id: int) -> SpotDeal | None:
+    with ledger.session() as s:
+        row = s.get(SpotDealRow, deal_id)
+        if row is None:
+            return None
+        answered = s.scalar(select(SpotTrialRow.trial_id).where(SpotTrialRow.deal_id == deal_id)) is not None
+        return _deal(row, answered)
+
+
+def last_spot_attempt(ledger: Ledger, reviewer_id: int) -> str | None:
+    """The candidate of the reviewer's latest blinded trial (the next one avoids its photo)."""
+    with ledger.session() as s:
+        return s.scalar(
+            select(SpotDealRow.attempt_id)
+            .where(SpotDealRow.reviewer_id == reviewer_id)
+            .order_by(SpotDealRow.deal_id.desc())
+            .limit(1)
+        )
+
+
+def deal_spot_trial(ledger: Ledger, reviewer: Reviewer, attempt_id: str, shown: str) -> SpotDeal:
+    """Record that ``attempt_id`` (the candidate, or its source photo: ``shown``) is shown to the
+    reviewer blinded, before any answer. A reviewer is dealt each candidate once (a unique
+    index); when another request dealt one first, that deal is returned."""
+    if shown not in ("source", "candidate"):
+        raise ReviewError(f"shown must be source or candidate; got {shown!r}")
+    try:
+        with ledger.session() as s, s.begin():
+            row = SpotDealRow(attempt_id=attempt_id, reviewer_id=reviewer.reviewer_id, shown=shown)
+            s.add(row)
+            s.flush()
+            return _deal(row, False)
+    except IntegrityError:
+        with ledger.session() as s:
+            row = s.scalar(
+                select(SpotDealRow).where(
+                    SpotDealRow.reviewer_id == reviewer.reviewer_id, SpotDealRow.attempt_id == attempt_id
+                )
+            )
+        if row is None:
+            raise
+        return spot_deal(ledger, row.deal_id) or _deal(row, False)
+
+
 def record_spot_trial(
     ledger: Ledger,
     *,
-    attempt_id: str,
+    deal: SpotDeal,
     reviewer: Reviewer,
-    shown: str,
     said_edited: bool,
     click: tuple[float, float] | None,
     localised: bool | None,
 ) -> None:
-    """Append one blinded answer (``shown``: ``source`` or ``candidate``; click in image pixels)."""
-    if shown not in ("source", "candidate"):
-        raise ReviewError(f"shown must be source or candidate; got {shown!r}")
-    with ledger.session() as s, s.begin():
-        s.add(
-            SpotTrialRow(
-                attempt_id=attempt_id,
-                reviewer_id=reviewer.reviewer_id,
-                shown=shown,
-                said_edited=said_edited,
-                click_x=None if click is None else float(click[0]),
-                click_y=None if click is None else float(click[1]),
-                localised=localised,
+    """Append the answer to one dealt blinded trial (click in image pixels).
+
+    Raises:
+        ReviewError: 404 when the deal is not this reviewer's; 409 when it was answered already.
+    """
+    if deal.reviewer_id != reviewer.reviewer_id:
+        raise ReviewError("unknown trial; reload the page", status=404)
+    try:
+        with ledger.session() as s, s.begin():
+            s.add(
+                SpotTrialRow(
+                    attempt_id=deal.attempt_id,
+                    reviewer_id=reviewer.reviewer_id,
+                    shown=deal.shown,
+                    said_edited=said_edited,
+                    click_x=None if click is None else float(click[0]),
+                    click_y=None if click is None else float(click[1]),
+                    localised=localised,
+                    deal_id=deal.deal_id,
+                )
             )
-        )
+    except IntegrityError:
+        raise ReviewError("this trial was answered already; reload the page for the next one", status=409) from None
+
+
+def unanswered_spot_deals(ledger: Ledger) -> int:
+    """How many blinded trials were shown and never answered."""
+    with ledger.session() as s:
+        answered = set(s.scalars(select(SpotTrialRow.deal_id).where(SpotTrialRow.deal_id.is_not(None))))
+        return sum(1 for d in s.scalars(select(SpotDealRow.deal_id)) if d not in answered)
 
 
 @dataclass(frozen=True)
@@ -560,7 +717,9 @@ def spot_pool(ledger: Ledger, reviewer_id: int) -> list[tuple[str, str, str]]:
     (accepted or needs_review) and that this reviewer has not yet seen blinded."""
     finals = final_attempts(ledger)
     with ledger.session() as s:
+        # seen blinded: dealt (answered or not), or answered before deals were recorded
         done = set(s.scalars(select(SpotTrialRow.attempt_id).where(SpotTrialRow.reviewer_id == reviewer_id)))
+        done |= set(s.scalars(select(SpotDealRow.attempt_id).where(SpotDealRow.reviewer_id == reviewer_id)))
         rows = s.execute(
             select(CandidateRow.attempt_id, CandidateRow.cell_id, CandidateRow.image_sha256).where(
                 CandidateRow.verdict.in_(["accepted", "needs_review"])

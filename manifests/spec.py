@@ -32,7 +32,13 @@ from counterfactory.manifests.errors import CounterfactoryError
 from counterfactory.manifests.registry import EDITORS, model_at
 from counterfactory.manifests.review import ReviewOptions
 from counterfactory.manifests.trials import TRIALS_DIR, TrialError, TrialsConfig, load_biographies, needs_biographies
-from counterfactory.manifests.yamlsafe import MAX_YAML_BYTES, YamlLimitError, safe_load_limited
+from counterfactory.manifests.yamlsafe import (
+    MAX_YAML_BYTES,
+    YamlDuplicateKeyError,
+    YamlLimitError,
+    brief,
+    safe_load_limited,
+)
 
 if TYPE_CHECKING:
     from counterfactory.generation.align import AlignConfig
@@ -128,13 +134,17 @@ class EditorConfig(BaseModel):
         return getattr(self, self.backend)
 
     def canonical(self) -> dict[str, Any]:
-        """JSON-ready: the backend, the retry budget, the seed and the active backend's options only."""
+        """JSON-ready: the backend, the retry budget, the seed and the active backend's options only
+        (less what the options model's ``canonical_trim`` drops: settings added later, at their
+        defaults, so a spec hashes as before they existed)."""
         data = self.model_dump(mode="json")
+        options = data[self.backend]
+        trim = getattr(self.options(), "canonical_trim", None)
         return {
             "backend": self.backend,
             "max_attempts": data["max_attempts"],
             "seed": data["seed"],
-            self.backend: data[self.backend],
+            self.backend: trim(options) if callable(trim) else options,
         }
 
 
@@ -212,8 +222,8 @@ class RayConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     address: str = Field("local", min_length=1)
-    num_gpus: float | None = Field(None, ge=0)
-    num_cpus: float = Field(1.0, gt=0)
+    num_gpus: float | None = Field(None, ge=0, le=1024)
+    num_cpus: float = Field(1.0, gt=0, le=65_536)
     connect_timeout_s: float = Field(5.0, gt=0, le=600)
 
 
@@ -355,6 +365,11 @@ class Spec(BaseModel):
                 "an SQLAlchemy URL such as 'sqlite:////abs/path/ledger.sqlite' or "
                 f"'postgresql+psycopg://user@host/db' ({exc})"
             ) from None
+        from counterfactory.manifests.ledger import missing_driver
+
+        missing = missing_driver(value)
+        if missing is not None:
+            raise ValueError(f"a ledger URL whose database driver is installed; {missing}")
         return value
 
     @model_validator(mode="after")
@@ -389,6 +404,14 @@ class Spec(BaseModel):
             view._editor_name = entry.name
             views.append(view)
         return views
+
+    def bind_run_folder(self, out: str | Path) -> None:
+        """Tell each editor backend whose options keep files of the run (the import backend's
+        embedded dataset images) the run's folder ``out``, before they read anything."""
+        for config in self.editor_configs():
+            bind = getattr(config.options(), "bind_run_folder", None)
+            if callable(bind):
+                bind(Path(out))
 
     def editor_configs(self) -> list[EditorConfig]:
         """Every editor the spec runs with (``editors``, else ``[editor]``)."""
@@ -456,7 +479,12 @@ class Spec(BaseModel):
         if data["align"]["min_correlation"] == type(self.align).model_fields["min_correlation"].default:
             data["align"].pop("min_correlation")
         # thresholds added later, left unset (no calibration sets them): as before they existed
-        for gate, key in (("locality", "max_excess_share"), ("expression", "max_mouth_corner_shift_iod")):
+        for gate, key in (
+            ("locality", "max_excess_share"),
+            ("expression", "max_mouth_corner_shift_iod"),
+            ("locality", "cohort"),
+            ("locality", "no_floor"),
+        ):
             section = data["gates"][kind].get(gate)
             if isinstance(section, dict) and section.get(key, 0) is None:
                 section.pop(key)
@@ -478,9 +506,28 @@ class Spec(BaseModel):
         return yaml.safe_dump(self.canonical(), sort_keys=False, allow_unicode=True)
 
 
+def _field_with_nul(data: Any, where: str = "") -> str | None:
+    """The dotted field of the first string (key or value) in ``data`` holding a NUL byte, or None."""
+    stack: list[tuple[Any, str]] = [(data, where)]
+    seen: set[int] = set()
+    while stack:
+        value, at = stack.pop()
+        if isinstance(value, str):
+            if "\x00" in value:
+                return at or "(top level)"
+        elif isinstance(value, (dict, list)) and id(value) not in seen:
+            seen.add(id(value))
+            items = value.items() if isinstance(value, dict) else enumerate(value)
+            for key, child in items:
+                name = f"{at}.{key}" if at else str(key)
+                if isinstance(key, str) and "\x00" in key:
+                    return name
+                stack.append((child, name))
+    return None
+
+
 def _describe(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 80 else text[:77] + "..."
+    return brief(value, 80)
 
 
 def format_validation_error(path: Path | str, error: ValidationError) -> str:
@@ -610,10 +657,17 @@ def load_spec(path: str | Path, *, check_paths: bool = True) -> Spec:
         ) from None
     except YamlLimitError as exc:
         raise SpecError(f"{path}: refused: {exc}") from None
+    except YamlDuplicateKeyError as exc:
+        raise SpecError(f"{path}: {exc}") from None
     except yaml.YAMLError as exc:
         raise SpecError(f"{path}: not valid YAML: {exc}") from None
     if not isinstance(data, dict):
         raise SpecError(f"{path}: expected a mapping of spec fields at the top level, got {type(data).__name__}")
+    nul = _field_with_nul(data)
+    if nul is not None:
+        raise SpecError(
+            f"{path}: field `{nul}`: a NUL byte in its value (no path or name holds one); remove it, nothing was run"
+        )
     try:
         spec = Spec.model_validate(data)
     except ValidationError as exc:

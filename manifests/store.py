@@ -5,16 +5,21 @@ process leaves either the whole file or nothing; a file's name is its checksum, 
 written file can never be mistaken for a finished one.
 
 Every read re-hashes the file before it is used or published: a blob edited in place, truncated
-or bit-rotted is a :class:`DamagedBlobError` naming the file, never silently used; a deleted
+or bit-rotted is a :class:`DamagedBlobError` naming the file, never silently used; an entry that
+is a symlink (to ``/etc/passwd``, say) or a FIFO is an :class:`UnsafeBlobError` and is never
+followed or read (the review site's ``/img`` serves only what :meth:`ImageStore.read_bytes`
+verified); a deleted
 blob is a :class:`MissingBlobError`, which the pipeline answers by re-running only the attempt
 that made it (the ledger knows which).
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import io
 import os
+import stat
 import tempfile
 from pathlib import Path
 
@@ -80,6 +85,18 @@ class DamagedBlobError(CounterfactoryError, OSError):
         self.path, self.sha256, self.actual = path, sha256, actual
 
 
+class UnsafeBlobError(CounterfactoryError, OSError):
+    """A store entry that is not a regular file (a symlink, a FIFO, a device): never read,
+    never served; the store writes only regular files."""
+
+    def __init__(self, path: Path, sha256: str, what: str) -> None:
+        super().__init__(
+            f"{path}: {what}, not an image the store wrote (it writes only regular files); it is not read. "
+            "Delete it and re-run the same spec to rebuild the image"
+        )
+        self.path, self.sha256 = path, sha256
+
+
 class ImageStore:
     """PNG images under ``root/ab/abcdef....png``."""
 
@@ -112,13 +129,25 @@ class ImageStore:
 
         Raises:
             MissingBlobError: no such file.
+            UnsafeBlobError: the entry is a symlink, a FIFO or another non-regular file.
             DamagedBlobError: the bytes do not hash to ``sha256``.
         """
         path = self.path(sha256)
         try:
-            data = path.read_bytes()
+            # the entry itself is never followed (a symlink to /etc/passwd is refused), and a
+            # FIFO is opened without waiting for a writer, then refused
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
         except FileNotFoundError:
             raise MissingBlobError(path, sha256, self.root) from None
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise UnsafeBlobError(path, sha256, "a symlink") from None
+            raise
+        with os.fdopen(fd, "rb") as f:
+            mode = os.fstat(f.fileno()).st_mode
+            if not stat.S_ISREG(mode):
+                raise UnsafeBlobError(path, sha256, "a FIFO" if stat.S_ISFIFO(mode) else "not a regular file")
+            data = f.read()
         actual = hashlib.sha256(data).hexdigest()
         if actual != sha256:
             raise DamagedBlobError(path, sha256, actual)
@@ -131,8 +160,12 @@ class ImageStore:
             MissingBlobError, DamagedBlobError: as :meth:`read_bytes`.
         """
         path = self.path(sha256)
+        if path.is_symlink():
+            raise UnsafeBlobError(path, sha256, "a symlink")
         if not path.exists():
             raise MissingBlobError(path, sha256, self.root)
+        if not path.is_file():
+            raise UnsafeBlobError(path, sha256, "not a regular file")
         actual = sha256_file(path)
         if actual != sha256:
             raise DamagedBlobError(path, sha256, actual)

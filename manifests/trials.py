@@ -895,6 +895,46 @@ class PersonIrrelevant(TrialProtocol):
         ]
 
 
+def release_trials(
+    manifest: Sequence[dict[str, Any]],
+    config: TrialsConfig,
+    *,
+    biographies: dict[str, list[dict[str, str]]] | None,
+    derived: Sequence[dict[str, Any]],
+    cells_per_template: int | None,
+    editor_names: Sequence[str],
+) -> list[dict[str, Any]]:
+    """A release's trials (what ``publish`` writes and ``verify`` re-derives): pooled over the
+    editors (a template's variants are every editor's), or with ``config.per_editor`` and more
+    than one editor one bank per editor, each over that editor's items (``editor_name``) and
+    their variants, joined in ``editor_names`` order (a row two banks share, such as a
+    protocol's original photo, once).
+
+    Args:
+        cells_per_template: the grid's cells per template, every editor's counted (2AFC
+            completeness; None for an empty grid).
+        editor_names: the spec's editor labels in its order (one name for a one-editor spec).
+    """
+    if not (config.per_editor and len(editor_names) > 1):
+        return build_trials(
+            manifest, config, biographies=biographies, expected_variants=cells_per_template, derived=derived
+        )
+    trials: dict[str, dict[str, Any]] = {}
+    for name in editor_names:
+        mine = [row for row in manifest if row.get("editor_name") == name]
+        ids = {row["item_id"] for row in mine}
+        bank = build_trials(
+            mine,
+            config,
+            biographies=biographies,
+            expected_variants=cells_per_template // len(editor_names) if cells_per_template else None,
+            derived=[d for d in derived if d.get("parent_item_id") in ids],
+        )
+        for row in bank:
+            trials.setdefault(row["trial_id"], row)
+    return list(trials.values())
+
+
 def trials_left_out(
     items: Sequence[dict[str, Any]],
     config: TrialsConfig,

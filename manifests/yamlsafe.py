@@ -2,12 +2,18 @@
 
 ``yaml.safe_load`` shares aliased nodes, so a "billion laughs" file of a few hundred bytes
 loads quickly, and then every consumer that walks the result (pydantic validation, JSON
-dumps, hashing) expands it: 3 GB of memory for one spec. Here the composed node graph is
-measured as it would expand, before anything is constructed, and refused above a limit.
+dumps, hashing, an error message's ``repr``) expands it: 3 GB of memory for one spec. Here the
+composed node graph is measured as it would expand, in nodes and in the characters of its
+scalars, before anything is constructed, and refused above either limit: a 2 MB file aliasing
+a 1 MB string a million times is a terabyte once expanded, though only a million nodes.
+
+A key written twice in one mapping is an error too (``yaml.safe_load`` keeps the last one
+silently, so a spec would run with a value its author overwrote by mistake).
 """
 
 from __future__ import annotations
 
+import reprlib
 from typing import Any
 
 import yaml
@@ -18,34 +24,127 @@ from counterfactory.manifests.errors import CounterfactoryError
 MAX_YAML_BYTES = 64 * 1024 * 1024
 #: scalars, sequences and mappings after expanding every alias
 MAX_YAML_NODES = 2_000_000
+#: characters of every scalar (keys included) after expanding every alias: no more than the
+#: largest file read, so aliases never make a document larger than one written out
+MAX_YAML_EXPANDED_CHARS = MAX_YAML_BYTES
+_MERGE_TAG = "tag:yaml.org,2002:merge"
 
 
 class YamlLimitError(CounterfactoryError, ValueError):
     """The YAML is over a size limit; the message says which and by how much."""
 
 
-def expanded_size(node: yaml.Node, memo: dict[int, int] | None = None) -> int:
+class YamlDuplicateKeyError(CounterfactoryError, ValueError):
+    """A mapping of the YAML names one key twice; the message names the key and both lines.
+
+    Attributes:
+        key: the key as written.
+        line: the 1-based line of its second occurrence.
+        first_line: the 1-based line of its first.
+    """
+
+    def __init__(self, key: str, line: int, first_line: int) -> None:
+        self.key, self.line, self.first_line = key, line, first_line
+        super().__init__(
+            f"line {line}: the key {brief(key, 60)} appears twice in one mapping (first on line {first_line}); "
+            "YAML would keep only the last value: remove or rename one"
+        )
+
+
+def brief(value: Any, limit: int = 80) -> str:
+    """``repr(value)`` cut to ``limit`` characters, computed without building the whole repr
+    (a value of a million aliased megabyte strings costs a few hundred characters here)."""
+    shorter = reprlib.Repr()
+    shorter.maxstring = shorter.maxother = max(limit, 12)
+    shorter.maxlist = shorter.maxtuple = shorter.maxdict = shorter.maxset = 6
+    shorter.maxlevel = 3
+    text = shorter.repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def expanded_size(node: yaml.Node) -> int:
     """Number of nodes ``node`` becomes once every alias is expanded (linear in the graph's size)."""
-    memo = {} if memo is None else memo
+    return _expanded(node, {})[0]
+
+
+def _expanded(node: yaml.Node, memo: dict[int, tuple[int, int]]) -> tuple[int, int]:
+    """``(nodes, scalar characters)`` of ``node`` once every alias is expanded."""
     key = id(node)
     if key in memo:
         return memo[key]
-    memo[key] = 1  # a recursive alias counts once here; the constructor handles recursion itself
+    memo[key] = (1, 0)  # a recursive alias counts once here; the constructor handles recursion itself
+    nodes, chars = 1, 0
     if isinstance(node, yaml.SequenceNode):
-        total = 1 + sum(expanded_size(child, memo) for child in node.value)
+        for child in node.value:
+            n, c = _expanded(child, memo)
+            nodes, chars = nodes + n, chars + c
     elif isinstance(node, yaml.MappingNode):
-        total = 1 + sum(expanded_size(k, memo) + expanded_size(v, memo) for k, v in node.value)
+        for k, v in node.value:
+            kn, kc = _expanded(k, memo)
+            vn, vc = _expanded(v, memo)
+            nodes, chars = nodes + kn + vn, chars + kc + vc
     else:
-        total = 1
-    memo[key] = total
-    return total
+        chars = len(str(node.value))
+    memo[key] = (nodes, chars)
+    return nodes, chars
 
 
-def safe_load_limited(text: str, *, max_nodes: int = MAX_YAML_NODES) -> Any:
-    """``yaml.safe_load(text)``, refused when aliases would expand it beyond ``max_nodes`` nodes.
+def check_duplicate_keys(node: yaml.Node) -> None:
+    """Raise :class:`YamlDuplicateKeyError` for the first mapping that writes one scalar key twice
+    (merge keys ``<<`` aside: what they bring in may be overridden, as YAML says)."""
+    seen: set[int] = set()
+    stack = [node]
+    while stack:
+        current = stack.pop()
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        if isinstance(current, yaml.MappingNode):
+            first: dict[tuple[str, str], int] = {}
+            for k, v in current.value:
+                if isinstance(k, yaml.ScalarNode) and k.tag != _MERGE_TAG:
+                    where = (k.tag, k.value)
+                    if where in first:
+                        raise YamlDuplicateKeyError(k.value, k.start_mark.line + 1, first[where])
+                    first[where] = k.start_mark.line + 1
+                stack += [k, v]
+        elif isinstance(current, yaml.SequenceNode):
+            stack += current.value
+
+
+def check_node(node: yaml.Node, *, max_nodes: int = MAX_YAML_NODES, max_chars: int = MAX_YAML_EXPANDED_CHARS) -> None:
+    """Refuse a composed document over the expanded limits, or with a key written twice.
 
     Raises:
-        YamlLimitError: over the limit (an "alias bomb", or a file far larger than a spec needs).
+        YamlLimitError: over a limit, or nested too deeply to measure.
+        YamlDuplicateKeyError: a mapping names one key twice.
+    """
+    try:
+        nodes, chars = _expanded(node, {})
+    except RecursionError:
+        raise YamlLimitError("it is nested too deeply to read; flatten it") from None
+    if nodes > max_nodes:
+        raise YamlLimitError(
+            f"its anchors and aliases expand to {nodes:,} values, over the limit of {max_nodes:,} "
+            "(an alias bomb?); write the values out or use fewer nested aliases"
+        )
+    if chars > max_chars:
+        raise YamlLimitError(
+            f"its anchors and aliases expand to {chars:,} characters of text, over the limit of {max_chars:,} "
+            "(an alias bomb?); write the values out or use fewer aliases of long values"
+        )
+    check_duplicate_keys(node)
+
+
+def load_with_node(
+    text: str, *, max_nodes: int = MAX_YAML_NODES, max_chars: int = MAX_YAML_EXPANDED_CHARS
+) -> tuple[Any, yaml.Node | None]:
+    """``(yaml.safe_load(text), its composed node)``, refused over a limit or with a key twice
+    (:func:`check_node`); the node gives line numbers.
+
+    Raises:
+        YamlLimitError: the text or its expansion is over a limit.
+        YamlDuplicateKeyError: a mapping names one key twice.
         yaml.YAMLError: not valid YAML.
     """
     if len(text) > MAX_YAML_BYTES:
@@ -54,16 +153,23 @@ def safe_load_limited(text: str, *, max_nodes: int = MAX_YAML_NODES) -> Any:
     try:
         try:
             node = loader.get_single_node()
-            if node is None:
-                return None
-            size = expanded_size(node)
         except RecursionError:
             raise YamlLimitError("it is nested too deeply to read; flatten it") from None
-        if size > max_nodes:
-            raise YamlLimitError(
-                f"its anchors and aliases expand to {size:,} values, over the limit of {max_nodes:,} "
-                "(an alias bomb?); write the values out or use fewer nested aliases"
-            )
-        return loader.construct_document(node)
+        if node is None:
+            return None, None
+        check_node(node, max_nodes=max_nodes, max_chars=max_chars)
+        return loader.construct_document(node), node
     finally:
         loader.dispose()
+
+
+def safe_load_limited(text: str, *, max_nodes: int = MAX_YAML_NODES, max_chars: int = MAX_YAML_EXPANDED_CHARS) -> Any:
+    """``yaml.safe_load(text)``, refused when aliases would expand it beyond ``max_nodes`` nodes
+    or ``max_chars`` characters of scalars, or when a mapping names one key twice.
+
+    Raises:
+        YamlLimitError: over the limit (an "alias bomb", or a file far larger than a spec needs).
+        YamlDuplicateKeyError: a mapping names one key twice (the message names it and its lines).
+        yaml.YAMLError: not valid YAML.
+    """
+    return load_with_node(text, max_nodes=max_nodes, max_chars=max_chars)[0]

@@ -23,13 +23,16 @@ import numpy as np
 from counterfactory.validation.backends.sface import OPENCV_SAME_PERSON_COSINE
 from counterfactory.validation.calibration_base import sig_down, sig_up, with_progress
 from counterfactory.validation.faces import MaskMode
-from counterfactory.validation.failures import CLASSES, GOOD, build_floors, build_set_corpus
-from counterfactory.validation.gates.locality import FLOOR_IMAGE, FLOOR_RELATIVE
+from counterfactory.validation.failures import CLASSES, CORPUS_REGION, GOOD, build_floors, build_set_corpus
+from counterfactory.validation.gates.locality import FLOOR_IMAGE, FLOOR_RELATIVE, PATH_THRESHOLDS
 from counterfactory.validation.photo_sets import PhotoSet
 
 #: Thresholds the failure corpus sets: ``(gate, threshold, metric, bound)``; ``bound`` is
 #: ``max`` (reject above) or ``min`` (reject below).
 CORPUS_THRESHOLDS: tuple[tuple[str, str, str, str], ...] = (
+    # a darker (or lighter) face scores lower with the detector than its source: the review
+    # floor is fitted on the good edits, not left at the lowest score of an unedited photo
+    ("face", "min_detection_score", "face.detection_score", "min"),
     ("face", "max_pose_change_deg", "face.pose_change_deg", "max"),
     ("face", "max_position_change", "face.position_change", "max"),
     ("face", "max_scale_change", "face.scale_change", "max"),
@@ -52,6 +55,33 @@ CORPUS_THRESHOLDS: tuple[tuple[str, str, str, str], ...] = (
     ("locality", "min_face_change", "locality.face_change_above_floor", "min"),
 )
 
+#: The judging paths (:data:`~counterfactory.validation.gates.locality.FLOOR_PATHS`): every
+#: corpus case is judged on each, and each path's locality thresholds are fitted on its own
+#: measures. ``request``: above the photo's floor case (the rows above); ``cohort``: above the
+#: median of the photo's other cases of the split (leave one out), the face as measured;
+#: ``none``: every measure as measured.
+PATHS = ("request", "cohort", "none")
+PATH_LOCALITY: dict[str, tuple[tuple[str, str, str, str], ...]] = {
+    "request": tuple(row for row in CORPUS_THRESHOLDS if row[0] == "locality"),
+    "cohort": (
+        ("locality", "max_changed_share", "locality.changed_share_above_floor", "max"),
+        ("locality", "max_global_shift", "locality.global_shift_above_floor", "max"),
+        ("locality", "max_global_gain_change", "locality.global_gain_change_above_floor", "max"),
+        ("locality", "max_body_skin_delta_e", "locality.body_skin_delta_e_above_floor", "max"),
+        ("locality", "max_excess_share", "locality.excess_share", "max"),
+        ("locality", "min_face_change", "locality.face_change", "min"),
+    ),
+    "none": (
+        ("locality", "max_changed_share", "locality.changed_share", "max"),
+        ("locality", "max_global_shift", "locality.global_shift", "max"),
+        ("locality", "max_global_gain_change", "locality.global_gain_change", "max"),
+        ("locality", "max_body_skin_delta_e", "locality.body_skin_delta_e", "max"),
+        ("locality", "min_face_change", "locality.face_change", "min"),
+    ),
+}
+#: the locality config key of each path's own thresholds (the request path's are top-level)
+PATH_CONFIG_KEY = {"cohort": "cohort", "none": "no_floor"}
+
 #: The gates the failure corpus judges (the others judge against a requested condition).
 #: FOCUS's raw locality figures: recorded, never judged on corpus-calibrated face edits
 FOCUS_RAW_THRESHOLDS = ("max_diff_nonface", "min_ratio")
@@ -62,7 +92,11 @@ CORPUS_GATES = tuple(dict.fromkeys(gate for gate, _, _, _ in CORPUS_THRESHOLDS))
 CORPUS_MARGIN = 1.5
 #: The resolution of a metric, below which a threshold means nothing: a median difference
 #: moves in whole grey levels.
-METRIC_RESOLUTION = {"locality.global_shift_above_floor": 1.0 / 255.0}
+METRIC_RESOLUTION = {
+    "locality.global_shift_above_floor": 1.0 / 255.0,
+    "locality.global_shift": 1.0 / 255.0,
+    "locality.excess_share": 0.001,
+}
 
 #: The rule, in words, written into ``calibration.json`` and the README.
 CORPUS_RULE = (
@@ -71,8 +105,9 @@ CORPUS_RULE = (
     f"keep good-edit acceptance >= target), widened by a factor {CORPUS_MARGIN} (upper bounds multiplied, lower "
     "bounds divided) and never finer than the metric's resolution (one grey level for global_shift), rounded "
     "outward to 2 significant digits, fitted on each photo set's good edits alone and the loosest of those "
-    "kept (a study's photos may be like any of the sets); identity.min_cosine is the lower of that and OpenCV's documented SFace "
-    "same-person operating point (0.363): an edit SFace still calls the same person is never rejected as another head"
+    "kept (a study's photos may be like any of the sets), each judging path (floor request, cohort floor, none) "
+    "fitted on its own measures; identity.min_cosine is fitted the same way with OpenCV's documented SFace "
+    "same-person operating point (0.363) as its lower bound"
 )
 
 #: Metrics kept per corpus case in ``calibration.json`` (besides verdict and reasons).
@@ -89,6 +124,9 @@ CORPUS_METRICS = tuple(m for _, _, m, _ in CORPUS_THRESHOLDS) + (
     "locality.focus_diff_face",
     "locality.focus_diff_nonface",
     "locality.focus_ratio",
+    "locality.excess_share",
+    "locality.floor_members",
+    "locality.nonface_change",
 )
 
 
@@ -129,38 +167,93 @@ def measure_case(case, stack, floor: dict[str, Any] | None = None, *, keep_image
     Returns ``{case, photo, label, split, verdict, reasons, metrics}`` (metrics: the
     :data:`CORPUS_METRICS` that could be measured).
     """
-    from counterfactory.generation.align import align_candidate
-
     record: dict[str, Any] = {"case": case.case_id, "photo": case.photo, "label": case.label, "split": case.split}
     if case.photo_set != "bundled":
         record.update(photo_set=case.photo_set, person=case.person, group=case.group)
-    alignment = align_candidate(
-        case.source, case.output, mask=case.face_mask, kind="face", face_size_px=case.face_size_px
-    )
+    alignment = _align(case)
     if keep_image:
         record["image"] = alignment.image if alignment.ok else None
     if not alignment.ok:
         record.update(verdict="rejected", reasons=[alignment.reason.split(":")[0]], metrics={})
         return record
+    record.update(_judged(case, alignment, stack, _request_extras(floor)))
+    return record
+
+
+def _align(case):
+    from counterfactory.generation.align import align_candidate
+
+    mask = case.region if case.region is not None else case.face_mask
+    return align_candidate(case.source, case.output, mask=mask, kind="face", face_size_px=case.face_size_px)
+
+
+def _request_extras(floor: dict[str, Any] | None) -> dict[str, Any] | None:
+    return {"noise_floor": floor, FLOOR_IMAGE: floor.get(FLOOR_IMAGE)} if floor else None
+
+
+def _judged(case, alignment, stack, extras: dict[str, Any] | None) -> dict[str, Any]:
+    """``{verdict, reasons, metrics}`` of an aligned case judged by ``stack`` with ``extras``."""
     judgement = stack.evaluate(
         case.source,
         alignment.image,
         covered=alignment.covered,
         raw_candidate=alignment.raw,
         unregistered=case.output,
-        extras={"noise_floor": floor, FLOOR_IMAGE: floor.get(FLOOR_IMAGE)} if floor else None,
+        extras=extras,
     )
     metrics = judgement.metrics
-    record.update(
-        verdict=judgement.verdict,
-        reasons=list(judgement.reasons),
-        metrics={
+    return {
+        "verdict": judgement.verdict,
+        "reasons": list(judgement.reasons),
+        "metrics": {
             k: round(float(metrics[k]), 6)
             for k in CORPUS_METRICS
             if isinstance(metrics.get(k), (int, float)) and not isinstance(metrics.get(k), bool)
         },
-    )
-    return record
+    }
+
+
+def measure_photo_cases(cases: list, stack, floor: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """Align every case of one photo (and split) once and judge each on the three paths
+    (:data:`PATHS`): ``request`` against the photo's floor case, ``cohort`` against the median
+    of the other cases' registered outputs (:func:`~counterfactory.validation.cohort.cohort_floors`),
+    ``none`` with nothing. Returns one record per case as :func:`measure_case` does (its
+    top-level verdict, reasons and metrics are the request path's), with ``paths``:
+    ``{path: {verdict, reasons, metrics}}``."""
+    from counterfactory.validation.cohort import cohort_floors
+    from counterfactory.validation.gates.locality import FLOOR_WORK_IMAGE
+    from counterfactory.validation.segment import work_stride
+
+    alignments = [_align(c) for c in cases]
+    grids = [
+        a.image[:: work_stride(c.source.shape), :: work_stride(c.source.shape)] if a.ok else None
+        for c, a in zip(cases, alignments, strict=True)
+    ]
+    floors = cohort_floors(grids)
+    records = []
+    for case, alignment, cohort in zip(cases, alignments, floors, strict=True):
+        record: dict[str, Any] = {"case": case.case_id, "photo": case.photo, "label": case.label, "split": case.split}
+        if case.photo_set != "bundled":
+            record.update(photo_set=case.photo_set, person=case.person)
+        record.update(group=case.group, direction=case.direction)
+        if not alignment.ok:
+            failed = {"verdict": "rejected", "reasons": [alignment.reason.split(":")[0]], "metrics": {}}
+            record.update(failed, paths={p: dict(failed) for p in PATHS})
+            records.append(record)
+            continue
+        cohort_extras = (
+            {"noise_floor": {"path": "cohort", "members": cohort.members}, FLOOR_WORK_IMAGE: cohort.image}
+            if cohort is not None
+            else None
+        )
+        paths = {
+            "request": _judged(case, alignment, stack, _request_extras(floor)),
+            "cohort": _judged(case, alignment, stack, cohort_extras),
+            "none": _judged(case, alignment, stack, None),
+        }
+        record.update(paths["request"], paths=paths)
+        records.append(record)
+    return records
 
 
 def measure_floor(case, stack) -> dict[str, Any] | None:
@@ -175,7 +268,13 @@ def measure_floor(case, stack) -> dict[str, Any] | None:
     return {**floor, FLOOR_IMAGE: record["image"]}
 
 
-def corpus_thresholds(train: list[dict[str, Any]], *, target: float) -> dict[str, dict[str, float]]:
+def corpus_thresholds(
+    train: list[dict[str, Any]],
+    *,
+    target: float,
+    rows: tuple[tuple[str, str, str, str], ...] = CORPUS_THRESHOLDS,
+    path: str | None = None,
+) -> dict[str, dict[str, float]]:
     """``{gate: {threshold: value}}`` from the training split's good edits, by :data:`CORPUS_RULE`.
 
     Each photo set (``record["photo_set"]``, ``"bundled"`` when absent) is fitted on its own
@@ -184,6 +283,8 @@ def corpus_thresholds(train: list[dict[str, Any]], *, target: float) -> dict[str
     pooled quantile fell between the bundled set's two largest and rejected 3 of its 36 held-out
     good edits."""
     good = [r for r in train if r["label"] == "good"]
+    if path is not None:
+        good = [{**r, "metrics": ((r.get("paths") or {}).get(path) or {}).get("metrics", {})} for r in good]
     if not good:
         raise ValueError("the failure corpus has no good edits in its training split: give photos with faces")
     share = (1.0 - target) / len(CORPUS_THRESHOLDS)
@@ -191,7 +292,7 @@ def corpus_thresholds(train: list[dict[str, Any]], *, target: float) -> dict[str
     for r in good:
         by_set.setdefault(r.get("photo_set", "bundled"), []).append(r)
     out: dict[str, dict[str, float]] = {}
-    for gate, name, metric, bound in CORPUS_THRESHOLDS:
+    for gate, name, metric, bound in rows:
         fits = []
         for records in by_set.values():
             v = np.asarray([r["metrics"][metric] for r in records if metric in r["metrics"]], dtype=np.float64)
@@ -206,7 +307,9 @@ def corpus_thresholds(train: list[dict[str, Any]], *, target: float) -> dict[str
             raise ValueError(f"no good edit measured {metric}; the corpus is too small")
         value = max(fits) if bound == "max" else min(fits)
         if name == "min_cosine":
-            value = min(value, OPENCV_SAME_PERSON_COSINE)
+            # the vendor's operating point is a lower bound: an edit SFace still calls the same
+            # person is never rejected, and one the corpus says is another head is
+            value = max(value, OPENCV_SAME_PERSON_COSINE)
         out.setdefault(gate, {})[name] = value
     return out
 
@@ -226,7 +329,8 @@ def _stack(face_gates: dict[str, dict[str, Any]], face_mask_mode: MaskMode):
     # plug-in) judge a change against the requested condition, which a corpus case does not have
     others = {g: None for g in GATES.names() if g not in CORPUS_GATES}
     gates = {**copy.deepcopy(face_gates), **others, "kind": "face"}
-    return GateStack.from_config(GatesConfig(face_mask=face_mask_mode, face=gates), "face")
+    # the region the corpus's edits change is the one FOCUS's prompt names, as a run of it judges
+    return GateStack.from_config(GatesConfig(face_mask=face_mask_mode, face=gates), "face", region=CORPUS_REGION)
 
 
 def _rates(records: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -303,20 +407,31 @@ def run_failure_corpus(
     }
 
     def measured(split: str, stack) -> list:
-        # streamed: a case's images are dropped as soon as it is measured
+        # streamed photo by photo: a photo's cases are measured together (the cohort path
+        # judges each against the others) and their images dropped once they are
         cases = itertools.chain.from_iterable(
             build_set_corpus(s, seed=seed, splits=(split,), classes=classes) for s in sets
         )
-        return [
-            measure_case(c, stack, floors.get(f"{c.photo_set}/{c.photo}"))
-            for c in with_progress(cases, progress, f"corpus {split.replace('heldout', 'held-out')}", unit="case")
-        ]
+        out: list[dict[str, Any]] = []
+        for _, group in itertools.groupby(
+            with_progress(cases, progress, f"corpus {split.replace('heldout', 'held-out')}", unit="case"),
+            key=lambda c: (c.photo_set, c.photo),
+        ):
+            group = list(group)
+            out.extend(measure_photo_cases(group, stack, floors.get(f"{group[0].photo_set}/{group[0].photo}")))
+        return out
 
     train = measured("train", measuring)
     chosen = corpus_thresholds(train, target=target)
     face_gates = copy.deepcopy(base_face_gates)
     for gate, values in chosen.items():
         face_gates.setdefault(gate, {}).update(values)
+    # each judging path's own locality limits, fitted on its own measures of the same cases
+    for path in ("cohort", "none"):
+        fitted = corpus_thresholds(train, target=target, rows=PATH_LOCALITY[path], path=path)["locality"]
+        own = {name: fitted.get(name) for name in PATH_THRESHOLDS}
+        chosen.setdefault("paths", {})[path] = own
+        face_gates["locality"][PATH_CONFIG_KEY[path]] = own
     # copies are caught by locality.min_diff_face (review); a cosine ceiling would also send
     # strongly recoloured faces to review, which SFace scores as copies by design
     face_gates["identity"]["max_cosine"] = None
@@ -337,6 +452,7 @@ def run_failure_corpus(
         }
         for g in groups
     }
+    by_path = {path: path_figures(heldout, path) for path in PATHS}
     caught = [v["caught"] for k, v in rates.items() if k != GOOD]
     good = [r["metrics"] for r in train + heldout if r["label"] == GOOD]
 
@@ -380,12 +496,77 @@ def run_failure_corpus(
         "heldout": rates,
         "heldout_by_set": by_set,
         "heldout_by_group": by_group,
+        "heldout_by_path": by_path,
         "good_acceptance_heldout": rates.get(GOOD, {}).get("acceptance"),
         "min_caught_heldout": min(caught) if caught else None,
         "good_edits_locality": focus,
         # the floors' measures (their registered images stay out of the JSON)
         "noise_floors": {k: _without_image(v) for k, v in floors.items()},
         "cases": train + heldout,
+    }
+
+
+def on_path(records: list[dict[str, Any]], path: str) -> list[dict[str, Any]]:
+    """``records`` with their verdict, reasons and metrics as judged on ``path``."""
+    out = []
+    for r in records:
+        judged = (r.get("paths") or {}).get(path)
+        out.append({**r, **judged} if judged else r)
+    return out
+
+
+def _share(hits: int, n: int) -> float | None:
+    return round(hits / n, 4) if n else None
+
+
+def path_figures(heldout: list[dict[str, Any]], path: str) -> dict[str, Any]:
+    """What one judging path does on the held-out split: per class (:func:`_rates`), good-edit
+    acceptance per group (stated, or skin-tone tertile) and per direction of the edit (lighter,
+    darker) with the largest gap between groups, the failure classes' lowest catch rate, the
+    share of identity swaps the identity gate itself caught and of real smiles the expression
+    gate itself caught (not registration), and where good edits and swaps overlap on the
+    identity cosine per group."""
+    records = on_path(heldout, path)
+    rates = _rates(records)
+    good = [r for r in records if r["label"] == GOOD]
+
+    def acceptance(rs: list[dict[str, Any]]) -> dict[str, Any]:
+        return {"n": len(rs), "acceptance": _share(sum(r["verdict"] == "accepted" for r in rs), len(rs))}
+
+    groups = {
+        g: acceptance([r for r in good if r.get("group") == g]) for g in sorted({r.get("group", "") for r in good})
+    }
+    directions = {d: acceptance([r for r in good if r.get("direction") == d]) for d in ("lighter", "darker") if d}
+    known = [v["acceptance"] for v in groups.values() if v["acceptance"] is not None]
+    swaps = [r for r in records if r["label"] == "identity_swap"]
+    smiles = [r for r in records if r["label"] == "expression_real"]
+    overlap: dict[str, Any] = {}
+    for g in sorted({r.get("group", "") for r in swaps}):
+        good_cos = [
+            r["metrics"]["identity.cosine"] for r in good if r.get("group") == g and "identity.cosine" in r["metrics"]
+        ]
+        swap_cos = [
+            r["metrics"]["identity.cosine"] for r in swaps if r.get("group") == g and "identity.cosine" in r["metrics"]
+        ]
+        overlap[g] = {
+            "good_min": round(min(good_cos), 4) if good_cos else None,
+            "swap_max": round(max(swap_cos), 4) if swap_cos else None,
+            "swaps_above_good_min": sum(c >= min(good_cos) for c in swap_cos) if good_cos else None,
+        }
+    failures = [v["caught"] for k, v in rates.items() if k != GOOD]
+    return {
+        "classes": rates,
+        "good_by_group": groups,
+        "good_by_direction": directions,
+        "largest_group_gap": round(max(known) - min(known), 4) if known else None,
+        "min_caught": min(failures) if failures else None,
+        "identity_swaps_caught_by_identity": _share(
+            sum(any(c.startswith("identity_") for c in r["reasons"]) for r in swaps), len(swaps)
+        ),
+        "real_smiles_caught_by_expression": _share(
+            sum(any(c.startswith("expression_") for c in r["reasons"]) for r in smiles), len(smiles)
+        ),
+        "identity_overlap_by_group": overlap,
     }
 
 

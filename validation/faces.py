@@ -328,6 +328,27 @@ FOREHEAD_TOP, CHIN = 10, 152
 #: Neck: from the jaw down this many face heights, this many jaw widths wide at the bottom.
 NECK_LENGTH = 0.6
 NECK_WIDTH = 0.8
+#: The visible neck (with the source image): skin connected to the jaw runs on down to the
+#: clothing line, as far as this many face heights below the chin (what an open collar or a
+#: V-neck shows of the neck and the notch between the collarbones; skin further down is chest)
+#: and no further than this share of the face's width either side of its axis (the neck, not
+#: the shoulders).
+NECK_MAX_LENGTH = 0.7
+NECK_MAX_HALF_WIDTH = 0.5
+#: Skin for the visible neck: within this CIELAB a*b* distance of the face skin's median and
+#: this L* range of it (a neck in shadow is darker than the face; hair and fabric are not skin).
+NECK_SKIN_AB = 14.0
+NECK_SKIN_L = 35.0
+#: The visible forehead (with the source image): skin connected to the forehead runs up to the
+#: hairline, at most this many face heights above the mesh's top (a receding hairline, a bald
+#: head); hair stops it.
+FOREHEAD_MAX_RISE = 0.45
+#: ... and is skin only within this many L* below the face's (hair is darker than the skin beside
+#: it, for dark skin and dark hair too), this a*b* distance and this share of its chroma (hair
+#: is greyer).
+FOREHEAD_L_BELOW = 8.0
+FOREHEAD_SKIN_AB = 10.0
+FOREHEAD_MIN_CHROMA = 0.6
 #: Ears: ellipses beside the oval, half-axes as shares of the face's width and height.
 EAR_HALF_WIDTH, EAR_HALF_HEIGHT = 0.10, 0.20
 #: Forehead: the oval's top raised by this many face heights (to the hairline; hair above it
@@ -335,6 +356,114 @@ EAR_HALF_WIDTH, EAR_HALF_HEIGHT = 0.10, 0.20
 FOREHEAD_RISE = 0.12
 #: Facial hair: the lower oval grown by this share of the face size.
 FACIAL_HAIR_GROW = 0.06
+
+
+def visible_neck(
+    image: np.ndarray, landmarks: np.ndarray, oval: np.ndarray, seed: np.ndarray, person: np.ndarray
+) -> np.ndarray:
+    """``(H, W)`` uint8 {0, 255}: the skin connected to ``seed`` (the neck's geometric shape
+    below the jaw, cut to the person) inside the neck's reach: at most :data:`NECK_MAX_LENGTH`
+    face heights below the chin and :data:`NECK_MAX_HALF_WIDTH` face widths either side of the
+    face's axis (:func:`connected_skin`). The clothing line stops it: fabric is not skin, and
+    nothing beyond it connects."""
+    down, right, height, width = _face_axes(landmarks)
+    chin = landmarks[CHIN, :2].astype(np.float64)
+    jaw = landmarks[list(JAW), :2].astype(np.float64)
+    half = NECK_MAX_HALF_WIDTH * width
+    bottom = chin + down * NECK_MAX_LENGTH * height
+    reach = np.vstack([jaw, [bottom + right * half], [bottom - right * half]])
+    return connected_skin(image, landmarks, oval, seed, person, reach, centre=chin, half_width=half)
+
+
+def visible_forehead(
+    image: np.ndarray, landmarks: np.ndarray, oval: np.ndarray, seed: np.ndarray, person: np.ndarray
+) -> np.ndarray:
+    """``(H, W)`` uint8 {0, 255}: the forehead as a person sees it, the skin connected to
+    ``seed`` (the forehead above the mesh) up to the hairline, at most
+    :data:`FOREHEAD_MAX_RISE` face heights above the mesh's top and no wider than the face
+    (:func:`connected_skin`): a receding hairline or a bald head shows more forehead than the
+    mesh, and a tone change of the face reaches it. Hair is not skin and stops it."""
+    down, right, height, width = _face_axes(landmarks)
+    oval_pts = landmarks[list(FACE_OVAL), :2].astype(np.float64)
+    top = landmarks[FOREHEAD_TOP, :2].astype(np.float64)
+    reach = np.vstack([oval_pts, oval_pts - down * FOREHEAD_MAX_RISE * height])
+    # hair is darker and greyer than the skin beside it, most of all where both are dark:
+    # the forehead takes only skin no darker than the face by FOREHEAD_L_BELOW and as saturated
+    return connected_skin(
+        image,
+        landmarks,
+        oval,
+        seed,
+        person,
+        reach,
+        centre=top,
+        half_width=0.5 * width,
+        l_range=(FOREHEAD_L_BELOW, NECK_SKIN_L),
+        ab=FOREHEAD_SKIN_AB,
+        min_chroma=FOREHEAD_MIN_CHROMA,
+    )
+
+
+def connected_skin(
+    image: np.ndarray,
+    landmarks: np.ndarray,
+    oval: np.ndarray,
+    seed: np.ndarray,
+    person: np.ndarray,
+    reach: np.ndarray,
+    *,
+    centre: np.ndarray,
+    half_width: float,
+    l_range: tuple[float, float] = (-NECK_SKIN_L, NECK_SKIN_L),
+    ab: float = NECK_SKIN_AB,
+    min_chroma: float = 0.0,
+) -> np.ndarray:
+    """``(H, W)`` uint8 {0, 255}: skin pixels inside the convex hull of ``reach`` (points,
+    pixels) and within ``half_width`` pixels of ``centre`` across the face's axis, connected to
+    ``seed`` or the oval. Skin is a ``person`` pixel whose CIELAB lies within ``ab`` (a*b*)
+    of the face skin's median (the oval eroded off hair and background), whose L* differs from
+    it by ``l_range`` (below, above), and whose chroma is at least ``min_chroma`` of the face's.
+
+    ``image`` ``(H, W, 3)`` uint8 RGB; ``oval`` and ``seed`` ``(H, W)`` {0, 255}; ``person``
+    ``(H, W)`` bool. Computed inside the reach's bounding box only."""
+    h, w = oval.shape[:2]
+    _, right, height, width = _face_axes(landmarks)
+    hull = np.zeros((h, w), np.uint8)
+    cv2.fillPoly(hull, [np.round(cv2.convexHull(reach.astype(np.float32))).astype(np.int32)], 255)
+    x, y, bw, bh = cv2.boundingRect(hull)
+    out = np.zeros((h, w), np.uint8)
+    if bw == 0 or bh == 0:
+        return out
+    ys, xs = np.mgrid[y : y + bh, x : x + bw]
+    across = (xs - centre[0]) * right[0] + (ys - centre[1]) * right[1]
+    box = hull[y : y + bh, x : x + bw]
+    box[np.abs(across) > half_width] = 0
+    core = cv2.erode(oval, np.ones((3, 3), np.uint8), iterations=max(1, int(0.05 * math.sqrt(height * width))))
+    if cv2.countNonZero(core) == 0:
+        core = oval
+    face_lab = _lab(np.ascontiguousarray(image[core > 0]).reshape(-1, 1, 3)).reshape(-1, 3)
+    ref = np.median(face_lab, axis=0)
+    lab = _lab(np.ascontiguousarray(image[y : y + bh, x : x + bw]))
+    dl = lab[..., 0] - ref[0]
+    skin = (np.linalg.norm(lab[..., 1:] - ref[1:], axis=2) <= ab) & (dl >= -abs(l_range[0])) & (dl <= l_range[1])
+    if min_chroma > 0:
+        skin &= np.hypot(lab[..., 1], lab[..., 2]) >= min_chroma * float(np.hypot(ref[1], ref[2]))
+    candidates = (skin & person[y : y + bh, x : x + bw] & (box > 0)).astype(np.uint8)
+    # the oval's own pixels join the seed, so skin connects through the face
+    touch = (seed[y : y + bh, x : x + bw] > 0) | (oval[y : y + bh, x : x + bw] > 0)
+    count, labels = cv2.connectedComponents(candidates | touch.astype(np.uint8), connectivity=8)
+    if count <= 1:
+        return out
+    keep = np.zeros(count, bool)
+    keep[np.unique(labels[touch])] = True
+    keep[0] = False
+    out[y : y + bh, x : x + bw][keep[labels] & (candidates > 0)] = 255
+    return out
+
+
+def _lab(rgb: np.ndarray) -> np.ndarray:
+    """float32 CIELAB (D65) of uint8 sRGB, any shape ``(..., 3)`` OpenCV takes."""
+    return cv2.cvtColor(rgb.astype(np.float32) / 255.0, cv2.COLOR_RGB2Lab)
 
 
 def _face_axes(landmarks: np.ndarray) -> tuple[np.ndarray, np.ndarray, float, float]:
@@ -356,6 +485,7 @@ def region_mask(
     region: str = "face",
     *,
     person: np.ndarray | None = None,
+    image: np.ndarray | None = None,
 ) -> np.ndarray:
     """``(H, W)`` uint8 {0, 255}: the edit region ``region`` names
     (:data:`~counterfactory.generation.regions.REGIONS`), drawn for one face.
@@ -367,7 +497,12 @@ def region_mask(
       oval, and the neck: the jaw line (:data:`JAW`) extended down the face's own axis by
       :data:`NECK_LENGTH` face heights, widening to :data:`NECK_WIDTH` of the face's width at
       the bottom. With ``person`` the ears and neck are cut to the person (the background
-      beside the neck is not the neck).
+      beside the neck is not the neck). With ``image`` too, the neck is the neck a person
+      sees: the skin connected to that shape runs on down to the clothing line (what an open
+      collar or a V-neck shows), at most :data:`NECK_MAX_LENGTH` face heights below the chin
+      and :data:`NECK_MAX_HALF_WIDTH` face widths either side of the face's axis
+      (:func:`visible_neck`); skin further down or out is chest and shoulders, outside it. The
+      forehead likewise runs up to the hairline (:func:`visible_forehead`).
     - ``all_visible_skin``: the oval and the whole person (with ``person``; the whole image
       without).
 
@@ -377,6 +512,7 @@ def region_mask(
         region: a region name.
         person: ``(h, w)`` person probability in [0, 1] (or {0, 255} mask) of the image or of
             its working grid (resized to ``shape`` here), or None.
+        image: ``(H, W, 3)`` uint8 RGB, the photo itself (with ``person``: the visible neck).
     """
     from counterfactory.generation.regions import get_region
 
@@ -411,6 +547,10 @@ def region_mask(
         if float((jaw[-1] - jaw[0]) @ right) < 0:
             polygon[-2:] = polygon[-2:][::-1]
         cv2.fillPoly(extra, [np.round(polygon).astype(np.int32)], 255)
+        if image is not None and body is not None and image.shape[:2] == (h, w):
+            neck = np.zeros((h, w), np.uint8)
+            cv2.fillPoly(neck, [np.round(polygon).astype(np.int32)], 255)
+            extra = cv2.bitwise_or(extra, visible_neck(image, landmarks, oval, neck & (body * np.uint8(255)), body))
     if spec.forehead:
         # the oval moved up its own axis by FOREHEAD_RISE face heights, joined to the oval
         oval_pts = landmarks[list(FACE_OVAL), :2].astype(np.float64)
@@ -426,6 +566,8 @@ def region_mask(
         box = top[y : y + bh, x : x + bw]
         box[~above] = 0
         extra = cv2.bitwise_or(extra, top)
+        if image is not None and body is not None and image.shape[:2] == (h, w):
+            extra = cv2.bitwise_or(extra, visible_forehead(image, landmarks, oval, top & (body * np.uint8(255)), body))
     if spec.ears:
         angle = float(np.degrees(np.arctan2(right[1], right[0])))
         axes = (max(int(round(EAR_HALF_WIDTH * width)), 1), max(int(round(EAR_HALF_HEIGHT * height)), 1))

@@ -7,14 +7,16 @@ re-encoding, as a diffusion editor returns it (a 1-3 px shift, a 0.5-2 % zoom ab
 multiples of 16, JPEG at quality 85-95). The gates must accept the good edits and catch
 (reject, or send to review) every failure class.
 
-Good edits change only the face oval (:func:`~counterfactory.validation.faces.face_mask`,
-feathered inward), as the design asks:
+Good edits change only the edit region FOCUS's prompt names (:data:`CORPUS_REGION`: face, neck
+to the clothing line, ears, forehead to the hairline), as a study asks for them (issue 34):
 
-- ``skin_tone``: a CIELAB shift of lightness and hue of the face (8-25 L*, up to 8 a*b*);
-- ``colour_transfer``: the face's CIELAB mean and spread moved to another person's face
-  (Reinhard et al., "Color Transfer between Images", 2001);
-- ``feature_morph``: nose width, lip fullness and jaw width scaled by 0.88-1.12 with smooth
-  local warps inside the face (about what a changed demographic cue moves).
+- ``skin_tone``: the region's skin lighter or darker by 8-15 L* (:data:`GOOD_L_RANGE`), a*b*
+  moved by up to 5;
+- ``colour_transfer``: the region's CIELAB hue and spread moved to another person's face
+  (Reinhard et al., "Color Transfer between Images", 2001), its lightness by 8-15 L* either way;
+- half of them also a ``feature_morph``: nose width, lip fullness and jaw width moved part of
+  the way toward the proportions of a person of another group (:func:`face_proportions`), each
+  factor within 0.85-1.15, with smooth local warps inside the face.
 
 Failure classes, each on top of a good edit (``CLASSES`` describes them):
 
@@ -22,9 +24,11 @@ Failure classes, each on top of a good edit (``CLASSES`` describes them):
   distances, or brows raised by 0.08-0.15;
 - ``expression_real``: the same person photographed smiling in the same session (a photo set's
   ``pairs``: the London set), placed in the source's frame on the head outline, ears and neck
-  (:func:`~counterfactory.validation.photo_sets.register_pair`), then a good edit: a real
-  expression change, which no synthetic warp reproduces exactly; made only where a pair exists;
-- ``identity_swap``: another bundled person's face (never the same person) aligned on the
+  (:func:`~counterfactory.validation.photo_sets.register_pair`), its edit region pasted into the
+  source (everything outside it stays the source's, so registration is not what tells it), then
+  a good edit: a real expression change, which no synthetic warp reproduces exactly; made only
+  where a pair exists;
+- ``identity_swap``: another person's face of similar skin lightness (never the same person), aligned on the
   five face-recognition keypoints, colour-matched and blended into the oval;
 - ``noop_copy``: the source with jitter and re-encoding only: the editor did nothing;
 - ``object_added``: a patch of another photo, 2-5 % of the image, pasted away from the face;
@@ -79,15 +83,16 @@ from counterfactory.validation.faces import (
     FaceObservation,
     face_mask,
     get_face_landmarker,
+    region_mask,
 )
 from counterfactory.validation.gates.locality import to_lab
 from counterfactory.validation.photo_sets import MESH_RIGID, TEM_RIGID, PhotoSet, person_splits, read_tem, register_pair
-from counterfactory.validation.segment import get_person_segmenter
+from counterfactory.validation.segment import get_person_segmenter, work_stride
 
 GOOD = "good"
 #: Every class of the corpus and what it is.
 CLASSES: dict[str, str] = {
-    GOOD: "face-only edit: skin tone, colour transfer or feature morph, inside the face oval",
+    GOOD: "face-only edit: the skin of face, neck and ears lighter or darker by 8-15 L*, by a tone shift or a colour transfer, half with a morph toward another group",
     "expression": "good edit + smile, frown or raised brows",
     "expression_real": "good edit of the same person's own smiling photo, same session, registered",
     "identity_swap": "good edit + another person's face pasted in",
@@ -95,7 +100,7 @@ CLASSES: dict[str, str] = {
     "object_added": "good edit + a pasted object away from the face",
     "text_added": "good edit + text written away from the face",
     "object_removed": "good edit + a textured region painted over",
-    "body_skin": "good edit + the same skin change on neck, hands, arms",
+    "body_skin": "good edit + the same skin change on skin outside the region (chest, shoulders, hands, arms)",
     "global_colour": "good edit + colour cast, white balance or contrast change",
     "head_pose": "good edit + head rotated in the image plane",
     "head_position": "good edit + head moved",
@@ -136,6 +141,11 @@ class Case:
     photo_set: str = "bundled"
     person: str = ""
     group: str = ""
+    #: ``(H, W)`` uint8 {0, 255}: the edit region the good edit changes (:data:`CORPUS_REGION`:
+    #: face, neck, ears and facial hair, as FOCUS's prompt names them); None: the oval
+    region: np.ndarray | None = None
+    #: the good edit's direction of skin lightness: ``lighter``, ``darker`` or ``""``
+    direction: str = ""
 
 
 def _seed(*parts: object) -> int:
@@ -246,32 +256,68 @@ def _in_crop(edit, image: np.ndarray, face: FaceObservation, oval: np.ndarray, *
     return out, params
 
 
+#: The edit region of the corpus's face edits: what FOCUS's prompt (``face_only_v1``) names.
+CORPUS_REGION = "face_neck_ears"
+#: Good edits change the skin lightness of the whole region by this many L* (CIELAB), either
+#: way: a request for another group changes skin tone, lighter or darker.
+GOOD_L_RANGE = (8.0, 15.0)
+
+
 def good_edit(
-    image: np.ndarray, face: FaceObservation, oval: np.ndarray, rng: np.random.Generator, donor_lab: np.ndarray | None
+    image: np.ndarray,
+    face: FaceObservation,
+    oval: np.ndarray,
+    rng: np.random.Generator,
+    donor_lab: np.ndarray | None,
+    region: np.ndarray | None = None,
+    donor_shape: np.ndarray | None = None,
 ) -> tuple[np.ndarray, dict[str, Any]]:
-    """A face-only edit: skin tone or colour transfer, plus a feature morph half the time.
+    """A face-only edit as a study asks for one: the skin of the whole edit region (``region``:
+    face, neck, ears, :data:`CORPUS_REGION`; None: the oval) lightened or darkened by
+    :data:`GOOD_L_RANGE` L*, by a tone shift or a colour transfer from a donor's face, plus, half
+    the time, the face's features morphed part of the way toward a donor's proportions
+    (``donor_shape``: :func:`face_proportions` of a person of another group; None: drawn).
 
     ``image`` ``(H, W, 3)`` uint8 RGB, ``oval`` its ``(H, W)`` {0, 255} face oval; returns the
-    edited image (identical outside the oval) and the parameters drawn."""
-    return _in_crop(_good_edit, image, face, oval, rng, donor_lab)
+    edited image (identical outside the region) and the parameters drawn (``direction``:
+    ``lighter`` or ``darker``)."""
+    if region is None:
+        return _in_crop(_good_edit, image, face, oval, rng, donor_lab, None, donor_shape)
+    return _good_edit(image, face, oval, rng, donor_lab, region, donor_shape)
 
 
-def _good_edit(image, face, oval, rng, donor_lab):
+def face_proportions(face: FaceObservation) -> np.ndarray:
+    """``(3,)`` float: nose width, lip height and jaw width over the inter-ocular distance."""
+    lm = face.landmarks[:, :2].astype(np.float64)
+    iod = max(_iod(face), 1e-6)
+    nose = np.linalg.norm(lm[98] - lm[327])
+    lips = np.linalg.norm(lm[0] - lm[17])
+    jaw = np.linalg.norm(lm[172] - lm[397])
+    return np.array([nose, lips, jaw]) / iod
+
+
+def _good_edit(image, face, oval, rng, donor_lab, region=None, donor_shape=None):
     size = face.size_px
-    alpha = feather(oval, max(2.0, 0.08 * size))
+    where = oval if region is None else region
+    alpha = feather(where, max(2.0, 0.08 * size))
+    inside = where > 0
     kind = str(rng.choice(["skin_tone", "colour_transfer"] if donor_lab is not None else ["skin_tone"]))
-    params: dict[str, Any] = {"good": kind}
+    sign = float(rng.choice([-1, 1]))
+    dl = float(rng.uniform(*GOOD_L_RANGE)) * sign
+    params: dict[str, Any] = {"good": kind, "direction": "lighter" if sign > 0 else "darker"}
     if kind == "skin_tone":
-        dl = float(rng.uniform(8, 25)) * float(rng.choice([-1, 1]))
-        da, db = (float(x) for x in rng.uniform(-8, 8, size=2))
+        da, db = (float(x) for x in rng.uniform(-5, 5, size=2))
         delta = np.array([dl, da, db])
         out = _lab_shift(image, alpha, delta)
         params["lab_delta"] = [round(float(x), 2) for x in delta]
     else:
+        # the donor's hue and spread, the lightness moved by dl: a colour transfer toward a
+        # person of another group (Reinhard et al. 2001), lighter or darker by what was drawn
         lab = to_lab(image)
-        inside = oval > 0
         mean, std = lab[inside].mean(axis=0), lab[inside].std(axis=0) + 1e-3
-        t_mean, t_std = donor_lab
+        t_mean, t_std = np.array(donor_lab[0], np.float64), np.array(donor_lab[1], np.float64)
+        t_mean = np.array([mean[0] + dl, t_mean[1], t_mean[2]])
+        t_std = np.array([std[0], t_std[1], t_std[2]])
         moved = (lab - mean) / std * t_std + t_mean
         moved[..., 0] = np.clip(moved[..., 0], 0, 100)
         out = _blend(image, _from_lab(moved), alpha)
@@ -279,7 +325,13 @@ def _good_edit(image, face, oval, rng, donor_lab):
         params["lab_delta"] = [round(float(x), 2) for x in delta]
     if rng.random() < 0.5:
         lm = face.landmarks[:, :2].astype(np.float32)
-        fx = [float(x) for x in rng.uniform(0.88, 1.12, size=3)]
+        if donor_shape is not None:
+            # part of the way toward the donor's proportions, each factor within 0.85-1.15
+            t = float(rng.uniform(0.5, 1.0))
+            ratio = np.asarray(donor_shape, np.float64) / np.maximum(face_proportions(face), 1e-6)
+            fx = [float(np.clip(1.0 + t * (r - 1.0), 0.85, 1.15)) for r in ratio]
+        else:
+            fx = [float(x) for x in rng.uniform(0.88, 1.12, size=3)]
         dx = np.zeros(image.shape[:2], np.float32)
         dy = np.zeros(image.shape[:2], np.float32)
         # nose width, lip fullness, jaw width: each a smooth scaling about the feature
@@ -292,7 +344,7 @@ def _good_edit(image, face, oval, rng, donor_lab):
             dx += ddx
             dy += ddy
         morphed = _warp_field(out, dx, dy)
-        out = _blend(out, morphed, alpha)
+        out = _blend(out, morphed, feather(oval, max(2.0, 0.08 * size)))
         params["morph"] = [round(x, 3) for x in fx]
     return out, params
 
@@ -457,9 +509,9 @@ def _object_removed(image, face, oval, rng) -> tuple[np.ndarray, dict]:
     return None, {}
 
 
-def _body_skin_region(image, face, oval) -> np.ndarray:
+def _body_skin_region(image, face, oval, region=None) -> np.ndarray:
     person = get_person_segmenter().person_mask(image) > 0
-    head = dilate(oval, int(round(0.1 * face.size_px))) > 0
+    head = dilate(oval if region is None else region, int(round(0.1 * face.size_px))) > 0
     lab = to_lab(image)
     core = cv2.erode(oval, np.ones((3, 3), np.uint8), iterations=max(1, int(0.05 * face.size_px)))
     ref = np.median(lab[core > 0], axis=0)
@@ -468,8 +520,8 @@ def _body_skin_region(image, face, oval) -> np.ndarray:
     return (person & ~head & skin).astype(np.uint8) * 255
 
 
-def _body_skin(image, face, oval, rng, params) -> tuple[np.ndarray, dict]:
-    region = _body_skin_region(image, face, oval)
+def _body_skin(image, face, oval, rng, params, edit_region=None) -> tuple[np.ndarray, dict]:
+    region = _body_skin_region(image, face, oval, edit_region)
     if cv2.countNonZero(region) < 0.004 * region.size:
         return None, {}
     delta = np.asarray(params.get("lab_delta", [15.0, 0.0, 0.0]), np.float32)
@@ -594,6 +646,10 @@ class _Photo:
     group: str = ""
     #: the same person in another expression, in this photo's frame: (image, face, oval, registration)
     pair: tuple[np.ndarray, FaceObservation, np.ndarray, dict[str, float]] | None = None
+    #: the edit region (:data:`CORPUS_REGION`), drawn with the person and the photo
+    region: np.ndarray | None = None
+    #: :func:`face_proportions`
+    shape: np.ndarray | None = None
 
 
 def _scaled(image: np.ndarray, max_side: int) -> tuple[np.ndarray, float]:
@@ -641,6 +697,9 @@ def _load_photos(paths: list[Path], max_side: int, photo_set: PhotoSet | None = 
         oval = face_mask(face.landmarks, image.shape[:2], mode="oval")
         person = (photo_set or PhotoSet("", (), 1)).person_of(Path(path))
         lab = to_lab(image)[oval > 0]
+        k = work_stride(image.shape)
+        segmented = get_person_segmenter().segment(np.ascontiguousarray(image[::k, ::k]))
+        region = region_mask(face.landmarks, image.shape[:2], CORPUS_REGION, person=segmented, image=image)
         photos.append(
             _Photo(
                 Path(path).name,
@@ -651,9 +710,26 @@ def _load_photos(paths: list[Path], max_side: int, photo_set: PhotoSet | None = 
                 np.stack([lab.mean(0), lab.std(0)]),
                 group=(photo_set.groups.get(person, "") if photo_set is not None else ""),
                 pair=_paired(photo_set, Path(path), image, face, s) if photo_set is not None else None,
+                region=region,
+                shape=face_proportions(face),
             )
         )
+    _tone_groups(photos)
     return photos
+
+
+def _tone_groups(photos: list[_Photo]) -> None:
+    """Photos whose set states no group get their face's skin-lightness tertile within the
+    set (``tone_1`` darkest .. ``tone_3``), so figures per group cover every photo."""
+    unstated = [p for p in photos if not p.group]
+    if len(unstated) < 3:
+        for p in unstated:
+            p.group = "tone_unknown"
+        return
+    lightness = np.array([p.face_lab[0, 0] for p in unstated])
+    cuts = np.quantile(lightness, [1 / 3, 2 / 3])
+    for p, value in zip(unstated, lightness, strict=True):
+        p.group = f"tone_{1 + int(np.searchsorted(cuts, value, side='right'))}"
 
 
 def build_corpus(
@@ -719,9 +795,31 @@ def build_set_corpus(
                     continue
                 rng = np.random.default_rng(_seed(seed, photo.name, label, index))
                 donor = others[int(rng.integers(0, len(others)))] if others else None
-                case = _make_case(photo, label, index, split, rng, donor, seed, rerender)
+                if label == "identity_swap" and others:
+                    # a donor of similar skin lightness: the identity gate, not the tone, decides
+                    near = sorted(others, key=lambda p: abs(p.face_lab[0, 0] - photo.face_lab[0, 0]))[:3]
+                    donor = near[int(rng.integers(0, len(near)))]
+                case = _make_case(
+                    photo, label, index, split, rng, donor, seed, rerender, _shape_donor(photo, others, rng)
+                )
                 if case is not None:
-                    yield dataclasses.replace(case, photo_set=photo_set.name, person=photo.person, group=photo.group)
+                    yield dataclasses.replace(
+                        case,
+                        photo_set=photo_set.name,
+                        person=photo.person,
+                        group=photo.group,
+                        region=photo.region,
+                        direction=case.params.get("direction", ""),
+                    )
+
+
+def _shape_donor(photo: _Photo, others: list[_Photo], rng: np.random.Generator) -> np.ndarray | None:
+    """The face proportions a good edit's morph moves toward: a person of another group
+    (stated, or another skin-tone tertile) when the set has one, else another person."""
+    pool = [p for p in others if p.group != photo.group] or others
+    if not pool:
+        return None
+    return pool[int(rng.integers(0, len(pool)))].shape
 
 
 #: the label of a photo's noise-floor case (:func:`build_floors`): not a corpus class
@@ -744,11 +842,21 @@ def build_floors(
     for photo in _load_photos([Path(p) for p in paths], max_side):
         rng = np.random.default_rng(_seed(seed, photo.name, FLOOR, 0))
         case = _make_case(photo, "noop_copy", 0, FLOOR, rng, None, seed, rerender)
-        yield dataclasses.replace(case, case_id=f"{photo.name}:{FLOOR}", label=FLOOR, photo_set=name)
+        yield dataclasses.replace(
+            case, case_id=f"{photo.name}:{FLOOR}", label=FLOOR, photo_set=name, region=photo.region
+        )
 
 
 def _make_case(
-    photo: _Photo, label: str, index: int, split: str, rng, donor: _Photo | None, seed: int, rerender: bool = True
+    photo: _Photo,
+    label: str,
+    index: int,
+    split: str,
+    rng,
+    donor: _Photo | None,
+    seed: int,
+    rerender: bool = True,
+    shape_donor: np.ndarray | None = None,
 ) -> Case | None:
     image, face, oval = photo.image, photo.face, photo.oval
     params: dict[str, Any] = {}
@@ -758,11 +866,18 @@ def _make_case(
         if photo.pair is None:
             return None
         pair_image, pair_face, pair_oval, registration = photo.pair
-        edited, params = good_edit(pair_image, pair_face, pair_oval, rng, donor.face_lab if donor is not None else None)
+        # the smiling face, registered on the rigid points, in the neutral photo: everything
+        # outside the edit region stays the neutral photo's (the sitter's shoulders and the
+        # lighting move between two shots), so the expression, not the registration, decides
+        where = photo.region if photo.region is not None else oval
+        composite = _blend(image, pair_image, feather(where, max(2.0, 0.05 * face.size_px)))
+        edited, params = good_edit(
+            composite, face, oval, rng, donor.face_lab if donor is not None else None, photo.region, shape_donor
+        )
         params["registration"] = registration
     else:
         donor_lab = donor.face_lab if donor is not None else None
-        edited, params = good_edit(image, face, oval, rng, donor_lab)
+        edited, params = good_edit(image, face, oval, rng, donor_lab, photo.region, shape_donor)
         failure = None
         if label == "expression":
             failure = _expression(edited, face, oval, rng)
@@ -778,7 +893,7 @@ def _make_case(
         elif label == "object_removed":
             failure = _object_removed(edited, face, oval, rng)
         elif label == "body_skin":
-            failure = _body_skin(edited, face, oval, rng, params)
+            failure = _body_skin(edited, face, oval, rng, params, photo.region)
         elif label == "global_colour":
             failure = _global_colour(edited, face, oval, rng)
         elif label == "head_pose":

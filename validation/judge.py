@@ -170,6 +170,10 @@ class GatesConfig(BaseModel):
     #: relative to that output, the editor's own re-rendering of the photo
     #: (:func:`~counterfactory.validation.gates.locality.noise_floor_of`). False: judged as measured.
     noise_floor: bool = True
+    #: Face designs: when a template has no floor output (an imported set without a ``floor``
+    #: column, ``noise_floor: false``), judge its cells together, each above the median of the
+    #: others (:mod:`~counterfactory.validation.cohort`); False: each as a lone pair.
+    cohort_floor: bool = True
     face: KindGatesConfig = Field(default_factory=lambda: KindGatesConfig(kind="face"))
     limb: KindGatesConfig = Field(default_factory=lambda: KindGatesConfig(kind="limb"))
 
@@ -364,7 +368,7 @@ class GateStack:
         same = base is not None and base.region == self.region and (base.person is not None or person is None)
         rmask = base.region_mask if same else None
         if rmask is None and faces:
-            rmask = region_mask(faces[0].landmarks, source.shape[:2], self.region, person=person)
+            rmask = region_mask(faces[0].landmarks, source.shape[:2], self.region, person=person, image=source)
         analysis = SourceAnalysis(
             key=key if key is not None else pixel_key(source),
             shape=tuple(source.shape),

@@ -8,13 +8,13 @@ Plain functions and classes: no Prefect.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from counterfactory.generation.align import AlignConfig, align_candidate
+from counterfactory.generation.align import AlignConfig, Alignment, align_candidate
 from counterfactory.generation.attempts import FINISHED_ATTEMPT
 from counterfactory.generation.sampling import Cell
 from counterfactory.manifests.ledger import Attempt, Candidate
@@ -50,6 +50,14 @@ class Judged:
     alignment: dict[str, Any]
     gates: dict[str, Any]
     image: np.ndarray | None = None
+
+
+def floor_path_of(gates: Mapping[str, Any] | None) -> str | None:
+    """Which floor judged an output: ``request`` (the run's "return this photo unchanged"
+    output), ``cohort`` (the median of the same source's other outputs) or ``none``, from its
+    locality record (``metrics.floor_path``); None where locality did not measure it (limb
+    cells, a registration that failed, a set with no source photo)."""
+    return (((gates or {}).get("locality") or {}).get("metrics") or {}).get("floor_path")
 
 
 def no_source_mode(spec: Any) -> bool | None:
@@ -157,7 +165,10 @@ class TemplateJudge:
                 },
                 source_key=prepared.source.sha256,
             )
-        ws.ledger.record_candidate(
+        return self._record(cell, aid, judged)
+
+    def _record(self, cell: Cell, aid: str, judged: Judged) -> tuple[str, list[str]]:
+        self.ws.ledger.record_candidate(
             aid,
             cell_id=cell.cell_id,
             judge_key=self.jkey,
@@ -168,6 +179,55 @@ class TemplateJudge:
             gates=judged.gates,
         )
         return judged.verdict, judged.reasons
+
+    def cohort(self, items: Sequence[tuple[Cell, str]]) -> list[tuple[str, list[str]]]:
+        """``(verdict, reasons)`` per ``(cell, attempt id)``, the attempts judged together with
+        the cohort floor (:func:`judge_cohort`): each output against the median of the other
+        outputs of this template, as a set with no floor request is judged.
+
+        Attempts already judged under this judge key keep their verdicts; their registered
+        images still join the others' medians. A failed or refused attempt is judged as
+        :meth:`attempt` judges it and joins no median."""
+        ws = self.ws
+        ids = [aid for _, aid in items]
+        attempts, candidates = ws.ledger.attempts_by_id(ids), ws.ledger.candidates_by_id(ids)
+        out: dict[str, tuple[str, list[str]]] = {}
+        todo: list[tuple[Cell, str, np.ndarray]] = []
+        members: list[np.ndarray] = []
+        for cell, aid in items:
+            attempt, existing = attempts.get(aid), candidates.get(aid)
+            if attempt is None or attempt.status != "ok" or not ws.store.has(attempt.output_sha256 or ""):
+                out[aid] = self.attempt(cell, aid, known=(attempt, existing))
+                continue
+            settled = (
+                existing is not None
+                and existing.judge_key == self.jkey
+                and (not existing.image_sha256 or ws.store.has(existing.image_sha256))
+            )
+            if settled:
+                out[aid] = (existing.verdict, list(existing.reasons))
+                if existing.image_sha256:
+                    members.append(ws.store.get(existing.image_sha256))
+                continue
+            todo.append((cell, aid, ws.store.get(attempt.output_sha256)))
+        if todo:
+            prepared = self.prepared
+            judged = judge_cohort(
+                prepared.source.pixels,
+                [image for _, _, image in todo],
+                kind=self.spec.design.kind,
+                region=prepared.region,
+                face_size_px=prepared.face_size_px,
+                align=self.spec.align,
+                stack=self.stack,
+                store=ws.store,
+                extras=[{"condition": dict(cell.condition), "source": prepared.meta} for cell, _, _ in todo],
+                source_key=prepared.source.sha256,
+                members=members,
+            )
+            for (cell, aid, _), result in zip(todo, judged, strict=True):
+                out[aid] = self._record(cell, aid, result)
+        return [out[aid] for aid in ids]
 
 
 #: the gates that judge a candidate alone (its faces, its perceived labels): the only ones run
@@ -253,6 +313,34 @@ def judge_output(
     unregistered candidate, so an audit sees them; ``locality`` is recorded as not measurable.
     """
     alignment = align_candidate(source, output, mask=region, kind=kind, face_size_px=face_size_px, config=align)
+    return judge_aligned(
+        source,
+        output,
+        alignment,
+        kind=kind,
+        region=region,
+        stack=stack,
+        store=store,
+        extras=extras,
+        source_key=source_key,
+    )
+
+
+def judge_aligned(
+    source: np.ndarray,
+    output: np.ndarray,
+    alignment: Alignment,
+    *,
+    kind: str,
+    region: np.ndarray | None,
+    stack: GateStack,
+    store: ImageStore | None = None,
+    extras: Mapping[str, Any] | None = None,
+    source_key: str | None = None,
+) -> Judged:
+    """:func:`judge_output` after its alignment: the gates on ``output`` registered as
+    ``alignment`` says (the same arguments; a cohort aligns all its members first,
+    :func:`judge_cohort`)."""
     record = alignment.record()
     edit_mask = region if kind == "limb" else None
     if not alignment.ok:
@@ -290,3 +378,62 @@ def judge_output(
     return Judged(
         judgement.verdict, list(judgement.reasons), sha, record, judgement.to_dict()["gates"], alignment.image
     )
+
+
+def judge_cohort(
+    source: np.ndarray,
+    outputs: Sequence[np.ndarray],
+    *,
+    kind: str,
+    region: np.ndarray | None,
+    face_size_px: float | None,
+    align: AlignConfig,
+    stack: GateStack,
+    store: ImageStore | None = None,
+    extras: Sequence[Mapping[str, Any] | None] | None = None,
+    source_key: str | None = None,
+    members: Sequence[np.ndarray] = (),
+) -> list[Judged]:
+    """Judge several outputs of one source against each other: the cohort floor.
+
+    Every output is registered to the source first; then each is judged with, as its floor,
+    the pixelwise median of the *other* registered outputs (and of ``members``: more outputs
+    of the same source already registered, e.g. earlier rounds' cells) on the gates' working
+    grid (:func:`~counterfactory.validation.cohort.cohort_floors`): what the editor rendered
+    alike in all of them outside the edit region is its re-rendering of unchanged content,
+    and what one output alone changed stands out. With fewer than
+    :data:`~counterfactory.validation.cohort.COHORT_MIN_OTHERS` others registered, an output
+    is judged with no floor (``floor_path: none``). Same arguments as :func:`judge_output`,
+    ``extras`` one per output.
+    """
+    from counterfactory.validation.cohort import cohort_floors
+    from counterfactory.validation.gates.locality import FLOOR_WORK_IMAGE
+    from counterfactory.validation.segment import work_stride
+
+    extras = list(extras) if extras is not None else [None] * len(outputs)
+    alignments = [
+        align_candidate(source, out, mask=region, kind=kind, face_size_px=face_size_px, config=align) for out in outputs
+    ]
+    k = work_stride(source.shape)
+    grid = [a.image[::k, ::k] if a.ok and a.image is not None else None for a in alignments]
+    floors = cohort_floors(grid, [m[::k, ::k] for m in members])
+    judged = []
+    for out, alignment, extra, floor in zip(outputs, alignments, extras, floors, strict=True):
+        extra = dict(extra or {})
+        if floor is not None:
+            extra["noise_floor"] = {"path": "cohort", "members": floor.members}
+            extra[FLOOR_WORK_IMAGE] = floor.image
+        judged.append(
+            judge_aligned(
+                source,
+                out,
+                alignment,
+                kind=kind,
+                region=region,
+                stack=stack,
+                store=store,
+                extras=extra,
+                source_key=source_key,
+            )
+        )
+    return judged

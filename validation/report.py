@@ -9,7 +9,8 @@ the gates' reason codes (which gate caught what: ``locality_changed_share_above_
 from __future__ import annotations
 
 import html
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -93,17 +94,79 @@ def contact_sheet(
     return sheet
 
 
+@dataclass(frozen=True)
+class ReportHeader:
+    """What ``report.html`` shows of the spec: the release's name and version (as published,
+    ``--version`` included), the descriptions, the design and the editors."""
+
+    name: str
+    version: str
+    description: str
+    kind: str
+    axes: tuple[str, ...]
+    editor_names: tuple[str, ...] | None
+    backend: str
+
+    @classmethod
+    def of_spec(cls, spec: Any) -> ReportHeader:
+        return cls(
+            name=spec.release.name,
+            version=spec.release.version,
+            description=spec.description or spec.release.description,
+            kind=spec.design.kind,
+            axes=tuple(spec.design.axes),
+            editor_names=tuple(e.name for e in spec.editors) if spec.editors is not None else None,
+            backend=spec.editor.backend,
+        )
+
+    @classmethod
+    def of_release(cls, written: Mapping[str, Any], info: Mapping[str, Any]) -> ReportHeader:
+        """From a release's ``spec.yaml`` (parsed, as written) and its ``release.json``."""
+        from counterfactory.manifests.spec import EditorConfig
+
+        design = written.get("design") or {}
+        editors = written.get("editors")
+        editor = written.get("editor") or {}
+        return cls(
+            name=str(info.get("name")),
+            version=str(info.get("version")),
+            description=str(written.get("description") or info.get("description") or ""),
+            kind=str(design.get("kind")),
+            axes=tuple(design.get("axes") or ()),
+            editor_names=tuple(str(e.get("name")) for e in editors) if isinstance(editors, list) else None,
+            backend=str(editor.get("backend") or EditorConfig.model_fields["backend"].default),
+        )
+
+
 def write_report(release_dir: Path, *, spec: Any, items: Sequence[dict[str, Any]], stats: dict[str, Any]) -> Path:
-    """Write ``contact_sheets/*.jpg`` and ``report.html`` into ``release_dir``."""
+    """Write ``contact_sheets/*.jpg`` and ``report.html`` (:func:`report_html`) into ``release_dir``.
+
+    ``stats`` is passed as ``stats.json`` holds it (read back), so that ``verify`` derives the
+    same page from the file.
+    """
     by_template: dict[str, list[dict[str, Any]]] = {}
     for row in items:
         by_template.setdefault(row["template_id"], []).append(row)
     sheets_dir = release_dir / "contact_sheets"
     sheets_dir.mkdir(exist_ok=True)
+    for template_id, rows in sorted(by_template.items()):
+        contact_sheet(release_dir, template_id, rows, list(spec.design.axes)).save(
+            sheets_dir / f"{template_id}.jpg", quality=88
+        )
+    path = release_dir / "report.html"
+    path.write_text(report_html(ReportHeader.of_spec(spec), items, stats), encoding="utf-8")
+    return path
+
+
+def report_html(header: ReportHeader, items: Sequence[Mapping[str, Any]], stats: Mapping[str, Any]) -> str:
+    """``report.html``'s text: a function of the spec's header, the items and ``stats.json``
+    (``verify`` derives it again and compares)."""
+    by_template: dict[str, list[Mapping[str, Any]]] = {}
+    for row in items:
+        by_template.setdefault(row["template_id"], []).append(row)
     sheet_html = []
     for template_id, rows in sorted(by_template.items()):
         name = f"{template_id}.jpg"
-        contact_sheet(release_dir, template_id, rows, list(spec.design.axes)).save(sheets_dir / name, quality=88)
         filled = sum(r["status"] in FILLING_VERDICTS for r in rows)
         sheet_html.append(
             f"<section><h3>{html.escape(template_id)} <small>{filled}/{len(rows)} cells filled</small></h3>"
@@ -174,6 +237,12 @@ def write_report(release_dir: Path, *, spec: Any, items: Sequence[dict[str, Any]
         or f'<tr><td colspan="{len(floor_keys) + 2}">no noise-floor request (limb design, or gates.noise_floor off)</td></tr>'
     )
     floor_head = "".join(f"<th>{k}</th>" for k in floor_keys)
+    path_rows = (
+        "".join(
+            f"<tr><td>{html.escape(str(k))}</td><td>{v}</td></tr>" for k, v in (stats.get("floor_paths") or {}).items()
+        )
+        or '<tr><td colspan="2">-</td></tr>'
+    )
 
     def drift(rate: dict[str, Any]) -> str:
         if not rate or not rate.get("n"):
@@ -184,9 +253,9 @@ def write_report(release_dir: Path, *, spec: Any, items: Sequence[dict[str, Any]
         f"<tr><td>{html.escape(g['axis'])}={html.escape(g['group'])}</td><td>{drift(g)}</td></tr>"
         for g in expression.get("per_group", [])
     )
-    names = [e.name for e in spec.editors] if spec.editors is not None else None
+    names = header.editor_names
     editors_named = (
-        f"editor <code>{html.escape(spec.editor.backend)}</code>"
+        f"editor <code>{html.escape(header.backend)}</code>"
         if names is None
         else "editors " + ", ".join(f"<code>{html.escape(n)}</code>" for n in names) + " (the grid once per editor)"
     )
@@ -206,7 +275,7 @@ any item: {html.escape(audit["why"])}. Only {html.escape(", ".join(audit["ran"])
 """
     page = f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8">
-<title>{html.escape(spec.release.name)} {html.escape(spec.release.version)}</title>
+<title>{html.escape(header.name)} {html.escape(header.version)}</title>
 <style>
 body {{ font-family: system-ui, sans-serif; margin: 2rem; color: #222; }}
 table {{ border-collapse: collapse; margin: .5rem 0 1.5rem; }}
@@ -214,15 +283,14 @@ td, th {{ border: 1px solid #ccc; padding: .3rem .6rem; text-align: left; }}
 section img {{ max-width: 100%; border: 1px solid #ddd; }}
 small {{ color: #666; font-weight: normal; }}
 </style></head><body>
-<h1>{html.escape(spec.release.name)} <small>{html.escape(spec.release.version)}</small></h1>
-<p>{html.escape(spec.description or spec.release.description)}</p>
-<p>Design: {html.escape(spec.design.kind)} edits, {editors_named},
+<h1>{html.escape(header.name)} <small>{html.escape(header.version)}</small></h1>
+<p>{html.escape(header.description)}</p>
+<p>Design: {html.escape(header.kind)} edits, {editors_named},
 spec sha256 <code>{html.escape(stats["spec_hash"][:16])}</code>.</p>
 <h2>Items by status</h2>
 <table id="status-counts"><tr><th>accepted</th><th>needs review</th><th>rejected</th><th>failed</th><th>total</th></tr>
 <tr>{count_cells}<td>{counts.get("total", 0)}</td></tr></table>
-<p>Templates: {stats["templates"]["complete"]} of {stats["templates"]["total"]} complete.
-Editor calls in the run that wrote this release: {stats["editor_calls_this_run"]}.</p>
+<p>Templates: {stats["templates"]["complete"]} of {stats["templates"]["total"]} complete.</p>
 {audit_html}{focus_html(audit.get("focus"))}<h2>Completeness</h2>
 <p>{
         "Complete: every cell accepted."
@@ -238,6 +306,12 @@ face change (a cell whose face changed no more than here is a copy, sent to revi
 and each cell's output is compared with this output pixel by pixel: <code>excess_share</code> is the share
 away from the edit region that the cell alone changed.</p>
 <table id="noise-floor"><tr><th>template</th>{floor_head}<th>attempt</th></tr>{floor_rows}</table>
+<h3>What each verdict was judged against</h3>
+<p>Items by the floor that judged them (each item's <code>floor_path</code>): <em>request</em>, the editor's output
+for "return this photo unchanged" above; <em>cohort</em>, the median of the same source's other outputs (each
+output left out of its own), which show the editor's re-rendering of what none of them changed; <em>none</em>,
+a lone output judged by limits fitted on re-rendered edits without a floor.</p>
+<table id="floor-paths"><tr><th>judged against</th><th>items</th></tr>{path_rows}</table>
 <h2>Expression drift</h2>
 <p>Variants whose SMILE / NEUTRAL / SERIOUS label differs from their template's modal label:
 {drift(expression.get("overall", {}))}.</p>
@@ -259,6 +333,4 @@ away from the edit region that the cell alone changed.</p>
 {"".join(sheet_html)}
 </body></html>
 """
-    path = release_dir / "report.html"
-    path.write_text(page, encoding="utf-8")
-    return path
+    return page

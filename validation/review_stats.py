@@ -31,6 +31,7 @@ from counterfactory.manifests.review import (
     review_queue,
     spot_trials,
     standing_votes,
+    unanswered_spot_deals,
 )
 from counterfactory.validation.attrition import wilson_interval
 
@@ -113,11 +114,15 @@ def per_reviewer(items: Sequence[QueueItem]) -> dict[str, Any]:
 
 
 def override_rates(items: Sequence[QueueItem]) -> dict[str, Any]:
-    """Per gate verdict of the audit sample: how often a resolved review reversed it."""
+    """Per gate verdict of the audit sample: how often people's first votes reversed it.
+
+    Each reviewer's first accept or reject counts (:attr:`QueueItem.first_resolution`): the
+    answer to a decision shows the gate's verdict, so a vote made after reading it (reject,
+    read "accepted", undo, accept) would no longer be blind."""
     out = {}
     for verdict in ("accepted", "rejected"):
-        resolved = [i for i in items if i.mode == "audit" and i.verdict == verdict and i.resolution.outcome]
-        reversed_ = sum(i.resolution.outcome != verdict for i in resolved)
+        resolved = [i for i in items if i.mode == "audit" and i.verdict == verdict and i.first_resolution.outcome]
+        reversed_ = sum(i.first_resolution.outcome != verdict for i in resolved)
         out[verdict] = _rate(reversed_, len(resolved))
     return out
 
@@ -164,7 +169,7 @@ def review_summary(ledger: Ledger, options: ReviewOptions) -> dict[str, Any]:
         "reviewers": per_reviewer(items),
         "agreement": agreement(items),
         "override": override_rates(items),
-        "spot_the_edit": spot_accuracy(trials, conditions),
+        "spot_the_edit": {**spot_accuracy(trials, conditions), "unanswered": unanswered_spot_deals(ledger)},
     }
 
 

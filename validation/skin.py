@@ -572,6 +572,6 @@ def source_edit_region(
         mask = face_mask(landmarks, image.shape[:2], mode=mode)  # type: ignore[arg-type]
         measured = region_mask(landmarks, image.shape[:2], region)
     else:
-        mask = measured = region_mask(landmarks, image.shape[:2], region, person=person)
+        mask = measured = region_mask(landmarks, image.shape[:2], region, person=person, image=image)
     visible, pixels = source_body_skin(image, landmarks, measured, person)
     return mask, {"edit_region": region, "source_body_skin_visible": visible, "source_body_skin_px": pixels}

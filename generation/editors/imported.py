@@ -32,8 +32,16 @@ made with, recorded on the item). ``table`` itself is relative to the spec's fol
   A candidate that decodes only with a warning (a PNG chunk with a bad CRC) is used, and the
   warning is kept in the attempt's ``output`` record, which the item carries.
 - Before any work (:meth:`ImportEditor.prepare`), the table is refused, naming the row, for a
-  condition outside the spec's axes, a source that is not one of the spec's, or two rows for
-  one source and condition (:class:`~counterfactory.manifests.errors.SetupError`).
+  condition outside the spec's axes, a source that is not one of the spec's, two rows for
+  one source and condition, or two rows with one ``id``
+  (:class:`~counterfactory.manifests.errors.SetupError`).
+- Nothing the table names is trusted (:mod:`~counterfactory.manifests.safefiles`): every path
+  (``candidate``, ``floor``, a ``source`` given by path, a dataset struct's ``path``, a file of a
+  ``folder``) is resolved, symbolic links included, and must stay inside the table's folder (or
+  a folder of ``allowed_roots``); an absolute path is refused unless an allowed root holds it; a
+  file is read only when it is a regular file of at most ``max_file_bytes``, and hashed as a
+  stream. Each refusal stops the run before any work, naming the row and the column, never the
+  file's bytes.
 
 - A set without source photos (``no_source``, shaped like PAIRS: one scene, several generated
   people): ``source_column`` names each row's scene, a source id of the spec's metadata whose
@@ -56,7 +64,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
 from counterfactory.generation.editors.base import EditRequest, EditResult, SequentialEditor
 from counterfactory.generation.editors.tables import TableError, TableRow, read_folder, read_table, table_folder
@@ -64,6 +72,13 @@ from counterfactory.generation.errors import SourceError
 from counterfactory.generation.images import DEFAULT_MAX_PIXELS, decoder_warnings, load_image
 from counterfactory.manifests.errors import SetupError
 from counterfactory.manifests.registry import EDITORS
+from counterfactory.manifests.safefiles import (
+    DEFAULT_MAX_FILE_BYTES,
+    DEFAULT_MAX_TABLE_BYTES,
+    InputFileError,
+    inside,
+    sha256_file,
+)
 
 #: the attempt metadata key that marks a failure retrying cannot change (the run's
 #: :func:`~counterfactory.generation.attempts.attempt_finished` reads it)
@@ -80,6 +95,7 @@ class _SpecContext:
     photos: Path
     metadata: Path
     max_pixels: int = DEFAULT_MAX_PIXELS
+    allowed_roots: tuple[Path, ...] = ()
 
 
 def _conditions(axes: dict[str, list[str]]) -> list[dict[str, str]]:
@@ -106,6 +122,8 @@ class ImportRow:
         prompt: the prompt the row says the candidate was made with.
         floor: the file the row names as the editor's output for "return this photo unchanged"
             of its source (the ``floor`` column), relative to the table's folder, or None.
+        floor_read: ``(sha256, None)`` of the floor file, or ``(None, why it cannot be read)``;
+            None without a floor.
     """
 
     number: int
@@ -119,6 +137,7 @@ class ImportRow:
     problem: str | None
     prompt: str | None
     floor: Path | None = None
+    floor_read: tuple[str | None, str | None] | None = None
 
     def record(self) -> dict[str, Any]:
         """What the item records about its row (``editor.output``)."""
@@ -131,10 +150,16 @@ class ImportRow:
         }
 
 
-def _file_sha256(path: Path) -> tuple[str | None, str | None]:
-    """``(sha256, None)`` of the file's bytes, or ``(None, why it cannot be read)``."""
+def _file_sha256(path: Path, max_bytes: int = DEFAULT_MAX_FILE_BYTES) -> tuple[str | None, str | None]:
+    """``(sha256, None)`` of the file's bytes (read as a stream), or ``(None, why it cannot be
+    read)``.
+
+    Raises:
+        InputFileError: not a regular file (a FIFO, a device), or over ``max_bytes``: the
+            caller refuses the row, naming it.
+    """
     try:
-        return hashlib.sha256(path.read_bytes()).hexdigest(), None
+        return sha256_file(path, max_bytes), None
     except FileNotFoundError:
         return None, "file not found"
     except IsADirectoryError:
@@ -163,11 +188,13 @@ class ImportTable:
         path: the table file.
         rows: in table order.
         max_pixels: the spec's pixel limit (sources are decoded as the run decodes them).
+        max_file_bytes: the largest file the table's rows may name.
     """
 
     path: Path
     rows: tuple[ImportRow, ...]
     max_pixels: int = DEFAULT_MAX_PIXELS
+    max_file_bytes: int = DEFAULT_MAX_FILE_BYTES
 
     @classmethod
     def read(cls, options: ImportOptions, spec: _SpecContext) -> ImportTable:
@@ -183,9 +210,14 @@ class ImportTable:
             if options.folder is not None:
                 assert options.pattern is not None
                 choices = {options.condition_columns.get(axis, axis): values for axis, values in spec.axes.items()}
-                columns, table_rows = read_folder(path, options.pattern, choices)
+                columns, table_rows = read_folder(path, options.pattern, choices, roots=spec.allowed_roots)
             else:
-                columns, table_rows = read_table(path)
+                columns, table_rows = read_table(
+                    path,
+                    run_folder=options._run_folder,
+                    max_file_bytes=options.max_file_bytes,
+                    max_table_bytes=options.max_table_bytes,
+                )
         except TableError as exc:
             raise SetupError(f"editor.import.{options.table_field}: {exc}") from None
         unknown = sorted(set(options.condition_columns) - set(spec.axes))
@@ -215,14 +247,20 @@ class ImportTable:
             raise SetupError(f"editor.import: the spec's metadata cannot be read: {exc}") from None
         photos = spec.photos.resolve()
         by_id = {r.id: r for r in records}
-        by_path = {(photos / r.path).resolve(): r.id for r in records}
+        # a metadata photo that leads outside the photos folder is failed by the run itself;
+        # it is never a row's source by path (nor read here to match one by its bytes)
+        by_path = {
+            (photos / r.path).resolve(): r.id for r in records if (photos / r.path).resolve().is_relative_to(photos)
+        }
         folder = table_folder(path)
-        resolver = _SourceResolver(by_id, by_path, photos)
+        resolver = _SourceResolver(by_id, by_path, photos, options.max_file_bytes)
         allowed = {axis: {_loose(v): v for v in values} for axis, values in spec.axes.items()}
+        if options.folder is None:
+            cls._refuse_repeated_ids(options, path, table_rows)
         rows: list[ImportRow] = []
         first: dict[tuple[str, tuple[tuple[str, str], ...]], ImportRow] = {}
         for row in table_rows:
-            resolved = cls._resolve(options, path, folder, row, condition_columns, allowed, resolver)
+            resolved = cls._resolve(options, spec, path, folder, row, condition_columns, allowed, resolver)
             key = (resolved.source_id, tuple(resolved.condition.items()))
             if key in first:
                 earlier = first[key]
@@ -233,11 +271,28 @@ class ImportTable:
                 )
             first[key] = resolved
             rows.append(resolved)
-        return cls(path, tuple(rows), spec.max_pixels)
+        return cls(path, tuple(rows), spec.max_pixels, options.max_file_bytes)
+
+    @staticmethod
+    def _refuse_repeated_ids(options: ImportOptions, path: Path, table_rows: Sequence[TableRow]) -> None:
+        """Two or more rows with one id (given, or ``row<N>``) stop the table, naming them."""
+        numbers: dict[str, list[int]] = {}
+        for row in table_rows:
+            numbers.setdefault(row.get(options.id_column) or f"row{row.number}", []).append(row.number)
+        repeated = {row_id: ns for row_id, ns in numbers.items() if len(ns) > 1}
+        if repeated:
+            row_id, ns = next(iter(repeated.items()))
+            listed = ", ".join(map(str, ns[:-1])) + f" and {ns[-1]}"
+            more = f" ({len(repeated) - 1} more id(s) repeat too)" if len(repeated) > 1 else ""
+            raise SetupError(
+                f"editor.import.table: {path}, rows {listed} share the id {row_id!r} (column "
+                f"{options.id_column!r}){more}; an id names one row on its item: make each row's id unique"
+            )
 
     @staticmethod
     def _resolve(
         options: ImportOptions,
+        spec: _SpecContext,
         path: Path,
         folder: Path,
         row: TableRow,
@@ -250,6 +305,30 @@ class ImportTable:
             where = f"editor.import.folder: {path}, file {row_id!r}"
         else:
             where = f"editor.import.table: {path}, row {row.number} (id {row_id!r})"
+
+        def named(column: str, value: str) -> Path:
+            """The file a cell names, kept inside the table's folder (or an allowed root)."""
+            if column in row.embedded:
+                return Path(value)  # the file the table's own bytes were written to
+            try:
+                return inside(folder, value, roots=spec.allowed_roots, what="the table's folder")
+            except InputFileError as exc:
+                raise SetupError(f"{where}, column {column!r}: {exc}") from None
+
+        def hashed(column: str, file: Path) -> tuple[str | None, str | None]:
+            """The file's sha256 or why it cannot be read; a file that must not be read stops the table."""
+            try:
+                sha, problem = _file_sha256(file, options.max_file_bytes)
+            except InputFileError as exc:
+                raise SetupError(f"{where}, column {column!r}: {exc}") from None
+            expected = row.embedded.get(column)
+            if expected is not None and sha != expected:
+                raise SetupError(
+                    f"{where}, column {column!r}: the copy of its embedded image changed while it was read "
+                    "(another process writing the embedded folder?); run again"
+                )
+            return sha, problem
+
         condition: dict[str, str] = {}
         for axis, column in condition_columns.items():
             value = row.get(column)
@@ -265,7 +344,10 @@ class ImportTable:
         source = row.get(options.source_column)
         if source is None:
             raise SetupError(f"{where}: no source (column {options.source_column!r})")
-        found = resolver.find(source, folder)
+        try:
+            found = resolver.find(source, folder, None if options.source_column in row.embedded else spec.allowed_roots)
+        except InputFileError as exc:
+            raise SetupError(f"{where}, column {options.source_column!r}: {exc}") from None
         if found is None and options.no_source:
             raise SetupError(
                 f"{where}: scene {source!r} (column {options.source_column!r}) is not a source id of the spec's "
@@ -284,8 +366,10 @@ class ImportTable:
         if candidate is None:
             problem = f"the row names no candidate (column {options.candidate_column!r} is empty)"
         else:
-            candidate_path = folder / candidate
-            sha, problem = _file_sha256(candidate_path)
+            candidate_path = named(options.candidate_column, candidate)
+            sha, problem = hashed(options.candidate_column, candidate_path)
+        floor_name = row.get(options.floor_column) if not options.no_source else None
+        floor = named(options.floor_column, floor_name) if floor_name else None
         return ImportRow(
             number=row.number,
             row_id=row_id,
@@ -297,9 +381,8 @@ class ImportTable:
             candidate_sha256=sha,
             problem=problem,
             prompt=row.get(options.prompt_column),
-            floor=folder / row.get(options.floor_column)
-            if row.get(options.floor_column) and not options.no_source
-            else None,
+            floor=floor,
+            floor_read=hashed(options.floor_column, floor) if floor is not None else None,
         )
 
     def digest(self) -> str:
@@ -313,7 +396,7 @@ class ImportTable:
                 "problem": r.problem,
                 "prompt": r.prompt,
                 "row": [r.number, r.row_id, r.candidate],
-                "floor_sha256": _file_sha256(r.floor) if r.floor is not None else None,
+                "floor_sha256": r.floor_read,
             }
             for r in self.rows
         ]
@@ -325,23 +408,37 @@ class _SourceResolver:
     """A row's source as one of the spec's: by id, by path, or by the photo's bytes (a copy of
     the spec's photo elsewhere); each photo's sha256 computed only when first needed."""
 
-    def __init__(self, by_id: dict[str, Any], by_path: dict[Path, str], photos: Path) -> None:
-        self.by_id, self.by_path, self.photos = by_id, by_path, photos
+    def __init__(self, by_id: dict[str, Any], by_path: dict[Path, str], photos: Path, max_bytes: int) -> None:
+        self.by_id, self.by_path, self.photos, self.max_bytes = by_id, by_path, photos, max_bytes
         self._by_sha: dict[str, str] | None = None
 
-    def find(self, source: str, folder: Path) -> tuple[str, Path] | None:
+    def find(self, source: str, folder: Path, roots: tuple[Path, ...] | None = ()) -> tuple[str, Path] | None:
+        """The source ``source`` names: an id, one of the spec's photos by path (the spec's
+        metadata named it, wherever it is), or a file inside ``folder`` (or ``roots``; None:
+        the table's own embedded bytes, anywhere) holding one of its photo's bytes.
+
+        Raises:
+            InputFileError: a path that leads outside, or a file that must not be read.
+        """
         if source in self.by_id:
             return source, (self.photos / self.by_id[source].path).resolve()
+        if "\x00" in source:
+            raise InputFileError("the path holds a NUL byte; write the file's name without it")
         path = (folder / source).resolve()
         if path in self.by_path:
             return self.by_path[path], path
-        if not path.is_file():
+        if roots is not None:
+            path = inside(folder, source, roots=roots, what="the table's folder")
+        if not path.exists():
             return None
-        sha, _ = _file_sha256(path)
+        sha, _ = _file_sha256(path, self.max_bytes)
         if self._by_sha is None:
             self._by_sha = {}
             for photo, sid in self.by_path.items():
-                photo_sha, _ = _file_sha256(photo)
+                try:
+                    photo_sha, _ = _file_sha256(photo, self.max_bytes)
+                except InputFileError:
+                    continue  # the run fails this source itself (load_image refuses it)
                 if photo_sha is not None:
                     self._by_sha.setdefault(photo_sha, sid)
         sid = self._by_sha.get(sha) if sha is not None else None
@@ -391,8 +488,40 @@ class ImportOptions(BaseModel):
     #: the editor that made the set and its version, as far as known (the items' lineage)
     editor_name: str = Field("unknown", min_length=1)
     editor_version: str | None = None
+    #: folders (absolute, or relative to the spec's folder) that the table's paths may also
+    #: lead into: an absolute path, or one leaving the table's folder (``..``, a symbolic link),
+    #: is refused unless it resolves inside one of them
+    allowed_roots: list[str] = Field(default_factory=list, max_length=100)
+    #: the largest image file (candidate, floor, source, embedded image) a row may name, in
+    #: bytes; a larger one, or one that is not a regular file (a FIFO, a device), stops the run
+    #: naming the row
+    max_file_bytes: int = Field(DEFAULT_MAX_FILE_BYTES, ge=1, le=1 << 36)
+    #: the largest table file (CSV, JSONL, one Parquet or JSONL shard of a dataset folder), in bytes
+    max_table_bytes: int = Field(DEFAULT_MAX_TABLE_BYTES, ge=1, le=1 << 36)
 
     _spec: _SpecContext | None = PrivateAttr(default=None)
+    _run_folder: Path | None = PrivateAttr(default=None)
+
+    @staticmethod
+    def canonical_trim(data: dict[str, Any]) -> dict[str, Any]:
+        """``data`` (these options as JSON) without the file limits at their defaults and an empty
+        ``allowed_roots``: a spec hashes as before they existed
+        (:meth:`~counterfactory.manifests.spec.EditorConfig.canonical`)."""
+        data = dict(data)
+        if not data.get("allowed_roots"):
+            data.pop("allowed_roots", None)
+        for key, default in (("max_file_bytes", DEFAULT_MAX_FILE_BYTES), ("max_table_bytes", DEFAULT_MAX_TABLE_BYTES)):
+            if data.get(key) == default:
+                data.pop(key)
+        return data
+
+    @field_validator("allowed_roots")
+    @classmethod
+    def _roots(cls, value: list[str]) -> list[str]:
+        for root in value:
+            if not root.strip() or "\x00" in root:
+                raise ValueError("folders named by a non-empty path without NUL bytes")
+        return value
 
     @model_validator(mode="after")
     def _one_input(self) -> ImportOptions:
@@ -414,15 +543,27 @@ class ImportOptions(BaseModel):
         is relative to it), its design axes, its photos and metadata, and its pixel limit.
         :func:`~counterfactory.manifests.spec.load_spec` calls this on the active backend."""
         path = getattr(spec, "source_path", None)
+        base_dir = Path(path).parent if path is not None else Path.cwd()
         self._spec = _SpecContext(
-            base_dir=Path(path).parent if path is not None else Path.cwd(),
+            base_dir=base_dir,
             axes={axis: [str(v) for v in values] for axis, values in spec.design.axes.items()},
             strata=list(spec.design.strata),
             photos=Path(spec.sources.photos),
             metadata=Path(spec.sources.metadata),
             max_pixels=int(spec.sources.max_pixels),
+            allowed_roots=tuple((base_dir / root).resolve() for root in self.allowed_roots),
         )
         self._table = None
+
+    def bind_run_folder(self, out: str | Path) -> None:
+        """Keep the table's embedded images in the run's folder (``OUT/embedded``, mode 0700;
+        :func:`~counterfactory.generation.editors.tables.embedded_dir`). The command line and
+        :func:`~counterfactory.flows.resume.run_spec` call this (through
+        :meth:`~counterfactory.manifests.spec.Spec.bind_run_folder`) before the table is read."""
+        with _READ_LOCK:
+            if self._run_folder != Path(out):
+                self._run_folder = Path(out)
+                self._table = None
 
     def table_path(self) -> Path:
         """The table's (or the folder's) path: relative to the spec's folder (the working folder when unbound)."""
@@ -566,7 +707,10 @@ class ImportEditor(SequentialEditor):
                 by_cell = {(r.source_id, tuple(r.condition.items())): r for r in table.rows}
                 photos: dict[str, Path] = {r.source_id: r.source_photo for r in table.rows}
                 source_of: dict[str, list[str]] = {}
+                folder = self.options._spec.photos.resolve() if self.options._spec is not None else None
                 for sid, photo in sorted(photos.items()):
+                    if folder is not None and not photo.is_relative_to(folder):
+                        continue  # a link out of the photos folder: the run fails this source itself
                     try:
                         pixels = load_image(photo, max_pixels=table.max_pixels).pixels
                     except SourceError:

@@ -250,3 +250,83 @@ def import_spec(table: str, *, version: str = "0.1.0", **editor) -> dict:
         "release": {"name": "import-test", "version": version},
         "trials": {"protocols": ["2afc", "mcq"]},
     }
+
+
+#: A FOCUS-shaped set (issue 34): eight people of four stated groups (Face Research Lab London
+#: Set), ten conditions each, no floor column
+FOCUS_PEOPLE = ("025", "042", "030", "045", "064", "070", "002", "004")
+FOCUS_GENDERS = {"025": "female", "042": "male", "030": "female", "045": "male", "064": "female", "070": "male",
+                 "002": "female", "004": "male"}  # fmt: skip
+#: the failures added, each to the first of its sources where the corpus can make it (one row
+#: each, an eleventh condition; an added object needs a donor patch a person would see there)
+FOCUS_FAILURES = ("object_added", "global_colour", "identity_swap")
+
+
+def write_focus_set(folder: Path, *, seed: int = 0) -> ImportSet:
+    """A set shaped like FOCUS's, as an editor returns one and with no ``floor`` column: each of
+    :data:`FOCUS_PEOPLE` (384 px) with ten good face-and-neck edits (skin lighter or darker by
+    8-15 L*, half with a feature morph toward another group's proportions; every one re-rendered
+    through TAEF2 and jittered, :mod:`counterfactory.validation.failures`), and three more rows,
+    each a good edit with one failure on top (:data:`FOCUS_FAILURES`: an added object, a colour
+    cast, an identity swap), each on another source. Rows carry ``label`` (the corpus class)."""
+    from counterfactory.validation.failures import build_set_corpus
+    from counterfactory.validation.photo_sets import PhotoSet
+
+    photos, candidates = folder / "photos", folder / "candidates"
+    photos.mkdir(parents=True, exist_ok=True)
+    candidates.mkdir(exist_ok=True)
+    paths = tuple(LONDON / "neutral" / f"{p}.jpg" for p in FOCUS_PEOPLE)
+    conditions = [(race, gender) for race in AXES["race"] for gender in AXES["gender"]]
+    people = PhotoSet("focus", paths, per_class=3, max_side=MAX_SIDE)
+    metadata, rows, used = [], [], {}
+    cases = list(build_set_corpus(people, seed=seed, classes=(GOOD,)))
+    failed: dict[str, object] = {}
+    for c in build_set_corpus(
+        PhotoSet("focus", paths, per_class=1, max_side=MAX_SIDE), seed=seed, classes=FOCUS_FAILURES
+    ):
+        if c.label not in failed and c.photo not in {f.photo for f in failed.values()}:
+            failed[c.label] = c
+        if len(failed) == len(FOCUS_FAILURES):
+            break
+    assert sorted(failed) == sorted(FOCUS_FAILURES), sorted(failed)
+    cases += list(failed.values())
+    for case in cases:
+        stem = Path(case.photo).stem
+        if stem not in used:
+            used[stem] = 0
+            Image.fromarray(case.source).save(photos / f"{stem}.png")
+            metadata.append(
+                {
+                    "id": f"src_{stem}",
+                    "path": f"{stem}.png",
+                    "licence": "CC BY 4.0 (Face Research Lab London Set)",
+                    "occupation": "portrait",
+                    "presented_gender": FOCUS_GENDERS[stem],
+                }
+            )
+        if case.label == GOOD and used[stem] >= 10:
+            continue
+        race, gender = conditions[used[stem]]
+        used[stem] += 1
+        name = f"candidates/{case.case_id.replace(':', '_').replace('.', '_')}.png"
+        Image.fromarray(case.output).save(folder / name)
+        rows.append(
+            {
+                "id": f"pair{len(rows) + 1:03d}",
+                "source": f"photos/{stem}.png",
+                "candidate": name,
+                "race": race,
+                "gender": gender,
+                "prompt": _prompt(race, gender),
+                "label": case.label,
+                "case_id": case.case_id,
+                "form": "png",
+            }
+        )
+    (photos / "metadata.yaml").write_text(yaml.safe_dump({"sources": metadata}, sort_keys=False))
+    table = folder / "pairs.csv"
+    columns = ["id", "source", "candidate", "race", "gender", "prompt"]
+    table.write_text("\n".join([",".join(columns)] + [",".join(_csv(r[c]) for c in columns) for r in rows]) + "\n")
+    spec = folder / "spec.yaml"
+    spec.write_text(yaml.safe_dump(import_spec("pairs.csv"), sort_keys=False))
+    return ImportSet(folder, spec, table, rows)

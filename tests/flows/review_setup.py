@@ -94,7 +94,7 @@ def run_and_publish(spec_path: Path, out: Path) -> tuple[SealedRelease, int]:
             cells = [c for c in grid.cells if c.source_id == source_id]
             outcomes.append(steps.process_template(spec, ws, by_id[source_id], cells, editor, stack))
         calls = sum(o.editor_calls for o in outcomes)
-        sealed = publish_release(spec, ws, prepared, failed, outcomes, grid, editor_calls=calls, allow_incomplete=True)
+        sealed = publish_release(spec, ws, prepared, failed, outcomes, grid, allow_incomplete=True)
         return sealed, calls
     finally:
         ws.ledger.close()

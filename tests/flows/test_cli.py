@@ -238,12 +238,13 @@ def test_measure_with_the_editors_noise_floor(tmp_path):
     Image.fromarray(rerender_like(edited, source.shape)).save(tmp_path / "candidate.png")
     args = ["measure", str(tmp_path / "source.png"), str(tmp_path / "candidate.png"), "--json"]
     plain = json.loads(_run(args).stdout)
-    assert plain["noise_floor"] is None
+    assert plain["noise_floor"] is None and plain["floor_path"] == "none"
     assert "floor_changed_share" not in plain["gates"]["locality"]["metrics"]
     assert "excess_share" not in plain["gates"]["locality"]["metrics"]
     result = _run([*args, "--floor", str(tmp_path / "floor.png")])
     assert result.returncode == 0, result.stderr[-2000:]
     report = json.loads(result.stdout)
+    assert report["floor_path"] == "request"
     floor, m = report["noise_floor"], report["gates"]["locality"]["metrics"]
     assert set(floor) >= {"changed_share", "global_shift", "global_gain_change"}
     for key in ("changed_share", "global_shift", "global_gain_change"):

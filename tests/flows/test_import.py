@@ -207,6 +207,19 @@ def test_measure_batch_on_the_same_table(audited):
     assert lines[summary].startswith(f"summary: {len(made.rows)} pairs:")
     # the prompt column is the import backend's, not a condition
     assert any("race=" in line for line in lines[summary:]) and not any("prompt=" in line for line in lines)
+    # with the same floor (the table's floor column: each source's "return this photo
+    # unchanged" output) measure gives every pair the import's verdict, and both say so
+    _, _, _, items, _ = audited
+    by_row = _by_row(made, items)
+    as_json = cli("measure", "--batch", str(made.table), "--spec", str(made.spec), "--json")
+    reports = {r["id"]: r for r in map(json.loads, as_json.stdout.splitlines())}
+    for row in made.rows:
+        if row["form"] == "missing":
+            continue
+        report, item = reports[row["id"]], by_row[row["id"]]
+        assert (report["verdict"], report["floor_path"]) == (item["status"], item["floor_path"]), row["id"]
+        if item["alignment"]["ok"]:
+            assert item["floor_path"] == "request"
 
 
 def _recompute(rows):

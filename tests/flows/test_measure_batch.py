@@ -150,7 +150,8 @@ def test_measure_batch_refuses_a_table_without_its_columns(tmp_path):
 
 def test_measure_with_a_spec_draws_the_runs_edit_region(tmp_path):
     """`measure --spec` judges as a run of that spec does: the edit region its prompt names
-    (here face, neck and ears), not the face oval; without a spec, the face oval."""
+    (here face, neck and ears), not the face oval; without a spec, the region FOCUS's prompt
+    names, which the shipped thresholds are calibrated on (issue 34)."""
     import yaml
 
     from counterfactory.flows.audit import PairMeasurer
@@ -179,4 +180,4 @@ def test_measure_with_a_spec_draws_the_runs_edit_region(tmp_path):
     path.write_text(yaml.safe_dump(spec, sort_keys=False))
     measurer = PairMeasurer(path)
     assert measurer.region == edit_region(load_spec(path)) == "face_neck_ears"
-    assert PairMeasurer().region == "face"
+    assert PairMeasurer().region == "face_neck_ears"

@@ -229,7 +229,7 @@ def test_the_demo_reviewed_by_mouse_and_keyboard_then_published(browser, served_
     }
     assert manifest == {i for i, r in new.items() if r["status"] == "accepted"}
     stats = json.loads((releases / "0.2.0" / "stats.json").read_text())
-    assert stats["editor_calls_this_run"] == 0
+    assert "editor_calls_this_run" not in stats
     assert len(Ledger(f"sqlite:///{out / 'ledger.sqlite'}").attempts()) == attempts_before
 
 

@@ -92,7 +92,8 @@ def test_demo_release_has_every_file(demo_run):
         attempts = db.execute("select count(*) from attempts").fetchone()[0]
     # one call per attempt: every cell once, plus a retry with the next seed for rejected ones
     assert attempts >= 18 and f"editor calls: {attempts}" in first.stdout
-    assert stats["editor_calls_this_run"] == attempts
+    # the run's own count is the run's summary's, not the release's (a release depends only on its inputs)
+    assert "editor_calls_this_run" not in stats and "Editor calls" not in report
 
 
 def _files(folder: Path) -> dict[str, tuple[bytes, int]]:

@@ -22,8 +22,8 @@ from counterfactory.assets import PHOTOS_DIR
 from counterfactory.manifests.release import ReleaseStage, table_record, write_json, write_jsonl
 from counterfactory.manifests.store import sha256_file
 from counterfactory.manifests.trials import TrialsConfig, bank_record, build_trials, trial_summary
-from counterfactory.validation.attrition import attrition_table
-from counterfactory.validation.target_stats import label_consistency, skin_tone_stats
+from counterfactory.validation.release_derived import as_read_back, derived_stats
+from counterfactory.validation.target_stats import skin_tone_stats
 
 PHOTOS = {"astronaut": "astronaut.png", "grace_hopper": "grace_hopper.jpg"}
 DEFAULT_LICENCES = {"astronaut": "public domain (NASA)", "grace_hopper": "public domain (U.S. Navy)"}
@@ -193,32 +193,24 @@ def make_release(
         "prompts": {"face": "face_only_v1"},
         "release": {"name": name, "version": version, "description": "Test release.", "licence": "see sources"},
     }
+    if trials:
+        spec["trials"] = {"protocols": ["mcq"]}
     (stage.dir / "spec.yaml").write_text(yaml.safe_dump(spec, sort_keys=False), encoding="utf-8")
-    gate_rows = [
-        {"condition": r["condition"], "verdict": r["status"], "gates": {g: v["passed"] for g, v in r["gates"].items()}}
-        for r in items
-    ]
-    counts = {s: sum(r["status"] == s for r in items) for s in ("accepted", "needs_review", "rejected", "failed")}
+    # the sections verify re-derives from items.jsonl come from the code publish uses
     write_json(
         stage.dir / "stats.json",
         {
-            "items": counts | {"total": len(items)},
-            "templates": {"total": len(PHOTOS), "complete": 0, "incomplete": sorted(PHOTOS)},
+            **derived_stats(
+                as_read_back(items, ["race", "gender"]),
+                failed_sources=False,
+                short_strata=False,
+                floors={"classical": {}},
+            ),
             "failed_sources": [],
             "spec_hash": hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest(),
-            "attrition": attrition_table(gate_rows),
             "skin": skin_tone_stats(items, {sid: "White" for sid in PHOTOS}),
-            "labels": label_consistency(items),
             "release": {"name": name, "version": version},
             "grid": {},
-            "reasons": {},
-            "pass_rates": {},
-            "completeness": {"complete": False, "per_group": []},
-            "expression": {
-                "overall": {"n": 0, "drifted": 0, "rate": None, "ci_low": 0.0, "ci_high": 1.0},
-                "per_group": [],
-                "labels": {},
-            },
             # shaped as validation.review_stats.release_review_stats writes it
             "review": {
                 "waiting": {"total": 0, "by_group": {}},

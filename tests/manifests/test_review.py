@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import threading
 
 import pytest
@@ -370,3 +371,27 @@ def test_double_review_needs_two_matching_decisions_and_feeds_kappa(ledger):
     assert agreement["kappa"] == pytest.approx(0.5)
     # skin-tone shift: (n,n) (y,y) (n,n) (n,y): p_o = 3/4, p_e = 3/4*2/4 + 1/4*2/4 = 1/2 -> 1/2
     assert agreement["kappa_per_reason"]["skin_tone_shift"] == pytest.approx(0.5)
+
+
+def test_reviewer_names_are_normalised_and_confusable_ones_refused(tmp_path):
+    ledger = Ledger(f"sqlite:///{tmp_path / 'ledger.sqlite'}")
+    try:
+        add_reviewer(ledger, "alice")
+        add_reviewer(ledger, "\uff42\uff4f\uff42")  # fullwidth "bob", stored as NFKC "bob"
+        for confusable, said in (
+            ("\u0430lice", "mixes Cyrillic and Latin letters"),  # a Cyrillic а, then Latin
+            ("ALICE", "is confusable with the existing reviewer 'alice'"),
+            ("\u0412\u041e\u0412", "is confusable with the existing reviewer 'bob'"),  # all Cyrillic ВОВ
+            ("BOB", "is confusable with the existing reviewer 'bob'"),
+            ("mallory\n\u202eyrollam", "no control, invisible or direction-changing characters"),
+            ("eve\u200b", "no control, invisible or direction-changing characters"),
+        ):
+            with pytest.raises(ReviewError, match=re.escape(said)):
+                add_reviewer(ledger, confusable)
+        with ledger.session() as s:
+            names = sorted(s.scalars(text("SELECT name FROM reviewers")))
+        assert names == ["alice", "bob"]
+        # revoking finds a reviewer by the same key
+        assert revoke_reviewer(ledger, "ALICE") is True
+    finally:
+        ledger.close()

@@ -53,7 +53,7 @@ def test_old_ledger_upgrades_in_place_keeping_every_row(old_ledger):
     before = _rows(old_ledger)
     assert sum(len(v) for v in before.values()) == 10  # 2 sources, 3 attempts, 3 candidates, 1 journal, 1 run
     ledger = Ledger(f"sqlite:///{old_ledger}")
-    assert current_revision(ledger.engine) == head_revision() == "0004"
+    assert current_revision(ledger.engine) == head_revision() == "0005"
     assert _as_before(_rows(old_ledger), before) == before
     # and the typed API reads them back
     assert {c.verdict for c in ledger.candidates()} == {"needs_review", "accepted", "rejected"}
@@ -61,7 +61,7 @@ def test_old_ledger_upgrades_in_place_keeping_every_row(old_ledger):
     assert _schema_diff(ledger.engine) == []
     ledger.close()
     # opening again is a no-op
-    assert upgrade_ledger(f"sqlite:///{old_ledger}") == "0004"
+    assert upgrade_ledger(f"sqlite:///{old_ledger}") == "0005"
     assert _as_before(_rows(old_ledger), before) == before
 
 
@@ -124,7 +124,7 @@ def test_postgres_old_ledger_upgrades_and_refuses_rewrites():
             )
         assert current_revision(engine) is None
         ledger = Ledger(url)
-        assert current_revision(engine) == "0004"
+        assert current_revision(engine) == "0005"
         assert [c.verdict for c in ledger.candidates()] == ["needs_review"]
         assert ledger.editor_calls() == 1
         assert _schema_diff(engine) == []

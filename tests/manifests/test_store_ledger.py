@@ -180,7 +180,7 @@ def test_an_older_schema_ledger_goes_through_the_migrations_or_is_refused(tmp_pa
     # a ledger from before the migrations existed (no alembic_version, no review tables) is
     # stamped at the baseline and upgraded, keeping its rows
     with sqlite3.connect(path) as db:
-        for table in ("alembic_version", "review_decisions", "spot_trials", "reviewers"):
+        for table in ("alembic_version", "review_decisions", "spot_deals", "spot_trials", "reviewers"):
             db.execute(f"drop table if exists {table}")
         for column in ("claimed_by", "claimed_at"):  # revision 0003's
             db.execute(f"alter table attempts drop column {column}")
@@ -189,7 +189,7 @@ def test_an_older_schema_ledger_goes_through_the_migrations_or_is_refused(tmp_pa
     again.close()
     # one older than the baseline (a column the migrations never add) is refused, naming it
     with sqlite3.connect(path) as db:
-        for table in ("alembic_version", "review_decisions", "spot_trials", "reviewers"):
+        for table in ("alembic_version", "review_decisions", "spot_deals", "spot_trials", "reviewers"):
             db.execute(f"drop table {table}")
         for column in ("claimed_by", "claimed_at", "meta"):
             db.execute(f"alter table attempts drop column {column}")

@@ -46,6 +46,7 @@ from __future__ import annotations
 import functools
 import math
 import weakref
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -164,6 +165,51 @@ class LocalityGateConfig(BaseModel):
             "(judged only with a noise floor image)"
         ),
     )
+    cohort: LocalityPathConfig | None = Field(
+        None, description="face edits: the thresholds judged above a cohort floor (the same source's other candidates)"
+    )
+    no_floor: LocalityPathConfig | None = Field(
+        None, description="face edits: the thresholds of a lone pair with no floor (measures as measured)"
+    )
+
+
+#: The locality thresholds that depend on what the editor alone did, and so on the judging
+#: path: judged above a floor (``request``, ``cohort``) or as measured (``none``).
+PATH_THRESHOLDS = (
+    "min_diff_face",
+    "max_changed_share",
+    "max_global_shift",
+    "max_global_gain_change",
+    "max_body_skin_delta_e",
+    "min_face_change",
+    "max_excess_share",
+)
+#: The three ways a verdict knows what the editor alone did (``floor_path`` on every item):
+#: the run's "return this photo unchanged" request, the other candidates of the same source
+#: (:func:`~counterfactory.validation.cohort.cohort_floors`), or nothing (a lone pair).
+FLOOR_PATHS = ("request", "cohort", "none")
+
+
+class LocalityPathConfig(BaseModel):
+    """The path-dependent locality thresholds (:data:`PATH_THRESHOLDS`) of one judging path
+    other than the floor request (``gates.face.locality.cohort`` / ``.no_floor``). When a path's
+    set is given it replaces the top-level values of those thresholds for that path (None: not
+    judged); when it is absent the top-level values hold.
+
+    ``cohort``: judged above the other candidates of the same source (their median, leave one
+    out); ``face_change`` is then judged as measured (the others' faces are edited too).
+    ``no_floor``: a lone pair, every measure as measured, limits fitted on re-rendered cases
+    without a floor."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    min_diff_face: float | None = Field(None, ge=0.0, le=1.0)
+    max_changed_share: float | None = Field(None, ge=0.0, le=1.0)
+    max_global_shift: float | None = Field(None, ge=0.0, le=1.0)
+    max_global_gain_change: float | None = Field(None, ge=0.0)
+    max_body_skin_delta_e: float | None = Field(None, ge=0.0)
+    min_face_change: float | None = Field(None, ge=0.0, le=1.0)
+    max_excess_share: float | None = Field(None, ge=0.0, le=1.0)
 
 
 def binary_mask(mask: np.ndarray) -> np.ndarray:
@@ -834,6 +880,20 @@ def noise_floor_of(pair: PairContext) -> dict | None:
 FLOOR_IMAGE = "noise_floor_image"
 
 
+#: ``pair.extras`` key of a cohort floor (:mod:`counterfactory.validation.cohort`): its image
+#: on the pair's working grid, ``(h, w, 3)`` uint8 (``source[::stride, ::stride]``'s shape)
+FLOOR_WORK_IMAGE = "noise_floor_work_image"
+
+
+def floor_work_image_of(pair: PairContext) -> np.ndarray | None:
+    """The floor output on the working grid (``pair.extras[FLOOR_WORK_IMAGE]``), or None when
+    the caller has none or it is not the working grid's shape."""
+    image = (pair.extras or {}).get(FLOOR_WORK_IMAGE)
+    if image is None or getattr(image, "shape", None) != pair.work_source.shape:
+        return None
+    return image
+
+
 def floor_image_of(pair: PairContext) -> np.ndarray | None:
     """The floor output (``pair.extras[FLOOR_IMAGE]``), or None when the caller has none or it
     is not the source's shape."""
@@ -859,6 +919,8 @@ def locality_gate(
     min_face_change: float | None = None,
     min_band_ratio: float | None = None,
     max_excess_share: float | None = None,
+    cohort: Mapping[str, Any] | None = None,
+    no_floor: Mapping[str, Any] | None = None,
 ) -> GateResult:
     """Judge where ``pair.candidate`` differs from ``pair.source``.
 
@@ -884,8 +946,24 @@ def locality_gate(
     ``changed_share``, ``global_shift``, ``global_gain_change``, ``body_skin_delta_e``,
     ``body_skin_area_frac``; with ``pair.raw_candidate`` the ``raw_`` versions of the face
     figures; with ``pair.unregistered`` ``focus_diff_face``, ``focus_diff_nonface``,
-    ``focus_ratio``. Judged figures are those of ``pair.candidate`` (what is released).
+    ``focus_ratio``.
+    Judged figures are those of ``pair.candidate`` (what is released).
+
+    The judging path (``floor_path``, :data:`FLOOR_PATHS`) is ``request`` with a floor request's
+    measures (``pair.extras["noise_floor"]``), ``cohort`` with a cohort floor (its image on the
+    working grid, ``pair.extras[FLOOR_WORK_IMAGE]``, whose measures are taken here as a floor
+    request's are), else ``none``. ``cohort`` / ``no_floor`` (:class:`LocalityPathConfig`) replace
+    the :data:`PATH_THRESHOLDS` on their path when given.
     """
+    floor = noise_floor_of(pair)
+    path = "none" if floor is None else str(floor.get("path", "request"))
+    chosen = {"cohort": cohort, "none": no_floor}.get(path)
+    if chosen is not None:
+        values = {k: chosen.get(k) for k in PATH_THRESHOLDS}
+        min_diff_face, max_changed_share = values["min_diff_face"], values["max_changed_share"]
+        max_global_shift, max_global_gain_change = values["max_global_shift"], values["max_global_gain_change"]
+        max_body_skin_delta_e, min_face_change = values["max_body_skin_delta_e"], values["min_face_change"]
+        max_excess_share = values["max_excess_share"]
     thresholds = {
         "max_diff_nonface": max_diff_nonface,
         "min_diff_face": min_diff_face,
@@ -923,16 +1001,25 @@ def locality_gate(
     oval = prepared.oval if prepared is not None else pair.face_mask
     # the stack draws face masks as {0, 255} already; only caller-given edit masks are coerced
     m = locality_metrics(pair.source, pair.candidate, pair.face_mask, edit_mask, pair.covered, oval_mask=oval)
-    metrics: dict = {"mask_mode": pair.face_mask_mode, **m}
+    metrics: dict = {"mask_mode": pair.face_mask_mode, **({"floor_path": path} if pair.kind == "face" else {}), **m}
     if prepared is not None:
         metrics.update(_face_measures(prepared, pair.work_source, pair.work_candidate, work_covered=pair.work_covered))
-        floor_image = floor_image_of(pair)
+        floor_image, stride = floor_image_of(pair), pair.stride
+        work_floor = floor_work_image_of(pair)
+        if floor_image is None and work_floor is not None:
+            floor_image, stride = work_floor, 1
+        if path == "cohort" and work_floor is not None:
+            # the cohort's floor is measured here as a floor request's output is when it is
+            # judged, except its face: the other candidates' faces are edited too
+            measured = _face_measures(prepared, pair.work_source, work_floor, work_covered=pair.work_covered)
+            floor = {**floor, **{k: measured[k] for k in FLOOR_RELATIVE if k != "face_change"}}
+            metrics["floor_members"] = floor.get("members")
         if floor_image is not None:
             region = prepared.work_region
             if pair.work_covered is not None:
                 region = np.where(pair.work_covered, region, np.uint8(0))
             metrics["excess_share"] = finite_or_none(
-                excess_share(pair.work_source, pair.work_candidate, floor_image, region, pair.stride)
+                excess_share(pair.work_source, pair.work_candidate, floor_image, region, stride)
             )
     raw = pair.raw_candidate
     if raw is not None and raw.shape == pair.source.shape:
@@ -972,7 +1059,6 @@ def locality_gate(
         else:
             if max_diff_nonface is not None and m["diff_nonface"] > max_diff_nonface:
                 reasons.append("locality_nonface_diff_above_max")
-            floor = noise_floor_of(pair)
             for key, bound, code in (
                 ("changed_share", max_changed_share, "locality_changed_share_above_max"),
                 ("global_shift", max_global_shift, "locality_global_shift_above_max"),

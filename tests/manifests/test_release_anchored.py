@@ -1,0 +1,222 @@
+"""A real demo release proves its derived files: each tamper below is made on a copy of the
+release ``counterfactory run assets/specs/demo-face.yaml --out OUT --publish --allow-incomplete``
+seals, and then covered as well as it can be (``release.json``'s table records and its record of
+every file's sha256 rewritten, ``checksums.sha256`` regenerated), so only re-deriving what is
+derived, the schemas the package ships, the file-type checks and the digest can catch it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from counterfactory.manifests.release import CHECKSUMS, read_jsonl, table_record, verify_release, write_jsonl
+from counterfactory.manifests.store import sha256_file
+from counterfactory.manifests.trials import trial_summary
+from tests.conftest import REPO
+
+# the session's demo run takes about a minute
+pytestmark = pytest.mark.slow
+
+
+def _copy(release: Path, tmp_path: Path) -> Path:
+    target = tmp_path / "releases" / release.parent.name / release.name
+    shutil.copytree(release, target)
+    for p in [target, *target.rglob("*")]:
+        p.chmod(0o755 if p.is_dir() else 0o644)
+    return target
+
+
+def _reseal(release: Path) -> None:
+    """Cover an edit: release.json's tables, trial summary and file record rewritten to match,
+    then checksums.sha256 regenerated (what someone with write access to the folder can do)."""
+    info = json.loads((release / "release.json").read_text())
+    for name in info.get("tables") or {}:
+        info["tables"][name] = table_record(release, name)
+    info["trials"] = trial_summary(read_jsonl(release / "trials.jsonl"))
+    files = sorted(p for p in release.rglob("*") if p.is_file() and not p.is_symlink())
+    if "file_sha256" in info:
+        info["file_sha256"] = {
+            p.relative_to(release).as_posix(): sha256_file(p)
+            for p in files
+            if p.relative_to(release).as_posix() not in ("release.json", CHECKSUMS)
+        }
+    (release / "release.json").write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
+    lines = [f"{sha256_file(p)}  {p.relative_to(release).as_posix()}\n" for p in files if p.name != CHECKSUMS]
+    (release / CHECKSUMS).write_text("".join(lines))
+
+
+def _problems(release: Path) -> str:
+    _reseal(release)
+    problems = verify_release(release)
+    text = "\n".join(problems)
+    assert problems, "the tampered release verified"
+    assert "checksum mismatch" not in text and "not listed" not in text, text
+    return text
+
+
+def _edit(path: Path, change) -> None:
+    rows = read_jsonl(path)
+    change(rows)
+    write_jsonl(path, rows)
+
+
+def test_the_demo_releases_verify_and_publishing_printed_their_digest(demo_run):
+    for release, printed in ((demo_run.release, demo_run.run_stdout), (demo_run.with_trials, demo_run.publish_stdout)):
+        assert verify_release(release) == []
+        digest = hashlib.sha256((release / "release.json").read_bytes()).hexdigest()
+        assert f"digest: {digest}" in printed
+        info = json.loads((release / "release.json").read_text())
+        # every file but release.json and checksums.sha256, derived ones included
+        files = {p.relative_to(release).as_posix() for p in release.rglob("*") if p.is_file()}
+        assert set(info["file_sha256"]) == files - {"release.json", CHECKSUMS}
+        assert {"stats.json", "report.html", "items.jsonl", "left_out.jsonl", "trials.jsonl"} <= set(
+            info["file_sha256"]
+        )
+        assert any(name.startswith("schemas/") for name in info["file_sha256"])
+    assert len(read_jsonl(demo_run.with_trials / "trials.jsonl")) > 0
+
+
+def test_stats_json_edited_accepted_18_to_0(demo_run, tmp_path):
+    release = _copy(demo_run.release, tmp_path)
+    stats = json.loads((release / "stats.json").read_text())
+    assert stats["items"]["accepted"] == 18
+    stats["items"]["accepted"] = 0
+    (release / "stats.json").write_text(json.dumps(stats, indent=2, sort_keys=True) + "\n")
+    assert "stats.json: items is not what items.jsonl gives (accepted is 0, items.jsonl has 18)" in _problems(release)
+
+
+def test_report_html_edited(demo_run, tmp_path):
+    release = _copy(demo_run.release, tmp_path)
+    report = release / "report.html"
+    text = report.read_text()
+    assert "<h2>Items by status</h2>" in text
+    report.write_text(text.replace("<h2>Items by status</h2>", "<h2>Items by status (all accepted)</h2>"))
+    assert "report.html: not the report this package derives" in _problems(release)
+
+
+def test_report_html_given_a_script(demo_run, tmp_path):
+    release = _copy(demo_run.release, tmp_path)
+    report = release / "report.html"
+    report.write_text(report.read_text().replace("</body>", "<script>fetch('https://example.invalid')</script></body>"))
+    assert "report.html: not the report this package derives" in _problems(release)
+
+
+def test_a_loosened_trial_schema(demo_run, tmp_path):
+    release = _copy(demo_run.release, tmp_path)
+    schema_file = release / "schemas" / "trial.schema.json"
+    schema = json.loads(schema_file.read_text())
+    schema.pop("required", None)
+    schema["additionalProperties"] = True
+    schema_file.write_text(json.dumps(schema, indent=2) + "\n")
+    assert "schemas/trial.schema.json: not the schema counterfactory" in _problems(release)
+
+
+def test_an_accepted_row_dropped_from_items_jsonl(demo_run, tmp_path):
+    release = _copy(demo_run.release, tmp_path)
+    dropped = read_jsonl(release / "items.jsonl")[0]
+    assert dropped["status"] == "accepted"
+    _edit(release / "items.jsonl", lambda rows: rows.pop(0))
+    text = _problems(release)
+    assert f"items.jsonl: no accepted row for manifest item {dropped['item_id']}" in text
+    assert "stats.json: items is not what items.jsonl gives" in text
+
+
+def test_a_trial_dropped(demo_run, tmp_path):
+    release = _copy(demo_run.with_trials, tmp_path)
+    _edit(release / "trials.jsonl", lambda rows: rows.pop(3))
+    assert "trials.jsonl: 1 trial(s) the manifest gives are missing" in _problems(release)
+
+
+def test_a_whole_2afc_group_dropped(demo_run, tmp_path):
+    release = _copy(demo_run.with_trials, tmp_path)
+    rows = read_jsonl(release / "trials.jsonl")
+    template = next(r["group"]["template_id"] for r in rows if r["protocol"] == "2afc")
+    group = [r for r in rows if r["protocol"] == "2afc" and r["group"]["template_id"] == template]
+    assert len(group) >= 2
+    write_jsonl(release / "trials.jsonl", [r for r in rows if r not in group])
+    assert f"trials.jsonl: {len(group)} trial(s) the manifest gives are missing" in _problems(release)
+
+
+def test_a_hard_link_to_a_file_outside_the_release(demo_run, tmp_path):
+    release = _copy(demo_run.release, tmp_path)
+    inside = next((release / "images").iterdir())
+    outside = tmp_path / "outside.png"
+    shutil.copyfile(inside, outside)
+    inside.unlink()
+    os.link(outside, inside)  # the same bytes, but whoever owns outside.png can change them
+    name = inside.relative_to(release).as_posix()
+    assert f"{name}: hard-linked (2 links)" in _problems(release)
+
+
+def _fifo(path: Path) -> None:
+    os.mkfifo(path)
+
+
+def _socket(path: Path) -> None:
+    # AF_UNIX paths are short: bind by a relative name from inside the folder
+    here = os.getcwd()
+    os.chdir(path.parent)
+    try:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.bind(path.name)
+        sock.close()
+    finally:
+        os.chdir(here)
+
+
+def _folder(path: Path) -> None:
+    path.mkdir()
+
+
+@pytest.mark.parametrize(
+    ("make", "said"),
+    [(_fifo, "a FIFO, not a regular file"), (_socket, "a socket, not a regular file"), (_folder, "an empty folder")],
+    ids=["fifo", "socket", "empty-folder"],
+)
+def test_a_special_file_or_empty_folder_under_images(demo_run, tmp_path, make, said):
+    release = _copy(demo_run.release, tmp_path)
+    make(release / "images" / "extra")
+    # verify must answer (a FIFO never blocks it) and name the entry
+    assert f"images/extra: {said}" in _problems(release)
+
+
+def _verify(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "counterfactory", "verify", *args], capture_output=True, text=True, cwd=REPO, timeout=300
+    )
+
+
+def test_verify_expect_checks_the_digest_recorded_elsewhere(demo_run, tmp_path):
+    digest = hashlib.sha256((demo_run.release / "release.json").read_bytes()).hexdigest()
+    ok = _verify(str(demo_run.release), "--expect", digest)
+    assert ok.returncode == 0 and f"digest: {digest} (as expected)" in ok.stdout, ok.stderr
+    # a copy made consistent after an edit no longer has the recorded digest
+    release = _copy(demo_run.release, tmp_path)
+    _edit(release / "left_out.jsonl", lambda rows: rows.clear())
+    _reseal(release)
+    bad = _verify(str(release), "--expect", digest)
+    assert bad.returncode == 1
+    assert "release.json: the release's digest (sha256 of release.json) is " in bad.stderr
+    assert f"not the expected {digest}" in bad.stderr
+    wrong = _verify(str(demo_run.release), "--expect", "not-a-digest")
+    assert wrong.returncode == 2 and wrong.stderr.strip().splitlines() == [
+        "error: --expect 'not-a-digest': not a sha256 (64 hex digits); give the digest publish printed"
+    ]
+
+
+def test_derived_files_deleted_and_unrecorded(demo_run, tmp_path):
+    release = _copy(demo_run.release, tmp_path)
+    (release / "stats.json").unlink()
+    (release / "report.html").unlink()
+    text = _problems(release)
+    assert "stats.json: missing; every published release holds it" in text
+    assert "report.html: missing; every published release holds it" in text
