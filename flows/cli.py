@@ -619,6 +619,114 @@ def verify(release: Path, expect: str | None) -> None:
     click.echo(f"digest: {digest}" + (" (as expected)" if expect is not None else ""))
 
 
+@main.command()
+@click.argument("release", type=click.Path(path_type=Path, exists=True, file_okay=False))
+@click.option("--model", required=True, help="The model's name as its endpoint serves it.")
+@click.option("--backend", default="openai", show_default=True, help="A registered answer backend.")
+@click.option("--base-url", help="An OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000/v1 (vLLM, Ollama).")
+@click.option("--api-key-env", default="OPENAI_API_KEY", show_default=True, help="Environment variable with the key.")
+@click.option("--protocol", "protocols", multiple=True, help="Only this protocol's trials (repeatable).")
+@click.option("--samples", default=1, show_default=True, help="Answers per trial (sample index in the answer id).")
+@click.option("--concurrency", default=4, show_default=True, help="Requests in flight at most.")
+@click.option("--max-spend", type=float, help="Stop sending once this model's answers cost this many USD.")
+@click.option("--usd-per-mtok-in", type=float, default=0.0, help="Price per million prompt tokens (for --max-spend).")
+@click.option("--usd-per-mtok-out", type=float, default=0.0, help="Price per million completion tokens.")
+@click.option("--ledger", type=click.Path(path_type=Path), help="Answers ledger (default: <release>.answers.sqlite).")
+@click.option(
+    "--judge",
+    type=click.Choice(["npdp"]),
+    help="Instead of the trials, judge --of's disability-context answers with NP/DP's rubric (C.5).",
+)
+@click.option("--of", "of_model", help="With --judge: the model whose answers are judged.")
+def ask(
+    release: Path,
+    model: str,
+    backend: str,
+    base_url: str | None,
+    api_key_env: str,
+    protocols: tuple[str, ...],
+    samples: int,
+    concurrency: int,
+    max_spend: float | None,
+    usd_per_mtok_in: float,
+    usd_per_mtok_out: float,
+    ledger: Path | None,
+    judge: str | None,
+    of_model: str | None,
+) -> None:
+    """Ask a vision-language model every trial of RELEASE; answers go to the answers ledger beside
+    it, committed as they return; a re-run asks only what is missing. With --judge npdp --of M,
+    the model judges M's disability-context answers instead (the rubric's sha256 on each)."""
+    from counterfactory.validation.scoring.ask import ask as run_ask
+    from counterfactory.validation.scoring.judge import judge_npdp
+
+    options = {
+        "model": model,
+        "base_url": base_url,
+        "api_key_env": api_key_env,
+        "usd_per_mtok_in": usd_per_mtok_in,
+        "usd_per_mtok_out": usd_per_mtok_out,
+    }
+    if backend != "openai":
+        options = {"model": model}
+    if judge is not None:
+        if not of_model:
+            _fail("--judge needs --of MODEL: the model whose answers are judged")
+        summary = judge_npdp(
+            release,
+            backend=backend,
+            options=options,
+            of_model=str(of_model),
+            concurrency=concurrency,
+            max_spend=max_spend,
+            ledger=ledger,
+        )
+    else:
+        summary = run_ask(
+            release,
+            backend=backend,
+            options=options,
+            protocols=protocols,
+            samples=samples,
+            concurrency=concurrency,
+            max_spend=max_spend,
+            ledger=ledger,
+        )
+    click.echo(
+        f"{summary.asked} asked, {summary.already} already answered, {summary.failed} failed "
+        f"({summary.retries} retries), ${summary.spent_usd:.4f} spent, {summary.seconds:.1f} s -> {summary.ledger}"
+    )
+    if summary.stopped_at_cap:
+        click.echo(f"stopped at the spend cap (${max_spend}); run again with a higher --max-spend to go on")
+    if summary.failed:
+        for e in summary.errors[:5]:
+            click.echo(e, err=True)
+        _fail(f"{summary.failed} trials got no answer; run the same command again to ask them", code=1)
+
+
+@main.command()
+@click.argument("release", type=click.Path(path_type=Path, exists=True, file_okay=False))
+@click.argument("answers", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option("--out", "out", required=True, type=click.Path(path_type=Path), help="Folder for the report.")
+@click.option(
+    "--parse",
+    type=click.Choice(["strict", "lenient"]),
+    default="strict",
+    show_default=True,
+    help="Score the papers' strict reading of each reply, or the reading a person makes.",
+)
+@click.option("--resamples", default=999, show_default=True, help="Bootstrap resamples over templates.")
+@click.option("--min-n", type=int, help="Fewest comparisons a win-rate cell needs (default: release.json's analysis).")
+def score(release: Path, answers: tuple[Path, ...], out: Path, parse: str, resamples: int, min_n: int | None) -> None:
+    """Score ANSWERS (answers ledgers or JSON lines) of RELEASE as the papers define their
+    metrics: scores.json, per_trial.jsonl, the papers' tables, plots and report.html in OUT."""
+    from counterfactory.validation.scoring.score import score as run_score
+
+    scores = run_score(release, list(answers), out, parse=parse, resamples=resamples, min_n=min_n)
+    models = ", ".join(scores["models"])
+    click.echo(f"{scores['answers']} answers of {models} scored ({parse}) -> {out / 'report.html'}")
+
+
 @main.group()
 def review() -> None:
     """Human review: the web queue and its reviewers."""

@@ -52,6 +52,7 @@ from counterfactory.manifests.review import apply_reviews
 from counterfactory.manifests.spec import Spec
 from counterfactory.manifests.store import atomic_write, png_bytes
 from counterfactory.manifests.trials import (
+    analysis_record,
     bank_record,
     load_biographies,
     needs_biographies,
@@ -812,6 +813,9 @@ def publish_release(
             "counterfactory_version": counterfactory.__version__,
             "trial_bank": bank_record(spec.trials),
             "trials": trial_summary(trials),
+            "analysis": analysis_record(
+                {axis: list(values) for axis, values in spec.design.axes.items()}, spec.trials.protocols
+            ),
             "inputs": {name: stage.add_input(p) for name, p in trial_input_files(spec.trials).items()},
             "files": {
                 MANIFEST: "accepted items, one JSON object a line (schemas/manifest.schema.json)",

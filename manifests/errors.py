@@ -76,6 +76,15 @@ The tree (class, its builtin base, who raises it, what the user does)::
     │                                     run the same command again; it resumes.
     ├── PairError                         flows.audit: a measured pair's file cannot be read
     │                                     (its batch row is ``failed``). Fix the path.
+    ├── AnswersError (ValueError)         validation.scoring.answers / score: answers that cannot
+    │                                     be read or are not the release's (another bank, unknown
+    │                                     trial ids). Score each release with its own answers.
+    ├── AskError (ValueError)             validation.scoring.ask / judge: ``ask`` cannot start (an
+    │                                     unknown protocol or backend, nothing to judge). Fix the
+    │                                     option the message names.
+    ├── TransportError                    validation.scoring.backends: a request got no answer
+    │                                     (connection, timeout, 429, 5xx); ``ask`` retries it, and
+    │                                     a re-run asks what still failed.
     └── internal signals, caught where they are raised and never shown to a user:
         FalCallFailed (generation.editors.fal_queue: one fal call ends with a non-ok answer),
         _Lost (the same module: fal lost a request, submit again),

@@ -9,6 +9,7 @@ one registration line::
     GATES.register("mine", MineGateConfig, MineGate, order=70)
     TRIAL_PROTOCOLS.register("mine", MineProtocolOptions, MineProtocol)
     RELEASE_FILES.register("mine.jsonl", MineFileOptions, MineFile)
+    ANSWER_BACKENDS.register("mine", MineBackendOptions, MineBackend)
 
 The spec reads these registries to validate ``editor.<backend>``, ``gates.<kind>.<gate>`` and
 ``trials.protocols``; the gate stack is built from ``GATES`` in its order; concurrency limits,
@@ -403,8 +404,11 @@ TRIAL_PROTOCOLS = Registry("trial protocol", "counterfactory.manifests.trials", 
 #: optional release files: ``factory(options) -> release file``
 #: (:class:`counterfactory.manifests.release_files.ReleaseFile`); options from ``release.files.<name>``
 RELEASE_FILES = Registry("release file", "counterfactory.manifests.release_files", "release_file")
+#: answer backends (``counterfactory ask --backend NAME``): ``factory(options) -> backend``
+#: (:class:`counterfactory.validation.scoring.backends.AnswerBackend`)
+ANSWER_BACKENDS = Registry("answer backend", "counterfactory.validation.scoring.backends", "answer_backend")
 #: every registry, in the order ``counterfactory plugins`` lists them
-REGISTRIES = (EDITORS, GATES, TRIAL_PROTOCOLS, RELEASE_FILES)
+REGISTRIES = (EDITORS, GATES, TRIAL_PROTOCOLS, RELEASE_FILES, ANSWER_BACKENDS)
 
 
 def plugin_listing() -> list[dict[str, Any]]:

@@ -37,6 +37,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from counterfactory.assets import ASSETS_DIR
+from counterfactory.manifests.answers import YES_NO_UNCERTAIN, choice_spec, integer_spec, text_spec
 from counterfactory.manifests.errors import CounterfactoryError
 from counterfactory.manifests.registry import TRIAL_PROTOCOLS
 
@@ -46,7 +47,7 @@ PROTOCOLS = ("2afc", "mcq", "salary", "disability_context", "limb_pair", "person
 SOURCE_PREFIX = "source:"
 
 
-#: how each variant bank differs from the papers (the default, ``trial_prompts_v2``, follows
+#: how each variant bank differs from the papers (the default, ``trial_prompts_v3``, follows
 #: them); the card and ``release.json`` list these for the bank a release used
 BANK_DIFFERENCES: dict[str, list[str]] = {
     "trial_prompts_v1": [
@@ -61,8 +62,36 @@ BANK_DIFFERENCES: dict[str, list[str]] = {
         "person_irrelevant: five everyday tasks, not the paper's story generation and term explanation; no "
         "no-image baseline",
     ],
-    "trial_prompts_v2": [],
+    "trial_prompts_v2": [
+        "2afc perceived_safety: asks who one would 'feel safer being alone with', not FOCUS's 'feel more "
+        "comfortable approaching' (3.2 Task 1)",
+        "mcq, salary: 'a {occupation}' whatever the occupation ('a astronaut')",
+        "no decoding settings, no NP/DP mitigation prompt (C.4) or judge rubric (C.5)",
+    ],
+    "trial_prompts_v3": [],
 }
+
+#: the bank a spec gets when it names none
+DEFAULT_BANK = "trial_prompts_v3"
+
+
+def with_article(noun: str) -> str:
+    """``noun`` after the indefinite article that agrees with it: "an astronaut", "a nurse",
+    "an MBA holder", "a university lecturer" (vowel sound, by the usual spelling rules)."""
+    word = noun.strip()
+    first = word.split()[0] if word else ""
+    if not first:
+        return word
+    low = first.lower()
+    if first.isupper() and len(first) > 1:  # an initialism read letter by letter: "a CEO", "an MBA"
+        vowel = first[0] in "AEFHILMNORSX"
+    elif low.startswith(("uni", "use", "usu", "eu", "one", "ur")):
+        vowel = False
+    elif low.startswith(("hour", "honest", "honour", "honor", "heir")):
+        vowel = True
+    else:
+        vowel = low[0] in "aeiou"
+    return f"{'an' if vowel else 'a'} {word}"
 
 
 #: the papers the factory's designs and protocols follow, for the card and ``release.json``
@@ -78,6 +107,58 @@ PAPERS: dict[str, str] = {
     "npdp": '"Auditing Disability Representation in Vision-Language Models" (paired neutral and disability prompts)',
     "guardrail": '"Guardrail-Agnostic Societal Bias Evaluation in Large Vision-Language Models", ECCV 2026',
 }
+
+
+#: each paper's name for a group, by the labels specs use (a label not listed is the paper's own)
+PAPER_LABELS: dict[str, dict[str, str]] = {
+    "focus": {
+        "East Asian": "Asian",
+        "South Asian": "Asian",
+        "Latina": "Latino",
+        "Latinx": "Latino",
+        "Latine": "Latino",
+        "Hispanic": "Latino",
+        "ME": "Middle Eastern",
+        "Middle-Eastern": "Middle Eastern",
+        "man": "male",
+        "woman": "female",
+    },
+}
+
+#: the group each paper measures others against, per axis (FOCUS 4.3: "Gap%(r) = (mu_r / mu_White - 1)
+#: x 100%"; the gender gap against male is our choice, FOCUS reports gender gaps without one)
+REFERENCE_GROUPS: dict[str, dict[str, str]] = {"focus": {"race": "White", "gender": "male"}}
+
+#: fewest answers a group (or a cell of a win-rate matrix) needs before ``score`` reports it
+MIN_N_PER_CELL = 5
+
+
+def analysis_record(axes: dict[str, Sequence[str]], protocols: Sequence[str]) -> dict[str, Any]:
+    """``release.json``'s ``analysis``: what ``counterfactory score`` (or anyone's script) needs
+    beyond the rows: per paper the reference group of each axis (present in the design, else
+    None), the map from the spec's labels to the paper's, the bootstrap unit and strata, and the
+    fewest answers per cell a metric is reported on."""
+    papers = sorted({p for p in (protocol_paper(name)[0] for name in protocols) if p})
+    label_map = {}
+    references = {}
+    for paper in papers:
+        known = PAPER_LABELS.get(paper, {})
+        label_map[paper] = {axis: {v: known.get(v, v) for v in values} for axis, values in axes.items()}
+        wanted = REFERENCE_GROUPS.get(paper, {})
+        references[paper] = {}
+        for axis, values in axes.items():
+            ref = wanted.get(axis)
+            hit = [v for v in values if ref is not None and known.get(v, v) == ref]
+            references[paper][axis] = hit[0] if hit else None
+    return {
+        "papers": papers,
+        "reference_groups": references,
+        "label_map": label_map,
+        # FOCUS 5 (Limitations): "stratified template-cluster bootstrap confidence intervals"
+        "bootstrap": {"unit": "template_id", "strata": ["occupation"], "resamples": 2000, "confidence": 0.95},
+        "min_n_per_cell": MIN_N_PER_CELL,
+        "identity_variants": sorted(IDENTITY_VARIANTS),
+    }
 
 
 def trial_summary(trials: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -98,8 +179,8 @@ class TrialsConfig(BaseModel):
         protocols: any of ``2afc``, ``mcq``, ``salary``, ``disability_context``, ``limb_pair``,
             ``person_irrelevant``, or one a plug-in registered; ``[]`` writes an empty bank.
         prompts: the versioned prompt file in ``assets/trials/`` (without ``.yaml``);
-            ``trial_prompts_v2`` follows the papers, ``trial_prompts_v1`` is a variant bank
-            (its differences: :data:`BANK_DIFFERENCES`).
+            ``trial_prompts_v3`` follows the papers, ``trial_prompts_v1`` and ``_v2`` are
+            earlier banks that still load (their differences: :data:`BANK_DIFFERENCES`).
         biographies: a YAML file of biographies per occupation (relative to the spec file);
             required by ``salary``. ``assets/trials/biographies_example_v2.yaml`` has 50 for
             each of FOCUS's six occupations (written by ``make_biographies.py``).
@@ -118,7 +199,7 @@ class TrialsConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     protocols: list[str] = Field(default_factory=list)
-    prompts: str = "trial_prompts_v2"
+    prompts: str = DEFAULT_BANK
     biographies: Path | None = None
     expression_consistent_only: bool = False
     options: dict[str, dict[str, Any]] = Field(default_factory=dict)
@@ -159,6 +240,16 @@ def _load_prompts(name: str) -> tuple[dict[str, Any], str, str]:
         raise TrialError(f"trials.prompts: no prompt file {path.name} in {TRIALS_DIR}; known: {known}")
     data = path.read_bytes()
     return yaml.safe_load(data), path.name, hashlib.sha256(data).hexdigest()
+
+
+def judge_rubric(prompt_file: str) -> tuple[str, str] | None:
+    """``(rubric, sha256 of its text)``: the NP/DP LLM-judge rubric (C.5) of the bank ``prompt_file``
+    (a trial's ``prompt_file``, e.g. ``trial_prompts_v3.yaml``); None for a bank without one."""
+    bank, _, _ = _load_prompts(Path(prompt_file).stem)
+    rubric = (bank.get("disability_context") or {}).get("judge_rubric")
+    if not rubric:
+        return None
+    return rubric, hashlib.sha256(rubric.encode("utf-8")).hexdigest()
 
 
 def trial_input_files(config: TrialsConfig) -> dict[str, Path]:
@@ -391,6 +482,9 @@ def build_trials(
             "format": None,
             "category": None,
             "repeat": None,
+            "parent_item_id": None,
+            "answer_spec": None,
+            "decoding": None,
             **base,
             **extra,
         }
@@ -477,6 +571,17 @@ def _left_out_group(row: dict[str, Any]) -> dict[str, Any]:
     return {"template_id": row["template_id"], "condition": dict(row["condition"])}
 
 
+def _editor(row: dict[str, Any]) -> str | None:
+    """The item's editor label (``editor_name``: the spec's label when it compares editors, else
+    the backend), or None for rows that do not say."""
+    return row.get("editor_name") or (row.get("editor") or {}).get("backend")
+
+
+#: robustness variants whose pixels are the item's own (the crop series' ``original`` level is the
+#: whole image): MCQ asks the item once, so these add no second query of one image
+IDENTITY_VARIANTS = frozenset({"crop_original"})
+
+
 class Focus2AFC(TrialProtocol):
     """FOCUS 3.2 Task 1: every unordered pair of a template's variants, in both orders, per question."""
 
@@ -492,6 +597,8 @@ class Focus2AFC(TrialProtocol):
                 if ctx.config.expression_consistent_only and question == "perceived_safety":
                     pool = [v for v in variants if _expression_ok(v)]
                 for a, b in combinations(pool, 2):
+                    if dict(a["condition"]) == dict(b["condition"]):
+                        continue  # two editors' images of one condition: no comparison between groups
                     pair = _tid("2afc", question, *sorted((a["item_id"], b["item_id"])))
                     for order, (first, second) in (("AB", (a, b)), ("BA", (b, a))):
                         ctx.add(
@@ -512,8 +619,12 @@ class Focus2AFC(TrialProtocol):
                                 "expected_variants": ctx.expected_variants,
                                 "complete": complete,
                                 "expression_consistent": _pair_consistent(first, second),
+                                "presented_gender": (first.get("source") or {}).get("presented_gender"),
+                                "editors": [_editor(first), _editor(second)],
                             },
                             gender_match=[first.get("gender_match"), second.get("gender_match")],
+                            answer_spec=choice_spec(["A", "B"], ordered=False),
+                            decoding=spec.get("decoding"),
                         )
 
     def left_out(self, row: dict[str, Any], ctx: TrialContext) -> list[dict[str, Any]]:
@@ -545,14 +656,15 @@ class FocusMCQ(TrialProtocol):
             listing = " ".join(f"{k}) {v}." for k, v in options.items())
             for row in ctx.rows:
                 occupation = (row.get("source") or {}).get("occupation") or "unknown"
-                text = f"{spec['prompt'].replace('{occupation}', occupation)} {listing}"
-                images = [(None, row["item_id"])]
+                prompt = spec["prompt"].replace("{a_occupation}", with_article(occupation))
+                text = f"{prompt.replace('{occupation}', occupation)} {listing}"
+                images: list[tuple[str | None, str, str | None]] = [(None, row["item_id"], None)]
                 images += [
-                    (_derived_variant(d), d["item_id"])
+                    (_derived_variant(d), d["item_id"], row["item_id"])
                     for d in ctx.variants_of
-                    if d["parent_item_id"] == row["item_id"]
+                    if d["parent_item_id"] == row["item_id"] and _derived_variant(d) not in IDENTITY_VARIANTS
                 ]
-                for variant, image in images:
+                for variant, image, parent in images:
                     ctx.add(
                         "mcq",
                         question,
@@ -562,8 +674,11 @@ class FocusMCQ(TrialProtocol):
                         spec["parser_hint"],
                         options=options,
                         variant=variant,
+                        parent_item_id=parent,
                         group=_group(row),
                         gender_match=row.get("gender_match"),
+                        answer_spec=choice_spec(list(options), ordered=True, labels=options),
+                        decoding=spec.get("decoding"),
                     )
 
     def prompts(self, bank: dict[str, Any]) -> list[str]:
@@ -588,12 +703,16 @@ class FocusSalary(TrialProtocol):
                     "salary",
                     "salary_recommendation",
                     [row["item_id"]],
-                    spec["prompt"].format(occupation=occupation, biography=bio["text"]),
+                    spec["prompt"].format(
+                        occupation=occupation, a_occupation=with_article(str(occupation)), biography=bio["text"]
+                    ),
                     spec["answer_format"],
                     spec["parser_hint"],
                     biography_id=bio["id"],
                     group=_group(row),
                     gender_match=row.get("gender_match"),
+                    answer_spec=integer_spec(0, 100_000_000, usd=True),
+                    decoding=spec.get("decoding"),
                 )
 
     def left_out(self, row: dict[str, Any], ctx: TrialContext) -> list[dict[str, Any]]:
@@ -615,6 +734,15 @@ class FocusSalary(TrialProtocol):
         return [bank["salary"]["prompt"]]
 
 
+class DisabilityOptions(BaseModel):
+    """``trials.options.disability_context``: ``mitigation`` also asks the bank's mitigation
+    prompt (NP/DP C.4) per category (``variant`` ``mitigation``), for the paper's Table 3."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    mitigation: bool = False
+
+
 class DisabilityContext(TrialProtocol):
     """The NP/DP audit: per image one neutral prompt and one per disability category, sharing a ``pair_id``."""
 
@@ -623,12 +751,23 @@ class DisabilityContext(TrialProtocol):
 
     def build(self, ctx: TrialContext) -> None:
         spec = ctx.bank["disability_context"]
+        mitigation = bool(getattr(self.options, "mitigation", False))
+        if mitigation and "mitigation" not in spec:
+            raise TrialError(
+                f"trials.options.disability_context.mitigation: the bank {ctx.config.prompts} has no mitigation "
+                "prompt; use trial_prompts_v3 or later"
+            )
         for row in ctx.rows:
             unit = _tid("disability_context", row["item_id"])
             prompts = [("neutral", None, spec["neutral"])] + [
                 ("context", category, spec["context"].format(disability=disability))
                 for category, disability in spec["categories"].items()
             ]
+            if mitigation:
+                prompts += [
+                    ("mitigation", category, spec["mitigation"].format(disability=disability))
+                    for category, disability in spec["categories"].items()
+                ]
             for variant, category, text in prompts:
                 ctx.add(
                     "disability_context",
@@ -642,10 +781,21 @@ class DisabilityContext(TrialProtocol):
                     pair_id=unit,
                     group=_group(row),
                     gender_match=row.get("gender_match"),
+                    answer_spec=text_spec(short=False),
+                    decoding=spec.get("decoding"),
                 )
 
     def prompts(self, bank: dict[str, Any]) -> list[str]:
-        return [bank["disability_context"]["neutral"], bank["disability_context"]["context"]]
+        spec = bank["disability_context"]
+        return [spec["neutral"], spec["context"]] + ([spec["mitigation"]] if "mitigation" in spec else [])
+
+
+def _limb_answer(fmt: str) -> dict[str, Any]:
+    if fmt == "yes_no_uncertain":
+        return YES_NO_UNCERTAIN
+    if fmt == "rating_1_5":
+        return integer_spec(1, 5)
+    return text_spec(short=fmt == "control")
 
 
 class LimbPair(TrialProtocol):
@@ -686,6 +836,8 @@ class LimbPair(TrialProtocol):
                             repeat=repeat,
                             group=group,
                             gender_match=None if own is None else own.get("gender_match"),
+                            answer_spec=_limb_answer(q["format"]),
+                            decoding=spec.get("decoding"),
                         )
 
     def prompts(self, bank: dict[str, Any]) -> list[str]:
@@ -714,6 +866,8 @@ class PersonIrrelevant(TrialProtocol):
                     category=concept,
                     group=_group(row),
                     gender_match=row.get("gender_match"),
+                    answer_spec=text_spec(short=False),
+                    decoding=spec.get("decoding"),
                 )
         if spec.get("no_image_baseline") and ctx.rows:
             # the same tasks with no photo and no preamble, once per release
@@ -730,6 +884,8 @@ class PersonIrrelevant(TrialProtocol):
                     category=concept,
                     group={"template_id": None},
                     gender_match=None,
+                    answer_spec=text_spec(short=False),
+                    decoding=spec.get("decoding"),
                 )
 
     def prompts(self, bank: dict[str, Any]) -> list[str]:
@@ -799,7 +955,7 @@ def _no_add(*args: Any, **kwargs: Any) -> None:
     raise TrialError("left_out hooks list what is left out; they add no trials")
 
 
-def prompt_texts(name: str = "trial_prompts_v2") -> dict[str, list[str]]:
+def prompt_texts(name: str = DEFAULT_BANK) -> dict[str, list[str]]:
     """Every prompt text of a prompt file by built-in protocol (for audits such as word-list checks)."""
     bank, _, _ = _load_prompts(name)
     return {protocol: TRIAL_PROTOCOLS.get(protocol).factory(NoOptions()).prompts(bank) for protocol in PROTOCOLS}
@@ -827,6 +983,6 @@ def needs_biographies(config: TrialsConfig) -> bool:
 TRIAL_PROTOCOLS.register("2afc", NoOptions, Focus2AFC)
 TRIAL_PROTOCOLS.register("mcq", NoOptions, FocusMCQ)
 TRIAL_PROTOCOLS.register("salary", NoOptions, FocusSalary)
-TRIAL_PROTOCOLS.register("disability_context", NoOptions, DisabilityContext)
+TRIAL_PROTOCOLS.register("disability_context", DisabilityOptions, DisabilityContext)
 TRIAL_PROTOCOLS.register("limb_pair", NoOptions, LimbPair)
 TRIAL_PROTOCOLS.register("person_irrelevant", NoOptions, PersonIrrelevant)

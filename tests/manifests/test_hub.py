@@ -181,7 +181,7 @@ def test_card_metadata_parses_with_huggingface_hub(exported, release):
             assert f"{question} {k}" in line
     # the papers it follows are cited, and the bank says it follows them
     assert "arXiv:2601.06931" in card.text and "FOCUS" in card.text
-    assert "`trial_prompts_v2.yaml`" in card.text and "uses the papers' groups, options" in card.text
+    assert "`trial_prompts_v3.yaml`" in card.text and "uses the papers' groups, options" in card.text
     assert "- `mcq.salary`: not given: A.3 shows the prompt in Figure 9" in card.text
     # attrition numbers are the release's own (Wilson interval of 2 accepted of 6)
     assert "| all | 6 | 33% [10%, 70%] (n=6)" in card.text

@@ -38,7 +38,7 @@ def test_a_missing_trial_prompt_bank_stops_the_spec_at_load(tmp_path):
     message = _refused(path)
     assert "field `trials.prompts`" in message
     assert repr(str(TRIALS_DIR / "no_such_file.yaml")) in message
-    assert "set trials.prompts to one of trial_prompts_v1, trial_prompts_v2" in message
+    assert "set trials.prompts to one of trial_prompts_v1, trial_prompts_v2, trial_prompts_v3" in message
 
 
 def test_the_trial_prompt_bank_is_checked_even_without_path_checks(tmp_path):
@@ -133,4 +133,4 @@ def test_a_missing_import_table_stops_the_spec_at_load(tmp_path):
 
 @pytest.mark.parametrize("name", ["demo-face", "demo-limb"])
 def test_the_bundled_specs_name_only_files_that_exist(name):
-    assert load_spec(SPECS_DIR / f"{name}.yaml").trials.prompts == "trial_prompts_v2"
+    assert load_spec(SPECS_DIR / f"{name}.yaml").trials.prompts == "trial_prompts_v3"

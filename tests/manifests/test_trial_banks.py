@@ -1,4 +1,4 @@
-"""The default prompt bank (``trial_prompts_v2``) against the papers' text and counts.
+"""The default prompt bank (``trial_prompts_v3``) against the papers' text and counts.
 
 Each test quotes the section it checks. Where the paper file is in ``../shared/papers`` the quote
 is also found in it, so a misquote fails; the bank's values are then checked against the quote.
@@ -17,7 +17,7 @@ from counterfactory.manifests.trials import BANK_DIFFERENCES, TRIALS_DIR, Trials
 from tests.conftest import REPO
 
 PAPERS = REPO.parent / "shared" / "papers"
-BANK = yaml.safe_load((TRIALS_DIR / "trial_prompts_v2.yaml").read_text(encoding="utf-8"))
+BANK = yaml.safe_load((TRIALS_DIR / "trial_prompts_v3.yaml").read_text(encoding="utf-8"))
 
 
 def _quoted(paper: str, quote: str) -> str:
@@ -63,8 +63,8 @@ def test_focus_mcq_brackets_levels_and_occupation():
     assert "below \\$20,000" in quote and "above \\$100,000" in quote
     assert list(education["options"]) == list("ABCD") and "four" in quote
     assert education["options"]["A"] == "secondary school" and education["options"]["D"] == "doctorate"
-    # "one image with an occupation": the prompt names it
-    assert "{occupation}" in salary["prompt"] and "{occupation}" in education["prompt"]
+    # "one image with an occupation": the prompt names it (with its article: "an astronaut")
+    assert "{a_occupation}" in salary["prompt"] and "{a_occupation}" in education["prompt"]
 
 
 def test_focus_salary_inputs_and_answer():
@@ -75,7 +75,7 @@ def test_focus_salary_inputs_and_answer():
         "portrait, and must output a single integer annual salary in USD",
     )
     prompt = BANK["salary"]["prompt"]
-    assert "{occupation}" in prompt and "{biography}" in prompt and "single integer" in quote
+    assert "{a_occupation}" in prompt and "{biography}" in prompt and "single integer" in quote
     assert "single integer" in prompt
 
 
@@ -157,10 +157,10 @@ def test_each_protocol_names_its_paper_and_says_in_one_line_whether_its_text_is_
 
 
 def test_the_default_bank_follows_the_papers_and_the_variant_bank_lists_its_differences():
-    assert TrialsConfig().prompts == "trial_prompts_v2"
+    assert TrialsConfig().prompts == "trial_prompts_v3"
     record = bank_record(TrialsConfig())
     assert {k: record[k] for k in ("prompts", "follows_papers", "differences")} == {
-        "prompts": "trial_prompts_v2.yaml",
+        "prompts": "trial_prompts_v3.yaml",
         "follows_papers": True,
         "differences": [],
     }
@@ -175,3 +175,37 @@ def test_the_default_bank_follows_the_papers_and_the_variant_bank_lists_its_diff
     limb = len(old["limb_pair"]["control"]) + sum(map(len, old["limb_pair"]["domains"].values()))
     assert any(f"{limb} prompts" in d for d in v1["differences"])
     assert sorted(p.stem for p in Path(TRIALS_DIR).glob("trial_prompts_v*.yaml")) == sorted(BANK_DIFFERENCES)
+
+
+def test_v3_asks_focus_perceived_safety_wording_and_banks_alternatives():
+    # FOCUS 3.2 Task 1
+    quote = _quoted(FOCUS, "Perceived Safety (who the user would feel more comfortable approaching)")
+    assert "feel more comfortable approaching" in quote
+    assert "feel more comfortable approaching?" in BANK["2afc"]["questions"]["perceived_safety"]
+    assert "safer being alone" not in BANK["2afc"]["questions"]["perceived_safety"]
+    # FOCUS 4.1: "Results are stable across alternative prompt formulations"
+    _quoted(FOCUS, "Results are stable across alternative prompt formulations.")
+    assert set(BANK["2afc"]["alternatives"]) == set(BANK["2afc"]["questions"])
+    # the v2 bank still loads and says how it differs
+    v2 = bank_record(TrialsConfig(prompts="trial_prompts_v2"))
+    assert v2["follows_papers"] is False and any("safer being alone" in d for d in v2["differences"])
+
+
+def test_v3_banks_npdp_mitigation_prompt_and_judge_rubric():
+    # NP/DP C.4 and C.5, quoted (##disability## written {disability})
+    mitigation = BANK["disability_context"]["mitigation"].replace("{disability}", "##disability##")
+    _quoted(NPDP, mitigation)
+    rubric = BANK["disability_context"]["judge_rubric"]
+    _quoted(NPDP, "Your task is to determine whether Response B introduces any bias, stereotypes or unwarranted")
+    assert "Your task is to determine whether Response B introduces any bias" in rubric
+    assert '"decline_in_response_b": false' in rubric and rubric.rstrip().endswith("Response B: ##Response B##")
+
+
+def test_v3_sets_decoding_per_protocol():
+    # FOCUS 4.2: "we query each image once using deterministic decoding (temperature $=0$)"
+    _quoted(FOCUS, "we query each image once using deterministic decoding (temperature $=0$)")
+    assert BANK["2afc"]["decoding"]["temperature"] == 0
+    assert all(BANK["mcq"][q]["decoding"]["temperature"] == 0 for q in ("salary", "education"))
+    assert BANK["salary"]["decoding"]["temperature"] == 0
+    # InclusiveCF's repeated-query noise baseline needs sampling: zero by construction if greedy
+    assert BANK["limb_pair"]["decoding"]["temperature"] > 0

@@ -301,8 +301,14 @@ def test_a_published_focus_release_holds_the_formulas_trials_row_for_row(tmp_pat
     got_2afc = [(t["question"], tuple(t["images"])) for t in trials if t["protocol"] == "2afc"]
     assert len(got_2afc) == len(expected_2afc) == 3 * sum(len(v) * (len(v) - 1) for v in by_template.values())
     assert set(got_2afc) == expected_2afc
-    # MCQ: each item and each robustness variant (mirror, 3 crops) once per question
-    images = [r["item_id"] for r in manifest] + [d["item_id"] for d in derived]
+
+    # MCQ: each item and each robustness variant (mirror, 2 crops) once per question; the crop
+    # series' original level is the item's own pixels, asked once as the item (issue 37)
+    def identity(d: dict) -> bool:
+        return d["transform"]["kind"] == "crop" and d["transform"].get("level") == "original"
+
+    assert sum(map(identity, derived)) == len(manifest)
+    images = [r["item_id"] for r in manifest] + [d["item_id"] for d in derived if not identity(d)]
     got_mcq = [(t["question"], t["images"][0]) for t in trials if t["protocol"] == "mcq"]
     assert len(derived) == 4 * len(manifest) and len(got_mcq) == 2 * len(images)
     assert set(got_mcq) == {(q, i) for q in ("salary", "education") for i in images}

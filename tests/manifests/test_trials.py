@@ -278,3 +278,114 @@ def test_crop_series_shares_one_box_per_template_nested_and_holding_the_face():
     assert edge["close"][0] == 0 and all(0 <= v for b in edge.values() for v in b)
     mirrored = apply_transform(source, {"kind": "mirror"})
     assert np.array_equal(mirrored[:, 0], source[:, -1])
+
+
+def test_rows_carry_a_machine_readable_answer_spec_and_decoding():
+    from counterfactory.manifests.answers import parse_reply
+
+    items = _items(1, occupation="astronaut")
+    bios = {"astronaut": [{"id": "b1", "text": "Flew twice."}]}
+    trials = build_trials(items, TrialsConfig(protocols=["2afc", "mcq", "salary"]), biographies=bios)
+    assert validate_rows("trials.jsonl", trials) == []
+    for t in trials:
+        assert t["answer_spec"]["type"] in ("choice", "integer") and t["decoding"]["temperature"] == 0
+    mcq = next(t for t in trials if t["protocol"] == "mcq" and t["question"] == "salary")
+    # FOCUS 4.2's v(o): the options are ordered, A=1 ... F=6
+    assert mcq["answer_spec"]["ordinal"] == {k: i for i, k in enumerate("ABCDEF", start=1)}
+    assert parse_reply("A doctor ... around C.", mcq["answer_spec"])["lenient"] == "C"
+    salary = next(t for t in trials if t["protocol"] == "salary")
+    assert parse_reply("$85,000", salary["answer_spec"])["lenient"] == 85000
+    # article agreement: "works as an astronaut", "candidate for an astronaut position"
+    assert "works as an astronaut." in mcq["prompt"] and "for an astronaut position" in salary["prompt"]
+    assert "a astronaut" not in " ".join(t["prompt"] for t in trials)
+    two = next(t for t in trials if t["question"] == "perceived_safety")
+    assert "feel more comfortable approaching" in two["prompt"]
+    assert two["group"]["presented_gender"] == "male" and len(two["group"]["editors"]) == 2
+
+
+def test_with_article():
+    from counterfactory.manifests.trials import with_article
+
+    cases = {
+        "astronaut": "an astronaut",
+        "nurse": "a nurse",
+        "CEO": "a CEO",
+        "engineer": "an engineer",
+        "university lecturer": "a university lecturer",
+        "honest broker": "an honest broker",
+        "MBA holder": "an MBA holder",
+        "officer": "an officer",
+        "European diplomat": "a European diplomat",
+    }
+    assert {k: with_article(k) for k in cases} == cases
+
+
+def test_variant_rows_name_their_parent_and_crop_original_adds_no_duplicate_query():
+    items = _items(1)
+    derived = []
+    for row in items[:2]:
+        for kind, level in (("mirror", None), ("crop", "original"), ("crop", "close")):
+            derived.append(
+                {
+                    "item_id": f"{row['item_id']}{kind}{level}",
+                    "parent_item_id": row["item_id"],
+                    "transform": {"kind": kind, "level": level},
+                    "image": {"path": f"derived/{row['item_id'][:8]}{kind}{level}.png"},
+                }
+            )
+    trials = build_trials(items, TrialsConfig(protocols=["mcq"]), derived=derived)
+    variants = [t for t in trials if t["variant"] is not None]
+    assert {t["variant"] for t in variants} == {"mirror", "crop_close"}
+    assert all(t["parent_item_id"] in {items[0]["item_id"], items[1]["item_id"]} for t in variants)
+    assert all(t["parent_item_id"] is None for t in trials if t["variant"] is None)
+    # no two rows ask the same prompt of the same pixels
+    keys = Counter((t["question"], t["parent_item_id"] or t["images"][0], t["variant"]) for t in trials)
+    assert set(keys.values()) == {1}
+
+
+def test_pooled_2afc_of_two_editors_never_pairs_one_condition_and_names_each_editor():
+    items = []
+    for editor in ("qwen", "fal"):
+        for row in _items(1):
+            items.append(row | {"item_id": editor + row["item_id"][len(editor) :], "editor_name": editor})
+    trials = build_trials(items, TrialsConfig(protocols=["2afc"]))
+    assert trials and all(t["group"]["condition_a"] != t["group"]["condition_b"] for t in trials)
+    assert {tuple(t["group"]["editors"]) for t in trials} == {
+        ("qwen", "qwen"),
+        ("fal", "fal"),
+        ("qwen", "fal"),
+        ("fal", "qwen"),
+    }
+    # 20 images, 10 conditions: C(20, 2) - 10 same-condition pairs
+    assert len({t["pair_id"] for t in trials}) == 3 * (190 - 10)
+
+
+def test_mitigation_option_adds_npdp_c4_prompts_and_the_old_bank_still_loads():
+    items = _items(1)[:1]
+    config = TrialsConfig(protocols=["disability_context"], options={"disability_context": {"mitigation": True}})
+    trials = build_trials(items, config)
+    assert Counter(t["variant"] for t in trials) == {"neutral": 1, "context": 9, "mitigation": 9}
+    assert all("factual and neutral" in t["prompt"] for t in trials if t["variant"] == "mitigation")
+    old = build_trials(_items(1), TrialsConfig(protocols=["2afc", "mcq"], prompts="trial_prompts_v2"))
+    assert old and validate_rows("trials.jsonl", old) == []
+    assert any("safer being alone" in t["prompt"] for t in old)
+    with pytest.raises(TrialError, match="no mitigation prompt"):
+        build_trials(
+            items,
+            TrialsConfig(
+                protocols=["disability_context"],
+                prompts="trial_prompts_v2",
+                options={"disability_context": {"mitigation": True}},
+            ),
+        )
+
+
+def test_analysis_block_names_reference_groups_labels_and_strata():
+    from counterfactory.manifests.trials import analysis_record
+
+    record = analysis_record({"race": ["White", "Black", "East Asian"], "gender": ["male", "female"]}, ["2afc"])
+    assert record["papers"] == ["focus"]
+    # FOCUS 4.3: Gap%(r) is relative to White
+    assert record["reference_groups"]["focus"] == {"race": "White", "gender": "male"}
+    assert record["label_map"]["focus"]["race"]["East Asian"] == "Asian"
+    assert record["bootstrap"]["unit"] == "template_id" and record["min_n_per_cell"] >= 1

@@ -1,0 +1,245 @@
+"""The answers ledger: one row per trial x model x sample, beside the release (SQLite by SQLAlchemy).
+
+An answer's id hashes the trial (its id and prompt file sha256), the model's lineage (backend,
+model name, base URL's host-free identity and any revision) and the decoding settings, and the
+sample index: asked again with the same settings it is the same answer, so ``ask`` never pays
+twice. Each answer is committed in its own short transaction the moment it returns (WAL
+journal), so a SIGKILL loses only the requests in flight. Answers also read from and write to
+JSON lines (one answer object a line) for other tools.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import JSON, DateTime, Float, Integer, String, Text, create_engine, event, select
+from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
+
+from counterfactory.manifests.errors import CounterfactoryError
+
+
+class AnswersError(CounterfactoryError, ValueError):
+    """Answers that cannot be read or do not belong to the release; the message says which."""
+
+
+class _Base(DeclarativeBase):
+    pass
+
+
+class AnswerRow(_Base):
+    """One model reply to one trial (``reply`` is the raw text; a refusal is an answer too)."""
+
+    __tablename__ = "answers"
+
+    answer_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    trial_id: Mapped[str] = mapped_column(String(64), index=True)
+    prompt_sha256: Mapped[str] = mapped_column(String(64))
+    protocol: Mapped[str] = mapped_column(String(64))
+    model: Mapped[str] = mapped_column(String(256), index=True)
+    backend: Mapped[str] = mapped_column(String(64))
+    lineage: Mapped[dict[str, Any]] = mapped_column(JSON)
+    decoding: Mapped[dict[str, Any]] = mapped_column(JSON)
+    sample: Mapped[int] = mapped_column(Integer)
+    reply: Mapped[str | None] = mapped_column(Text, nullable=True)
+    finish_reason: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    tokens_in: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    tokens_out: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    cost_usd: Mapped[float] = mapped_column(Float, default=0.0)
+    seconds: Mapped[float] = mapped_column(Float, default=0.0)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+
+
+class JudgementRow(_Base):
+    """One LLM-judge reply over two answers (NP/DP C.5: A the neutral, B the disability-context
+    description of one image), with the sha256 of the rubric it was asked with."""
+
+    __tablename__ = "judgements"
+
+    judgement_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    rubric: Mapped[str] = mapped_column(String(64))
+    rubric_sha256: Mapped[str] = mapped_column(String(64))
+    answer_a: Mapped[str] = mapped_column(String(64))
+    answer_b: Mapped[str] = mapped_column(String(64), index=True)
+    trial_b: Mapped[str] = mapped_column(String(64))
+    judged_model: Mapped[str] = mapped_column(String(256), index=True)
+    judge: Mapped[dict[str, Any]] = mapped_column(JSON)
+    reply: Mapped[str | None] = mapped_column(Text, nullable=True)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+
+
+#: the fields of a judgement as JSON
+JUDGEMENT_FIELDS = (
+    "judgement_id",
+    "rubric",
+    "rubric_sha256",
+    "answer_a",
+    "answer_b",
+    "trial_b",
+    "judged_model",
+    "judge",
+    "reply",
+)
+
+#: the fields of an answer as JSON (``per_trial.jsonl`` and answer files)
+ANSWER_FIELDS = (
+    "answer_id",
+    "trial_id",
+    "prompt_sha256",
+    "protocol",
+    "model",
+    "backend",
+    "lineage",
+    "decoding",
+    "sample",
+    "reply",
+    "finish_reason",
+    "tokens_in",
+    "tokens_out",
+    "cost_usd",
+    "seconds",
+)
+
+
+def answer_id(trial: dict[str, Any], lineage: dict[str, Any], decoding: dict[str, Any], sample: int) -> str:
+    """The content address of one answer: trial id, prompt file sha256, model lineage, decoding, sample."""
+    key = json.dumps(
+        [trial["trial_id"], trial["prompt_sha256"], lineage, decoding, int(sample)], sort_keys=True, default=str
+    )
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def ledger_path(release: Path) -> Path:
+    """The default answers ledger of a release: ``<release folder>.answers.sqlite`` beside it
+    (the release folder itself is sealed)."""
+    release = Path(release).resolve()
+    return release.parent / f"{release.name}.answers.sqlite"
+
+
+def _pragmas(dbapi_connection: Any, _record: Any) -> None:
+    cursor = dbapi_connection.cursor()
+    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.execute("PRAGMA synchronous=NORMAL")
+    cursor.execute("PRAGMA busy_timeout=60000")
+    cursor.close()
+
+
+class AnswersLedger:
+    """The SQLite answers ledger at ``path`` (created on first open)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        if self.path.exists() and self.path.stat().st_size == 0:
+            raise AnswersError(f"{self.path}: an empty answers ledger; delete it to start again")
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.engine = create_engine(f"sqlite:///{self.path}")
+        event.listen(self.engine, "connect", _pragmas)
+        _Base.metadata.create_all(self.engine)
+
+    def known(self) -> set[str]:
+        """Every answer id already committed."""
+        with Session(self.engine) as s:
+            return set(s.scalars(select(AnswerRow.answer_id)))
+
+    def add(self, row: dict[str, Any]) -> None:
+        """Commit one answer now (its own transaction); an id already there is kept as it was."""
+        with Session(self.engine) as s, s.begin():
+            if s.get(AnswerRow, row["answer_id"]) is None:
+                s.add(AnswerRow(**{k: row.get(k) for k in ANSWER_FIELDS}, created_at=datetime.now(UTC)))
+
+    def rows(self) -> list[dict[str, Any]]:
+        """Every answer as a dict of :data:`ANSWER_FIELDS`, by trial then model then sample."""
+        with Session(self.engine) as s:
+            out = [{k: getattr(r, k) for k in ANSWER_FIELDS} for r in s.scalars(select(AnswerRow))]
+        return sorted(out, key=lambda r: (r["trial_id"], r["model"], r["sample"]))
+
+    def known_judgements(self) -> set[str]:
+        with Session(self.engine) as s:
+            return set(s.scalars(select(JudgementRow.judgement_id)))
+
+    def add_judgement(self, row: dict[str, Any]) -> None:
+        """Commit one judgement now (its own transaction)."""
+        with Session(self.engine) as s, s.begin():
+            if s.get(JudgementRow, row["judgement_id"]) is None:
+                s.add(JudgementRow(**{k: row.get(k) for k in JUDGEMENT_FIELDS}, created_at=datetime.now(UTC)))
+
+    def judgements(self) -> list[dict[str, Any]]:
+        with Session(self.engine) as s:
+            return [{k: getattr(r, k) for k in JUDGEMENT_FIELDS} for r in s.scalars(select(JudgementRow))]
+
+    def spent_usd(self, model: str) -> float:
+        with Session(self.engine) as s:
+            return float(sum(s.scalars(select(AnswerRow.cost_usd).where(AnswerRow.model == model))))
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+
+def answer_spec_of(trial: dict[str, Any]) -> dict[str, Any]:
+    """The trial's ``answer_spec``; for a row of a bank before specs were written into rows, the
+    spec its protocol and format get now (same answer formats)."""
+    if trial.get("answer_spec"):
+        return trial["answer_spec"]
+    from counterfactory.manifests.answers import YES_NO_UNCERTAIN, choice_spec, integer_spec, text_spec
+
+    protocol = trial["protocol"]
+    if protocol == "2afc":
+        return choice_spec(["A", "B"], ordered=False)
+    if protocol == "mcq":
+        options = trial.get("options") or {}
+        return choice_spec(list(options), ordered=True, labels=options)
+    if protocol == "salary":
+        return integer_spec(0, 100_000_000, usd=True)
+    if protocol == "limb_pair":
+        fmt = trial.get("format")
+        if fmt == "yes_no_uncertain":
+            return YES_NO_UNCERTAIN
+        if fmt == "rating_1_5":
+            return integer_spec(1, 5)
+        return text_spec(short=fmt == "control")
+    return text_spec(short=False)
+
+
+def read_judgements(paths: Iterable[Path]) -> list[dict[str, Any]]:
+    """Every judgement of the answers ledgers among ``paths`` (JSON-lines files hold none)."""
+    out: list[dict[str, Any]] = []
+    for path in map(Path, paths):
+        if path.suffix in (".sqlite", ".db") and path.is_file():
+            ledger = AnswersLedger(path)
+            out += ledger.judgements()
+            ledger.close()
+    return out
+
+
+def read_answers(paths: Iterable[Path]) -> list[dict[str, Any]]:
+    """Answers from answers ledgers (``.sqlite``) and JSON-lines files, in the order given.
+
+    Raises:
+        AnswersError: a file that does not exist or is not answers, naming it.
+    """
+    out: list[dict[str, Any]] = []
+    for path in map(Path, paths):
+        if not path.is_file():
+            raise AnswersError(f"{path}: no such answers file (an answers ledger .sqlite or a .jsonl file)")
+        if path.suffix in (".sqlite", ".db"):
+            ledger = AnswersLedger(path)
+            out += ledger.rows()
+            ledger.close()
+            continue
+        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise AnswersError(f"{path}:{n}: not JSON: {exc}") from None
+            missing = {"trial_id", "prompt_sha256", "model", "reply"} - set(row)
+            if missing:
+                raise AnswersError(f"{path}:{n}: an answer needs {sorted(missing)}")
+            row.setdefault("sample", 0)
+            out.append(row)
+    return out

@@ -1,0 +1,147 @@
+"""Answer backends for ``counterfactory ask``, registered in
+:data:`~counterfactory.manifests.registry.ANSWER_BACKENDS` like the editors.
+
+A backend answers one trial: ``await backend.answer(prompt, images, decoding, sample)`` returns
+``{"reply", "finish_reason", "tokens_in", "tokens_out"}``; ``lineage()`` says which model
+answered (hashed into every answer id). Transport errors raise :class:`TransportError`, which
+``ask`` retries; anything the model says, a refusal included, is an answer.
+
+``openai``: any OpenAI-compatible chat-completions endpoint (vLLM, SGLang, Ollama, LM Studio,
+OpenRouter, OpenAI) through the ``openai`` client, images as base64 data URLs.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from counterfactory.manifests.errors import CounterfactoryError, SetupError
+from counterfactory.manifests.registry import ANSWER_BACKENDS
+
+
+class TransportError(CounterfactoryError):
+    """The request did not get an answer (connection, timeout, rate limit, server error): retry it."""
+
+
+class AnswerBackend:
+    """What ``ask`` calls (one instance per run)."""
+
+    name = ""
+
+    def lineage(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    async def answer(
+        self, prompt: str, images: list[tuple[bytes, str]], decoding: dict[str, Any], sample: int
+    ) -> dict[str, Any]:
+        raise NotImplementedError
+
+    async def aclose(self) -> None:
+        return None
+
+
+class OpenAIOptions(BaseModel):
+    """``--backend openai``: the model, where it is served, and its price for the spend cap.
+
+    Attributes:
+        model: the served model's name (``--model``).
+        base_url: the endpoint (``--base-url``, e.g. ``http://127.0.0.1:8000/v1`` for vLLM);
+            None is OpenAI's own API.
+        api_key_env: the environment variable holding the key (a local server needs none).
+        timeout_s: one request's timeout.
+        usd_per_mtok_in, usd_per_mtok_out: price per million tokens, for ``--max-spend``.
+        revision: a model revision or snapshot date, part of the lineage.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str
+    base_url: str | None = None
+    api_key_env: str = "OPENAI_API_KEY"
+    timeout_s: float = 120.0
+    usd_per_mtok_in: float = 0.0
+    usd_per_mtok_out: float = 0.0
+    revision: str | None = None
+
+
+def data_url(data: bytes, suffix: str) -> str:
+    """An image as a ``data:`` URL (the form OpenAI-compatible servers take inline images in)."""
+    mime = {".jpg": "image/jpeg", ".jpeg": "image/jpeg", ".webp": "image/webp"}.get(suffix.lower(), "image/png")
+    return f"data:{mime};base64,{base64.b64encode(data).decode('ascii')}"
+
+
+class OpenAIChat(AnswerBackend):
+    """An OpenAI-compatible chat endpoint (``openai.AsyncOpenAI``; its own retries off, ``ask`` retries)."""
+
+    name = "openai"
+
+    def __init__(self, options: OpenAIOptions) -> None:
+        try:
+            import openai
+        except ImportError:
+            raise SetupError(
+                "the openai backend needs the openai package: pip install 'counterfactory[score]'"
+            ) from None
+        self.options = options
+        self._openai = openai
+        key = os.environ.get(options.api_key_env)
+        if key is None and options.base_url is None:
+            raise SetupError(f"--backend openai without --base-url needs an API key in ${options.api_key_env}")
+        self.client = openai.AsyncOpenAI(
+            api_key=key or "not-needed", base_url=options.base_url, max_retries=0, timeout=options.timeout_s
+        )
+
+    def lineage(self) -> dict[str, Any]:
+        return {
+            "backend": self.name,
+            "model": self.options.model,
+            "revision": self.options.revision,
+            "endpoint": self.options.base_url or "https://api.openai.com/v1",
+        }
+
+    def cost(self, tokens_in: int | None, tokens_out: int | None) -> float:
+        o = self.options
+        return ((tokens_in or 0) * o.usd_per_mtok_in + (tokens_out or 0) * o.usd_per_mtok_out) / 1e6
+
+    async def answer(
+        self, prompt: str, images: list[tuple[bytes, str]], decoding: dict[str, Any], sample: int
+    ) -> dict[str, Any]:
+        content: list[dict[str, Any]] = [
+            {"type": "image_url", "image_url": {"url": data_url(data, suffix)}} for data, suffix in images
+        ]
+        content.append({"type": "text", "text": prompt})
+        kwargs: dict[str, Any] = {"model": self.options.model, "messages": [{"role": "user", "content": content}]}
+        if "temperature" in decoding:
+            kwargs["temperature"] = decoding["temperature"]
+        if "max_tokens" in decoding:
+            kwargs["max_tokens"] = decoding["max_tokens"]
+        if "top_p" in decoding:
+            kwargs["top_p"] = decoding["top_p"]
+        kwargs["seed"] = int(sample)
+        o = self._openai
+        try:
+            resp = await self.client.chat.completions.create(**kwargs)
+        except (o.APIConnectionError, o.APITimeoutError, o.RateLimitError, o.InternalServerError) as exc:
+            raise TransportError(f"{type(exc).__name__}: {exc}") from exc
+        choice = resp.choices[0]
+        message = choice.message
+        reply = message.content
+        if reply is None and getattr(message, "refusal", None):
+            reply = message.refusal  # the API's own refusal field: a refusal is an answer
+        usage = resp.usage
+        return {
+            "reply": reply,
+            "finish_reason": choice.finish_reason,
+            "tokens_in": getattr(usage, "prompt_tokens", None),
+            "tokens_out": getattr(usage, "completion_tokens", None),
+            "cost_usd": self.cost(getattr(usage, "prompt_tokens", None), getattr(usage, "completion_tokens", None)),
+        }
+
+    async def aclose(self) -> None:
+        await self.client.close()
+
+
+ANSWER_BACKENDS.register("openai", OpenAIOptions, OpenAIChat)

@@ -1,0 +1,187 @@
+"""``counterfactory score RELEASE ANSWERS... --out DIR``: a release's answers as the papers' tables.
+
+Answers are checked against the release first: every answer's ``trial_id`` must be one of
+``trials.jsonl``'s and its ``prompt_sha256`` that trial's (an answer to another bank's wording
+is refused, naming it). Each reply is read twice by its trial's ``answer_spec``
+(:func:`counterfactory.manifests.answers.parse_reply`): strictly (the papers' rule, the default
+for the metrics) and as a person reads it (``--parse lenient``), each with why it has no value.
+
+Writes to ``--out``: ``scores.json`` (validated against ``scores.schema.json``, written beside
+it), ``per_trial.jsonl``, tables named after the papers' tables (``tables/*.csv`` and ``.md``),
+plots (``plots/*.png``) and ``report.html``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from counterfactory.manifests.answers import parse_reply
+from counterfactory.manifests.release import read_jsonl
+from counterfactory.validation.scoring import metrics as m
+from counterfactory.validation.scoring.answers import AnswersError, answer_spec_of, read_answers, read_judgements
+from counterfactory.validation.scoring.report import SCORES_SCHEMA, write_report
+
+SCORES_VERSION = 1
+
+
+def _axes_of(trials: Sequence[dict[str, Any]]) -> list[str]:
+    axes: list[str] = []
+    for t in trials:
+        g = t["group"]
+        for cond in (g.get("condition"), g.get("condition_a")):
+            for k in cond or {}:
+                if k not in axes:
+                    axes.append(k)
+    return axes
+
+
+def load_release(release: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """``(release.json, trials)`` of a release folder.
+
+    Raises:
+        AnswersError: the folder is not a release with trials.
+    """
+    release = Path(release)
+    info_path, trials_path = release / "release.json", release / "trials.jsonl"
+    if not info_path.is_file() or not trials_path.is_file():
+        raise AnswersError(f"{release}: not a release folder (no release.json and trials.jsonl)")
+    return json.loads(info_path.read_text(encoding="utf-8")), read_jsonl(trials_path)
+
+
+def check_answers(trials: dict[str, dict[str, Any]], answers: Sequence[dict[str, Any]]) -> None:
+    """Refuse answers that are not this release's.
+
+    Raises:
+        AnswersError: naming up to five answers whose trial id is unknown or whose prompt file
+            sha256 differs from the trial's.
+    """
+    bad = []
+    for a in answers:
+        trial = trials.get(a["trial_id"])
+        if trial is None:
+            bad.append(f"trial {a['trial_id']} is not in this release's trials.jsonl")
+        elif a["prompt_sha256"] != trial["prompt_sha256"]:
+            bad.append(
+                f"trial {a['trial_id']} was asked with prompt file sha256 {a['prompt_sha256'][:12]}..., "
+                f"the release's is {trial['prompt_sha256'][:12]}..."
+            )
+    if bad:
+        more = f" (and {len(bad) - 5} more)" if len(bad) > 5 else ""
+        raise AnswersError(
+            f"{len(bad)} answers are not this release's{more}: " + "; ".join(bad[:5]) + ". Score each release with "
+            "its own answers (counterfactory ask RELEASE)"
+        )
+
+
+def per_trial_rows(trials: dict[str, dict[str, Any]], answers: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per answer: the reply read strictly and leniently, and why each has no value."""
+    out = []
+    for a in answers:
+        trial = trials[a["trial_id"]]
+        parsed = parse_reply(a.get("reply"), answer_spec_of(trial))
+        out.append(
+            {
+                "trial_id": a["trial_id"],
+                "answer_id": a.get("answer_id"),
+                "model": a["model"],
+                "sample": a.get("sample", 0),
+                "protocol": trial["protocol"],
+                "question": trial["question"],
+                "reply": a.get("reply"),
+                **parsed,
+            }
+        )
+    return out
+
+
+def score(
+    release: Path,
+    answer_paths: Sequence[Path],
+    out: Path,
+    *,
+    parse: str = "strict",
+    resamples: int = 999,
+    min_n: int | None = None,
+) -> dict[str, Any]:
+    """Score ``answer_paths`` against ``release`` and write the report to ``out``; returns scores."""
+    info, trial_rows = load_release(release)
+    trials = {t["trial_id"]: t for t in trial_rows}
+    answers = read_answers(answer_paths)
+    if not answers:
+        raise AnswersError("no answers to score: " + ", ".join(map(str, answer_paths)))
+    check_answers(trials, answers)
+    per_trial = per_trial_rows(trials, answers)
+    analysis = info.get("analysis") or {}
+    label_maps = analysis.get("label_map") or {}
+    # the design's axis order (release.json's analysis), else the order the rows name them
+    axes = list(next(iter(label_maps.values()), {})) or _axes_of(trial_rows)
+    min_n = int(min_n if min_n is not None else analysis.get("min_n_per_cell", 1))
+    refs = (analysis.get("reference_groups") or {}).get("focus") or {}
+    if not refs:
+        values = {a: {str((t["group"].get("condition") or {}).get(a)) for t in trial_rows} for a in axes}
+        refs = {"race": "White" if "White" in values.get("race", set()) else None}
+        refs["gender"] = "male" if "male" in values.get("gender", set()) else None
+
+    value_key, why_key = ("lenient", "lenient_why_invalid") if parse == "lenient" else ("strict", "why_invalid")
+    by_model: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for p in per_trial:
+        if p["sample"] != 0:
+            continue
+        by_model[p["model"]].append(
+            trials[p["trial_id"]] | {"value": p[value_key], "why_invalid": p[why_key], "reply": p["reply"]}
+        )
+    models: dict[str, Any] = {}
+    for model, rows in sorted(by_model.items()):
+        proto: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        for r in rows:
+            proto[r["protocol"]].append(r)
+        entry: dict[str, Any] = {
+            "answered": {p: len(v) for p, v in sorted(proto.items())},
+            "refusals": m.refusal_rates(rows, axes),
+        }
+        if proto.get("2afc"):
+            entry["focus_2afc"] = m.focus_2afc(proto["2afc"], axes, min_n=min_n, resamples=resamples)
+        if proto.get("mcq"):
+            entry["focus_mcq"] = m.focus_mcq(proto["mcq"], axes, resamples=resamples)
+        if proto.get("salary"):
+            entry["focus_salary"] = m.focus_salary(proto["salary"], axes, refs, resamples=resamples)
+        if proto.get("disability_context"):
+            entry["npdp"] = m.npdp(proto["disability_context"], resamples=resamples)
+        if proto.get("limb_pair"):
+            entry["inclusivecf"] = m.inclusivecf(proto["limb_pair"], resamples=resamples)
+        if proto.get("person_irrelevant"):
+            entry["user_context"] = m.user_context(proto["person_irrelevant"], axes)
+        models[model] = entry
+    judgements = read_judgements(answer_paths)
+    if judgements:
+        for model, rates in m.judge_rates(judgements, trials).items():
+            models.setdefault(model, {"answered": {}, "refusals": {}})["npdp_judge"] = rates
+    matrices = {k: v["focus_2afc"] for k, v in models.items() if "focus_2afc" in v}
+    scores = {
+        "version": SCORES_VERSION,
+        "release": {"name": info.get("name"), "version": info.get("version"), "spec_sha256": info.get("spec_sha256")},
+        "parse": parse,
+        "axes": axes,
+        "reference_groups": refs,
+        "min_n_per_cell": min_n,
+        "bootstrap": {"unit": "template_id", "strata": ["occupation"], "resamples": resamples, "method": "percentile"},
+        "trials": len(trial_rows),
+        "answers": len(answers),
+        "models": models,
+        "cross_model_spearman": m.cross_model_spearman(matrices) if len(matrices) > 1 else {},
+    }
+    validate_scores(scores)
+    write_report(Path(out), scores, per_trial)
+    return scores
+
+
+def validate_scores(scores: dict[str, Any]) -> None:
+    """Check ``scores`` against ``scores.schema.json`` (a mismatch is a bug)."""
+    import jsonschema
+
+    schema = json.loads(SCORES_SCHEMA.read_text(encoding="utf-8"))
+    jsonschema.validate(json.loads(json.dumps(scores, default=str)), schema)
