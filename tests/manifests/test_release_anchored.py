@@ -88,10 +88,12 @@ def test_the_demo_releases_verify_and_publishing_printed_their_digest(demo_run):
 def test_stats_json_edited_accepted_18_to_0(demo_run, tmp_path):
     release = _copy(demo_run.release, tmp_path)
     stats = json.loads((release / "stats.json").read_text())
-    assert stats["items"]["accepted"] == 18
+    accepted = stats["items"]["accepted"]
+    assert accepted > 0
     stats["items"]["accepted"] = 0
     (release / "stats.json").write_text(json.dumps(stats, indent=2, sort_keys=True) + "\n")
-    assert "stats.json: items is not what items.jsonl gives (accepted is 0, items.jsonl has 18)" in _problems(release)
+    expected = f"stats.json: items is not what items.jsonl gives (accepted is 0, items.jsonl has {accepted})"
+    assert expected in _problems(release)
 
 
 def test_report_html_edited(demo_run, tmp_path):
