@@ -225,10 +225,9 @@ def measure_photo_cases(cases: list, stack, floor: dict[str, Any] | None) -> lis
     from counterfactory.validation.segment import work_stride
 
     alignments = [_align(c) for c in cases]
-    grids = [
-        a.image[:: work_stride(c.source.shape), :: work_stride(c.source.shape)] if a.ok else None
-        for c, a in zip(cases, alignments, strict=True)
-    ]
+    # one photo's cases share its source, and so its working grid
+    k = work_stride(cases[0].source.shape) if cases else 1
+    grids = [a.image[::k, ::k] if a.ok else None for a in alignments]
     floors = cohort_floors(grids)
     records = []
     for case, alignment, cohort in zip(cases, alignments, floors, strict=True):
