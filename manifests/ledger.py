@@ -362,11 +362,34 @@ class Ledger:
         reason: str | None = None,
         meta: Mapping[str, Any] | None = None,
     ) -> None:
+        values = {
+            "source_id": source_id,
+            "path": path,
+            "sha256": sha256,
+            "status": status,
+            "reason": reason,
+            "meta": _jsonable(meta or {}),
+            "updated_at": _now(),
+        }
+        # one statement, insert-or-update: workers of one study sharing a ledger record the
+        # same photos at the same moment, and a read-then-insert would let both insert
+        dialect = self.engine.dialect.name
+        if dialect == "postgresql":
+            from sqlalchemy.dialects.postgresql import insert as upsert
+        elif dialect == "sqlite":
+            from sqlalchemy.dialects.sqlite import insert as upsert
+        else:
+            upsert = None
         with self.session() as s, s.begin():
-            row = s.get(SourceRow, source_id) or SourceRow(source_id=source_id)
-            row.path, row.sha256, row.status, row.reason = path, sha256, status, reason
-            row.meta, row.updated_at = _jsonable(meta or {}), _now()
-            s.add(row)
+            if upsert is None:
+                row = s.get(SourceRow, source_id, with_for_update=True) or SourceRow(source_id=source_id)
+                for key, value in values.items():
+                    setattr(row, key, value)
+                s.add(row)
+                return
+            statement = upsert(SourceRow).values(**values)
+            changed = {key: statement.excluded[key] for key in values if key != "source_id"}
+            s.execute(statement.on_conflict_do_update(index_elements=["source_id"], set_=changed))
 
     def sources(self) -> list[SourceRow]:
         with self.session() as s:

@@ -282,3 +282,31 @@ def test_an_attempt_another_run_finished_meanwhile_is_not_claimed(ledger_url):
     assert second.attempt("a" * 64).status == "ok" and second.attempt("a" * 64).calls == 1
     first.close()
     second.close()
+
+
+def test_workers_recording_the_same_photos_at_once_both_succeed(ledger_url):
+    """Workers of one study share a ledger and record the same photos as they start: each
+    record is one insert-or-update, never a read-then-insert that lets two of them insert (the
+    `sources_pkey` violation a two-worker run on PostgreSQL once hit). The last record wins."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    ledgers = [Ledger(ledger_url) for _ in range(4)]
+    try:
+
+        def record(i: int) -> None:
+            for round_ in range(5):
+                ledgers[i].record_source(
+                    "astronaut", f"/photos/{i}-{round_}.png", sha256="ab" * 32, status="ok", meta={"worker": i}
+                )
+
+        with ThreadPoolExecutor(4) as pool:
+            list(pool.map(record, range(4)))
+        rows = ledgers[0].sources()
+        assert [r.source_id for r in rows] == ["astronaut"]
+        assert rows[0].path.endswith("-4.png") and rows[0].meta["worker"] in range(4)
+        ledgers[0].record_source("astronaut", "/photos/x.png", sha256=None, status="failed", reason="unreadable")
+        (row,) = ledgers[1].sources()
+        assert (row.path, row.sha256, row.status, row.reason) == ("/photos/x.png", None, "failed", "unreadable")
+    finally:
+        for ledger in ledgers:
+            ledger.close()
