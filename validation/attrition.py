@@ -24,7 +24,9 @@ OVERALL = "overall"
 
 
 def wilson_interval(passed: int, n: int, *, z: float = Z95) -> tuple[float, float]:
-    """Wilson score interval ``(low, high)`` for ``passed`` successes in ``n`` trials.
+    """Wilson score interval ``(low, high)`` for ``passed`` successes in ``n`` trials
+    (``statsmodels.stats.proportion.proportion_confint``, ``method="wilson"``, at the two-sided
+    level whose normal quantile is ``z``).
 
     Unlike the Wald interval it stays inside [0, 1] and is not degenerate at 0 or n
     successes. ``n == 0`` gives ``(0.0, 1.0)`` (nothing is known).
@@ -33,14 +35,13 @@ def wilson_interval(passed: int, n: int, *, z: float = Z95) -> tuple[float, floa
         raise ValueError(f"need 0 <= passed <= n, got passed={passed}, n={n}")
     if n == 0:
         return 0.0, 1.0
-    p = passed / n
-    z2 = z * z
-    denom = 1.0 + z2 / n
-    centre = (p + z2 / (2 * n)) / denom
-    half = z / denom * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n))
+    from statsmodels.stats.proportion import proportion_confint
+
+    alpha = math.erfc(z / math.sqrt(2))  # two-sided tail mass beyond +-z
+    low, high = proportion_confint(passed, n, alpha=alpha, method="wilson")
     # at 0 or n successes the bound is exactly 0 or 1; say so rather than 1 - 1e-16
-    low = 0.0 if passed == 0 else max(0.0, centre - half)
-    high = 1.0 if passed == n else min(1.0, centre + half)
+    low = 0.0 if passed == 0 else max(0.0, float(low))
+    high = 1.0 if passed == n else min(1.0, float(high))
     return low, high
 
 

@@ -17,7 +17,6 @@ Pure functions of release rows; no I/O.
 from __future__ import annotations
 
 import html
-import math
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from itertools import combinations
@@ -48,10 +47,11 @@ def compare_proportions(k1: int, n1: int, k2: int, n2: int) -> dict[str, Any]:
     Returns:
         ``{"diff": k1/n1 - k2/n2, "test": "z" | "fisher" | None, "z": float | None,
         "p_value": float | None}``. The pooled two-proportion z test
-        (``z = (p1 - p2) / sqrt(p (1 - p) (1/n1 + 1/n2))``, ``p = (k1 + k2) / (n1 + n2)``) when every
-        expected count of the 2 x 2 table is at least :data:`MIN_EXPECTED`, else Fisher's exact
-        test (:func:`fisher_exact_p`). Nothing to test (an empty side) gives None; equal
-        all-pass or all-fail sides give ``p_value`` 1.
+        (``statsmodels.stats.proportion.proportions_ztest``: ``z = (p1 - p2) / sqrt(p (1 - p)
+        (1/n1 + 1/n2))``, ``p = (k1 + k2) / (n1 + n2)``) when every expected count of the 2 x 2
+        table is at least :data:`MIN_EXPECTED`, else Fisher's exact test (:func:`fisher_exact_p`).
+        Nothing to test (an empty side) gives None; equal all-pass or all-fail sides give
+        ``p_value`` 1.
     """
     if n1 == 0 or n2 == 0:
         return {"diff": None, "test": None, "z": None, "p_value": None}
@@ -59,30 +59,22 @@ def compare_proportions(k1: int, n1: int, k2: int, n2: int) -> dict[str, Any]:
     pooled = (k1 + k2) / (n1 + n2)
     expected = [n * share for n in (n1, n2) for share in (pooled, 1 - pooled)]
     if min(expected) >= MIN_EXPECTED:
-        se = math.sqrt(pooled * (1 - pooled) * (1 / n1 + 1 / n2))
-        z = diff / se
-        return {"diff": diff, "test": "z", "z": z, "p_value": math.erfc(abs(z) / math.sqrt(2))}
+        from statsmodels.stats.proportion import proportions_ztest
+
+        z, p = proportions_ztest([k1, k2], [n1, n2], value=0, alternative="two-sided", prop_var=False)
+        return {"diff": diff, "test": "z", "z": float(z), "p_value": float(p)}
     return {"diff": diff, "test": "fisher", "z": None, "p_value": fisher_exact_p(k1, n1, k2, n2)}
 
 
 def fisher_exact_p(k1: int, n1: int, k2: int, n2: int) -> float:
-    """Two-sided p-value of Fisher's exact test on the 2 x 2 table ``[[k1, n1 - k1], [k2, n2 - k2]]``.
-
-    With the margins fixed, ``k1`` is hypergeometric; the p-value sums the probabilities of
-    every table no more likely than the one observed (the convention of R's ``fisher.test`` and
-    ``scipy.stats.fisher_exact``, with the same relative tolerance for ties). Fisher's tea
-    tasting table ``[[3, 1], [1, 3]]`` gives 17/35 = 0.486.
+    """Two-sided p-value of Fisher's exact test on the 2 x 2 table ``[[k1, n1 - k1], [k2, n2 - k2]]``
+    (``scipy.stats.fisher_exact``: with the margins fixed ``k1`` is hypergeometric, and the
+    p-value sums the probabilities of every table no more likely than the one observed, as R's
+    ``fisher.test`` does). Fisher's tea tasting table ``[[3, 1], [1, 3]]`` gives 17/35 = 0.486.
     """
-    k, n = k1 + k2, n1 + n2
-    total = math.comb(n, k)
+    from scipy.stats import fisher_exact
 
-    def prob(x: int) -> float:
-        return math.comb(n1, x) * math.comb(n2, k - x) / total
-
-    observed = prob(k1)
-    low, high = max(0, k - n2), min(k, n1)
-    p = sum(q for x in range(low, high + 1) if (q := prob(x)) <= observed * (1 + 1e-7))
-    return min(1.0, p)
+    return min(1.0, float(fisher_exact([[k1, n1 - k1], [k2, n2 - k2]], alternative="two-sided").pvalue))
 
 
 def _metric(row: Mapping[str, Any], gate: str, name: str) -> Any:
