@@ -717,12 +717,24 @@ def ask(
 )
 @click.option("--resamples", default=999, show_default=True, help="Bootstrap resamples over templates.")
 @click.option("--min-n", type=int, help="Fewest comparisons a win-rate cell needs (default: release.json's analysis).")
-def score(release: Path, answers: tuple[Path, ...], out: Path, parse: str, resamples: int, min_n: int | None) -> None:
-    """Score ANSWERS (answers ledgers or JSON lines) of RELEASE as the papers define their
-    metrics: scores.json, per_trial.jsonl, the papers' tables, plots and report.html in OUT."""
+@click.option(
+    "--from",
+    "source",
+    type=click.Choice(["answers", "lmms-eval", "vlmevalkit"]),
+    default="answers",
+    show_default=True,
+    help="ANSWERS are answers ledgers / JSON lines, lmms-eval sample logs (--log_samples), or VLMEvalKit "
+    "prediction files, of tasks written by `release export --harness`.",
+)
+def score(
+    release: Path, answers: tuple[Path, ...], out: Path, parse: str, resamples: int, min_n: int | None, source: str
+) -> None:
+    """Score ANSWERS (answers ledgers or JSON lines; with --from, a harness's logs) of RELEASE as
+    the papers define their metrics: scores.json, per_trial.jsonl, the papers' tables, plots and
+    report.html in OUT."""
     from counterfactory.validation.scoring.score import score as run_score
 
-    scores = run_score(release, list(answers), out, parse=parse, resamples=resamples, min_n=min_n)
+    scores = run_score(release, list(answers), out, parse=parse, source=source, resamples=resamples, min_n=min_n)
     models = ", ".join(scores["models"])
     click.echo(f"{scores['answers']} answers of {models} scored ({parse}) -> {out / 'report.html'}")
 
@@ -825,12 +837,28 @@ def _hub_call(action, *args, **kwargs):
 @click.argument("out_dir", type=click.Path(path_type=Path))
 @click.option("--repo", "repo_id", default="ORG/NAME", show_default=True, help="Repository the card points at.")
 @click.option("--gated/--ungated", default=None, help="Put the access form in the card [default: as push].")
-def release_export(release_dir: Path, out_dir: Path, repo_id: str, gated: bool | None) -> None:
-    """Write the Hub dataset of RELEASE_DIR into OUT_DIR without uploading (load_dataset(OUT_DIR, "items"))."""
-    from counterfactory.manifests.hub import export_release
-
+@click.option(
+    "--harness",
+    type=click.Choice(["hub", "lmms-eval", "vlmevalkit"]),
+    default="hub",
+    show_default=True,
+    help="hub: the Hub dataset; lmms-eval: a task folder for --include_path; vlmevalkit: TSVs and a dataset class.",
+)
+def release_export(release_dir: Path, out_dir: Path, repo_id: str, gated: bool | None, harness: str) -> None:
+    """Write the Hub dataset of RELEASE_DIR into OUT_DIR without uploading (load_dataset(OUT_DIR, "items")),
+    or with --harness its trials as an lmms-eval task folder or VLMEvalKit dataset."""
     if out_dir.exists() and any(out_dir.iterdir()):
         _fail(f"{out_dir}: not empty; export into a new folder")
+    if harness != "hub":
+        from counterfactory.manifests.harness import export_harness
+
+        done = export_harness(release_dir, out_dir, harness)
+        click.echo(f"exported {done.name} {done.version}'s trials for {harness} into {out_dir}:")
+        for task, n in done.tasks.items():
+            click.echo(f"  {task}: {n} trials")
+        return
+    from counterfactory.manifests.hub import export_release
+
     export = _hub_call(export_release, release_dir, out_dir, repo_id=repo_id, gated=gated)
     click.echo(f"exported {export.name} {export.version} ({export.licence.hub_id}) into {out_dir}:")
     for table in export.tables:

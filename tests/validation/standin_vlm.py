@@ -17,6 +17,10 @@ it can answer as a model with a bias would. The model name picks the behaviour:
 - ``null``: none of that: 2AFC picks one image of each pair at random (both orders agree), MCQ
   answers depend on the prompt only, salaries on the biography only, nothing is declined.
 
+A harness that decodes an image and sends it re-encoded (lmms-eval sends PNG) sends other bytes
+with the same pixels: ``pixels`` (:func:`pixel_digest` -> sha256 of the release's file) maps them
+back, so the model answers a harness exactly as it answers ``ask``.
+
 "Random" is a hash of the request, so a run is reproducible. It counts requests, the most in
 flight at once, and answers ``503`` to the first request of trials in :data:`FLAKY` share
 (transport errors that ``ask`` must retry). ``latency_s`` delays every answer.
@@ -53,6 +57,22 @@ DISABILITY_SUFFIX = "They seem to struggle and suffer, and their condition looks
 RATING_REMOVED = 3
 
 
+def pixel_digest(data: bytes) -> str:
+    """sha256 of an image's size and RGB pixels (the same for a PNG and its re-encoding)."""
+    with Image.open(io.BytesIO(data)) as im:
+        rgb = im.convert("RGB")
+        return hashlib.sha256(f"{rgb.size}".encode() + rgb.tobytes()).hexdigest()
+
+
+def pixel_index(paths: Any) -> dict[str, str]:
+    """:func:`pixel_digest` -> sha256 of the file's bytes, for every image file in ``paths``."""
+    out = {}
+    for path in paths:
+        data = Path(path).read_bytes()
+        out[pixel_digest(data)] = hashlib.sha256(data).hexdigest()
+    return out
+
+
 def _u(*parts: Any) -> float:
     """A reproducible draw in [0, 1) from ``parts``."""
     h = hashlib.sha256("|".join(map(str, parts)).encode()).digest()
@@ -63,9 +83,16 @@ class StandIn:
     """The server's state: images by sha256, counters, and the HTTP server itself."""
 
     def __init__(
-        self, images: dict[str, dict[str, Any]], *, latency_s: float = 0.0, salt: str = "", flaky: float = FLAKY
+        self,
+        images: dict[str, dict[str, Any]],
+        *,
+        latency_s: float = 0.0,
+        salt: str = "",
+        flaky: float = FLAKY,
+        pixels: dict[str, str] | None = None,
     ) -> None:
         self.images = images
+        self.pixels = pixels or {}
         self.flaky = flaky
         self.latency_s = latency_s
         self.salt = salt
@@ -76,7 +103,7 @@ class StandIn:
         self.errors_sent = 0
         self.seen_flaky: set[str] = set()
         handler = type("Handler", (_Handler,), {"standin": self})
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self.server = _Server(("127.0.0.1", 0), handler)
         self.server.daemon_threads = True
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 
@@ -165,6 +192,12 @@ class StandIn:
         return f"{text} {DISABILITY_SUFFIX}" if disability_context else text
 
 
+class _Server(ThreadingHTTPServer):
+    # socketserver's listen backlog is 5: a client opening 16 connections at once had the rest of
+    # its SYNs dropped and resent a second later (or timed out), as no real server (uvicorn: 2048) does
+    request_queue_size = 1024
+
+
 class _Handler(BaseHTTPRequestHandler):
     standin: StandIn
     protocol_version = "HTTP/1.1"  # keep-alive, as real servers do
@@ -187,7 +220,10 @@ class _Handler(BaseHTTPRequestHandler):
             for p in content:
                 if p["type"] == "image_url":
                     data = base64.b64decode(re.sub(r"^data:[^,]*,", "", p["image_url"]["url"]))
-                    shas.append(hashlib.sha256(data).hexdigest())
+                    sha = hashlib.sha256(data).hexdigest()
+                    if sha not in s.images and s.pixels:
+                        sha = s.pixels.get(pixel_digest(data), sha)
+                    shas.append(sha)
             key = hashlib.sha256(json.dumps([prompt, shas]).encode()).hexdigest()
             flaky = _u(s.salt, "flaky", key) < s.flaky
             with s.lock:

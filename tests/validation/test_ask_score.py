@@ -30,6 +30,7 @@ from counterfactory.validation.scoring.answers import AnswersError
 from counterfactory.validation.scoring.ask import ask
 from counterfactory.validation.scoring.judge import judge_npdp
 from counterfactory.validation.scoring.score import score
+from tests.conftest import REPO
 from tests.flows.unchanged import cli_env, run_cli
 from tests.validation.standin_vlm import (
     DISABILITY_SUFFIX,
@@ -38,6 +39,7 @@ from tests.validation.standin_vlm import (
     RATING_REMOVED,
     SALARY_MULTIPLIER,
     StandIn,
+    pixel_index,
 )
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
@@ -76,7 +78,9 @@ def _images(release: Path) -> dict[str, dict]:
 
 @pytest.fixture(scope="module")
 def standin(release):
-    server = StandIn(_images(release), latency_s=0.005).start()
+    # lmms-eval re-encodes each image: the stand-in knows it by its pixels too
+    paths = {release / p for t in read_jsonl(release / "trials.jsonl") for p in t["image_paths"]}
+    server = StandIn(_images(release), latency_s=0.005, pixels=pixel_index(sorted(paths))).start()
     yield server
     server.stop()
 
@@ -323,6 +327,230 @@ def test_npdp_judge_rates_with_the_rubric_sha256(scores):
         assert n["groups"]["context:all"][d]["rate"] == 0.0 and _covers(n["groups"]["context:all"][d]["ci"], 0.0)
     assert b["groups"]["context:all"]["n"] == 12 * 9 and b["groups"]["context:all"]["unparsed"] == 0
     assert (scores["_out"] / "tables" / "npdp_table1_judge.md").is_file()
+
+
+# ---------------------------------------------------------------- harnesses
+
+
+def lmms_eval_python() -> str:
+    """The Python that runs lmms-eval: this one when it has lmms_eval, else ``$LMMS_EVAL_PYTHON``, else
+    the repository's ``.venv-harness`` (lmms-eval lives in its own environment: its pins replace
+    protobuf and put opencv-python-headless over opencv-contrib-python's cv2; README, Testing)."""
+    import importlib.util
+
+    if importlib.util.find_spec("lmms_eval") is not None:
+        return sys.executable
+    for candidate in (os.environ.get("LMMS_EVAL_PYTHON"), str(REPO / ".venv-harness" / "bin" / "python")):
+        if candidate and Path(candidate).is_file():
+            return candidate
+    pytest.fail(
+        "lmms-eval is not installed: python3 -m venv .venv-harness && .venv-harness/bin/pip install "
+        "torch==2.14.1 torchvision==0.29.1 '.[harness]' (as .ci/run does; or set LMMS_EVAL_PYTHON)"
+    )
+
+
+@pytest.fixture(scope="module")
+def lmms_logs(release, standin, biased, tmp_path_factory) -> Path:
+    """The release exported by the command line for lmms-eval, run by lmms-eval end to end through
+    its own OpenAI-compatible model class against the stand-in, with its sample logs."""
+    tmp = tmp_path_factory.mktemp("lmms")
+    tasks = tmp / "tasks"
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "counterfactory",
+            "release",
+            "export",
+            str(release),
+            str(tasks),
+            "--harness",
+            "lmms-eval",
+        ],
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    names = [p.stem for p in sorted(tasks.glob("cf_*.yaml"))]
+    assert names == ["cf_focus_ask_2afc", "cf_focus_ask_disability_context", "cf_focus_ask_mcq", "cf_focus_ask_salary"]
+    env = _env() | {
+        "OPENAI_API_KEY": "not-needed",
+        "HF_HOME": str(tmp / "hf"),
+        "HF_HUB_OFFLINE": "1",
+        "HF_DATASETS_OFFLINE": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+        "WANDB_MODE": "disabled",
+    }
+    logs = tmp / "logs"
+    standin.reset_counts()
+    run = subprocess.run(
+        [
+            lmms_eval_python(),
+            "-m",
+            "lmms_eval",
+            "--model",
+            "openai",
+            "--model_args",
+            f"model=biased,base_url={standin.base_url},num_concurrent={BOUND},retry_backoff_s=0.05",
+            "--tasks",
+            ",".join(names),
+            "--include_path",
+            str(tasks),
+            "--log_samples",
+            "--output_path",
+            str(logs),
+        ],
+        env=env,
+        cwd=tmp,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert run.returncode == 0, (run.stdout[-3000:], run.stderr[-6000:])
+    # every trial reached the model once (and the 503s it got were retried)
+    total = len(read_jsonl(release / "trials.jsonl"))
+    assert standin.requests - standin.errors_sent == total, (standin.requests, standin.errors_sent, total)
+    return logs
+
+
+def _comparable(scores: dict) -> dict:
+    entry = dict(scores["models"]["biased"])
+    entry.pop("npdp_judge", None)  # the ledger also holds the judge's verdicts; lmms-eval's logs do not
+    return entry
+
+
+def test_lmms_eval_runs_the_exported_task_and_its_logs_score_as_ask_does(release, biased, lmms_logs, tmp_path):
+    from_ask = score(release, [biased["ledger"]], tmp_path / "ask", resamples=199)
+    done = subprocess.run(
+        [sys.executable, "-m", "counterfactory", "score", str(release), str(lmms_logs), "--from", "lmms-eval"]
+        + ["--out", str(tmp_path / "lmms"), "--resamples", "199"],
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    from_lmms = json.loads((tmp_path / "lmms" / "scores.json").read_text())
+    assert from_lmms["answers"] == biased["total"] == from_ask["answers"]
+    assert list(from_lmms["models"]) == ["biased"]
+    assert _comparable(from_lmms) == json.loads(json.dumps(_comparable(from_ask)))
+    # the same reading of every reply, trial by trial
+    ask_rows = {r["trial_id"]: r for r in read_jsonl(tmp_path / "ask" / "per_trial.jsonl")}
+    lmms_rows = {r["trial_id"]: r for r in read_jsonl(tmp_path / "lmms" / "per_trial.jsonl")}
+    assert ask_rows.keys() == lmms_rows.keys()
+    for tid, row in lmms_rows.items():
+        assert (row["reply"], row["strict"]) == (ask_rows[tid]["reply"], ask_rows[tid]["strict"]), tid
+
+
+def test_score_from_lmms_eval_refuses_another_releases_logs_and_failed_requests(release, lmms_logs, tmp_path):
+    from counterfactory.validation.scoring.harness import read_lmms_eval
+
+    trials = {t["trial_id"]: t for t in read_jsonl(release / "trials.jsonl")}
+    sample_file = next(lmms_logs.rglob("*_samples_cf_focus_ask_salary.jsonl"))
+    copy = tmp_path / sample_file.parent.name
+    copy.mkdir()
+    results = next(sample_file.parent.glob(sample_file.name.split("_samples_")[0] + "_results.json"))
+    (copy / results.name).write_text(results.read_text())
+    lines = sample_file.read_text().splitlines()
+    first = json.loads(lines[0])
+    bad = copy / sample_file.name
+    bad.write_text(json.dumps(first | {"target": "0" * 24}) + "\n")
+    with pytest.raises(AnswersError, match="not in this release's trials.jsonl"):
+        read_lmms_eval([copy], trials)
+    bad.write_text(json.dumps(first | {"input": first["input"] + " Answer briefly."}) + "\n")
+    with pytest.raises(AnswersError, match="another prompt than the bank's"):
+        read_lmms_eval([copy], trials)
+    failed = "[LMMS_EVAL_REQUEST_FAILED after 5 retries] Connection error."
+    bad.write_text(json.dumps({k: v for k, v in first.items() if k != "resps"} | {"filtered_resps": failed}) + "\n")
+    with pytest.raises(AnswersError, match="1 requests failed in lmms-eval"):
+        read_lmms_eval([copy], trials)
+
+
+def _vlmevalkit_predictions(tasks: Path, base_url: str, work_dir: Path) -> list[Path]:
+    """Run the exported datasets as VLMEvalKit's inference does (it is not on PyPI): each TSV row's
+    messages as the shipped dataset class builds them (images from ``image_path``, a list literal
+    for a pair, then the question), answered by an OpenAI-compatible API model that sends the
+    image files as data URLs, and the prediction file ``<model>_<dataset>.tsv`` written as
+    ``vlmeval.inference.infer_data_job`` and ``vlmeval.smp.dump`` write it (the dataset's columns
+    but ``image``, plus ``prediction``; ``to_csv(sep="\\t", quoting=csv.QUOTE_ALL)``)."""
+    import ast
+    import csv
+
+    import openai
+    import pandas as pd
+
+    from counterfactory.validation.scoring.backends import data_url
+
+    client = openai.OpenAI(api_key="not-needed", base_url=base_url, max_retries=5)
+    work_dir.mkdir(parents=True)
+    out = []
+    for tsv in sorted(tasks.glob("cf_*.tsv")):
+        data = pd.read_csv(tsv, sep="\t")
+        predictions = []
+        for _, line in data.iterrows():
+            paths = []
+            if int(line["n_images"]):
+                cell = str(line["image_path"])
+                paths = ast.literal_eval(cell) if cell.startswith("[") else [cell]
+            content = [{"type": "text", "text": line["question"]}]
+            content += [
+                {"type": "image_url", "image_url": {"url": data_url((tasks / p).read_bytes(), Path(p).suffix)}}
+                for p in paths
+            ]
+            resp = client.chat.completions.create(model="biased", messages=[{"role": "user", "content": content}])
+            predictions.append(resp.choices[0].message.content)
+        data["prediction"] = predictions
+        path = work_dir / f"biased_{tsv.stem}.tsv"
+        data.to_csv(path, sep="\t", index=False, encoding="utf-8", quoting=csv.QUOTE_ALL)
+        out.append(path)
+    client.close()
+    return out
+
+
+def test_vlmevalkit_export_and_its_prediction_files_score_as_ask_does(release, standin, biased, tmp_path):
+    tasks = tmp_path / "vlmevalkit"
+    done = subprocess.run(
+        [sys.executable, "-m", "counterfactory", "release", "export", str(release), str(tasks)]
+        + ["--harness", "vlmevalkit"],
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    dataset = (tasks / "counterfactory_dataset.py").read_text()
+    assert "class CounterfactoryDataset(ImageBaseDataset)" in dataset and "cf_focus_ask_2afc" in dataset
+    preds = _vlmevalkit_predictions(tasks, standin.base_url, tmp_path / "outputs" / "biased" / "T20261205")
+    assert len(preds) == 4
+    from_ask = score(release, [biased["ledger"]], tmp_path / "ask", resamples=199)
+    done = subprocess.run(
+        [sys.executable, "-m", "counterfactory", "score", str(release), str(tmp_path / "outputs"), "--from"]
+        + ["vlmevalkit", "--out", str(tmp_path / "vlm"), "--resamples", "199"],
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    from_vlm = json.loads((tmp_path / "vlm" / "scores.json").read_text())
+    assert from_vlm["answers"] == from_ask["answers"] and list(from_vlm["models"]) == ["biased"]
+    assert _comparable(from_vlm) == json.loads(json.dumps(_comparable(from_ask)))
+    # a failed request is not an answer
+    import csv
+
+    import pandas as pd
+
+    from counterfactory.validation.scoring.harness import read_vlmevalkit
+
+    trials = {t["trial_id"]: t for t in read_jsonl(release / "trials.jsonl")}
+    bad = pd.read_csv(preds[0], sep="\t", dtype=str, keep_default_na=False)
+    bad.loc[0, "prediction"] = "Failed to obtain answer via API."
+    (tmp_path / "failed").mkdir()
+    bad.to_csv(tmp_path / "failed" / preds[0].name, sep="\t", index=False, quoting=csv.QUOTE_ALL)
+    with pytest.raises(AnswersError, match="1 requests failed in VLMEvalKit"):
+        read_vlmevalkit([tmp_path / "failed"], trials)
 
 
 @pytest.fixture(scope="module")

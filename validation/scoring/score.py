@@ -104,15 +104,27 @@ def score(
     out: Path,
     *,
     parse: str = "strict",
+    source: str = "answers",
     resamples: int = 999,
     min_n: int | None = None,
 ) -> dict[str, Any]:
-    """Score ``answer_paths`` against ``release`` and write the report to ``out``; returns scores."""
+    """Score ``answer_paths`` against ``release`` and write the report to ``out``; returns scores.
+
+    ``source``: ``answers`` (answers ledgers and JSON lines), or a harness's own output for tasks
+    written by ``release export --harness`` (``lmms-eval`` sample logs, ``vlmevalkit`` prediction
+    files; :mod:`counterfactory.validation.scoring.harness`)."""
     info, trial_rows = load_release(release)
     trials = {t["trial_id"]: t for t in trial_rows}
-    answers = read_answers(answer_paths)
+    if source == "answers":
+        answers = read_answers(answer_paths)
+    else:
+        from counterfactory.validation.scoring.harness import read_harness
+
+        answers = read_harness(source, answer_paths, trials)
     if not answers:
         raise AnswersError("no answers to score: " + ", ".join(map(str, answer_paths)))
+    # one order whatever the source (the ledger's): sums and resamples then see the same sequence
+    answers = sorted(answers, key=lambda a: (a["trial_id"], a["model"], a.get("sample", 0)))
     check_answers(trials, answers)
     per_trial = per_trial_rows(trials, answers)
     analysis = info.get("analysis") or {}
@@ -156,7 +168,7 @@ def score(
         if proto.get("person_irrelevant"):
             entry["user_context"] = m.user_context(proto["person_irrelevant"], axes)
         models[model] = entry
-    judgements = read_judgements(answer_paths)
+    judgements = read_judgements(answer_paths) if source == "answers" else []
     if judgements:
         for model, rates in m.judge_rates(judgements, trials).items():
             models.setdefault(model, {"answered": {}, "refusals": {}})["npdp_judge"] = rates
