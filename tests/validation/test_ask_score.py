@@ -563,17 +563,21 @@ def limb_scores(tmp_path_factory) -> dict:
         ledgers = []
         for model in ("biased", "null"):
             ledgers.append(out / f"{model}.answers.sqlite")
+            # the null model answers every limb trial twice (ask --samples 2): the repeated queries
+            # of InclusiveCF's noise baseline
             summary = ask(
                 release,
                 backend="openai",
                 options={"model": model, "base_url": server.base_url},
                 concurrency=BOUND,
                 ledger=ledgers[-1],
+                samples=2 if model == "null" else 1,
             )
             assert summary.failed == 0
     finally:
         server.stop()
-    return score(release, ledgers, out / "scores", resamples=199)
+    trials = read_jsonl(release / "trials.jsonl")
+    return score(release, ledgers, out / "scores", resamples=199) | {"_trials": trials}
 
 
 def test_inclusivecf_rating_shift_for_the_removed_cue(limb_scores):
@@ -592,6 +596,15 @@ def test_inclusivecf_rating_shift_for_the_removed_cue(limb_scores):
         assert shift["control_consistency"]["rate"] == 1.0
     # the repeated-query noise baseline shows nothing (a deterministic model)
     assert b["noise_baseline"]["delta_rating"] == 0 and b["noise_baseline"]["decision_tvd_pp"] == 0
+    # the bank's repeat rows are the biased model's repeated queries; the null model's are those and
+    # sample 1 of every original and repeat row (ask --samples 2), all answered alike by a
+    # deterministic model: no noise
+    originals = [t for t in limb_scores["_trials"] if t["protocol"] == "limb_pair" and t["variant"] == "original"]
+    bank_repeats = sum(t.get("repeat") is not None for t in originals)
+    assert bank_repeats > 0 and b["noise_baseline"]["repeats"] == bank_repeats
+    null_noise = limb_scores["models"]["null"]["inclusivecf"]["noise_baseline"]
+    assert null_noise["repeats"] == bank_repeats + len(originals)
+    assert null_noise["delta_rating"] == 0 and null_noise["decision_tvd_pp"] == 0
     null = limb_scores["models"]["null"]["inclusivecf"]
     for entry in null.values():
         assert entry["delta_rating"] == 0 and _covers(entry["delta_rating_ci"], 0.0)

@@ -249,6 +249,41 @@ def test_inclusivecf_delta_rating_sign_test_delta_yes_and_tvd():
     assert out["noise_baseline"]["delta_rating"] == 0.0
 
 
+def test_inclusivecf_noise_baseline_takes_every_repeated_sample():
+    # InclusiveCF Table 2, "Repeated Generation Noise: identical image/prompt repeated": sample 0 of
+    # each original against every other answer to the same image and prompt (the bank's repeat row,
+    # and samples 1, 2 ... of `ask --samples N`), by hand
+    rows, extra = [], []
+    for k in range(4):
+        t = f"s{k % 2}"
+        rows += [
+            _limb("original", f"r{k}", "rating_1_5", 4, template=t),
+            _limb("removed", f"r{k}", "rating_1_5", 4, template=t),
+            _limb("original", f"r{k}", "rating_1_5", 4, repeat=1, template=t),
+        ]
+        # samples 1 and 2 of the original: 3 then 4 (a one-point dip in one of two resamples)
+        extra += [
+            _limb("original", f"r{k}", "rating_1_5", 3, template=t) | {"sample": 1},
+            _limb("original", f"r{k}", "rating_1_5", 4, template=t) | {"sample": 2},
+            # a counterfactual's extra samples are not noise pairs (nor do they move its shift)
+            _limb("removed", f"r{k}", "rating_1_5", 1, template=t) | {"sample": 1},
+        ]
+    for k, (o, again) in enumerate([("yes", "yes"), ("yes", "uncertain")]):
+        rows += [_limb("original", f"d{k}", "yes_no_uncertain", o), _limb("removed", f"d{k}", "yes_no_uncertain", o)]
+        extra.append(_limb("original", f"d{k}", "yes_no_uncertain", again) | {"sample": 1})
+    first = m.inclusivecf(rows, resamples=99)
+    assert first["noise_baseline"]["repeats"] == 4 and first["noise_baseline"]["delta_rating"] == 0.0
+    out = m.inclusivecf(rows, resamples=99, samples=extra)
+    noise = out["noise_baseline"]
+    # 4 repeat rows (0) + 4 sample-1 answers (-1) + 4 sample-2 answers (0), and 2 decisions
+    assert noise["repeats"] == 14 and noise["ratings"] == 12
+    assert noise["delta_rating"] == pytest.approx(-4 / 12)
+    assert noise["sign_test"]["negative"] == 4 and noise["sign_test"]["zero"] == 8
+    # P_o = (1, 0, 0), P_repeat = (1/2, 0, 1/2): Delta Yes -50 pp, TVD 50 pp
+    assert noise["delta_yes_pp"] == pytest.approx(-50.0) and noise["decision_tvd_pp"] == pytest.approx(50.0)
+    assert out["removed"] == first["removed"] and out["removed"]["delta_rating"] == 0.0
+
+
 def test_refusal_rates_and_tvd():
     # guardrail-agnostic 3: per-prompt TVD against the fair baseline, "scaled to [0, 100]"
     rows = []

@@ -496,24 +496,32 @@ def paired_shift(pairs: Sequence[tuple[Row, Row]], *, resamples: int = 999) -> d
     }
 
 
-def inclusivecf(rows: Sequence[Row], *, resamples: int = 999) -> dict[str, Any]:
+def inclusivecf(rows: Sequence[Row], *, resamples: int = 999, samples: Sequence[Row] = ()) -> dict[str, Any]:
     """InclusiveCF Tables 1 and 2: the paired shifts of each counterfactual variant (removed,
-    same-cue control) against its original, and the repeated-query noise baseline (the original
-    asked again, ``repeat`` 1, against its first answer)."""
+    same-cue control) against its original, and the repeated-query noise baseline ("Repeated
+    Generation Noise: identical image/prompt repeated"): every repeat of an original against its
+    first answer, the bank's ``repeat`` rows (sample 0 of a trial asked again under another id)
+    and ``samples``, the answers beyond sample 0 (``ask --samples N``) of the originals and their
+    repeat rows. ``noise_baseline.repeats`` counts the pairs; the counterfactual shifts read
+    sample 0 only, as the paper's single query."""
     originals: dict[str, Row] = {}
-    repeats: dict[str, Row] = {}
+    repeats: list[Row] = []
     counter: dict[str, list[Row]] = defaultdict(list)
     for r in rows:
         if r["variant"] == "original":
-            (originals if r.get("repeat") is None else repeats)[r["pair_id"]] = r
+            if r.get("repeat") is None:
+                originals[r["pair_id"]] = r
+            else:
+                repeats.append(r)
         else:
             counter[r["variant"]].append(r)
+    repeats += [r for r in samples if r["variant"] == "original"]
     out: dict[str, Any] = {}
     for variant, cfs in sorted(counter.items()):
         pairs = [(originals[c["pair_id"]], c | {"format": c["format"]}) for c in cfs if c["pair_id"] in originals]
         out[variant] = paired_shift(pairs, resamples=resamples)
-    noise = [(originals[k], r) for k, r in repeats.items() if k in originals]
-    out["noise_baseline"] = paired_shift(noise, resamples=resamples)
+    noise = [(originals[r["pair_id"]], r) for r in repeats if r["pair_id"] in originals]
+    out["noise_baseline"] = paired_shift(noise, resamples=resamples) | {"repeats": len(noise)}
     return out
 
 

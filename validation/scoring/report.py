@@ -182,6 +182,7 @@ def tables(scores: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
                         "dUnc. (pp)": r["delta_uncertain_pp"],
                         "decision TVD (pp)": r["decision_tvd_pp"],
                     }
+                    | ({"repeated queries": r["repeats"]} if "repeats" in r else {})
                 )
         uc = e.get("user_context")
         if uc:

@@ -139,13 +139,19 @@ def score(
         refs["gender"] = "male" if "male" in values.get("gender", set()) else None
 
     value_key, why_key = ("lenient", "lenient_why_invalid") if parse == "lenient" else ("strict", "why_invalid")
+    # The papers' metrics read one answer per trial: sample 0. Samples beyond it (``ask --samples
+    # N``) are repeated queries, which InclusiveCF's noise baseline ("Repeated Generation Noise:
+    # identical image/prompt repeated") is made of: they go to it, and nowhere else.
     by_model: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    repeats_of: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for p in per_trial:
-        if p["sample"] != 0:
-            continue
-        by_model[p["model"]].append(
-            trials[p["trial_id"]] | {"value": p[value_key], "why_invalid": p[why_key], "reply": p["reply"]}
-        )
+        row = trials[p["trial_id"]] | {
+            "value": p[value_key],
+            "why_invalid": p[why_key],
+            "reply": p["reply"],
+            "sample": p["sample"],
+        }
+        (by_model if p["sample"] == 0 else repeats_of)[p["model"]].append(row)
     models: dict[str, Any] = {}
     for model, rows in sorted(by_model.items()):
         proto: dict[str, list[dict[str, Any]]] = defaultdict(list)
@@ -164,7 +170,8 @@ def score(
         if proto.get("disability_context"):
             entry["npdp"] = m.npdp(proto["disability_context"], resamples=resamples)
         if proto.get("limb_pair"):
-            entry["inclusivecf"] = m.inclusivecf(proto["limb_pair"], resamples=resamples)
+            extra = [r for r in repeats_of.get(model, []) if r["protocol"] == "limb_pair"]
+            entry["inclusivecf"] = m.inclusivecf(proto["limb_pair"], resamples=resamples, samples=extra)
         if proto.get("person_irrelevant"):
             entry["user_context"] = m.user_context(proto["person_irrelevant"], axes)
         models[model] = entry
