@@ -161,11 +161,20 @@ def run_requests(
     """Send ``items`` with ``concurrency`` workers (so never more in flight), each request built by
     ``request(item)`` as ``(prompt, images, decoding, sample)`` and committed by ``commit(item,
     reply, seconds)`` the moment it returns; transport errors retried with backoff; no new request
-    once ``spent`` (plus what these cost) reaches ``max_spend``. Fills ``summary``."""
+    once ``spent`` (plus what these cost) reaches ``max_spend``. Fills ``summary``.
+
+    The commits run on one writer thread, one after another, and a worker waits for its own
+    before taking the next item: the event loop keeps sending and reading while SQLite writes
+    (a fixed-latency server returns a whole wave of answers at once, and committing them on the
+    loop delayed the wave's next requests by the sum of their commits)."""
+    from concurrent.futures import ThreadPoolExecutor
+
     start = time.monotonic()
+    writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="answers-writer")
 
     async def run() -> None:
         nonlocal spent
+        loop = asyncio.get_running_loop()
         queue: asyncio.Queue = asyncio.Queue()
         for item in items:
             queue.put_nowait(item)
@@ -195,7 +204,7 @@ def run_requests(
                         continue
                     spent += float(got.get("cost_usd") or 0.0)
                     summary.asked += 1
-                    commit(item, got, time.monotonic() - began)
+                    await loop.run_in_executor(writer, commit, item, got, time.monotonic() - began)
                     break
 
         try:
@@ -203,6 +212,9 @@ def run_requests(
         finally:
             await client.aclose()
 
-    asyncio.run(run())
+    try:
+        asyncio.run(run())
+    finally:
+        writer.shutdown(wait=True)
     summary.spent_usd = spent
     summary.seconds = time.monotonic() - start
