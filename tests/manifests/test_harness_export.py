@@ -172,3 +172,15 @@ def test_export_refuses_a_folder_that_is_not_a_release_and_a_non_empty_out(relea
         timeout=300,
     )
     assert done.returncode == 2 and "not empty" in done.stderr
+
+
+def test_ci_installs_the_harness_extras_pins_in_its_own_environment():
+    import re
+    import tomllib
+
+    from tests.conftest import REPO
+
+    extra = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]["harness"]
+    ci = (REPO / ".ci" / "run").read_text()
+    line = next(x for x in ci.splitlines() if ".venv-harness/bin/pip install" in x)
+    assert sorted(re.findall(r"'([^']+)'", line)) == sorted(extra)

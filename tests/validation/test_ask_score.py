@@ -358,7 +358,7 @@ def lmms_eval_python() -> str:
             return candidate
     pytest.fail(
         "lmms-eval is not installed: python3 -m venv .venv-harness && .venv-harness/bin/pip install "
-        "torch==2.14.1 torchvision==0.29.1 '.[harness]' (as .ci/run does; or set LMMS_EVAL_PYTHON)"
+        "torch==2.14.1 torchvision==0.29.1 'lmms-eval==0.7.3' 'filelock<4' (as .ci/run does; or set LMMS_EVAL_PYTHON)"
     )
 
 
