@@ -71,6 +71,9 @@ every exception class of the package (name, module, base), so it cannot drift::
     │                                     content. Raise release.version.
     ├── ReleaseIntegrityError (RuntimeError)  manifests.release: a file for a release does not
     │                                     have its sha256. Re-run; the store may be damaged.
+    ├── ReleaseSourceMissingError (FileNotFoundError)  manifests.release: a file a release is
+    │                                     built from (a source photo, a store image) is gone
+    │                                     since the run. Restore it, or re-run the spec.
     ├── DiffError (ValueError)            validation.release_diff: two folders that cannot be
     │                                     compared. Pass two releases of one study.
     ├── ReviewError (ValueError)          manifests.review: a review decision that cannot be
@@ -79,7 +82,13 @@ every exception class of the package (name, module, base), so it cannot drift::
     │   └── HubTransferError              manifests.hub: the Hub dropped a request part-way
     │                                     (exit status 1): run the same command again; it resumes.
     ├── PairError                         flows.audit: a measured pair's file cannot be read
-    │                                     (its batch row is ``failed``). Fix the path.
+    │                                     (its batch row is ``failed``; ``measure`` stops). Fix
+    │                                     the path.
+    ├── RunSpecNotFoundError (FileNotFoundError)  flows.review_app: the run folder records no
+    │                                     spec and has no release to take one from. Pass --spec.
+    ├── PhotoSetError (FileNotFoundError)  validation.photo_sets: a photo set's folder lacks
+    │                                     london_info.csv or the photos it lists. Point
+    │                                     --london at the London Set's folder.
     ├── AnswersError (ValueError)         validation.scoring.answers: answers that cannot be read
     │                                     or are not the release's (another bank, unknown trial
     │                                     ids; also raised by score). Score each release with its

@@ -65,6 +65,10 @@ class ReleaseExistsError(CounterfactoryError, RuntimeError):
     """The version exists with different content; releases are never overwritten."""
 
 
+class ReleaseSourceMissingError(CounterfactoryError, FileNotFoundError):
+    """A file a release is built from (a store image, a source photo) is gone since the run."""
+
+
 class ReleaseIntegrityError(CounterfactoryError, RuntimeError):
     """A file that should go into a release does not have the sha256 it is addressed by."""
 
@@ -105,11 +109,11 @@ def copy_verified(source: Path, target: Path, expected_sha256: str | None = None
 
     Raises:
         ReleaseIntegrityError: the bytes' sha256 is not ``expected_sha256``; ``target`` is removed.
-        FileNotFoundError: ``source`` is missing, with a message naming it.
+        ReleaseSourceMissingError: ``source`` is missing, with a message naming it.
     """
     source, target = Path(source), Path(target)
     if not source.is_file():
-        raise FileNotFoundError(
+        raise ReleaseSourceMissingError(
             f"{source}: missing; it is needed for the release (re-run the spec to rebuild a store image, "
             "or restore the photo)"
         )
