@@ -44,7 +44,8 @@ from typing import Any
 import yaml
 
 from counterfactory.manifests.errors import CounterfactoryError
-from counterfactory.manifests.store import atomic_write, sha256_file
+from counterfactory.manifests.safefiles import sha256_file
+from counterfactory.manifests.store import atomic_write
 
 MANIFEST = "manifest.jsonl"
 MANIFEST_PARQUET = "manifest.parquet"
