@@ -42,8 +42,6 @@ from counterfactory.manifests.errors import CounterfactoryError
 from counterfactory.manifests.registry import TRIAL_PROTOCOLS
 
 TRIALS_DIR = ASSETS_DIR / "trials"
-#: the built-in protocols (plug-ins add more: :data:`~counterfactory.manifests.registry.TRIAL_PROTOCOLS`)
-PROTOCOLS = ("2afc", "mcq", "salary", "disability_context", "limb_pair", "person_irrelevant")
 SOURCE_PREFIX = "source:"
 
 
@@ -958,7 +956,12 @@ def _no_add(*args: Any, **kwargs: Any) -> None:
 def prompt_texts(name: str = DEFAULT_BANK) -> dict[str, list[str]]:
     """Every prompt text of a prompt file by built-in protocol (for audits such as word-list checks)."""
     bank, _, _ = _load_prompts(name)
-    return {protocol: TRIAL_PROTOCOLS.get(protocol).factory(NoOptions()).prompts(bank) for protocol in PROTOCOLS}
+    TRIAL_PROTOCOLS.names()  # loads the built-ins
+    return {
+        p.name: p.factory(p.options()).prompts(bank)
+        for p in TRIAL_PROTOCOLS.registered()
+        if p.origin.startswith("built-in")
+    }
 
 
 def protocol_names() -> list[str]:
