@@ -400,7 +400,7 @@ EDITORS = EditorRegistry("editor backend", "counterfactory.generation.editors", 
 GATES = GateRegistry("gate", "counterfactory.validation.gates")
 #: trial protocols: ``factory(options) -> protocol`` (:class:`counterfactory.manifests.trials.TrialProtocol`);
 #: options from ``trials.options.<name>``
-TRIAL_PROTOCOLS = Registry("trial protocol", "counterfactory.manifests.trials", "trial_protocol")
+TRIAL_PROTOCOLS = Registry("trial protocol", "counterfactory.manifests.protocols", "trial_protocol")
 #: optional release files: ``factory(options) -> release file``
 #: (:class:`counterfactory.manifests.release_files.ReleaseFile`); options from ``release.files.<name>``
 RELEASE_FILES = Registry("release file", "counterfactory.manifests.release_files", "release_file")
