@@ -2,8 +2,10 @@
 spends money on a remote service (the ``fal`` editor, the VLM attribute gate, ``ask``'s answer
 backends). :mod:`~counterfactory.manifests.paid.base` is the interface (what a call, an answer,
 a journal and a client are); :mod:`~counterfactory.manifests.paid.fal` is fal's queue API as
-such a client. Nothing here knows who calls it: it sits in the bottom layer so that
-``generation/`` and ``validation/`` reach it without reaching each other.
+such a client (submit, poll, fetch, cancel), :mod:`~counterfactory.manifests.paid.direct` one
+for services answered in one request (an OpenAI-compatible chat endpoint). Nothing here knows
+who calls it: it sits in the bottom layer so that ``generation/`` and ``validation/`` reach it
+without reaching each other.
 """
 
 from __future__ import annotations
