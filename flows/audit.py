@@ -30,10 +30,11 @@ SOURCES_KEPT = 4
 
 
 class PairError(CounterfactoryError):
-    """A pair's file cannot be read: ``code`` is the stable reason, ``message`` names the file."""
+    """A pair's file cannot be read: ``code`` is the stable reason (a batch row's), ``message``
+    (its text) names the file."""
 
     def __init__(self, code: str, message: str) -> None:
-        super().__init__(f"{code}: {message}")
+        super().__init__(message)
         self.code, self.message = code, message
 
 
@@ -262,15 +263,14 @@ def measure_pair(
     ``gates`` (metrics, thresholds, reasons), ``notes`` (what decoding normalised, per file)
     and ``warnings`` (the files' decoder warnings, e.g. a damaged PNG chunk skipped). When
     registration fails, face, identity and expression are still measured on the unregistered
-    candidate and ``locality`` is marked ``measurable: false``. Unreadable files raise
-    ``ValueError`` naming the file.
+    candidate and ``locality`` is marked ``measurable: false``.
+
+    Raises:
+        PairError: a file cannot be read (its reason code and a message naming the file).
     """
-    try:
-        return PairMeasurer(spec_path).measure(
-            source_path, candidate_path, mask_path=mask_path, kind=kind, floor_path=floor_path
-        )
-    except PairError as exc:
-        raise ValueError(exc.message) from None
+    return PairMeasurer(spec_path).measure(
+        source_path, candidate_path, mask_path=mask_path, kind=kind, floor_path=floor_path
+    )
 
 
 #: the columns of a batch table that are not condition labels (``prompt``: what the ``import``

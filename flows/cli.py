@@ -274,10 +274,7 @@ def publish(out: Path, version: str | None, spec_path: Path | None, allow_incomp
         _fail(f"--version {version!r}: expected {expected}")
     if not (out / "ledger.sqlite").exists() and spec.ledger_url is None:
         _fail(f"{out}: no ledger.sqlite here; run `counterfactory run {spec_path} --out {out}` first")
-    try:
-        result = publish_from_ledger(spec, out, allow_incomplete=allow_incomplete)
-    except FileNotFoundError as exc:  # a file outside the store (a photo) gone since the run
-        _fail(str(exc))
+    result = publish_from_ledger(spec, out, allow_incomplete=allow_incomplete)
     click.echo(format_completeness(result.report, result.left_out))
     state = "written" if result.sealed.created else "unchanged (identical release already existed)"
     click.echo("editor calls: 0")
@@ -379,10 +376,7 @@ def measure(
         return
     if source is None or candidate is None:
         _fail("give SOURCE and CANDIDATE, or --batch TABLE")
-    try:
-        report = measure_pair(source, candidate, mask_path=mask, kind=kind, spec_path=spec_path, floor_path=floor_path)
-    except (OSError, ValueError) as exc:
-        _fail(str(exc))
+    report = measure_pair(source, candidate, mask_path=mask, kind=kind, spec_path=spec_path, floor_path=floor_path)
     if as_json:
         click.echo(json.dumps(report, indent=2, sort_keys=True, default=str))
         return
@@ -405,23 +399,17 @@ def measure(
 def _measure_batch(table: Path, *, kind: str | None, spec_path: Path | None, as_json: bool) -> None:
     """``measure --batch``: a line (or JSON object) per pair as it is measured, then the summary."""
     from counterfactory.flows.audit import measure_batch, summarise_batch
-    from counterfactory.generation.editors.tables import TableError
 
     reports = []
-    try:
-        for report in measure_batch(table, spec_path=spec_path, kind=kind):
-            reports.append({k: report[k] for k in ("verdict", "condition")})
-            if as_json:
-                click.echo(json.dumps(report, sort_keys=True, default=str))
-                continue
-            detail = [report["error"]] if "error" in report else list(report["reasons"])
-            detail += [f"warning: {w}" for w in report.get("warnings", [])]
-            floor = f"floor={report.get('floor_path') or '-'}"
-            click.echo(
-                f"{report['id']}\t{report['verdict']}" + (f"\t{'; '.join(detail)}" if detail else "") + f"\t{floor}"
-            )
-    except (OSError, ValueError, TableError) as exc:
-        _fail(str(exc))
+    for report in measure_batch(table, spec_path=spec_path, kind=kind):
+        reports.append({k: report[k] for k in ("verdict", "condition")})
+        if as_json:
+            click.echo(json.dumps(report, sort_keys=True, default=str))
+            continue
+        detail = [report["error"]] if "error" in report else list(report["reasons"])
+        detail += [f"warning: {w}" for w in report.get("warnings", [])]
+        floor = f"floor={report.get('floor_path') or '-'}"
+        click.echo(f"{report['id']}\t{report['verdict']}" + (f"\t{'; '.join(detail)}" if detail else "") + f"\t{floor}")
     summary = summarise_batch(reports)
     if as_json:
         click.echo(json.dumps({"summary": summary}, sort_keys=True), err=True)
@@ -496,12 +484,9 @@ def calibrate(
     if london is not None:
         if failures == 0:
             _fail("--london adds people to the failure corpus: give --failures N too")
-        try:
-            sets.append(
-                london_set(london, people=london_people, per_class=london_per_class, max_side=london_side, seed=seed)
-            )
-        except (FileNotFoundError, ValueError) as exc:
-            _fail(str(exc))
+        sets.append(
+            london_set(london, people=london_people, per_class=london_per_class, max_side=london_side, seed=seed)
+        )
 
     paths = bundled_photo_paths()
     if spec_path is not None:
@@ -747,10 +732,7 @@ def review() -> None:
 def _review_setup(out: Path, spec_path: Path | None):
     from counterfactory.flows.review_app import ledger_url_for, run_spec_for
 
-    try:
-        spec = run_spec_for(out, spec_path)
-    except FileNotFoundError as exc:  # no spec recorded and no release to take one from
-        _fail(str(exc))
+    spec = run_spec_for(out, spec_path)
     return spec, ledger_url_for(out, spec)
 
 
@@ -763,10 +745,8 @@ def _review_setup(out: Path, spec_path: Path | None):
 @click.option("--port", default=8765, show_default=True, help="Port to listen on.")
 def review_serve(out: Path, spec_path: Path | None, host: str, port: int) -> None:
     """Serve the review queue over OUT's ledger and image store."""
-    try:
-        from counterfactory.flows.review_app import serve
-    except ImportError as exc:
-        _fail(f"the review site needs the review extra ({exc}); pip install 'counterfactory[review]'")
+    from counterfactory.flows.review_app import serve  # SetupError without the review extra
+
     spec, _ = _review_setup(out, spec_path)
     click.echo(f"review site: http://{host}:{port}/login (Ctrl-C stops it)")
     serve(out, spec, host=host, port=port)

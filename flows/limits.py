@@ -134,7 +134,7 @@ class LimitedEditor:
 
         A fal call whose status polls gave up (an outage) has ended, but its request may still
         run at fal and count against the account: its slot is freed once fal says it ended
-        (:meth:`~counterfactory.generation.editors.fal_queue.FalQueue.wait_parked`, at most the
+        (:meth:`~counterfactory.manifests.paid.fal.FalQueue.wait_parked`, at most the
         client's ``timeout_s``).
         """
         wait = getattr(getattr(self.inner, "queue", None), "wait_parked", None)

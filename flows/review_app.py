@@ -36,9 +36,15 @@ from typing import Any
 
 import cv2
 import numpy as np
-from fastapi import APIRouter, FastAPI, Form, Request
-from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, RedirectResponse, Response
-from fastapi.templating import Jinja2Templates
+
+from counterfactory.manifests.errors import CounterfactoryError, SetupError
+
+try:
+    from fastapi import APIRouter, FastAPI, Form, Request
+    from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, RedirectResponse, Response
+    from fastapi.templating import Jinja2Templates
+except ImportError as exc:  # the review extra is optional
+    raise SetupError(f"the review site needs the review extra ({exc}); pip install 'counterfactory[review]'") from exc
 
 from counterfactory.flows.steps import prepare_source
 from counterfactory.generation.masks import dilate
@@ -85,6 +91,10 @@ SECURITY_HEADERS = {
     # cross-site check must refuse
     "Referrer-Policy": "same-origin",
 }
+
+
+class RunSpecNotFoundError(CounterfactoryError, FileNotFoundError):
+    """A run folder that records no spec and has no release to take one from: pass ``--spec``."""
 
 
 @dataclass(frozen=True)
@@ -820,7 +830,7 @@ def run_spec_for(out: Path, spec_path: Path | None = None) -> Spec:
     recorded, else the spec.yaml of its newest release.
 
     Raises:
-        FileNotFoundError: neither is there; the message says to pass ``--spec``.
+        RunSpecNotFoundError: neither is there; the message says to pass ``--spec``.
     """
     from counterfactory.manifests.spec import load_spec
 
@@ -838,7 +848,7 @@ def run_spec_for(out: Path, spec_path: Path | None = None) -> Spec:
         pass
     found = sorted((Path(out) / "releases").glob("*/*/spec.yaml"), key=lambda p: p.stat().st_mtime)
     if not found:
-        raise FileNotFoundError(
+        raise RunSpecNotFoundError(
             f"{out}: no release with a spec.yaml under {Path(out) / 'releases'}; pass the run's spec with --spec"
         )
     return load_spec(found[-1])

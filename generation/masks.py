@@ -32,6 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from counterfactory.generation.images import scale_16bit_to_8bit
 from counterfactory.generation.records import RLE, FileMask, PolygonMask, RLEMask, SamMask, sam_mask_file
 from counterfactory.manifests.errors import CounterfactoryError
+from counterfactory.manifests.registry import SPEC_SECTIONS
 
 
 class MaskError(CounterfactoryError, ValueError):
@@ -354,3 +355,6 @@ __all__ = [
     "rle_decode",
     "rle_encode",
 ]
+
+
+SPEC_SECTIONS.register("masks", MaskOptions)

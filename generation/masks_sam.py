@@ -56,6 +56,7 @@ from counterfactory.generation.masks import MaskError, load_mask_file
 from counterfactory.generation.metadata import load_metadata
 from counterfactory.generation.records import SamMask, sam_mask_file
 from counterfactory.manifests.errors import SetupError
+from counterfactory.manifests.safefiles import sha256_file
 
 _INSTALL_HINT = "pip install 'counterfactory[sam]'"
 
@@ -241,7 +242,7 @@ def store_sam_masks(
             out.append(StoredSamMask(record.id, target, "failed", reason=f"SAM prompt: {exc}"))
             continue
         if checkpoint_sha is None:
-            checkpoint_sha = _file_sha256(Path(checkpoint))
+            checkpoint_sha = sha256_file(Path(checkpoint))
         note = {
             "source_id": record.id,
             "source_sha256": loaded.sha256,
@@ -262,14 +263,6 @@ def _drawn_on(note_path: Path) -> str | None:
         return json.loads(note_path.read_text())["source_sha256"]
     except (OSError, ValueError, KeyError, TypeError):
         return None
-
-
-def _file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def _write_mask(target: Path, note_path: Path, mask: np.ndarray, note: dict[str, Any]) -> None:

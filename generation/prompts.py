@@ -21,6 +21,7 @@ from counterfactory.assets import PROMPTS_DIR
 from counterfactory.generation.regions import DEFAULT_REGION, template_region
 from counterfactory.generation.sampling import DesignConfig, conditions
 from counterfactory.manifests.errors import SetupError
+from counterfactory.manifests.registry import SPEC_SECTIONS
 
 _NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
 
@@ -180,3 +181,6 @@ def render_prompt(
 def face_region(config: PromptConfig) -> str:
     """The edit region of a face design's prompt (``config.face``), by name."""
     return template_region(config.face, config.directory)
+
+
+SPEC_SECTIONS.register("prompts", PromptConfig)

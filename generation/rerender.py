@@ -133,13 +133,3 @@ def rerender_like(image: np.ndarray, shape: tuple[int, ...], max_side: int | Non
         return out
     up = h * w > out.shape[0] * out.shape[1]
     return cv2.resize(out, (w, h), interpolation=cv2.INTER_CUBIC if up else cv2.INTER_AREA)
-
-
-def round_trip_error(image: np.ndarray, rerenderer: Rerenderer | None = None) -> float:
-    """Mean absolute difference in [0, 1] (FOCUS's unit) of one round trip of ``image`` at its
-    own size (sides cropped to multiples of 8)."""
-    r = rerenderer or get_rerenderer(None)
-    h, w = (image.shape[0] // LATENT_SCALE) * LATENT_SCALE, (image.shape[1] // LATENT_SCALE) * LATENT_SCALE
-    crop = np.ascontiguousarray(image[:h, :w])
-    out = r.decode(r.encode(crop))
-    return float(np.abs(out.astype(np.float64) - crop).mean() / 255.0)

@@ -9,10 +9,12 @@ and let anything else (a bug) show its traceback. The command line prints
 the builtin still catches it. Every message names the file or field at fault and says what
 to do.
 
-The tree (class, its builtin base, who raises it, what the user does)::
+The tree: each class with the builtin base it keeps (if any) and the module that defines it,
+then who raises it and what the user does. ``tests/manifests/test_errors.py`` checks it against
+every exception class of the package (name, module, base), so it cannot drift::
 
-    CounterfactoryError
-    ├── SpecError (ValueError)            manifests.spec.load_spec: the spec file is not valid,
+    CounterfactoryError                   manifests.errors: the root.
+    ├── SpecError (ValueError)            manifests.spec: load_spec: the spec file is not valid,
     │                                     or a file it names (sources, prompt templates,
     │                                     trials.prompts, trials.biographies, an editor's table)
     │                                     is missing. Fix the field the message names.
@@ -25,9 +27,9 @@ The tree (class, its builtin base, who raises it, what the user does)::
     │                                     has a NUL byte in its name, is not a regular file or is
     │                                     too large; the import names the row. Fix the row, copy
     │                                     the file in, or set editor.import.allowed_roots.
-    ├── MetadataError (ValueError)        generation.metadata: the sources' metadata file as a
+    ├── MetadataError (ValueError)        generation.errors: the sources' metadata file as a
     │                                     whole. Fix the entries and fields it lists.
-    ├── SourceError                       generation.images: one photo cannot be used (the run
+    ├── SourceError                       generation.errors: one photo cannot be used (the run
     │                                     records the source as failed). Replace the photo.
     ├── MaskError (ValueError)            generation.masks: a limb mask cannot be built (wrong
     │                                     size, missing file, bad polygon). Redraw or re-store it.
@@ -37,9 +39,10 @@ The tree (class, its builtin base, who raises it, what the user does)::
     │                                     bank or biographies). Fix trials.* in the spec.
     ├── LicenceError (ValueError)         manifests.licences: a source's licence is unknown or
     │                                     the licences conflict. Fix the metadata's licence.
-    ├── SetupError (RuntimeError)         a model file, optional dependency, GPU or API key is
-    │   │                                 missing, or a calibration file. Install or set what
-    │   │                                 the message names; nothing was paid for.
+    ├── SetupError (RuntimeError)         manifests.errors: a model file, optional dependency,
+    │   │                                 GPU or API key is missing, or a calibration file.
+    │   │                                 Install or set what the message names; nothing was
+    │   │                                 paid for.
     │   ├── PluginError                   manifests.registry: an installed package's
     │   │                                 counterfactory.plugins entry point failed to import.
     │   │                                 Fix or uninstall the distribution it names.
@@ -47,7 +50,7 @@ The tree (class, its builtin base, who raises it, what the user does)::
     │                                     share the run's ledger. Check the address and ledger_url.
     ├── ScheduleError (ValueError)        flows.schedule: a cron, interval or timezone that
     │                                     cannot be served. Write a valid one.
-    ├── PrefectServerError (RuntimeError) flows.server: the in-process Prefect server did not
+    ├── PrefectServerError (RuntimeError)  flows.server: the in-process Prefect server did not
     │                                     start. Check PREFECT_HOME, or name a server (PREFECT_API_URL).
     ├── RunFolderError (RuntimeError)     manifests.runlock: the output folder is unwritable, not
     │                                     a folder, or another run holds it. Wait or choose another.
@@ -60,36 +63,49 @@ The tree (class, its builtin base, who raises it, what the user does)::
     ├── UnsafeBlobError (OSError)         manifests.store: a store entry that is a symlink, a FIFO
     │                                     or another non-regular file; never read. Delete it and re-run.
     ├── PublishError (RuntimeError)       flows.publish: a release that must not be sealed.
-    │   ├── EmptyReleaseError             no cell was accepted or is waiting for review.
-    │   └── IncompleteGridError           cells, sources or strata are missing; pass
-    │                                     --allow-incomplete to seal what there is.
-    ├── ReleaseExistsError (RuntimeError) manifests.release: the version exists with other
+    │   ├── EmptyReleaseError             flows.publish: no cell was accepted or is waiting for
+    │   │                                 review.
+    │   └── IncompleteGridError           flows.publish: cells, sources or strata are missing;
+    │                                     pass --allow-incomplete to seal what there is.
+    ├── ReleaseExistsError (RuntimeError)  manifests.release: the version exists with other
     │                                     content. Raise release.version.
     ├── ReleaseIntegrityError (RuntimeError)  manifests.release: a file for a release does not
     │                                     have its sha256. Re-run; the store may be damaged.
-    ├── DiffError (ValueError)            manifests.release_diff: two folders that cannot be
+    ├── ReleaseSourceMissingError (FileNotFoundError)  manifests.release: a file a release is
+    │                                     built from (a source photo, a store image) is gone
+    │                                     since the run. Restore it, or re-run the spec.
+    ├── DiffError (ValueError)            validation.release_diff: two folders that cannot be
     │                                     compared. Pass two releases of one study.
     ├── ReviewError (ValueError)          manifests.review: a review decision that cannot be
     │                                     recorded (``status`` is its HTTP status).
     ├── HubError (RuntimeError)           manifests.hub: a push or pull that must not go ahead.
-    │   └── HubTransferError              the Hub dropped a request part-way (exit status 1):
-    │                                     run the same command again; it resumes.
+    │   └── HubTransferError              manifests.hub: the Hub dropped a request part-way
+    │                                     (exit status 1): run the same command again; it resumes.
     ├── PairError                         flows.audit: a measured pair's file cannot be read
-    │                                     (its batch row is ``failed``). Fix the path.
-    ├── AnswersError (ValueError)         validation.scoring.answers / score: answers that cannot
-    │                                     be read or are not the release's (another bank, unknown
-    │                                     trial ids). Score each release with its own answers.
-    ├── AskError (ValueError)             validation.scoring.ask / judge: ``ask`` cannot start (an
-    │                                     unknown protocol or backend, nothing to judge). Fix the
-    │                                     option the message names.
+    │                                     (its batch row is ``failed``; ``measure`` stops). Fix
+    │                                     the path.
+    ├── RunSpecNotFoundError (FileNotFoundError)  flows.review_app: the run folder records no
+    │                                     spec and has no release to take one from. Pass --spec.
+    ├── PhotoSetError (FileNotFoundError)  validation.photo_sets: a photo set's folder lacks
+    │                                     london_info.csv or the photos it lists. Point
+    │                                     --london at the London Set's folder.
+    ├── AnswersError (ValueError)         validation.scoring.answers: answers that cannot be read
+    │                                     or are not the release's (another bank, unknown trial
+    │                                     ids; also raised by score). Score each release with its
+    │                                     own answers.
+    ├── AskError (ValueError)             validation.scoring.ask: ``ask`` cannot start (an
+    │                                     unknown protocol or backend, nothing to judge; also
+    │                                     raised by judge). Fix the option the message names.
     ├── TransportError                    validation.scoring.backends: a request got no answer
     │                                     (connection, timeout, 429, 5xx); ``ask`` retries it, and
     │                                     a re-run asks what still failed.
-    └── internal signals, caught where they are raised and never shown to a user:
-        FalCallFailed (generation.editors.fal_queue: one fal call ends with a non-ok answer),
-        _Lost (the same module: fal lost a request, submit again),
-        _UnsupportedPixels (ValueError; generation.images: a pixel format with no 8-bit mapping),
-        _WorkToDo (flows.resume: a re-run is not settled in the ledger, so the flow runs).
+    │   internal signals, caught where they are raised and never shown to a user:
+    ├── PaidCallFailed                    manifests.paid.base: one paid call ends with a non-ok
+    │                                     answer (the paid client turns it into that answer).
+    ├── _Lost                             manifests.paid.fal: fal lost a request; submit again.
+    ├── _UnsupportedPixels (ValueError)   generation.images: a pixel format with no 8-bit mapping.
+    └── _WorkToDo                         flows.resume: a re-run is not settled in the ledger, so
+                                          the flow runs.
 """
 
 from __future__ import annotations

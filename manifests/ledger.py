@@ -614,12 +614,14 @@ class Ledger:
 
     # the editor journal ----------------------------------------------------------------
     def journal(self, backend: str) -> LedgerJournal:
-        """An :class:`~counterfactory.generation.editors.base.EditJournal` for one backend on this database."""
+        """A :class:`~counterfactory.manifests.paid.base.PaidJournal` for one paid client (an editor
+        backend, a gate's model) on this database."""
         return LedgerJournal(self, backend)
 
 
 class LedgerJournal:
-    """``EditJournal`` on the ledger's ``editor_journal`` table (durable across SIGKILL)."""
+    """A :class:`~counterfactory.manifests.paid.base.PaidJournal` on the ledger's ``editor_journal``
+    table (durable across SIGKILL)."""
 
     def __init__(self, ledger: Ledger, backend: str) -> None:
         self.ledger = ledger

@@ -16,10 +16,16 @@ The spec reads these registries to validate ``editor.<backend>``, ``gates.<kind>
 Ray resources and the stop handler read an editor's capabilities; the trial bank and the
 release read their registries; so nothing else changes when a plug-in is added.
 
-A registry imports its ``home`` package once, on first use, which registers the built-in
-plug-ins (each module registers itself on import), then every installed package's plug-ins:
-each entry point of the group ``counterfactory.plugins`` names a module whose import registers
-them (:func:`load_entry_points`). This module is the bottom layer: it imports no pipeline code.
+A registry imports, once, on first use, the modules that hold its built-in plug-ins (each
+module registers itself on import), then every installed package's plug-ins: each entry point
+of the group ``counterfactory.plugins`` names a module whose import registers them
+(:func:`load_entry_points`). Which modules hold the built-ins the package root says
+(:data:`counterfactory.BUILT_IN_MODULES`, by the registry's ``kind``): this module is the bottom
+layer and names no module above it.
+
+The spec's sections are registered the same way (:data:`SPEC_SECTIONS`): each module that owns
+a section's model ends with ``SPEC_SECTIONS.register("sources", SourcesConfig)``, and the spec
+(:mod:`counterfactory.manifests.spec`) types its fields with :func:`section`.
 """
 
 from __future__ import annotations
@@ -184,10 +190,9 @@ class Registry:
 
     plugin_type: type[Plugin] = Plugin
 
-    def __init__(self, what: str, home: str, kind: str = "") -> None:
+    def __init__(self, what: str, kind: str) -> None:
         self.what = what
-        self.home = home
-        self.kind = kind or what
+        self.kind = kind
         self._plugins: dict[str, Plugin] = {}
         self._lock = threading.RLock()
         self._loaded = False
@@ -222,7 +227,10 @@ class Registry:
         with self._lock:
             if not self._loaded:
                 self._loaded = True
-                importlib.import_module(self.home)
+                from counterfactory import BUILT_IN_MODULES
+
+                for module in BUILT_IN_MODULES.get(self.kind, ()):
+                    importlib.import_module(module)
         load_entry_points()
 
     def registered(self) -> list[Plugin]:
@@ -366,28 +374,44 @@ class GateRegistry(Registry):
         return sorted(plugins, key=lambda p: (p.order, p.name))
 
 
-@dataclass(frozen=True)
-class _ModelAt:
-    """Pydantic metadata: validate with the model ``module:name``, imported when first needed."""
+class SectionRegistry(Registry):
+    """The spec's sections by field name, each the pydantic model of the module that owns it."""
 
-    module: str
+    def register(self, name: str, model: type[BaseModel] | Callable[[], type[BaseModel]]) -> Plugin:  # type: ignore[override]
+        """Add the section ``name``: its model, or a function returning it (for a module that
+        cannot import the model's own module at its import)."""
+        return self._add(Plugin(name, BaseModel, model))
+
+    def model(self, name: str) -> type[BaseModel]:
+        """The model of the section ``name``.
+
+        Raises:
+            SetupError: no module registered it.
+        """
+        factory = self.get(name).factory
+        return factory if isinstance(factory, type) else factory()
+
+
+@dataclass(frozen=True)
+class _SectionAt:
+    """Pydantic metadata: validate with the model the spec section ``name`` registered, looked
+    up when the schema is first built."""
+
     name: str
 
     def __get_pydantic_core_schema__(self, source: Any, handler: GetCoreSchemaHandler) -> CoreSchema:
-        model = getattr(importlib.import_module(self.module), self.name)
-        return handler.generate_schema(model)
+        return handler.generate_schema(SPEC_SECTIONS.model(self.name))
 
 
-def model_at(module: str, name: str) -> Any:
-    """A field type validated by the pydantic model ``name`` of ``module``, imported lazily.
+def section(name: str) -> Any:
+    """A field type validated by the model of the spec section ``name`` (:data:`SPEC_SECTIONS`).
 
     The spec (this bottom layer) declares its sections this way, so that loading the spec
-    module imports no pipeline code: the section's module is imported when a model holding the
-    field builds its schema, which ``defer_build=True`` puts off until the first validation.
-    Values are instances of the named model; static type checkers see the real class through
-    an ``if TYPE_CHECKING`` import beside it.
+    module imports no pipeline code: the registry loads the sections' modules when a model
+    holding the field builds its schema, which ``defer_build=True`` puts off until the first
+    validation. Values are instances of the registered model.
     """
-    return Annotated[Any, _ModelAt(module, name)]
+    return Annotated[Any, _SectionAt(name)]
 
 
 def _qualname(factory: Callable[..., Any]) -> str:
@@ -395,18 +419,24 @@ def _qualname(factory: Callable[..., Any]) -> str:
 
 
 #: editor backends: ``factory(options) -> Editor``
-EDITORS = EditorRegistry("editor backend", "counterfactory.generation.editors", "editor")
+EDITORS = EditorRegistry("editor backend", "editor")
 #: gates: ``factory(options) -> Gate``; options hold the thresholds (per edit kind in the spec)
-GATES = GateRegistry("gate", "counterfactory.validation.gates")
+GATES = GateRegistry("gate", "gate")
 #: trial protocols: ``factory(options) -> protocol`` (:class:`counterfactory.manifests.trials.TrialProtocol`);
 #: options from ``trials.options.<name>``
-TRIAL_PROTOCOLS = Registry("trial protocol", "counterfactory.manifests.trials", "trial_protocol")
+TRIAL_PROTOCOLS = Registry("trial protocol", "trial_protocol")
 #: optional release files: ``factory(options) -> release file``
 #: (:class:`counterfactory.manifests.release_files.ReleaseFile`); options from ``release.files.<name>``
-RELEASE_FILES = Registry("release file", "counterfactory.manifests.release_files", "release_file")
+RELEASE_FILES = Registry("release file", "release_file")
 #: answer backends (``counterfactory ask --backend NAME``): ``factory(options) -> backend``
-#: (:class:`counterfactory.validation.scoring.backends.AnswerBackend`)
-ANSWER_BACKENDS = Registry("answer backend", "counterfactory.validation.scoring.backends", "answer_backend")
+#: (the ``AnswerBackend`` of ``validation/scoring/backends.py``)
+ANSWER_BACKENDS = Registry("answer backend", "answer_backend")
+#: the spec's sections above this layer, by field name (``sources``, ``design``, ...): the model
+#: of the module that owns each (:func:`section`)
+SPEC_SECTIONS = SectionRegistry("spec section", "spec_section")
+#: what ``verify`` re-derives beyond the release's own files: ``factory(release, info, written
+#: spec) -> problems`` (``stats.json`` and ``report.html``, by the code that wrote them)
+RELEASE_CHECKS = Registry("release check", "release_check")
 #: every registry, in the order ``counterfactory plugins`` lists them
 REGISTRIES = (EDITORS, GATES, TRIAL_PROTOCOLS, RELEASE_FILES, ANSWER_BACKENDS)
 

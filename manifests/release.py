@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import errno
 import hashlib
-import importlib
 import json
 import os
 import re
@@ -44,7 +43,9 @@ from typing import Any
 import yaml
 
 from counterfactory.manifests.errors import CounterfactoryError
-from counterfactory.manifests.store import atomic_write, sha256_file
+from counterfactory.manifests.registry import RELEASE_CHECKS
+from counterfactory.manifests.safefiles import sha256_file
+from counterfactory.manifests.store import atomic_write
 
 MANIFEST = "manifest.jsonl"
 MANIFEST_PARQUET = "manifest.parquet"
@@ -63,6 +64,10 @@ _STAGING = re.compile(r"^\.(?P<version>.+)\.staging-(?P<pid>\d+)-[A-Za-z0-9_]+$"
 
 class ReleaseExistsError(CounterfactoryError, RuntimeError):
     """The version exists with different content; releases are never overwritten."""
+
+
+class ReleaseSourceMissingError(CounterfactoryError, FileNotFoundError):
+    """A file a release is built from (a store image, a source photo) is gone since the run."""
 
 
 class ReleaseIntegrityError(CounterfactoryError, RuntimeError):
@@ -105,11 +110,11 @@ def copy_verified(source: Path, target: Path, expected_sha256: str | None = None
 
     Raises:
         ReleaseIntegrityError: the bytes' sha256 is not ``expected_sha256``; ``target`` is removed.
-        FileNotFoundError: ``source`` is missing, with a message naming it.
+        ReleaseSourceMissingError: ``source`` is missing, with a message naming it.
     """
     source, target = Path(source), Path(target)
     if not source.is_file():
-        raise FileNotFoundError(
+        raise ReleaseSourceMissingError(
             f"{source}: missing; it is needed for the release (re-run the spec to rebuild a store image, "
             "or restore the photo)"
         )
@@ -620,9 +625,9 @@ def check_meaning(path: str | Path) -> list[str]:
         problems += _check_trials_derived(path, info or {}, written, tables)
         if info is not None:
             # stats.json and report.html are re-derived by the code that wrote them, above this
-            # layer: reached by module name, as the spec reaches its sections
-            derived = importlib.import_module(DERIVED_CHECKS)
-            problems += derived.check_derived(path, info, written)
+            # layer, which registered its check (RELEASE_CHECKS) as a plug-in registers
+            for check in RELEASE_CHECKS.plugins():
+                problems += check.factory(path, info, written)
     problems += _check_parquet(path, tables[MANIFEST])
     referenced: set[str] = set()
     for name in (MANIFEST, ITEMS, "derived.jsonl"):
@@ -659,11 +664,6 @@ def check_meaning(path: str | Path) -> list[str]:
             f"{relative}: not accounted for (no row or release.json entry names it); a release holds only its own files"
         )
     return problems
-
-
-#: the module whose ``check_derived(release, info, written spec)`` re-derives ``stats.json``
-#: and ``report.html`` (:mod:`counterfactory.validation.release_derived`)
-DERIVED_CHECKS = "counterfactory.validation.release_derived"
 
 
 def _written_spec(path: Path, problems: list[str]) -> dict[str, Any] | None:

@@ -152,13 +152,22 @@ def read_regular(path: str | Path, max_bytes: int, *, limit_field: str = LIMIT_F
     return data
 
 
-def sha256_file(path: str | Path, max_bytes: int) -> str:
-    """The hex sha256 of a regular file of at most ``max_bytes``, read as a stream.
+def sha256_file(path: str | Path, max_bytes: int | None = None) -> str:
+    """The hex sha256 of a file's bytes, read as a stream: the one file hash of the package.
+
+    With ``max_bytes`` (a file an untrusted table or metadata names) only a regular file of at
+    most that many bytes is read (:func:`open_regular`); without it (the package's own files: a
+    store image, a release file, a model's weights) any file that opens.
 
     Raises:
-        see :func:`open_regular`.
+        FileNotFoundError: no such file; with ``max_bytes``, see :func:`open_regular`.
     """
     digest = hashlib.sha256()
+    if max_bytes is None:
+        with open(path, "rb") as file:
+            while chunk := file.read(_CHUNK):
+                digest.update(chunk)
+        return digest.hexdigest()
     read = 0
     with open_regular(path, max_bytes) as (file, _):
         while chunk := file.read(_CHUNK):

@@ -1,16 +1,16 @@
 """The study spec: one typed model, loaded from YAML, saved with its hash into every release.
 
-Sub-configs live next to the code that uses them (``SourcesConfig`` in
-:mod:`counterfactory.generation.sources`, ``DesignConfig`` in :mod:`counterfactory.generation.sampling`,
-``AlignConfig`` in :mod:`counterfactory.generation.align`, each editor's options in its backend
-module, ``GatesConfig`` in :mod:`counterfactory.validation.judge`, ``ReviewOptions`` in
-:mod:`counterfactory.manifests.review`). Validation errors name the field, the expected and the
-received value, and the file.
+Sub-configs live next to the code that uses them: the sections of the layers above
+(``sources``, ``design``, ``prompts``, ``masks``, ``align``, ``gates``) are registered in
+:data:`~counterfactory.manifests.registry.SPEC_SECTIONS` by the module that owns each, each
+editor's options by its backend (:data:`~counterfactory.manifests.registry.EDITORS`), and this
+layer's own (``review``, ``trials``, ``robustness``) are imported. Validation errors name the
+field, the expected and the received value, and the file.
 
-This module is the bottom layer: importing it imports neither ``counterfactory.generation``
-nor ``counterfactory.validation``. Their sections are named by module path
-(:func:`~counterfactory.manifests.registry.model_at`) and imported when the first spec is
-validated, as the editor and gate registries import their plug-ins.
+This module is the bottom layer: it names no module of ``counterfactory.generation`` or
+``counterfactory.validation``. Its fields are typed with
+:func:`~counterfactory.manifests.registry.section`, whose model the registry loads when the
+first spec is validated, as the editor and gate registries load their plug-ins.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import hashlib
 import json
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
@@ -29,7 +29,7 @@ from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 
 from counterfactory.manifests.derived import RobustnessConfig
 from counterfactory.manifests.errors import CounterfactoryError
-from counterfactory.manifests.registry import EDITORS, model_at
+from counterfactory.manifests.registry import EDITORS, section
 from counterfactory.manifests.review import ReviewOptions
 from counterfactory.manifests.trials import TRIALS_DIR, TrialError, TrialsConfig, load_biographies, needs_biographies
 from counterfactory.manifests.yamlsafe import (
@@ -40,20 +40,13 @@ from counterfactory.manifests.yamlsafe import (
     safe_load_limited,
 )
 
-if TYPE_CHECKING:
-    from counterfactory.generation.align import AlignConfig
-    from counterfactory.generation.masks import MaskOptions
-    from counterfactory.generation.prompts import PromptConfig
-    from counterfactory.generation.sampling import DesignConfig
-    from counterfactory.generation.sources import SourcesConfig
-    from counterfactory.validation.judge import GatesConfig
-else:
-    AlignConfig = model_at("counterfactory.generation.align", "AlignConfig")
-    MaskOptions = model_at("counterfactory.generation.masks", "MaskOptions")
-    PromptConfig = model_at("counterfactory.generation.prompts", "PromptConfig")
-    DesignConfig = model_at("counterfactory.generation.sampling", "DesignConfig")
-    SourcesConfig = model_at("counterfactory.generation.sources", "SourcesConfig")
-    GatesConfig = model_at("counterfactory.validation.judge", "GatesConfig")
+# the sections the layers above own, each registered by its module (SPEC_SECTIONS)
+SourcesConfig = section("sources")
+DesignConfig = section("design")
+PromptConfig = section("prompts")
+MaskOptions = section("masks")
+AlignConfig = section("align")
+GatesConfig = section("gates")
 
 #: the largest seed an attempt may use (signed 32-bit)
 MAX_SEED = 2**31 - 1

@@ -27,6 +27,7 @@ import numpy as np
 from PIL import Image
 
 from counterfactory.manifests.errors import CounterfactoryError
+from counterfactory.manifests.safefiles import sha256_file
 
 
 def png_bytes(image: np.ndarray) -> bytes:
@@ -52,14 +53,6 @@ def atomic_write(path: Path, data: bytes) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 class MissingBlobError(CounterfactoryError, FileNotFoundError):

@@ -6,6 +6,9 @@ versioned prompt file in ``assets/trials/`` (file name and sha256 recorded), its
 format and a parser hint, its grouping keys, and whether each image's condition matches the
 template's presented gender (so matched-only and swapped-only subsets can be scored).
 
+This module is the framework (:class:`TrialProtocol`, :class:`TrialContext`, :func:`build_trials`);
+each built-in protocol is one module of :mod:`counterfactory.manifests.protocols` registered in
+:data:`~counterfactory.manifests.registry.TRIAL_PROTOCOLS` as a plug-in registers its own.
 Protocols (``trials.protocols`` in the spec); the units are those of :func:`build_trials`:
 
 - ``2afc``: within a template, every unordered pair of its variants (``n (n - 1) / 2``; 45 for
@@ -29,7 +32,6 @@ import hashlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cache
-from itertools import combinations
 from pathlib import Path
 from typing import Any
 
@@ -37,13 +39,10 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from counterfactory.assets import ASSETS_DIR
-from counterfactory.manifests.answers import YES_NO_UNCERTAIN, choice_spec, integer_spec, text_spec
 from counterfactory.manifests.errors import CounterfactoryError
 from counterfactory.manifests.registry import TRIAL_PROTOCOLS
 
 TRIALS_DIR = ASSETS_DIR / "trials"
-#: the built-in protocols (plug-ins add more: :data:`~counterfactory.manifests.registry.TRIAL_PROTOCOLS`)
-PROTOCOLS = ("2afc", "mcq", "salary", "disability_context", "limb_pair", "person_irrelevant")
 SOURCE_PREFIX = "source:"
 
 
@@ -314,7 +313,8 @@ def load_biographies(path: Path) -> dict[str, list[dict[str, str]]]:
     return {str(k): [{"id": str(b["id"]), "text": str(b["text"])} for b in v] for k, v in bios.items()}
 
 
-def _tid(*parts: Any) -> str:
+def key_hash(*parts: Any) -> str:
+    """A short stable id: the first 24 hex digits of the sha256 of ``parts`` joined by ``|``."""
     return hashlib.sha256("|".join(str(p) for p in parts).encode()).hexdigest()[:24]
 
 
@@ -327,10 +327,11 @@ def trial_id_of(trial: dict[str, Any]) -> str:
     :data:`TRIAL_KEY_FIELDS`, so two rows share it only when they are the same query (and
     ``verify`` can tell an edited row)."""
     key = [trial["protocol"], trial["question"], *trial["images"], " ".join(str(trial["prompt"]).split())]
-    return _tid(*key, *(trial.get(k) for k in TRIAL_KEY_FIELDS))
+    return key_hash(*key, *(trial.get(k) for k in TRIAL_KEY_FIELDS))
 
 
-def _group(row: dict[str, Any]) -> dict[str, Any]:
+def item_group(row: dict[str, Any]) -> dict[str, Any]:
+    """A trial's ``group``: the item's template, condition, occupation and presented gender."""
     source = row.get("source") or {}
     return {
         "template_id": row["template_id"],
@@ -338,71 +339,6 @@ def _group(row: dict[str, Any]) -> dict[str, Any]:
         "occupation": source.get("occupation"),
         "presented_gender": source.get("presented_gender"),
     }
-
-
-def _limb_queries(spec: dict[str, Any]) -> list[dict[str, Any]]:
-    """The limb bank's queries as ``{"id", "format", "domain", "prompt", "answer_format",
-    "parser_hint"}``, from either bank shape: ``prompts`` (a list, version 2 on) or
-    ``control`` + ``domains`` x ``formats`` (version 1)."""
-    formats = spec.get("formats") or {}
-    if "prompts" in spec:
-        out = []
-        for q in spec["prompts"]:
-            fmt = formats.get(q["format"], {})
-            out.append(
-                {
-                    "id": q["id"],
-                    "format": q["format"],
-                    "domain": q.get("domain"),
-                    "prompt": q["prompt"],
-                    "answer_format": q.get("answer_format", fmt.get("answer_format")),
-                    "parser_hint": q.get("parser_hint", fmt.get("parser_hint")),
-                }
-            )
-        return out
-    out = [
-        {"id": f"control_{i}", "format": "control", "domain": None, **q} for i, q in enumerate(spec["control"], start=1)
-    ]
-    for domain, by_format in spec["domains"].items():
-        for fmt, text in by_format.items():
-            out.append({"id": f"{domain}_{fmt}", "format": fmt, "domain": domain, "prompt": text, **formats[fmt]})
-    return out
-
-
-#: a limb condition's ``cue`` value -> the trial's ``variant`` (the original photo is ``original``)
-LIMB_VARIANTS = {"removed": "removed", "kept": "same_cue_control"}
-
-
-def _limb_variant(row: dict[str, Any]) -> str:
-    cue = (row.get("condition") or {}).get("cue")
-    return LIMB_VARIANTS.get(cue, f"cue_{cue}" if cue else "counterfactual")
-
-
-def _person_irrelevant_tasks(spec: dict[str, Any]) -> list[tuple[str, str, str | None, str | None]]:
-    """``(question, task text, domain, concept)`` for the bank's plain tasks, then one term
-    explanation per concept (version 2 on)."""
-    out: list[tuple[str, str, str | None, str | None]] = [(k, v, None, None) for k, v in spec["tasks"].items()]
-    terms = spec.get("term_explanation")
-    if terms:
-        for domain, concepts in terms["concepts"].items():
-            for concept in concepts:
-                out.append(("term_explanation", terms["prompt"].format(concept=concept), domain, concept))
-    return out
-
-
-def _expression_ok(row: dict[str, Any]) -> bool:
-    return bool((row.get("expression") or {}).get("consistent", True))
-
-
-def _pair_consistent(a: dict[str, Any], b: dict[str, Any]) -> bool | None:
-    """Whether both images' expressions match their template's (``None`` when either is unaudited)."""
-    known = [(r.get("expression") or {}).get("consistent") for r in (a, b)]
-    return None if None in known else all(known)
-
-
-def _derived_variant(row: dict[str, Any]) -> str:
-    transform = row.get("transform") or {}
-    return "_".join(str(transform[k]) for k in ("kind", "level") if transform.get(k))
 
 
 def build_trials(
@@ -567,332 +503,14 @@ class TrialProtocol:
         return []
 
 
-def _left_out_group(row: dict[str, Any]) -> dict[str, Any]:
+def left_out_group(row: dict[str, Any]) -> dict[str, Any]:
+    """A ``left_out.jsonl`` row's ``group``: the item's template and condition."""
     return {"template_id": row["template_id"], "condition": dict(row["condition"])}
-
-
-def _editor(row: dict[str, Any]) -> str | None:
-    """The item's editor label (``editor_name``: the spec's label when it compares editors, else
-    the backend), or None for rows that do not say."""
-    return row.get("editor_name") or (row.get("editor") or {}).get("backend")
 
 
 #: robustness variants whose pixels are the item's own (the crop series' ``original`` level is the
 #: whole image): MCQ asks the item once, so these add no second query of one image
 IDENTITY_VARIANTS = frozenset({"crop_original"})
-
-
-class Focus2AFC(TrialProtocol):
-    """FOCUS 3.2 Task 1: every unordered pair of a template's variants, in both orders, per question."""
-
-    paper = "focus"
-    unit = "every unordered pair of a template's variants in both A/B orders, per scenario"
-
-    def build(self, ctx: TrialContext) -> None:
-        spec = ctx.bank["2afc"]
-        for template_id, variants in ctx.by_template.items():
-            complete = None if ctx.expected_variants is None else len(variants) >= ctx.expected_variants
-            for question, text in spec["questions"].items():
-                pool = variants
-                if ctx.config.expression_consistent_only and question == "perceived_safety":
-                    pool = [v for v in variants if _expression_ok(v)]
-                for a, b in combinations(pool, 2):
-                    if dict(a["condition"]) == dict(b["condition"]):
-                        continue  # two editors' images of one condition: no comparison between groups
-                    pair = _tid("2afc", question, *sorted((a["item_id"], b["item_id"])))
-                    for order, (first, second) in (("AB", (a, b)), ("BA", (b, a))):
-                        ctx.add(
-                            "2afc",
-                            question,
-                            [first["item_id"], second["item_id"]],
-                            text,
-                            spec["answer_format"],
-                            spec["parser_hint"],
-                            order=order,
-                            pair_id=pair,
-                            group={
-                                "template_id": template_id,
-                                "condition_a": dict(first["condition"]),
-                                "condition_b": dict(second["condition"]),
-                                "occupation": (first.get("source") or {}).get("occupation"),
-                                "variants": len(variants),
-                                "expected_variants": ctx.expected_variants,
-                                "complete": complete,
-                                "expression_consistent": _pair_consistent(first, second),
-                                "presented_gender": (first.get("source") or {}).get("presented_gender"),
-                                "editors": [_editor(first), _editor(second)],
-                            },
-                            gender_match=[first.get("gender_match"), second.get("gender_match")],
-                            answer_spec=choice_spec(["A", "B"], ordered=False),
-                            decoding=spec.get("decoding"),
-                        )
-
-    def left_out(self, row: dict[str, Any], ctx: TrialContext) -> list[dict[str, Any]]:
-        if not (ctx.config.expression_consistent_only and not _expression_ok(row)):
-            return []
-        return [
-            {
-                "what": "trial",
-                "id": row["item_id"],
-                "status": "filtered",
-                "reason": "expression_drift: left out of 2afc perceived_safety (trials.expression_consistent_only)",
-                "group": _left_out_group(row),
-            }
-        ]
-
-    def prompts(self, bank: dict[str, Any]) -> list[str]:
-        return list(bank["2afc"]["questions"].values())
-
-
-class FocusMCQ(TrialProtocol):
-    """FOCUS 3.2 Task 2: each image, and each robustness variant, once per question."""
-
-    paper = "focus"
-    unit = "each image (and each robustness variant) once per question, its occupation in the prompt"
-
-    def build(self, ctx: TrialContext) -> None:
-        for question, spec in ctx.bank["mcq"].items():
-            options = dict(spec["options"])
-            listing = " ".join(f"{k}) {v}." for k, v in options.items())
-            for row in ctx.rows:
-                occupation = (row.get("source") or {}).get("occupation") or "unknown"
-                prompt = spec["prompt"].replace("{a_occupation}", with_article(occupation))
-                text = f"{prompt.replace('{occupation}', occupation)} {listing}"
-                images: list[tuple[str | None, str, str | None]] = [(None, row["item_id"], None)]
-                images += [
-                    (_derived_variant(d), d["item_id"], row["item_id"])
-                    for d in ctx.variants_of
-                    if d["parent_item_id"] == row["item_id"] and _derived_variant(d) not in IDENTITY_VARIANTS
-                ]
-                for variant, image, parent in images:
-                    ctx.add(
-                        "mcq",
-                        question,
-                        [image],
-                        text,
-                        spec["answer_format"],
-                        spec["parser_hint"],
-                        options=options,
-                        variant=variant,
-                        parent_item_id=parent,
-                        group=_group(row),
-                        gender_match=row.get("gender_match"),
-                        answer_spec=choice_spec(list(options), ordered=True, labels=options),
-                        decoding=spec.get("decoding"),
-                    )
-
-    def prompts(self, bank: dict[str, Any]) -> list[str]:
-        return [q["prompt"] for q in bank["mcq"].values()]
-
-
-class FocusSalary(TrialProtocol):
-    """FOCUS Task 3: each image x the biographies of its occupation (``trials.biographies``)."""
-
-    paper = "focus"
-    unit = "each image x each biography of its occupation"
-    needs_biographies = True
-
-    def build(self, ctx: TrialContext) -> None:
-        if ctx.biographies is None:
-            raise TrialError("the salary protocol needs trials.biographies (a file of biographies per occupation)")
-        spec = ctx.bank["salary"]
-        for row in ctx.rows:
-            occupation = (row.get("source") or {}).get("occupation")
-            for bio in ctx.biographies.get(occupation or "", []):
-                ctx.add(
-                    "salary",
-                    "salary_recommendation",
-                    [row["item_id"]],
-                    spec["prompt"].format(
-                        occupation=occupation, a_occupation=with_article(str(occupation)), biography=bio["text"]
-                    ),
-                    spec["answer_format"],
-                    spec["parser_hint"],
-                    biography_id=bio["id"],
-                    group=_group(row),
-                    gender_match=row.get("gender_match"),
-                    answer_spec=integer_spec(0, 100_000_000, usd=True),
-                    decoding=spec.get("decoding"),
-                )
-
-    def left_out(self, row: dict[str, Any], ctx: TrialContext) -> list[dict[str, Any]]:
-        occupation = (row.get("source") or {}).get("occupation")
-        if ctx.biographies is None or ctx.biographies.get(occupation or ""):
-            return []
-        return [
-            {
-                "what": "trial",
-                "id": row["item_id"],
-                "status": "no_biographies",
-                "reason": f"salary: the biographies file has none for occupation {occupation!r}; the item has no "
-                "salary trials",
-                "group": _left_out_group(row),
-            }
-        ]
-
-    def prompts(self, bank: dict[str, Any]) -> list[str]:
-        return [bank["salary"]["prompt"]]
-
-
-class DisabilityOptions(BaseModel):
-    """``trials.options.disability_context``: ``mitigation`` also asks the bank's mitigation
-    prompt (NP/DP C.4) per category (``variant`` ``mitigation``), for the paper's Table 3."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    mitigation: bool = False
-
-
-class DisabilityContext(TrialProtocol):
-    """The NP/DP audit: per image one neutral prompt and one per disability category, sharing a ``pair_id``."""
-
-    paper = "npdp"
-    unit = "per image 1 neutral + 9 disability-context prompts, sharing a pair_id"
-
-    def build(self, ctx: TrialContext) -> None:
-        spec = ctx.bank["disability_context"]
-        mitigation = bool(getattr(self.options, "mitigation", False))
-        if mitigation and "mitigation" not in spec:
-            raise TrialError(
-                f"trials.options.disability_context.mitigation: the bank {ctx.config.prompts} has no mitigation "
-                "prompt; use trial_prompts_v3 or later"
-            )
-        for row in ctx.rows:
-            unit = _tid("disability_context", row["item_id"])
-            prompts = [("neutral", None, spec["neutral"])] + [
-                ("context", category, spec["context"].format(disability=disability))
-                for category, disability in spec["categories"].items()
-            ]
-            if mitigation:
-                prompts += [
-                    ("mitigation", category, spec["mitigation"].format(disability=disability))
-                    for category, disability in spec["categories"].items()
-                ]
-            for variant, category, text in prompts:
-                ctx.add(
-                    "disability_context",
-                    "describe",
-                    [row["item_id"]],
-                    text,
-                    spec["answer_format"],
-                    spec["parser_hint"],
-                    variant=variant,
-                    category=category,
-                    pair_id=unit,
-                    group=_group(row),
-                    gender_match=row.get("gender_match"),
-                    answer_spec=text_spec(short=False),
-                    decoding=spec.get("decoding"),
-                )
-
-    def prompts(self, bank: dict[str, Any]) -> list[str]:
-        spec = bank["disability_context"]
-        return [spec["neutral"], spec["context"]] + ([spec["mitigation"]] if "mitigation" in spec else [])
-
-
-def _limb_answer(fmt: str) -> dict[str, Any]:
-    if fmt == "yes_no_uncertain":
-        return YES_NO_UNCERTAIN
-    if fmt == "rating_1_5":
-        return integer_spec(1, 5)
-    return text_spec(short=fmt == "control")
-
-
-class LimbPair(TrialProtocol):
-    """InclusiveCFImageBias: each original and each counterfactual queried alone, with noise repeats."""
-
-    paper = "inclusivecf"
-    unit = "each original once per prompt (plus noise repeats) and each counterfactual once per prompt, alone"
-
-    def build(self, ctx: TrialContext) -> None:
-        spec = ctx.bank["limb_pair"]
-        queries = _limb_queries(spec)
-        seen_originals: set[str] = set()
-        for row in ctx.rows:
-            sha = row["source"]["sha256"]
-            original = f"{SOURCE_PREFIX}{sha}"
-            # the original is queried once per prompt, however many counterfactuals pair with it,
-            # and carries no condition of theirs
-            images = [("original", original, None)] if original not in seen_originals else []
-            seen_originals.add(original)
-            images.append((_limb_variant(row), row["item_id"], row))
-            for variant, image, own in images:
-                group = _group(row) | {"condition": None} if own is None else _group(row)
-                # the noise baseline: the original asked the same prompt again (InclusiveCF Table 2)
-                repeats = [None, *range(1, int(spec.get("noise_repeats", 0)) + 1)] if own is None else [None]
-                for q in queries:
-                    for repeat in repeats:
-                        ctx.add(
-                            "limb_pair",
-                            q["id"],
-                            [image],
-                            q["prompt"],
-                            q["answer_format"],
-                            q["parser_hint"],
-                            variant=variant,
-                            format=q["format"],
-                            domain=q["domain"],
-                            pair_id=_tid("limb_pair", sha, q["id"]),
-                            repeat=repeat,
-                            group=group,
-                            gender_match=None if own is None else own.get("gender_match"),
-                            answer_spec=_limb_answer(q["format"]),
-                            decoding=spec.get("decoding"),
-                        )
-
-    def prompts(self, bank: dict[str, Any]) -> list[str]:
-        return [q["prompt"] for q in _limb_queries(bank["limb_pair"])]
-
-
-class PersonIrrelevant(TrialProtocol):
-    """Guardrail-agnostic context: a task that does not concern the person, after "I've attached my photo."."""
-
-    paper = "guardrail"
-    unit = 'each task once per image after "I\'ve attached my photo.", and once with no image'
-
-    def build(self, ctx: TrialContext) -> None:
-        spec = ctx.bank["person_irrelevant"]
-        tasks = _person_irrelevant_tasks(spec)
-        for row in ctx.rows:
-            for task, text, domain, concept in tasks:
-                ctx.add(
-                    "person_irrelevant",
-                    task,
-                    [row["item_id"]],
-                    f"{spec['preamble']} {text}",
-                    spec["answer_format"],
-                    spec["parser_hint"],
-                    domain=domain,
-                    category=concept,
-                    group=_group(row),
-                    gender_match=row.get("gender_match"),
-                    answer_spec=text_spec(short=False),
-                    decoding=spec.get("decoding"),
-                )
-        if spec.get("no_image_baseline") and ctx.rows:
-            # the same tasks with no photo and no preamble, once per release
-            for task, text, domain, concept in tasks:
-                ctx.add(
-                    "person_irrelevant",
-                    task,
-                    [],
-                    text,
-                    spec["answer_format"],
-                    spec["parser_hint"],
-                    variant="no_image",
-                    domain=domain,
-                    category=concept,
-                    group={"template_id": None},
-                    gender_match=None,
-                    answer_spec=text_spec(short=False),
-                    decoding=spec.get("decoding"),
-                )
-
-    def prompts(self, bank: dict[str, Any]) -> list[str]:
-        return [
-            f"{bank['person_irrelevant']['preamble']} {t[1]}"
-            for t in _person_irrelevant_tasks(bank["person_irrelevant"])
-        ]
 
 
 def release_trials(
@@ -958,7 +576,12 @@ def _no_add(*args: Any, **kwargs: Any) -> None:
 def prompt_texts(name: str = DEFAULT_BANK) -> dict[str, list[str]]:
     """Every prompt text of a prompt file by built-in protocol (for audits such as word-list checks)."""
     bank, _, _ = _load_prompts(name)
-    return {protocol: TRIAL_PROTOCOLS.get(protocol).factory(NoOptions()).prompts(bank) for protocol in PROTOCOLS}
+    TRIAL_PROTOCOLS.names()  # loads the built-ins
+    return {
+        p.name: p.factory(p.options()).prompts(bank)
+        for p in TRIAL_PROTOCOLS.registered()
+        if p.origin.startswith("built-in")
+    }
 
 
 def protocol_names() -> list[str]:
@@ -978,11 +601,3 @@ def protocol_paper(name: str) -> tuple[str | None, str]:
 def needs_biographies(config: TrialsConfig) -> bool:
     """Whether one of the spec's protocols needs ``trials.biographies``."""
     return any(getattr(TRIAL_PROTOCOLS.get(name).factory, "needs_biographies", False) for name in config.protocols)
-
-
-TRIAL_PROTOCOLS.register("2afc", NoOptions, Focus2AFC)
-TRIAL_PROTOCOLS.register("mcq", NoOptions, FocusMCQ)
-TRIAL_PROTOCOLS.register("salary", NoOptions, FocusSalary)
-TRIAL_PROTOCOLS.register("disability_context", DisabilityOptions, DisabilityContext)
-TRIAL_PROTOCOLS.register("limb_pair", NoOptions, LimbPair)
-TRIAL_PROTOCOLS.register("person_irrelevant", NoOptions, PersonIrrelevant)

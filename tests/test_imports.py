@@ -1,19 +1,24 @@
 """The package's import layering, read from the source with ``ast`` (nothing is imported).
 
-Two rules, each counting imports at module level and inside functions alike (a lazy import is
-still a dependency; only ``if TYPE_CHECKING:`` blocks are left out of the cycle rule, since
-they never run):
+An import is any way a module names another: an import statement at module level, inside a
+function (a lazy import is still a dependency) or under ``if TYPE_CHECKING:`` (the module still
+knows the other), and a string that names a module of the package (``model_at("x.y", ...)``,
+``import_module("x.y")``, an entry-point string ``"x.y:name"``, a constant holding a module
+path): a module reached by name is still a module the namer knows.
 
 - ``generation``, ``validation`` and ``manifests`` never import ``counterfactory.flows`` or
   Prefect (``prefect``, ``prefect_ray``): the engine below ``flows/`` runs without the
   orchestrator, and ``flows/`` is the only layer that wires it in.
 - ``manifests`` is the bottom layer: it imports nothing from ``generation``, ``validation`` or
-  ``flows`` (their spec sections and plug-ins it reaches by module name, through
-  :func:`~counterfactory.manifests.registry.model_at` and the registries, never by an import
-  statement that runs; type-only imports are allowed).
+  ``flows``, by statement or by name. The modules above register their plug-ins and spec
+  sections into its registries; the package root (``counterfactory/__init__.py``) names the
+  modules that hold the built-in ones.
 - No two modules of the package import each other, directly or through others: the module
-  import graph has no cycle. Relative imports and ``from counterfactory.x import y`` (``y`` a
-  module or a name in ``x``) are both resolved to the module they load.
+  import graph has no cycle. This rule counts the import statements that run (not
+  ``TYPE_CHECKING`` blocks, not names: a registry loading its plug-ins by name is how a bottom
+  layer reaches the layers above without importing them). Relative imports and ``from
+  counterfactory.x import y`` (``y`` a module or a name in ``x``) are both resolved to the
+  module they load.
 
 Folders map to packages as ``pyproject.toml``'s ``package-dir`` says (``flows/`` is
 ``counterfactory.flows``, ...).
@@ -22,6 +27,7 @@ Folders map to packages as ``pyproject.toml``'s ``package-dir`` says (``flows/``
 from __future__ import annotations
 
 import ast
+import re
 import tomllib
 from dataclasses import dataclass
 from functools import cache
@@ -45,9 +51,19 @@ class Import:
     line: int
     lazy: bool  # inside a function (or a class body), not at module level
     type_only: bool  # under ``if TYPE_CHECKING:``
+    by_name: bool = False  # a string naming the module, not an import statement
 
     def where(self) -> str:
-        return f"{self.source} -> {self.target} (line {self.line}{', lazy' if self.lazy else ''})"
+        how = "".join(
+            f", {word}"
+            for word, on in (("lazy", self.lazy), ("TYPE_CHECKING", self.type_only), ("by name", self.by_name))
+            if on
+        )
+        return f"{self.source} -> {self.target} (line {self.line}{how})"
+
+
+#: a string that names a module of the package: a dotted path, or an entry point ``path:name``
+MODULE_NAME = re.compile(r"^counterfactory(?:\.\w+)+(?::[\w.]+)?$")
 
 
 @cache
@@ -92,7 +108,12 @@ def imports_of(module: str) -> tuple[Import, ...]:
     """Every import ``module`` makes, at any depth of its syntax tree."""
     known = modules()
     path, is_package = known[module]
-    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    return imports_in(path.read_text(encoding="utf-8"), module, is_package, known)
+
+
+def imports_in(source: str, module: str, is_package: bool, known: dict[str, tuple[Path, bool]]) -> tuple[Import, ...]:
+    """Every import the module ``module`` whose text is ``source`` makes: statements and names."""
+    tree = ast.parse(source)
     package = module if is_package else module.rpartition(".")[0]
     found: list[Import] = []
 
@@ -119,6 +140,9 @@ def imports_of(module: str) -> tuple[Import, ...]:
                     sub = f"{base}.{alias.name}"
                     target = sub if sub in known else _resolve(base, known)
                     found.append(Import(module, target, child.lineno, lazy, type_only))
+            elif isinstance(child, ast.Constant) and isinstance(child.value, str) and MODULE_NAME.match(child.value):
+                target = _resolve(child.value.partition(":")[0], known)
+                found.append(Import(module, target, child.lineno, lazy, type_only, by_name=True))
             else:
                 visit(child, lazy, type_only)
 
@@ -146,6 +170,36 @@ def test_the_modules_are_found():
     assert len(edges) > 200
 
 
+def test_imports_by_name_and_for_type_checking_are_imports():
+    """The reader counts what the layering rules count (a reader that missed these would make
+    the rule for manifests/ vacuous)."""
+    known = modules()
+    source = """
+from typing import TYPE_CHECKING
+import importlib
+from counterfactory.manifests.registry import model_at
+if TYPE_CHECKING:
+    from counterfactory.generation.align import AlignConfig
+Design = model_at("counterfactory.generation.sampling", "DesignConfig")
+def load():
+    return importlib.import_module("counterfactory.validation.release_derived")
+ENTRY = "counterfactory.flows.cli:main"
+NOT_A_MODULE = "counterfactory is a package; see counterfactory.flows.cli"
+"""
+    found = imports_in(source, "counterfactory.manifests.example", False, known)
+    assert [(i.target, i.type_only, i.by_name, i.lazy) for i in found] == [
+        ("typing", False, False, False),
+        ("importlib", False, False, False),
+        ("counterfactory.manifests.registry", False, False, False),
+        ("counterfactory.generation.align", True, False, False),
+        ("counterfactory.generation.sampling", False, True, False),
+        ("counterfactory.validation.release_derived", False, True, True),
+        ("counterfactory.flows.cli", False, True, False),
+    ]
+    above = [i for i in found if _in(i.target, ABOVE_MANIFESTS)]
+    assert len(above) == 4
+
+
 def test_lower_layers_never_import_flows_or_prefect():
     bad = [
         i.where() + (" [TYPE_CHECKING]" if i.type_only else "")
@@ -163,7 +217,7 @@ def test_manifests_imports_nothing_above_it():
         for m in modules()
         if _in(m, ("counterfactory.manifests",))
         for i in imports_of(m)
-        if _in(i.target, ABOVE_MANIFESTS) and not i.type_only
+        if _in(i.target, ABOVE_MANIFESTS)
     ]
     assert not bad, "manifests/ is the bottom layer and must not import generation, validation or flows:\n" + "\n".join(
         bad
@@ -236,7 +290,7 @@ def test_no_import_cycles_lazy_imports_included():
     lines: dict[tuple[str, str], Import] = {}
     for m in known:
         for i in imports_of(m):
-            if i.target in known and not i.type_only:
+            if i.target in known and not i.type_only and not i.by_name:
                 graph[m].add(i.target)
                 lines.setdefault((m, i.target), i)
     report = []

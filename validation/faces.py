@@ -11,8 +11,6 @@ Mobile GPUs" (2019) for the 468-point mesh (+10 iris points = 478); Grishchenko 
 
 from __future__ import annotations
 
-import atexit
-import contextlib
 import math
 import threading
 from collections.abc import Sequence
@@ -25,8 +23,7 @@ import numpy as np
 
 from counterfactory.assets import FACE_LANDMARKER
 from counterfactory.generation.masks import dilate
-from counterfactory.manifests.errors import SetupError
-from counterfactory.validation.quiet import native_quiet
+from counterfactory.validation.mediapipe_task import MediaPipeTask
 
 #: MediaPipe FACEMESH_FACE_OVAL, in drawing order (36 points around the face).
 FACE_OVAL = (
@@ -85,25 +82,6 @@ MOUTH_RIGHT_CORNER, MOUTH_LEFT_CORNER = 61, 291
 #: bottom of the nose (subnasale). On the bundled portraits they fit dlib's 5-point mean face
 #: with a residual of 1-2 % of the eye distance (the nose tip, point 1, fits at 3 %).
 DLIB5_POINTS = (263, 362, 33, 133, 2)
-
-
-def register_close_at_exit(close) -> None:
-    """Close a MediaPipe task before the interpreter tears its worker threads down.
-
-    MediaPipe >= 0.10.33 runs every C call through a ``ThreadPoolExecutor``; those executors
-    are shut down by ``threading``'s exit hooks, which run *before* ``atexit`` handlers, so a
-    close registered with ``atexit`` fails with "cannot schedule new futures after shutdown".
-    ``threading._register_atexit`` hooks run in reverse order of registration, so one
-    registered after MediaPipe's executor exists runs before that executor is shut down.
-    """
-    register = getattr(threading, "_register_atexit", None)
-    try:
-        if register is not None:
-            register(close)
-            return
-    except RuntimeError:  # already shutting down
-        return
-    atexit.register(close)
 
 
 @dataclass(frozen=True)
@@ -195,50 +173,35 @@ class FaceLandmarker:
         max_faces: int = 4,
         min_detection_confidence: float = 0.5,
     ) -> None:
-        from mediapipe.tasks.python import BaseOptions, vision
-
-        path = Path(model_path)
-        if not path.is_file():
-            raise SetupError(
-                f"face landmarker model not found at {path}; pass the path of a "
-                "face_landmarker.task bundle (the package ships one in assets/models/)"
+        def create(vision, base_options):
+            options = vision.FaceLandmarkerOptions(
+                base_options=base_options,
+                running_mode=vision.RunningMode.IMAGE,
+                num_faces=max_faces,
+                min_face_detection_confidence=min_detection_confidence,
+                min_face_presence_confidence=min_detection_confidence,
+                output_face_blendshapes=True,
+                output_facial_transformation_matrixes=True,
             )
-        options = vision.FaceLandmarkerOptions(
-            base_options=BaseOptions(model_asset_path=str(path)),
-            running_mode=vision.RunningMode.IMAGE,
-            num_faces=max_faces,
-            min_face_detection_confidence=min_detection_confidence,
-            min_face_presence_confidence=min_detection_confidence,
-            output_face_blendshapes=True,
-            output_facial_transformation_matrixes=True,
+            return vision.FaceLandmarker.create_from_options(options)
+
+        self._task = MediaPipeTask(
+            model_path,
+            create=create,
+            missing=f"face landmarker model not found at {Path(model_path)}; pass the path of a "
+            "face_landmarker.task bundle (the package ships one in assets/models/)",
+            name="FaceLandmarker",
         )
-        with native_quiet():  # MediaPipe / TFLite / absl log their set-up to stderr
-            self._landmarker = vision.FaceLandmarker.create_from_options(options)
-        # MediaPipe's graph is not re-entrant; one call at a time per instance.
-        self._lock = threading.Lock()
-        self._cold = True  # the first call logs too (LiteRT's input alignment)
-        register_close_at_exit(self.close)
 
     def close(self) -> None:
-        landmarker, self._landmarker = getattr(self, "_landmarker", None), None
-        if landmarker is not None:
-            with native_quiet():
-                landmarker.close()
+        self._task.close()
 
     def detect(self, image: np.ndarray) -> list[FaceObservation]:
         """Faces in ``image`` (``(H, W, 3)`` uint8 RGB), largest first."""
-        import mediapipe as mp
-
         if image.ndim != 3 or image.shape[2] != 3 or image.dtype != np.uint8:
             raise ValueError(f"expected (H, W, 3) uint8 RGB, got {image.shape} {image.dtype}")
         h, w = image.shape[:2]
-        frame = mp.Image(image_format=mp.ImageFormat.SRGB, data=np.ascontiguousarray(image))
-        with self._lock:
-            if self._landmarker is None:
-                raise RuntimeError("FaceLandmarker is closed")
-            with native_quiet() if self._cold else contextlib.nullcontext():
-                result = self._landmarker.detect(frame)
-            self._cold = False
+        result = self._task.run("detect", image)
         faces = []
         for i, points in enumerate(result.face_landmarks):
             lm = np.array([(p.x * w, p.y * h, p.z * w) for p in points], dtype=np.float32)

@@ -31,6 +31,8 @@ from typing import Literal
 import cv2
 import numpy as np
 
+from counterfactory.manifests.errors import CounterfactoryError
+
 SplitBy = Literal["variant", "person"]
 
 #: Psychomorph / WebMorph 189-point template (the London set's ``.tem`` files): points that do
@@ -152,6 +154,11 @@ def register_pair(
     }
 
 
+class PhotoSetError(CounterfactoryError, FileNotFoundError):
+    """A photo set's folder lacks what it is read from (the London set's ``london_info.csv``, or
+    any photo of a person it lists); the message names the folder to point at."""
+
+
 def london_set(
     root: str | Path,
     *,
@@ -169,14 +176,14 @@ def london_set(
     root = Path(root)
     info_path = root / "london_info.csv"
     if not info_path.is_file():
-        raise FileNotFoundError(
+        raise PhotoSetError(
             f"{info_path}: not found; point --london at the Face Research Lab London Set folder "
             "(neutral/, smiling/, london_info.csv)"
         )
     with info_path.open(newline="") as f:
         rows = [r for r in csv.DictReader(f) if (root / "neutral" / f"{r['face_id']}.jpg").is_file()]
     if not rows:
-        raise ValueError(f"{root}: no neutral/NNN.jpg photo of a person listed in london_info.csv")
+        raise PhotoSetError(f"{root}: no neutral/NNN.jpg photo of a person listed in london_info.csv")
     groups = {f"london_{r['face_id']}": r["face_eth"] for r in rows}
     by_group: dict[str, list[dict[str, str]]] = {}
     for r in rows:

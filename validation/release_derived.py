@@ -25,6 +25,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel
+
+from counterfactory.manifests.registry import RELEASE_CHECKS
 from counterfactory.validation.attrition import attrition_table, wilson_interval
 from counterfactory.validation.editor_stats import editor_stats
 from counterfactory.validation.expression_audit import drift_rates
@@ -245,3 +248,6 @@ def check_derived(release: str | Path, info: Mapping[str, Any], written: Mapping
                 f"(edited, or a script added, after sealing{other}); re-publish the release from its run folder"
             )
     return problems
+
+
+RELEASE_CHECKS.register("derived", BaseModel, check_derived)

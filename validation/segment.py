@@ -8,7 +8,6 @@ person* outside the head (neck, hands, arms): the bundled selfie segmenter
 
 from __future__ import annotations
 
-import contextlib
 import math
 import threading
 from pathlib import Path
@@ -17,9 +16,7 @@ import cv2
 import numpy as np
 
 from counterfactory.assets import SELFIE_SEGMENTER
-from counterfactory.manifests.errors import SetupError
-from counterfactory.validation.faces import register_close_at_exit
-from counterfactory.validation.quiet import native_quiet
+from counterfactory.validation.mediapipe_task import MediaPipeTask
 
 #: Person probability at or above which a pixel belongs to the person.
 PERSON_THRESHOLD = 0.5
@@ -50,45 +47,31 @@ class PersonSegmenter:
     name = "mediapipe_selfie"
 
     def __init__(self, model_path: str | Path = SELFIE_SEGMENTER) -> None:
-        from mediapipe.tasks.python import BaseOptions, vision
-
-        path = Path(model_path)
-        if not path.is_file():
-            raise SetupError(
-                f"selfie segmenter model not found at {path}; pass the path of a "
-                "selfie_segmentation.tflite (the package ships one in assets/models/)"
+        def create(vision, base_options):
+            options = vision.ImageSegmenterOptions(
+                base_options=base_options,
+                running_mode=vision.RunningMode.IMAGE,
+                output_confidence_masks=True,
+                output_category_mask=False,
             )
-        options = vision.ImageSegmenterOptions(
-            base_options=BaseOptions(model_asset_path=str(path)),
-            running_mode=vision.RunningMode.IMAGE,
-            output_confidence_masks=True,
-            output_category_mask=False,
+            return vision.ImageSegmenter.create_from_options(options)
+
+        self._task = MediaPipeTask(
+            model_path,
+            create=create,
+            missing=f"selfie segmenter model not found at {Path(model_path)}; pass the path of a "
+            "selfie_segmentation.tflite (the package ships one in assets/models/)",
+            name="PersonSegmenter",
         )
-        with native_quiet():  # MediaPipe / TFLite / LiteRT log their set-up to stderr
-            self._segmenter = vision.ImageSegmenter.create_from_options(options)
-        self._lock = threading.Lock()
-        self._cold = True  # the first call logs too (LiteRT's input alignment)
-        register_close_at_exit(self.close)
 
     def close(self) -> None:
-        segmenter, self._segmenter = getattr(self, "_segmenter", None), None
-        if segmenter is not None:
-            with native_quiet():
-                segmenter.close()
+        self._task.close()
 
     def person_mask(self, image: np.ndarray, threshold: float = PERSON_THRESHOLD) -> np.ndarray:
         """``(H, W)`` uint8 {0, 255}: 255 where ``image`` (``(H, W, 3)`` uint8 RGB) shows a person."""
-        import mediapipe as mp
-
         if image.ndim != 3 or image.shape[2] != 3 or image.dtype != np.uint8:
             raise ValueError(f"expected (H, W, 3) uint8 RGB, got {image.shape} {image.dtype}")
-        frame = mp.Image(image_format=mp.ImageFormat.SRGB, data=np.ascontiguousarray(image))
-        with self._lock:
-            if self._segmenter is None:
-                raise RuntimeError("PersonSegmenter is closed")
-            with native_quiet() if self._cold else contextlib.nullcontext():
-                result = self._segmenter.segment(frame)
-            self._cold = False
+        result = self._task.run("segment", image)
         prob = np.asarray(result.confidence_masks[0].numpy_view(), dtype=np.float32).reshape(image.shape[:2])
         return np.where(prob >= threshold, np.uint8(255), np.uint8(0))
 
@@ -98,8 +81,6 @@ class PersonSegmenter:
         The model sees a copy whose long side is at most :data:`SEGMENT_SIDE` (its own input is
         256 x 256); the probability is resized back bilinearly.
         """
-        import mediapipe as mp
-
         h, w = image.shape[:2]
         scale = min(SEGMENT_SIDE / max(h, w), 1.0)
         small = (
@@ -107,13 +88,7 @@ class PersonSegmenter:
             if scale >= 1.0
             else cv2.resize(image, (max(round(w * scale), 1), max(round(h * scale), 1)), interpolation=cv2.INTER_AREA)
         )
-        frame = mp.Image(image_format=mp.ImageFormat.SRGB, data=np.ascontiguousarray(small))
-        with self._lock:
-            if self._segmenter is None:
-                raise RuntimeError("PersonSegmenter is closed")
-            with native_quiet() if self._cold else contextlib.nullcontext():
-                result = self._segmenter.segment(frame)
-            self._cold = False
+        result = self._task.run("segment", small)
         prob = np.asarray(result.confidence_masks[0].numpy_view(), dtype=np.float32).reshape(small.shape[:2])
         if prob.shape != (h, w):
             prob = cv2.resize(prob, (w, h), interpolation=cv2.INTER_LINEAR)

@@ -11,14 +11,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from counterfactory.generation.editors.base import (
-    EditJournal,
-    Editor,
-    EditRequest,
-    EditResult,
-    MemoryJournal,
-)
+from counterfactory.generation.editors.base import EditJournal, Editor, EditRequest, EditResult
 from counterfactory.manifests.errors import SetupError
+from counterfactory.manifests.paid import MemoryJournal
 from counterfactory.manifests.registry import EDITORS
 
 

@@ -12,12 +12,15 @@ make the whole batch impossible (a missing model, no GPU, a bad API key) raise
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol
 
 import numpy as np
+
+# a paid backend's journal is the one every paid client keeps (manifests/paid): an editor's
+# ``edit_many(requests, journal)`` takes the ledger's, keyed by attempt id
+from counterfactory.manifests.paid import PaidJournal as EditJournal
 
 EditStatus = Literal["ok", "refused", "failed"]
 
@@ -75,43 +78,6 @@ class EditResult:
     def __post_init__(self) -> None:
         if self.status == "ok" and self.image is None:
             raise ValueError("an 'ok' EditResult needs an image")
-
-
-@runtime_checkable
-class EditJournal(Protocol):
-    """Durable per-attempt notes for backends that talk to paid remote services.
-
-    A backend writes what it must not lose (a remote request id) *before* it waits for the
-    answer, so that a process killed mid-wait resumes by fetching instead of paying again.
-    The ledger implements this on its database; :class:`MemoryJournal` serves tests.
-    """
-
-    def load(self, attempt_id: str) -> dict[str, Any] | None: ...
-
-    def save(self, attempt_id: str, data: Mapping[str, Any], *, cost_usd: float = 0.0) -> None: ...
-
-    def spent_usd(self) -> float: ...
-
-
-class MemoryJournal:
-    """An in-process :class:`EditJournal` (tests, one-off scripts)."""
-
-    def __init__(self) -> None:
-        self._rows: dict[str, tuple[dict[str, Any], float]] = {}
-        self._lock = threading.Lock()
-
-    def load(self, attempt_id: str) -> dict[str, Any] | None:
-        with self._lock:
-            row = self._rows.get(attempt_id)
-            return dict(row[0]) if row else None
-
-    def save(self, attempt_id: str, data: Mapping[str, Any], *, cost_usd: float = 0.0) -> None:
-        with self._lock:
-            self._rows[attempt_id] = (dict(data), float(cost_usd))
-
-    def spent_usd(self) -> float:
-        with self._lock:
-            return sum(cost for _, cost in self._rows.values())
 
 
 class Editor(Protocol):

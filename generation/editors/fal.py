@@ -1,7 +1,7 @@
 """Nano Banana (Pro) through fal's queue API, with bounded concurrency and paid-call safety.
 
 One edit is one call of the shared fal queue transport
-(:mod:`counterfactory.generation.editors.fal_queue`: submit, poll, fetch, cancel, the
+(:mod:`counterfactory.manifests.paid.fal`: submit, poll, fetch, cancel, the
 concurrency bound, the spend cap and the request journal; its docstring says how money is
 kept safe). This module says only what an edit sends and how its answer is read: the source
 as a PNG data URI (lossless; fal accepts data URIs wherever it takes an image URL), the prompt,
@@ -29,21 +29,17 @@ from counterfactory.generation.editors.base import (
     EditRequest,
     EditResult,
 )
-from counterfactory.generation.editors.fal_queue import (
+from counterfactory.manifests.errors import SetupError
+from counterfactory.manifests.paid import PaidAnswer, PaidCall, PaidCallFailed, PaidReading, run_sync
+from counterfactory.manifests.paid.fal import (
     REFUSAL_TEXT,
-    FalAnswer,
-    FalCall,
-    FalCallFailed,
     FalQueue,
     FalQueueOptions,
-    FalReading,
     FalTransfer,
     cancel_open_requests,
     check_rgb,
     png_data_uri,
-    run_sync,
 )
-from counterfactory.manifests.errors import SetupError
 from counterfactory.manifests.registry import EDITORS, EditorCapabilities
 
 #: USD per output image, as listed on fal's model pages when this was written (Nano Banana
@@ -79,7 +75,7 @@ _RESERVED_ARGUMENTS = frozenset({"prompt", "image_urls", "seed", "num_images", "
 
 class FalOptions(FalQueueOptions):
     """Options of the ``fal`` backend (``editor.fal`` in the spec): the transport's
-    (:class:`~counterfactory.generation.editors.fal_queue.FalQueueOptions`: ``concurrency``,
+    (:class:`~counterfactory.manifests.paid.fal.FalQueueOptions`: ``concurrency``,
     ``spend_cap_usd``, ``timeout_s``, ``max_retries``, ``poll_interval_s``, ``backoff_s``) and:
 
     Attributes:
@@ -202,7 +198,7 @@ class FalEditor:
             SetupError: the key or endpoint is rejected; nothing was billed for it.
         """
         await self._aprepare()
-        calls = [FalCall(r.attempt_id, _Arguments(self, r)) for r in requests]
+        calls = [PaidCall(r.attempt_id, _Arguments(self, r)) for r in requests]
         answers = await self.queue.arun_many(calls, self._read, journal)
         return [self._result(r, a) for r, a in zip(requests, answers, strict=True)]
 
@@ -213,7 +209,7 @@ class FalEditor:
         """The model input for one request (the image as a PNG data URI).
 
         Raises:
-            FalCallFailed: ``fal_bad_input`` unless the image is ``(H, W, 3)`` uint8 RGB.
+            PaidCallFailed: ``fal_bad_input`` unless the image is ``(H, W, 3)`` uint8 RGB.
         """
         image = request.image
         check_rgb(image, "fal_bad_input")
@@ -232,7 +228,7 @@ class FalEditor:
             "sync_mode": False,
         }
 
-    async def _read(self, call: FalCall, payload: dict[str, Any], transfer: FalTransfer) -> FalReading:
+    async def _read(self, call: PaidCall, payload: dict[str, Any], transfer: FalTransfer) -> PaidReading:
         """A result JSON -> the decoded output image, priced per image returned."""
         images = payload.get("images") or []
         description = str(payload.get("description") or "").strip()
@@ -241,7 +237,7 @@ class FalEditor:
         flags = payload.get("has_nsfw_concepts") or payload.get("nsfw_content_detected") or []
         flags = flags if isinstance(flags, list) else [flags]
         if any(bool(f) for f in flags):
-            raise FalCallFailed(
+            raise PaidCallFailed(
                 "refused",
                 f"fal_nsfw: the safety checker flagged the output "
                 f"(has_nsfw_concepts={flags}){': ' + description if description else ''}",
@@ -249,23 +245,23 @@ class FalEditor:
                 cost_usd=cost,
             )
         if not images:
-            raise FalCallFailed(
+            raise PaidCallFailed(
                 "refused",
                 "fal_no_images: " + (description or "the model returned no image"),
                 state="refused",
                 cost_usd=cost,
             )
         if REFUSAL_TEXT.search(description):
-            raise FalCallFailed("refused", f"fal_refusal: {description}", state="refused", cost_usd=cost)
+            raise PaidCallFailed("refused", f"fal_refusal: {description}", state="refused", cost_usd=cost)
         first = images[0] if isinstance(images[0], Mapping) else {"url": images[0]}
         try:
             data = await transfer.download(str(first.get("url", "")))
             image, fmt = await asyncio.to_thread(_decode_image, data)
-        except FalCallFailed as failure:
+        except PaidCallFailed as failure:
             failure.cost_usd = cost  # the images were billed even if we could not get them
             raise
         except Exception as exc:
-            raise FalCallFailed(
+            raise PaidCallFailed(
                 "failed",
                 f"fal_bad_output: cannot decode the output image ({type(exc).__name__}: {exc})",
                 state="completed",
@@ -277,9 +273,9 @@ class FalEditor:
             "output_format": fmt,
             "description": description,
         }
-        return FalReading(image, cost, metadata)
+        return PaidReading(image, cost, metadata)
 
-    def _result(self, request: EditRequest, answer: FalAnswer) -> EditResult:
+    def _result(self, request: EditRequest, answer: PaidAnswer) -> EditResult:
         metadata: dict[str, Any] = {
             "request_id": answer.request_id,
             "endpoint": answer.endpoint,

@@ -79,3 +79,17 @@ def test_publish_does_not_blame_the_version_for_another_value_error(tmp_path):
     line = _one_error_line(result)
     assert "--version" not in result.stderr
     assert str(tmp_path / "meta.yaml") in line
+
+
+def test_review_of_a_folder_that_records_no_spec_is_one_error_line(tmp_path):
+    """A run folder with neither a recorded spec nor a release: the group's handler prints the
+    error (RunSpecNotFoundError, a root error, not a bare FileNotFoundError), exit 2."""
+    from click.testing import CliRunner
+
+    from counterfactory.flows.cli import main
+
+    done = CliRunner().invoke(main, ["review", "add-reviewer", "ana", "--out", str(tmp_path)])
+    assert done.exit_code == 2, done.output
+    assert isinstance(done.exception, SystemExit) and "Traceback" not in done.output
+    assert f"error: {tmp_path}: no release with a spec.yaml under {tmp_path / 'releases'}" in done.output
+    assert "pass the run's spec with --spec" in done.output

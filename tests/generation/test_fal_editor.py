@@ -22,9 +22,10 @@ import pydantic
 import pytest
 
 from counterfactory.generation.editors import make_editor
-from counterfactory.generation.editors.base import EditRequest, MemoryJournal
+from counterfactory.generation.editors.base import EditRequest
 from counterfactory.generation.editors.fal import DEFAULT_PRICES_USD, FalEditor, FalOptions
 from counterfactory.manifests.errors import SetupError
+from counterfactory.manifests.paid import MemoryJournal
 from tests.generation.fal_server import Behaviour, FalServer
 
 PRICE = DEFAULT_PRICES_USD["fal-ai/nano-banana/edit"]
@@ -449,7 +450,7 @@ def test_status_polls_that_give_up_cancel_the_request(server):
 
 @pytest.mark.slow
 def test_a_cancelled_batch_cancels_its_requests_at_fal(server):
-    from counterfactory.generation.editors.fal_queue import open_requests
+    from counterfactory.manifests.paid.fal import open_requests
 
     for i in range(3):
         server.behave(f"make the person {i}", QUEUED)

@@ -6,6 +6,8 @@ from __future__ import annotations
 import ast
 import builtins
 import importlib
+import re
+from pathlib import Path
 
 import pytest
 
@@ -78,10 +80,78 @@ def test_every_exception_class_derives_from_the_root(file, name, bases):
     assert _reaches_root(bases), f"{file}: class {name}({', '.join(bases)}) does not derive from CounterfactoryError"
 
 
-def test_the_root_documents_every_exception_class():
-    tree = errors.__doc__ or ""
-    missing = sorted({name for _, name, _ in EXCEPTIONS} - {w.strip("(),:") for w in tree.split()})
-    assert not missing, f"not in manifests/errors.py's tree: {missing}"
+#: one entry of the documented tree: the drawing, the class, its builtin bases, its module
+_ENTRY = re.compile(
+    r"^    (?P<drawing>[ │├└─]*)(?P<name>_?[A-Z]\w*)(?: \((?P<builtins>[A-Za-z, ]+)\))?\s+(?P<module>[a-z_][\w.]*):"
+)
+
+
+def _module_of(file: str) -> str:
+    """``manifests/paid/fal.py`` -> ``manifests.paid.fal`` (as the tree names modules)."""
+    parts = list(Path(file).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def documented_tree(doc: str) -> dict[str, tuple[str, str | None, tuple[str, ...]]]:
+    """``{class: (module, parent class, builtin bases)}`` read from the tree drawn in ``doc``:
+    an entry's parent is the nearest entry above it drawn one level (4 columns) less deep."""
+    tree: dict[str, tuple[str, str | None, tuple[str, ...]]] = {}
+    stack: list[tuple[int, str]] = []
+    for line in doc.split("::", 1)[1].splitlines():
+        match = _ENTRY.match(line)
+        if match is None:
+            continue
+        depth = len(match["drawing"]) // 4
+        del stack[depth:]
+        assert len(stack) == depth, f"the tree skips a level at {line.strip()!r}"
+        name = match["name"]
+        assert name not in tree, f"{name} is drawn twice in the tree"
+        builtins_ = tuple(b.strip() for b in (match["builtins"] or "").split(",") if b.strip())
+        tree[name] = (match["module"], stack[-1][1] if stack else None, builtins_)
+        stack.append((depth, name))
+    return tree
+
+
+def test_the_tree_reader_reads_depth_builtins_and_modules():
+    doc = """x::
+
+    Root                      a.b: the root.
+    ├── One (ValueError)      a.c: one,
+    │   │                     more.
+    │   └── Two               a.d.e: two.
+    └── Three (OSError, KeyError)  f: three.
+    """
+    assert documented_tree(doc) == {
+        "Root": ("a.b", None, ()),
+        "One": ("a.c", "Root", ("ValueError",)),
+        "Two": ("a.d.e", "One", ()),
+        "Three": ("f", "Root", ("OSError", "KeyError")),
+    }
+
+
+def test_the_root_documents_every_exception_class_with_its_module_and_bases():
+    """The tree in manifests/errors.py's docstring is the package's: the same classes, each in
+    the module that defines it, under its package base, with the builtins it keeps."""
+    tree = documented_tree(errors.__doc__ or "")
+    defined = {name: (file, bases) for file, name, bases in EXCEPTIONS}
+    defined["CounterfactoryError"] = ("manifests/errors.py", ["Exception"])
+    assert len(defined) == len(EXCEPTIONS) + 1, "two exception classes share a name: the tree cannot tell them apart"
+    assert sorted(set(defined) - set(tree)) == [], "exception classes missing from manifests/errors.py's tree"
+    assert sorted(set(tree) - set(defined)) == [], "classes in manifests/errors.py's tree that the package lacks"
+    wrong = []
+    for name, (module, parent, builtins_) in tree.items():
+        file, bases = defined[name]
+        if module != _module_of(file):
+            wrong.append(f"{name}: drawn in {module}, defined in {_module_of(file)}")
+        own = [b for b in bases if not _builtin_exception(b)]
+        kept = tuple(b for b in bases if _builtin_exception(b) and b != "Exception")
+        if own != ([parent] if parent else []):
+            wrong.append(f"{name}: drawn under {parent}, derives from {', '.join(own) or 'no package class'}")
+        if kept != builtins_:
+            wrong.append(f"{name}: drawn with builtins {builtins_}, keeps {kept}")
+    assert not wrong, "manifests/errors.py's tree has drifted:\n" + "\n".join(wrong)
 
 
 @pytest.mark.parametrize(

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from counterfactory.generation.editors.base import MemoryJournal
+from counterfactory.manifests.paid import MemoryJournal
 from counterfactory.validation.backends.vlm import load_prompt, parse_answer, render_prompt
 from counterfactory.validation.gates.attribute import AttributeGate, AttributeGateConfig, check_label_map
 from counterfactory.validation.gates.base import PairContext

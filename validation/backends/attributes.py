@@ -28,7 +28,6 @@
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,6 +35,7 @@ import cv2
 import numpy as np
 
 from counterfactory.manifests.errors import SetupError
+from counterfactory.manifests.safefiles import sha256_file
 from counterfactory.validation.backends.base import similarity_transform
 
 FAIRFACE_RACES = ("White", "Black", "Latino_Hispanic", "East Asian", "Southeast Asian", "Indian", "Middle Eastern")
@@ -80,14 +80,6 @@ class Perceived:
     age_years: float | None = None
 
 
-def sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def _session(path: Path, threads: int | None):
     try:
         import onnxruntime as ort
@@ -130,7 +122,7 @@ class FairFaceClassifier:
                 f"FairFace weights not found at {path}: export the FairFace model to ONNX and set "
                 "gates.<kind>.attribute.weights to its path (and .sha256 to its checksum)"
             )
-        actual = sha256_of(path)
+        actual = sha256_file(path)
         if actual != sha256.lower():
             raise SetupError(
                 f"FairFace weights {path} have sha256 {actual}, but the spec expects {sha256}: "

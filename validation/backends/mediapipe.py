@@ -12,18 +12,15 @@ the facial movement it describes).
 
 from __future__ import annotations
 
-import contextlib
-import threading
 from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
 
 from counterfactory.assets import FACE_DETECTOR
-from counterfactory.manifests.errors import SetupError
 from counterfactory.validation.backends.base import DetectedFace
-from counterfactory.validation.faces import FaceObservation, register_close_at_exit
-from counterfactory.validation.quiet import native_quiet
+from counterfactory.validation.faces import FaceObservation
+from counterfactory.validation.mediapipe_task import MediaPipeTask
 
 
 class BlazeFaceDetector:
@@ -38,43 +35,29 @@ class BlazeFaceDetector:
     name = "mediapipe"
 
     def __init__(self, model_path: str | Path = FACE_DETECTOR, *, min_score: float = 0.3) -> None:
-        from mediapipe.tasks.python import BaseOptions, vision
-
-        path = Path(model_path)
-        if not path.is_file():
-            raise SetupError(
-                f"BlazeFace model not found at {path}; pass the path of "
-                "face_detection_short_range.tflite (the package ships one in assets/models/)"
+        def create(vision, base_options):
+            options = vision.FaceDetectorOptions(
+                base_options=base_options,
+                running_mode=vision.RunningMode.IMAGE,
+                min_detection_confidence=min_score,
             )
-        options = vision.FaceDetectorOptions(
-            base_options=BaseOptions(model_asset_path=str(path)),
-            running_mode=vision.RunningMode.IMAGE,
-            min_detection_confidence=min_score,
+            return vision.FaceDetector.create_from_options(options)
+
+        self._task = MediaPipeTask(
+            model_path,
+            create=create,
+            missing=f"BlazeFace model not found at {Path(model_path)}; pass the path of "
+            "face_detection_short_range.tflite (the package ships one in assets/models/)",
+            name="BlazeFaceDetector",
         )
-        with native_quiet():  # MediaPipe / TFLite / absl log their set-up to stderr
-            self._detector = vision.FaceDetector.create_from_options(options)
-        self._lock = threading.Lock()
-        self._cold = True  # the first call logs too (LiteRT's input alignment)
-        register_close_at_exit(self.close)
 
     def close(self) -> None:
-        detector, self._detector = getattr(self, "_detector", None), None
-        if detector is not None:
-            with native_quiet():
-                detector.close()
+        self._task.close()
 
     def detect(self, image: np.ndarray) -> list[DetectedFace]:
         """Faces in ``(H, W, 3)`` uint8 RGB, highest score first; no keypoints (BlazeFace's
         six points have no mouth corners)."""
-        import mediapipe as mp
-
-        frame = mp.Image(image_format=mp.ImageFormat.SRGB, data=np.ascontiguousarray(image))
-        with self._lock:
-            if self._detector is None:
-                raise RuntimeError("BlazeFaceDetector is closed")
-            with native_quiet() if self._cold else contextlib.nullcontext():
-                result = self._detector.detect(frame)
-            self._cold = False
+        result = self._task.run("detect", image)
         faces = []
         for d in result.detections:
             b = d.bounding_box

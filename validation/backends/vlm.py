@@ -2,7 +2,7 @@
 
 The model is reached through fal's vision router (``openrouter/router/vision``; the older
 ``fal-ai/any-llm/vision`` is deprecated by fal), as one client of the shared fal queue
-transport (:mod:`counterfactory.generation.editors.fal_queue`): the same queue client,
+transport (:mod:`counterfactory.manifests.paid.fal`): the same queue client,
 retries, cancellation, concurrency bound, spend cap and request journal as the ``fal``
 editor, so a question already paid for is fetched by its journaled request id on resume,
 never asked again. A question sends ``image_urls`` (the candidate as a PNG data URI),
@@ -42,13 +42,11 @@ import numpy as np
 from pydantic import Field, field_validator
 
 from counterfactory.assets import PROMPTS_DIR
-from counterfactory.generation.editors.base import EditJournal
-from counterfactory.generation.editors.fal_queue import (
+from counterfactory.manifests.paid import PaidCall, PaidJournal, PaidReading
+from counterfactory.manifests.paid.fal import (
     REFUSAL_TEXT,
-    FalCall,
     FalQueue,
     FalQueueOptions,
-    FalReading,
     FalTransfer,
     check_rgb,
     png_data_uri,
@@ -131,7 +129,7 @@ def parse_answer(
 
 class FalVisionOptions(FalQueueOptions):
     """``gates.face.attribute.fal`` in the spec: the transport's options
-    (:class:`~counterfactory.generation.editors.fal_queue.FalQueueOptions`) and the router's.
+    (:class:`~counterfactory.manifests.paid.fal.FalQueueOptions`) and the router's.
 
     Attributes:
         endpoint: fal endpoint id of the vision router.
@@ -213,7 +211,7 @@ class FalVisionClient:
         """The router's input for one question.
 
         Raises:
-            FalCallFailed: ``attribute_vlm_bad_input`` unless ``image`` is ``(H, W, 3)`` uint8.
+            PaidCallFailed: ``attribute_vlm_bad_input`` unless ``image`` is ``(H, W, 3)`` uint8.
         """
         check_rgb(image, "attribute_vlm_bad_input")
         o = self.options
@@ -231,12 +229,12 @@ class FalVisionClient:
         return body
 
     def ask_many(
-        self, images: Sequence[np.ndarray], prompt: str, journal: EditJournal | None = None
+        self, images: Sequence[np.ndarray], prompt: str, journal: PaidJournal | None = None
     ) -> list[tuple[str, VisionAnswer]]:
         """Ask ``prompt`` about each ``(H, W, 3)`` uint8 image, at most ``concurrency`` in
         flight; returns ``(question id, answer)`` in order, the answer's ``raw`` text unparsed
         (the caller knows the labels)."""
-        calls = [FalCall(self.question_id(im, prompt), lambda im=im: self.arguments(im, prompt)) for im in images]
+        calls = [PaidCall(self.question_id(im, prompt), lambda im=im: self.arguments(im, prompt)) for im in images]
         answers = self.queue.run_many(calls, self._read, journal)
         out = []
         for call, a in zip(calls, answers, strict=True):
@@ -256,13 +254,13 @@ class FalVisionClient:
             )
         return out
 
-    async def _read(self, call: FalCall, payload: dict[str, Any], transfer: FalTransfer) -> FalReading:
+    async def _read(self, call: PaidCall, payload: dict[str, Any], transfer: FalTransfer) -> PaidReading:
         """The router's answer -> (its text, ``usage.cost`` in USD)."""
         usage = payload.get("usage") if isinstance(payload.get("usage"), Mapping) else {}
         cost = usage.get("cost")
         measured = isinstance(cost, (int, float)) and not isinstance(cost, bool) and cost >= 0
         text = payload.get("output")
-        return FalReading(
+        return PaidReading(
             None if text is None else str(text),
             float(cost) if measured else self.options.estimated_usd_per_question,
             {"usage": dict(usage), "cost_source": "usage" if measured else "estimate"},
@@ -275,7 +273,7 @@ def ask_labels(
     labels: Mapping[str, Sequence[str]],
     *,
     prompt_version: str = "attribute_vlm_v1",
-    journal: EditJournal | None = None,
+    journal: PaidJournal | None = None,
 ) -> list[VisionAnswer]:
     """Perceived labels for each image: ask, then parse each raw answer against ``labels``."""
     prompt = render_prompt(load_prompt(prompt_version), labels)

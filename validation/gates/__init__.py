@@ -9,4 +9,18 @@ in registry order. Importing this package registers the built-in gates.
 
 from __future__ import annotations
 
+from pydantic import BaseModel
+
+from counterfactory.manifests.registry import SPEC_SECTIONS
 from counterfactory.validation.gates import attribute, expression, face, identity, locality, skin  # noqa: F401
+
+
+def _gates_section() -> type[BaseModel]:
+    """The spec's ``gates``: :class:`~counterfactory.validation.judge.GatesConfig`, the gate
+    stack's settings (its module imports this package, so it is looked up when first needed)."""
+    from counterfactory.validation.judge import GatesConfig
+
+    return GatesConfig
+
+
+SPEC_SECTIONS.register("gates", _gates_section)

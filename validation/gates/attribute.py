@@ -26,7 +26,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from counterfactory.generation.editors.base import EditJournal, MemoryJournal
+from counterfactory.manifests.paid import MemoryJournal, PaidJournal
 from counterfactory.manifests.registry import GATES
 from counterfactory.validation.backends.attributes import (
     FAIRFACE_HEADS,
@@ -145,11 +145,11 @@ class AttributeGate:
     name = "attribute"
 
     def __init__(
-        self, config: AttributeGateConfig, classifier: Any = None, *, journal: EditJournal | None = None
+        self, config: AttributeGateConfig, classifier: Any = None, *, journal: PaidJournal | None = None
     ) -> None:
         self.config = config
         #: where paid VLM questions are journaled; the flow binds the ledger's
-        self.journal: EditJournal = journal if journal is not None else MemoryJournal()
+        self.journal: PaidJournal = journal if journal is not None else MemoryJournal()
         if classifier is not None:
             self.classifier = classifier
         elif config.backend == "vlm":

@@ -1,15 +1,16 @@
-"""fal's queue API as a paid-call transport, shared by every fal client of the factory.
+"""fal's queue API as a :class:`~counterfactory.manifests.paid.base.PaidClient`, shared by
+every fal caller of the factory.
 
 One call is one queue request: ``POST https://queue.fal.run/<endpoint>`` with the model input,
 status polls, then ``GET .../requests/<id>`` for the result JSON. :class:`FalQueue` does that
 for a batch of calls with at most ``concurrency`` in flight per process, a spend cap, retries
 of transient errors and a request journal; what a call sends and how its answer is read stay
-with the client (the ``fal`` editor: Nano Banana images; the ``vlm`` attribute backend: a
+with the caller (the ``fal`` editor: Nano Banana images; the ``vlm`` attribute backend: a
 vision-LLM's text). Everything goes through the ``fal-client`` library, which reads its hosts
 from ``FAL_RUN_HOST`` / ``FAL_QUEUE_RUN_HOST`` when it is first imported.
 
 Money. fal bills a request that runs whether or not anybody collects its result. So the
-request id goes into the :class:`~counterfactory.generation.editors.base.EditJournal`
+request id goes into the :class:`~counterfactory.manifests.paid.base.PaidJournal`
 *before* the wait, with the call's estimated price: a process killed mid-wait resumes by
 fetching that id, never by paying again. Only the server's own word that it does not know an
 id (HTTP 404), that the job failed, or that it was cancelled lets the same call be submitted
@@ -71,14 +72,25 @@ import re
 import threading
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from counterfactory.generation.editors.base import EditJournal, MemoryJournal
 from counterfactory.manifests.errors import CounterfactoryError, SetupError
+from counterfactory.manifests.paid.base import (
+    CallStatus,
+    MemoryJournal,
+    PaidAnswer,
+    PaidCall,
+    PaidCallFailed,
+    PaidJournal,
+    Reader,
+    SpendCap,
+    backoff_delay,
+    run_sync,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -97,13 +109,10 @@ REFUSAL_TEXT = re.compile(
 # failed) and "lost" (the server does not know the id) allow a new submission instead.
 FETCHABLE_STATES = frozenset({"submitted", "completed", "refused", "cancelled"})
 
-_BACKOFF_CAP_S = 30.0
 _POLL_GROWTH = 0.05
 _POLL_CAP_S = 5.0
 #: Seconds one cancellation may take; it runs after the item's own deadline has passed.
 CANCEL_TIMEOUT_S = 5.0
-
-CallStatus = Literal["ok", "refused", "failed"]
 
 
 class FalQueueOptions(BaseModel):
@@ -132,87 +141,6 @@ class FalQueueOptions(BaseModel):
     backoff_s: float = Field(1.0, ge=0)
 
 
-class FalCallFailed(CounterfactoryError):
-    """Ends one call early with a non-``ok`` answer; raised by readers and argument builders.
-
-    Args:
-        status: ``refused`` or ``failed``.
-        reason: a reason code and the server's words, e.g. ``fal_nsfw: ...``.
-        state: written to the journal when given; ``None`` leaves the row as it is, so a
-            re-run can still fetch a request that may yet finish.
-        cost_usd: USD fal billed for it anyway (e.g. a flagged image).
-    """
-
-    def __init__(self, status: CallStatus, reason: str, *, state: str | None = None, cost_usd: float = 0.0):
-        super().__init__(reason)
-        self.status = status
-        self.reason = reason
-        self.state = state
-        self.cost_usd = cost_usd
-
-
-@dataclass(frozen=True)
-class FalCall:
-    """One paid request.
-
-    Attributes:
-        key: the journal key; calls with the same key are one call (an attempt id, a
-            question id). It must hash everything that decides the answer.
-        arguments: builds the model input (run in a worker thread, e.g. to encode an
-            image); raises :class:`FalCallFailed` for bad input.
-    """
-
-    key: str
-    arguments: Callable[[], dict[str, Any]]
-
-
-@dataclass(frozen=True)
-class FalReading:
-    """What a client's reader made of a result: its value and the USD the call cost."""
-
-    value: Any
-    cost_usd: float
-    metadata: Mapping[str, Any] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class FalAnswer:
-    """One call's end, whichever way it ended.
-
-    Attributes:
-        key: the call's key.
-        status: ``ok`` (read), ``refused`` (a policy answer) or ``failed``.
-        value: the reader's value for ``ok`` answers, else ``None``.
-        reason: why it is not ``ok``.
-        cost_usd: USD this call cost as far as is known (0 when nothing was billed).
-        request_id: fal's id of the last request made or fetched, ``None`` when none was.
-        endpoint: the endpoint it went to.
-        seconds: wall time with its slot.
-        resumed: fetched by a journaled request id instead of submitted anew.
-        submit_tries: submissions made (fal-client's internal retries not counted).
-        lost_request_ids: journaled ids fal no longer knew, or had cancelled without result.
-        pending_request_id: a billed request whose result may still come: fetch it later,
-            never replace it.
-        cancelled: fal was asked to cancel it and accepted.
-        metadata: the reader's extra fields.
-    """
-
-    key: str
-    status: CallStatus
-    value: Any = None
-    reason: str | None = None
-    cost_usd: float = 0.0
-    request_id: str | None = None
-    endpoint: str | None = None
-    seconds: float = 0.0
-    resumed: bool = False
-    submit_tries: int = 0
-    lost_request_ids: tuple[str, ...] = ()
-    pending_request_id: str | None = None
-    cancelled: bool = False
-    metadata: Mapping[str, Any] = field(default_factory=dict)
-
-
 class FalTransfer:
     """What a reader may use of the batch: downloads with the transport's retries."""
 
@@ -225,13 +153,13 @@ class FalTransfer:
         transient error, as a file may not have propagated yet; the fal key is not sent.
 
         Raises:
-            FalCallFailed: ``fal_download_failed`` / ``fal_bad_output``, journaled ``completed``
+            PaidCallFailed: ``fal_download_failed`` / ``fal_bad_output``, journaled ``completed``
                 (the result stays fetchable, a re-run tries the download again).
         """
         if url.startswith("data:"):
             return base64.b64decode(url.partition(",")[2])
         if not url:
-            raise FalCallFailed("failed", "fal_bad_output: the result's file has no url", state="completed")
+            raise PaidCallFailed("failed", "fal_bad_output: the result's file has no url", state="completed")
 
         async def get() -> bytes:
             response = await self._http.get(url)
@@ -239,9 +167,6 @@ class FalTransfer:
             return response.content
 
         return await self._queue._retrying("download", get)
-
-
-Reader = Callable[[FalCall, dict[str, Any], FalTransfer], Awaitable[FalReading]]
 
 
 @dataclass
@@ -278,7 +203,7 @@ class _Parked:
 class _Batch:
     """Per-``run_many`` state shared by its calls (one event loop)."""
 
-    journal: EditJournal
+    journal: PaidJournal
     fal: Any
     http: Any
     read: Reader
@@ -292,7 +217,7 @@ class _Open:
     endpoint: str
     request_id: str
     api_key: str
-    journal: EditJournal
+    journal: PaidJournal
     estimate_usd: float
 
 
@@ -333,8 +258,7 @@ class FalQueue:
         # (the flow runs several templates at once): ``concurrency`` bounds the requests in
         # flight per process, and spend reservations are checked against one cap.
         self._in_flight = threading.BoundedSemaphore(options.concurrency)
-        self._budget = threading.Lock()
-        self._reserved_usd = 0.0
+        self._cap = SpendCap(options.spend_cap_usd, code="fal_spend_cap_reached")
         # request id -> a request that holds one of the ``_in_flight`` slots although its call
         # has ended, until fal says it ended; guarded by ``_parked_lock``
         self._parked: dict[str, _Parked] = {}
@@ -411,17 +335,17 @@ class FalQueue:
 
     # -- batches ------------------------------------------------------------------------
 
-    def run_many(self, calls: Sequence[FalCall], read: Reader, journal: EditJournal | None = None) -> list[FalAnswer]:
+    def run_many(self, calls: Sequence[PaidCall], read: Reader, journal: PaidJournal | None = None) -> list[PaidAnswer]:
         """Runs ``calls`` with at most ``concurrency`` in flight; see :meth:`arun_many`."""
         return run_sync(self.arun_many(calls, read, journal))
 
     async def arun_many(
-        self, calls: Sequence[FalCall], read: Reader, journal: EditJournal | None = None
-    ) -> list[FalAnswer]:
-        """One :class:`FalAnswer` per call, in order; calls sharing a key share one answer.
+        self, calls: Sequence[PaidCall], read: Reader, journal: PaidJournal | None = None
+    ) -> list[PaidAnswer]:
+        """One :class:`PaidAnswer` per call, in order; calls sharing a key share one answer.
 
         ``read(call, result_json, transfer)`` turns a finished request's result into a
-        :class:`FalReading`, or raises :class:`FalCallFailed`. Without a journal the batch
+        :class:`PaidReading`, or raises :class:`PaidCallFailed`. Without a journal the batch
         keeps an in-memory one (no resume across processes).
 
         Raises:
@@ -430,11 +354,11 @@ class FalQueue:
         if not self._prepared:
             await self.aprepare()
         journal = journal if journal is not None else MemoryJournal()
-        unique: dict[str, FalCall] = {}
+        unique: dict[str, PaidCall] = {}
         for call in calls:
             unique.setdefault(call.key, call)
         batch = _Batch(journal=journal, fal=self._client(), http=self._http_client(), read=read)
-        tasks: dict[str, asyncio.Task[FalAnswer]] = {}
+        tasks: dict[str, asyncio.Task[PaidAnswer]] = {}
         try:
             async with asyncio.TaskGroup() as group:
                 for key, call in unique.items():
@@ -450,13 +374,13 @@ class FalQueue:
 
     # -- one call -----------------------------------------------------------------------
 
-    async def _one(self, call: FalCall, batch: _Batch) -> FalAnswer:
+    async def _one(self, call: PaidCall, batch: _Batch) -> PaidAnswer:
         # A request this queue parked is still running at fal: a call resuming it takes over
         # its slot instead of taking a second one for the same request.
         if not self._adopt(call, batch):
             try:
                 await self._acquire(batch)
-            except FalCallFailed as failure:
+            except PaidCallFailed as failure:
                 progress = _Progress(started=asyncio.get_running_loop().time(), estimate_usd=self.estimate_usd)
                 return self._answer(call, progress, failure.status, reason=failure.reason)
         progress = _Progress(started=asyncio.get_running_loop().time(), estimate_usd=self.estimate_usd)
@@ -478,7 +402,7 @@ class FalQueue:
         """Takes one slot, polling parked requests meanwhile (the one that ends frees its slot).
 
         Raises:
-            FalCallFailed: ``fal_unavailable`` when every slot has been held by a parked
+            PaidCallFailed: ``fal_unavailable`` when every slot has been held by a parked
                 request for ``timeout_s`` (fal cannot say whether they ended); nothing was
                 submitted.
         """
@@ -494,7 +418,7 @@ class FalQueue:
             elif all_parked_since is None:
                 all_parked_since = now
             elif now - all_parked_since >= self.options.timeout_s:
-                raise FalCallFailed(
+                raise PaidCallFailed(
                     "failed",
                     f"fal_unavailable: all {self.options.concurrency} slot(s) held for "
                     f"timeout_s={self.options.timeout_s:g} s by requests fal has not reported "
@@ -502,7 +426,7 @@ class FalQueue:
                 )
             await asyncio.sleep(0.005)
 
-    def _adopt(self, call: FalCall, batch: _Batch) -> bool:
+    def _adopt(self, call: PaidCall, batch: _Batch) -> bool:
         """Whether ``call`` resumes a parked request and so took over its slot."""
         with self._parked_lock:
             if not self._parked:
@@ -580,10 +504,10 @@ class FalQueue:
             await _close_clients(batch.fal, None)
         return self.parked()
 
-    async def _one_in_slot(self, call: FalCall, batch: _Batch, progress: _Progress) -> FalAnswer:
+    async def _one_in_slot(self, call: PaidCall, batch: _Batch, progress: _Progress) -> PaidAnswer:
         try:
             return await self._attempt(call, batch, progress)
-        except FalCallFailed as failure:
+        except PaidCallFailed as failure:
             if failure.state is None and progress.request_id is not None:
                 # given up on a request fal may still be running: cancel it, so it neither
                 # bills nor holds a slot beyond the concurrency bound
@@ -611,7 +535,7 @@ class FalQueue:
             logger.exception("fal request for %s failed", call.key)
             return self._answer(call, progress, "failed", reason=f"fal_error: {type(exc).__name__}: {exc}")
 
-    async def _attempt(self, call: FalCall, batch: _Batch, progress: _Progress) -> FalAnswer:
+    async def _attempt(self, call: PaidCall, batch: _Batch, progress: _Progress) -> PaidAnswer:
         deadline = progress.started + self.options.timeout_s
         saved = batch.journal.load(call.key) or {}
         if saved.get("request_id") and saved.get("state") in FETCHABLE_STATES:
@@ -640,31 +564,23 @@ class FalQueue:
             payload = await self._until(deadline, progress, self._collect(progress, batch))
         except _Lost:
             progress.ended = True  # fal does not know it: it holds no slot there
-            raise FalCallFailed(
+            raise PaidCallFailed(
                 "failed",
                 f"fal_lost: fal does not know request {progress.request_id}, which it accepted moments ago",
                 state="lost",
             ) from None
         return await self._until(deadline, progress, self._finish(call, progress, payload, batch))
 
-    async def _submit(self, call: FalCall, arguments: dict[str, Any], progress: _Progress, batch: _Batch) -> None:
+    async def _submit(self, call: PaidCall, arguments: dict[str, Any], progress: _Progress, batch: _Batch) -> None:
         """Submits (retrying transient failures) and journals the id before returning.
 
         Deliberately outside the per-request deadline: cancelling a submission half-way could
         leave a billed request that no journal row knows about.
         """
-        endpoint, cap, price = self.endpoint, self.options.spend_cap_usd, self.estimate_usd
-        # Check and reserve under one lock: no call of this or another batch can slip in.
-        with self._budget:
-            committed = batch.journal.spent_usd() + self._reserved_usd
-            if cap is not None and committed + price > cap + 1e-9:
-                raise FalCallFailed(
-                    "failed",
-                    f"fal_spend_cap_reached: ${committed:.4f} spent or committed, ${price:.4f} more "
-                    f"would exceed spend_cap_usd=${cap:.4f}; no new submissions",
-                )
-            self._reserved_usd += price
-        try:
+        endpoint, price = self.endpoint, self.estimate_usd
+        # the cap is checked and the price reserved under one lock, so no call of this or
+        # another batch slips in; the journal row written below takes the reservation over
+        with self._cap.reserve(batch.journal, price):
             extra = {"start_timeout": self.options.timeout_s} if self.options.timeout_s > 1 else {}
             failures = 0
             while True:
@@ -693,9 +609,6 @@ class FalQueue:
                 _OPEN[handle.request_id] = _Open(
                     call.key, endpoint, handle.request_id, str(self._key), batch.journal, price
                 )
-        finally:
-            with self._budget:
-                self._reserved_usd -= price
 
     async def _collect(self, progress: _Progress, batch: _Batch, *, cancelled: bool = False) -> dict[str, Any]:
         """Polls the request until fal says it is done, then fetches its result JSON.
@@ -723,11 +636,11 @@ class FalQueue:
 
         try:
             return await self._retrying("result", fetch, transient_ok=not job_failed)
-        except FalCallFailed as outcome:
+        except PaidCallFailed as outcome:
             if job_failed and outcome.state is None:
                 # The server's own verdict: the job failed (fal does not bill it), so a
                 # later run may submit this call again.
-                raise FalCallFailed(
+                raise PaidCallFailed(
                     "failed",
                     f"fal_job_failed: {completed.error_type or 'error'}: {completed.error}",
                     state="failed",
@@ -751,7 +664,7 @@ class FalQueue:
             interval = max(self.options.poll_interval_s, min(_POLL_GROWTH * waited, _POLL_CAP_S))
             await asyncio.sleep(interval * random.uniform(0.75, 1.25))
 
-    async def _finish(self, call: FalCall, progress: _Progress, payload: dict[str, Any], batch: _Batch) -> FalAnswer:
+    async def _finish(self, call: PaidCall, progress: _Progress, payload: dict[str, Any], batch: _Batch) -> PaidAnswer:
         transfer = FalTransfer(self, batch.http, progress.endpoint or self.endpoint, progress.request_id)
         reading = await batch.read(call, payload, transfer)
         batch.journal.save(call.key, _row(progress, "completed"), cost_usd=reading.cost_usd)
@@ -759,7 +672,7 @@ class FalQueue:
             call, progress, "ok", value=reading.value, cost_usd=reading.cost_usd, extra=reading.metadata
         )
 
-    async def _abandon(self, call: FalCall, progress: _Progress, batch: _Batch, why: str) -> None:
+    async def _abandon(self, call: PaidCall, progress: _Progress, batch: _Batch, why: str) -> None:
         """Asks fal to cancel a request nobody will wait for, and journals its answer."""
         request_id = progress.request_id
         try:
@@ -818,7 +731,7 @@ class FalQueue:
             if not scope.expired():
                 raise
         where = f"request {progress.request_id}" if progress.request_id else "no request id"
-        raise FalCallFailed(
+        raise PaidCallFailed(
             "failed",
             f"fal_timeout: no result within timeout_s={self.options.timeout_s:g} s "
             f"({where}); a submitted id stays in the journal, so a re-run fetches "
@@ -848,19 +761,19 @@ class FalQueue:
             return "permanent"  # our own start_timeout ran out at fal: the job was dropped
         return "transient" if code in (408, 409, 429) or code >= 500 else "permanent"
 
-    def _http_outcome(self, exc: Exception, what: str, *, tries: int) -> FalCallFailed:
+    def _http_outcome(self, exc: Exception, what: str, *, tries: int) -> PaidCallFailed:
         kind = self._classify(exc)
         code = getattr(exc, "status_code", None) or getattr(getattr(exc, "response", None), "status_code", None)
         message = _detail(exc)
         if code == 504 and kind == "permanent":
-            return FalCallFailed(
+            return PaidCallFailed(
                 "failed",
                 f"fal_timeout: fal dropped the request, it did not start "
                 f"within timeout_s={self.options.timeout_s:g} s ({message})",
                 state="failed",
             )
         if kind == "transient":
-            return FalCallFailed(
+            return PaidCallFailed(
                 "failed",
                 f"fal_unavailable: {what} failed {tries} time(s), last "
                 f"{'HTTP ' + str(code) if code else type(exc).__name__}: {message}",
@@ -870,21 +783,20 @@ class FalQueue:
         if isinstance(items, list) and any(
             isinstance(i, dict) and i.get("type") == "content_policy_violation" for i in items
         ):
-            return FalCallFailed("refused", f"fal_content_policy: {message}", state="refused")
+            return PaidCallFailed("refused", f"fal_content_policy: {message}", state="refused")
         if what == "download":
             # "completed": the result stays fetchable, a re-run tries the download again.
-            return FalCallFailed("failed", f"fal_download_failed: HTTP {code}: {message}", state="completed")
-        return FalCallFailed("failed", f"fal_rejected: {what} HTTP {code}: {message}", state="failed")
+            return PaidCallFailed("failed", f"fal_download_failed: HTTP {code}: {message}", state="completed")
+        return PaidCallFailed("failed", f"fal_rejected: {what} HTTP {code}: {message}", state="failed")
 
     async def _backoff(self, failures: int, exc: Exception) -> None:
-        delay = min(self.options.backoff_s * 2 ** (failures - 1), _BACKOFF_CAP_S)
-        delay *= random.uniform(0.5, 1.5)  # jitter: retries of a batch do not arrive together
+        delay = backoff_delay(failures, self.options.backoff_s)
         logger.debug("fal: transient %s, retry %d in %.2f s", type(exc).__name__, failures, delay)
         await asyncio.sleep(delay)
 
     def _answer(
         self,
-        call: FalCall,
+        call: PaidCall,
         progress: _Progress,
         status: CallStatus,
         *,
@@ -893,8 +805,8 @@ class FalQueue:
         cost_usd: float = 0.0,
         pending: bool = False,
         extra: Mapping[str, Any] | None = None,
-    ) -> FalAnswer:
-        return FalAnswer(
+    ) -> PaidAnswer:
+        return PaidAnswer(
             key=call.key,
             status=status,
             value=value,
@@ -991,12 +903,12 @@ def png_data_uri(image: Any) -> str:
 
 
 def check_rgb(image: Any, code: str) -> None:
-    """Raises :class:`FalCallFailed` (``<code>: ...``) unless ``image`` is ``(H, W, 3)`` uint8."""
+    """Raises :class:`PaidCallFailed` (``<code>: ...``) unless ``image`` is ``(H, W, 3)`` uint8."""
     import numpy as np
 
     if not (isinstance(image, np.ndarray) and image.dtype == np.uint8 and image.ndim == 3 and image.shape[2] == 3):
         shape, dtype = getattr(image, "shape", None), getattr(image, "dtype", None)
-        raise FalCallFailed(
+        raise PaidCallFailed(
             "failed", f"{code}: image must be (H, W, 3) uint8 RGB, received shape {shape} dtype {dtype}"
         )
 
@@ -1062,13 +974,3 @@ async def _close_clients(fal: Any, http: Any) -> None:
             await (await fal._client).aclose()
     if http is not None:
         await http.aclose()
-
-
-def run_sync(coroutine: Any) -> Any:
-    """Runs a coroutine to completion from sync code, even when this thread runs a loop."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(coroutine)
-    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
-        return pool.submit(asyncio.run, coroutine).result()
