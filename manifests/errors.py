@@ -96,6 +96,9 @@ every exception class of the package (name, module, base), so it cannot drift::
     ├── AskError (ValueError)             validation.scoring.ask: ``ask`` cannot start (an
     │                                     unknown protocol or backend, nothing to judge; also
     │                                     raised by judge). Fix the option the message names.
+    ├── HarnessExportError (ValueError)   manifests.harness: a release that cannot be exported
+    │                                     for lmms-eval or VLMEvalKit (not a release folder, a
+    │                                     trial without its image paths, an unknown harness).
     ├── TransportError                    validation.scoring.backends: a request got no answer
     │                                     (connection, timeout, 429, 5xx); ``ask`` retries it, and
     │                                     a re-run asks what still failed.
