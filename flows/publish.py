@@ -22,13 +22,13 @@ from typing import Any
 
 import counterfactory
 from counterfactory.flows.steps import Workspace, editor_runs, judge_key
-from counterfactory.generation.attempts import FINISHED_ATTEMPT, PlannedAttempt, plan_attempts
-from counterfactory.generation.cells import CellOutcome, Settled, TemplateOutcome, fill_cells
+from counterfactory.generation.attempts import PlannedAttempt, plan_attempts
 from counterfactory.generation.editors import make_editor
 from counterfactory.generation.sampling import Grid, grid_summary, with_editors
 from counterfactory.generation.sources import FailedSource, PreparedSource, load_image
 from counterfactory.manifests.derived import apply_transform, crop_series, derived_id
 from counterfactory.manifests.errors import CounterfactoryError
+from counterfactory.manifests.lifecycle import FINISHED_ATTEMPT, CellOutcome, Settled, TemplateOutcome, fill_cells
 from counterfactory.manifests.release import (
     ITEMS,
     MANIFEST,
@@ -109,7 +109,7 @@ def collect_outcomes(
     spec: Spec, ws: Workspace, prepared: Sequence[PreparedSource], grid: Grid
 ) -> list[TemplateOutcome]:
     """Every cell's attempts and final verdict, read from the ledger; no editor is called (the
-    publishing policy over :func:`~counterfactory.generation.cells.fill_cells`).
+    publishing policy over :func:`~counterfactory.manifests.lifecycle.fill_cells`).
 
     Attempt ids are planned exactly as the run plans them (seed ``editor.seed + n - 1`` for
     attempt ``n``), so a cell's outcome is the one the run reached. A cell with no attempt in

@@ -46,10 +46,10 @@ from prefect.cache_policies import NONE
 from counterfactory.flows import steps
 from counterfactory.flows.limits import limited_editor, limited_gates
 from counterfactory.generation.attempts import PlannedAttempt, editor_inputs
-from counterfactory.generation.cells import TemplateOutcome
 from counterfactory.generation.editors.base import EditRequest, EditResult
 from counterfactory.generation.sources import PreparedSource
 from counterfactory.manifests.errors import SetupError
+from counterfactory.manifests.lifecycle import TemplateOutcome
 from counterfactory.manifests.registry import EDITORS
 from counterfactory.manifests.spec import RayConfig, Spec
 

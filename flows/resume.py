@@ -21,12 +21,12 @@ from pathlib import Path
 from counterfactory.flows import steps
 from counterfactory.flows.publish import publish_release, remember_spec
 from counterfactory.flows.steps import RunSummary
-from counterfactory.generation.attempts import PlannedAttempt, attempt_finished, plan_attempts
-from counterfactory.generation.cells import CellOutcome, Settled, TemplateOutcome, fill_cells
+from counterfactory.generation.attempts import PlannedAttempt, plan_attempts
 from counterfactory.generation.editors import Editor, make_editor
 from counterfactory.generation.sampling import Cell
 from counterfactory.generation.sources import PreparedSource
 from counterfactory.manifests.errors import CounterfactoryError
+from counterfactory.manifests.lifecycle import CellOutcome, Settled, TemplateOutcome, attempt_finished, fill_cells
 from counterfactory.manifests.release import ReleaseExistsError, existing_release_conflict
 from counterfactory.manifests.runlock import RunFolderLock
 from counterfactory.manifests.spec import Spec, SpecError, load_spec
@@ -41,7 +41,7 @@ def settled_outcomes(
 ) -> list[TemplateOutcome] | None:
     """Every template's outcome as :func:`~counterfactory.flows.steps.process_template` would
     return it with zero editor calls, or None when a run has work to do (the resuming policy
-    over :func:`~counterfactory.generation.cells.fill_cells`).
+    over :func:`~counterfactory.manifests.lifecycle.fill_cells`).
 
     Work to do: a planned attempt that is not in the ledger or not finished (``ok``/``refused``),
     an output or aligned image missing from the store, a candidate judged with other settings

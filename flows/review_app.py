@@ -159,6 +159,8 @@ class ReviewSite:
     def __init__(self, out: Path, spec: Spec, ledger: Ledger) -> None:
         self.out, self.spec, self.ledger = Path(out), spec, ledger
         self.options = spec.review
+        #: each editor's attempt budget: which candidate is a cell's final attempt
+        self.max_attempts = {view.editor_name: view.editor.max_attempts for view in spec.editor_views()}
         self.store = ImageStore(spec.store_dir if spec.store_dir is not None else self.out / "store")
         self.secret = secrets.token_bytes(32)
         self._lock = threading.Lock()
@@ -282,7 +284,7 @@ class ReviewSite:
         again), else a new one, recorded as dealt before it is shown; None when none is left."""
         deal = open_spot_deal(self.ledger, reviewer.reviewer_id)
         if deal is None:
-            pool = spot_pool(self.ledger, reviewer.reviewer_id)
+            pool = spot_pool(self.ledger, reviewer.reviewer_id, max_attempts=self.max_attempts)
             if not pool:
                 return None
             last = last_spot_attempt(self.ledger, reviewer.reviewer_id)
@@ -401,7 +403,7 @@ class QueueState:
 
 
 def queue_state(site: ReviewSite, reviewer: Reviewer, f: dict[str, str]) -> QueueState:
-    items = review_queue(site.ledger, site.options)
+    items = review_queue(site.ledger, site.options, max_attempts=site.max_attempts)
     mine = [
         i
         for i in items
@@ -621,7 +623,7 @@ def _queue_routes(site: ReviewSite, templates: Jinja2Templates) -> APIRouter:
         }
         if pick is None:
             return context
-        item = queue_item(site.ledger, site.options, pick.attempt_id) or pick
+        item = queue_item(site.ledger, site.options, pick.attempt_id, max_attempts=site.max_attempts) or pick
         view = site.template_view(item.template_id)
         following = next((i for i in state.mine if i.attempt_id != item.attempt_id), None)
         site.warm(following)
@@ -715,7 +717,7 @@ def _decision_routes(site: ReviewSite) -> APIRouter:
                 note=note,
                 seen=view.seen,
             )
-            item = queue_item(site.ledger, site.options, attempt_id)
+            item = queue_item(site.ledger, site.options, attempt_id, max_attempts=site.max_attempts)
         except ReviewError as exc:
             return JSONResponse({"error": str(exc)}, status_code=exc.status)
         answer: dict[str, Any] = {"state": res.state, "outcome": res.outcome, "votes": res.votes}

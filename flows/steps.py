@@ -7,7 +7,7 @@ Read top to bottom, this is the run:
    mask), record every source in the ledger;
 3. :func:`plan_grid` - the stratified templates x conditions (cells);
 4. :func:`process_template` - per template, the running policy over the cell lifecycle
-   (:func:`~counterfactory.generation.cells.fill_cells`): the noise floor first, then each
+   (:func:`~counterfactory.manifests.lifecycle.fill_cells`): the noise floor first, then each
    round's attempts (:func:`~counterfactory.generation.attempts.plan_attempts`, pure) edited
    (:func:`run_edits`: the attempts the ledger has not finished, outputs committed at once) and
    judged (:class:`~counterfactory.validation.judging.TemplateJudge`, the same path
@@ -33,14 +33,11 @@ import numpy as np
 
 from counterfactory.generation.attempts import (
     PlannedAttempt,
-    attempt_finished,
     attempt_id,
-    attempt_pending,
     editor_inputs,
     plan_attempts,
     region_sha256,
 )
-from counterfactory.generation.cells import CellOutcome, Settled, TemplateOutcome, fill_cells
 from counterfactory.generation.editors import Editor, EditRequest, EditResult, make_editor
 from counterfactory.generation.editors.base import EditJournal
 from counterfactory.generation.masks import apply_mask_options, mask_from_record
@@ -49,6 +46,14 @@ from counterfactory.generation.sampling import Cell, Grid, expand_grid, for_edit
 from counterfactory.generation.sources import FailedSource, PreparedSource, Source, SourceError, iter_sources
 from counterfactory.manifests.errors import SetupError
 from counterfactory.manifests.ledger import Ledger
+from counterfactory.manifests.lifecycle import (
+    CellOutcome,
+    Settled,
+    TemplateOutcome,
+    attempt_finished,
+    attempt_pending,
+    fill_cells,
+)
 from counterfactory.manifests.spec import Spec
 from counterfactory.manifests.store import ImageStore
 from counterfactory.validation.faces import get_face_landmarker
@@ -482,7 +487,7 @@ def process_template(
     executor: LocalExecutor | Any = LOCAL,
 ) -> TemplateOutcome:
     """Fill every cell of one template: plan, edit, judge, and retry the open cells with the next
-    seed (the running policy over :func:`~counterfactory.generation.cells.fill_cells`).
+    seed (the running policy over :func:`~counterfactory.manifests.lifecycle.fill_cells`).
 
     Finished attempts (``ok`` or ``refused`` in the ledger) are never run again; their stored
     output is re-judged only when the alignment or gate settings changed. ``executor`` decides
@@ -640,7 +645,7 @@ def editor_batch_size(editor: Editor) -> int:
 
 def pending_ids(ws: Workspace, attempt_ids: Sequence[str]) -> set[str]:
     """The ids among ``attempt_ids`` whose outcome is still coming
-    (:func:`~counterfactory.generation.attempts.attempt_pending`; one read for all of them)."""
+    (:func:`~counterfactory.manifests.lifecycle.attempt_pending`; one read for all of them)."""
     return {aid for aid, attempt in ws.ledger.attempts_by_id(attempt_ids).items() if attempt_pending(attempt)}
 
 

@@ -22,16 +22,17 @@ from counterfactory.generation.editors import Editor, EditRequest
 from counterfactory.generation.prompts import RenderedPrompt, render_prompt
 from counterfactory.generation.sampling import Cell
 
+# what a ledger attempt's status means lives with the cell lifecycle (the bottom layer);
+# named here too for the modules that read it with the attempts
+from counterfactory.manifests.lifecycle import FINISHED_ATTEMPT, attempt_finished, attempt_pending  # noqa: F401
+
 if TYPE_CHECKING:
     from counterfactory.generation.sources import PreparedSource
-    from counterfactory.manifests.ledger import Attempt
     from counterfactory.manifests.spec import Spec
 
 #: what an editor may read from an :class:`EditRequest` besides the source, kind and condition
 #: (always hashed); :meth:`Editor.consumes` names the subset a backend uses for a kind
 EDITOR_INPUTS = frozenset({"prompt", "negative_prompt", "seed", "mask"})
-#: attempt statuses that are final: never run again
-FINISHED_ATTEMPT = ("ok", "refused")
 
 
 @dataclass(frozen=True)
@@ -140,22 +141,3 @@ def plan_attempts(
         )
         plans.append(PlannedAttempt(cell, attempt_no, aid, request, prompt))
     return plans
-
-
-def attempt_finished(attempt: Attempt) -> bool:
-    """Whether ``attempt`` is never run again: ``ok`` or ``refused`` (:data:`FINISHED_ATTEMPT`),
-    or ``failed`` where its backend said running it again cannot change it (``meta["final"]``:
-    the ``import`` backend's missing or unreadable candidate file, whose attempt id hashes the
-    table as read)."""
-    return attempt.status in FINISHED_ATTEMPT or (
-        attempt.status == "failed" and bool((attempt.meta or {}).get("final"))
-    )
-
-
-def attempt_pending(attempt: Attempt) -> bool:
-    """Whether ``attempt``'s outcome is still coming: another run is executing it (``running``),
-    or it failed with its paid remote request journalled (``meta["pending_request_id"]``), so a
-    later run fetches that request instead of buying the next seed."""
-    return attempt.status == "running" or (
-        attempt.status == "failed" and bool((attempt.meta or {}).get("pending_request_id"))
-    )

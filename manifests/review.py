@@ -55,6 +55,7 @@ from counterfactory.manifests.ledger import (
     SpotDealRow,
     SpotTrialRow,
 )
+from counterfactory.manifests.lifecycle import Settled, attempt_pending, fill_cells
 
 #: reject reason codes, with the label the review page shows
 REASONS: dict[str, str] = {
@@ -356,33 +357,102 @@ def _decisions(session, attempt_ids: Iterable[str] | None = None) -> dict[str, l
     return out
 
 
-def final_attempts(ledger: Ledger, cell_ids: Iterable[str] | None = None) -> set[str]:
-    """Each cell's final candidate: its first that filled the cell (accepted, needs_review), else its last.
+#: a spec's attempt budget as the review reads it: one number, or one per editor label (None:
+#: a one-editor spec's cells), or None for every attempt the ledger holds
+AttemptBudget = int | Mapping[str | None, int] | None
 
-    This is the attempt :func:`counterfactory.flows.steps.process_template` ends a cell with.
-    ``cell_ids`` limits the answer to those cells.
+
+@dataclass(frozen=True)
+class _Row:
+    attempt_id: str
+    cell_id: str
+    attempt_no: int
+    status: str
+    meta: dict
+
+
+@dataclass(frozen=True)
+class _LedgerCell:
+    cell_id: str
+    editor: str | None
+
+
+@dataclass(frozen=True)
+class _LedgerAttempt:
+    attempt_id: str
+    cell: _LedgerCell
+
+
+def cell_editor(cell_id: str) -> str | None:
+    """The editor label a spec comparing ``editors`` appends to a cell id (``|editor=<label>``), or None."""
+    return cell_id.rsplit("|editor=", 1)[1] if "|editor=" in cell_id else None
+
+
+def final_attempts(
+    ledger: Ledger, cell_ids: Iterable[str] | None = None, *, max_attempts: AttemptBudget = None
+) -> set[str]:
+    """Each cell's final attempt: the one the run ends the cell with, found by the one lifecycle
+    (:func:`~counterfactory.manifests.lifecycle.fill_cells` and its rule,
+    :func:`~counterfactory.manifests.lifecycle.needs_next_attempt`) over the ledger's attempts.
+
+    Attempt ``n`` of a cell is the ledger's attempt numbered ``n``; it settles as its candidate's
+    verdict (``failed`` without one), and as pending while its outcome is still coming
+    (:func:`~counterfactory.manifests.lifecycle.attempt_pending`): the cell then waits on it. A
+    cell stops at the first attempt that fills it or that is pending, at a number the ledger
+    lacks, or after ``max_attempts`` (the spec's ``editor.max_attempts``, per editor label for a
+    spec comparing editors; None: every attempt the ledger holds). ``cell_ids`` limits the
+    answer to those cells.
     """
     q = (
-        select(CandidateRow.attempt_id, CandidateRow.cell_id, CandidateRow.verdict)
-        .join(AttemptRow, AttemptRow.attempt_id == CandidateRow.attempt_id)
-        .order_by(CandidateRow.cell_id, AttemptRow.attempt_no)
+        select(AttemptRow, CandidateRow.verdict, CandidateRow.reasons)
+        .outerjoin(CandidateRow, CandidateRow.attempt_id == AttemptRow.attempt_id)
+        .order_by(AttemptRow.cell_id, AttemptRow.attempt_no, AttemptRow.attempt_id)
     )
     if cell_ids is not None:
-        q = q.where(CandidateRow.cell_id.in_(list(cell_ids)))
+        q = q.where(AttemptRow.cell_id.in_(list(cell_ids)))
     with ledger.session() as s:
-        rows = s.execute(q).all()
-    final: dict[str, str] = {}
-    closed: set[str] = set()
-    for attempt_id, cell_id, verdict in rows:
-        if cell_id in closed:
-            continue
-        final[cell_id] = attempt_id
-        if verdict in ("accepted", "needs_review"):
-            closed.add(cell_id)
-    return set(final.values())
+        rows = s.execute(q).all()  # read in the session; only plain columns are used after it
+        rows = [(_Row(a.attempt_id, a.cell_id, a.attempt_no, a.status, dict(a.meta or {})), v, r) for a, v, r in rows]
+    numbered: dict[tuple[str, int], list[_LedgerAttempt]] = {}
+    settled: dict[str, Settled] = {}
+    cells: dict[str, _LedgerCell] = {}
+    for attempt, verdict, reasons in rows:
+        cell = cells.setdefault(attempt.cell_id, _LedgerCell(attempt.cell_id, cell_editor(attempt.cell_id)))
+        numbered.setdefault((cell.cell_id, attempt.attempt_no), []).append(_LedgerAttempt(attempt.attempt_id, cell))
+        settled[attempt.attempt_id] = Settled(
+            verdict or "failed", list(reasons or []), pending=attempt_pending(attempt)
+        )
+
+    def plan(open_cells: Sequence[_LedgerCell], attempt_no: int) -> list[_LedgerAttempt]:
+        return [attempt for cell in open_cells for attempt in numbered.get((cell.cell_id, attempt_no), [])]
+
+    def settle(plans: Sequence[_LedgerAttempt]) -> dict[str, Settled]:
+        return {planned.attempt_id: settled[planned.attempt_id] for planned in plans}
+
+    by_budget: dict[int, list[_LedgerCell]] = {}
+    most = max((n for _, n in numbered), default=0)
+    for cell in cells.values():
+        if max_attempts is None:
+            budget = most
+        elif isinstance(max_attempts, int):
+            budget = max_attempts
+        else:
+            budget = max_attempts.get(cell.editor, most)
+        by_budget.setdefault(budget, []).append(cell)
+    finals: set[str] = set()
+    for budget, group in by_budget.items():
+        outcomes = fill_cells(group, budget, plan, settle)
+        finals |= {o.final_attempt for o in outcomes.values() if o.final_attempt is not None}
+    return finals
 
 
-def review_queue(ledger: Ledger, options: ReviewOptions, attempt_ids: Iterable[str] | None = None) -> list[QueueItem]:
+def review_queue(
+    ledger: Ledger,
+    options: ReviewOptions,
+    attempt_ids: Iterable[str] | None = None,
+    *,
+    max_attempts: AttemptBudget = None,
+) -> list[QueueItem]:
     """Every candidate people review (needs_review, and the audit sample), with its decisions.
 
     Candidates without an aligned image (an editor refusal, a failed alignment) are not
@@ -410,7 +480,7 @@ def review_queue(ledger: Ledger, options: ReviewOptions, attempt_ids: Iterable[s
     rows = [r for r in rows if r.image_sha256 and _in_queue(options, r.attempt_id, r.verdict)]
     with ledger.session() as s:
         decisions = _decisions(s, None if wanted is None else [r.attempt_id for r in rows])
-    finals = final_attempts(ledger, None if wanted is None else {r.cell_id for r in rows})
+    finals = final_attempts(ledger, None if wanted is None else {r.cell_id for r in rows}, max_attempts=max_attempts)
     items = []
     for row in rows:
         template_id, condition = parse_cell_id(row.cell_id)
@@ -435,9 +505,11 @@ def review_queue(ledger: Ledger, options: ReviewOptions, attempt_ids: Iterable[s
     return items
 
 
-def queue_item(ledger: Ledger, options: ReviewOptions, attempt_id: str) -> QueueItem | None:
+def queue_item(
+    ledger: Ledger, options: ReviewOptions, attempt_id: str, *, max_attempts: AttemptBudget = None
+) -> QueueItem | None:
     """One queued candidate with its gate record, or ``None`` when it is not in the queue."""
-    found = review_queue(ledger, options, [attempt_id])
+    found = review_queue(ledger, options, [attempt_id], max_attempts=max_attempts)
     if not found:
         return None
     candidate = ledger.candidate(attempt_id)
@@ -712,10 +784,10 @@ def spot_trials(ledger: Ledger) -> list[SpotTrial]:
     return [SpotTrial(r.attempt_id, cell, r.reviewer_id, r.shown, r.said_edited, r.localised) for r, cell in rows]
 
 
-def spot_pool(ledger: Ledger, reviewer_id: int) -> list[tuple[str, str, str]]:
+def spot_pool(ledger: Ledger, reviewer_id: int, *, max_attempts: AttemptBudget = None) -> list[tuple[str, str, str]]:
     """``(attempt_id, cell_id, image sha256)`` of final candidates that could be released
     (accepted or needs_review) and that this reviewer has not yet seen blinded."""
-    finals = final_attempts(ledger)
+    finals = final_attempts(ledger, max_attempts=max_attempts)
     with ledger.session() as s:
         # seen blinded: dealt (answered or not), or answered before deals were recorded
         done = set(s.scalars(select(SpotTrialRow.attempt_id).where(SpotTrialRow.reviewer_id == reviewer_id)))

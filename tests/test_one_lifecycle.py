@@ -1,12 +1,12 @@
 """One cell lifecycle and one ``run_spec``, read from the source with ``ast``.
 
-A cell's next attempt is decided in one place (:func:`counterfactory.generation.cells.fill_cells`
-with :func:`~counterfactory.generation.cells.needs_next_attempt`); running, resuming and
+A cell's next attempt is decided in one place (:func:`counterfactory.manifests.lifecycle.fill_cells`
+with :func:`~counterfactory.manifests.lifecycle.needs_next_attempt`); running, resuming and
 publishing are policies over it. A second loop over attempt numbers anywhere in the package is
 how the three copies of the lifecycle came to be, so this test refuses one: any ``for`` loop (or
 comprehension) whose variable is an attempt number or that counts through a ``range`` of them,
 or a ``while`` loop whose condition names one (``attempt_no``, ``max_attempts``), outside
-``generation/cells.py``. Passing an attempt number to a function inside a loop is not a loop
+``manifests/lifecycle.py``. Passing an attempt number to a function inside a loop is not a loop
 over attempts.
 """
 
@@ -17,7 +17,7 @@ import ast
 from tests.test_imports import modules
 
 ATTEMPT_NUMBER_NAMES = {"attempt_no", "max_attempts", "attempt_number"}
-THE_LIFECYCLE = "counterfactory.generation.cells"
+THE_LIFECYCLE = "counterfactory.manifests.lifecycle"
 
 
 def _names(node: ast.AST) -> set[str]:

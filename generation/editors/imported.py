@@ -81,7 +81,7 @@ from counterfactory.manifests.safefiles import (
 )
 
 #: the attempt metadata key that marks a failure retrying cannot change (the run's
-#: :func:`~counterfactory.generation.attempts.attempt_finished` reads it)
+#: :func:`~counterfactory.manifests.lifecycle.attempt_finished` reads it)
 FINAL = "final"
 #: one table read at a time (the run's template threads share the options)
 _READ_LOCK = threading.Lock()

@@ -17,14 +17,14 @@ from typing import Any, Literal, Protocol, runtime_checkable
 
 import numpy as np
 
+# verdicts that fill a cell: the lifecycle's (review is a person's job, not another seed's)
+from counterfactory.manifests.lifecycle import FILLING_VERDICTS  # noqa: F401
 from counterfactory.validation.faces import FaceObservation, nearest_face
 from counterfactory.validation.segment import work_stride
 
 Verdict = Literal["accepted", "rejected", "needs_review", "failed"]
 #: every verdict, in report order
 VERDICTS: tuple[Verdict, ...] = ("accepted", "needs_review", "rejected", "failed")
-#: verdicts that fill a cell (review is a person's job, not another seed's)
-FILLING_VERDICTS: tuple[Verdict, ...] = ("accepted", "needs_review")
 Metric = float | int | str | bool | None
 
 

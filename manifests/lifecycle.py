@@ -1,6 +1,8 @@
 """A cell's life: attempt 1, 2, ... until one fills it or its attempts run out.
 
-This module owns the one loop over attempt numbers. Each round plans the next attempt of
+This module owns the one loop over attempt numbers and the one rule for a cell. It sits in the
+bottom layer so that every reader of the ledger derives a cell's final attempt from it: the run
+(``flows/``) and the review queue (:func:`counterfactory.manifests.review.final_attempts`) alike. Each round plans the next attempt of
 every open cell (:func:`~counterfactory.generation.attempts.plan_attempts`: seed
 ``editor.seed + n - 1``), asks a *policy* what each planned attempt came to, and decides per
 cell with :func:`needs_next_attempt`. The three policies are short and live with their callers:
@@ -10,29 +12,54 @@ cell with :func:`needs_next_attempt`. The three policies are short and live with
 - resuming (:func:`counterfactory.flows.resume.settled_outcomes`): read each attempt and its
   candidate from the ledger, and stop at the first one that still needs work;
 - publishing (:func:`counterfactory.flows.publish.collect_outcomes`): read them from the ledger,
-  with a cell the run never reached kept as ``not_run``.
+  with a cell the run never reached kept as ``not_run``;
+- reviewing (:func:`counterfactory.manifests.review.final_attempts`): the ledger's attempts of
+  each cell, numbered as the run numbered them.
 
-Pure: no ledger, no store, no Prefect.
+Pure: no ledger, no store, no Prefect. Cells and planned attempts are whatever has a ``cell_id``
+(and an ``editor`` label) and an ``attempt_id`` with its ``cell``
+(:class:`~counterfactory.generation.sampling.Cell`,
+:class:`~counterfactory.generation.attempts.PlannedAttempt`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
-from counterfactory.generation.attempts import PlannedAttempt
-from counterfactory.generation.sampling import Cell
-from counterfactory.validation.gates.base import FILLING_VERDICTS
-
+#: attempt statuses that are final: never run again
+FINISHED_ATTEMPT = ("ok", "refused")
 #: verdicts that fill a cell (review is a person's job, not another seed's)
+FILLING_VERDICTS: tuple[str, ...] = ("accepted", "needs_review")
 FILLED = FILLING_VERDICTS
+
+
+class CellLike(Protocol):
+    """What the lifecycle reads of a grid cell."""
+
+    @property
+    def cell_id(self) -> str: ...
+
+    @property
+    def editor(self) -> str | None: ...
+
+
+class AttemptLike(Protocol):
+    """What the lifecycle reads of a planned attempt."""
+
+    @property
+    def attempt_id(self) -> str: ...
+
+    @property
+    def cell(self) -> CellLike: ...
 
 
 @dataclass
 class CellOutcome:
     """Where a cell stands: its attempts in order, the last one, and that one's verdict."""
 
-    cell: Cell
+    cell: CellLike
     attempt_ids: list[str] = field(default_factory=list)
     final_attempt: str | None = None
     verdict: str = "failed"
@@ -71,6 +98,35 @@ class Settled:
     pending: bool = False
 
 
+class AttemptStatus(Protocol):
+    """What the lifecycle reads of a ledger attempt (:class:`~counterfactory.manifests.ledger.Attempt`)."""
+
+    @property
+    def status(self) -> str: ...
+
+    @property
+    def meta(self) -> dict | None: ...
+
+
+def attempt_finished(attempt: AttemptStatus) -> bool:
+    """Whether ``attempt`` is never run again: ``ok`` or ``refused`` (:data:`FINISHED_ATTEMPT`),
+    or ``failed`` where its backend said running it again cannot change it (``meta["final"]``:
+    the ``import`` backend's missing or unreadable candidate file, whose attempt id hashes the
+    table as read)."""
+    return attempt.status in FINISHED_ATTEMPT or (
+        attempt.status == "failed" and bool((attempt.meta or {}).get("final"))
+    )
+
+
+def attempt_pending(attempt: AttemptStatus) -> bool:
+    """Whether ``attempt``'s outcome is still coming: another run is executing it (``running``),
+    or it failed with its paid remote request journalled (``meta["pending_request_id"]``), so a
+    later run fetches that request instead of buying the next seed."""
+    return attempt.status == "running" or (
+        attempt.status == "failed" and bool((attempt.meta or {}).get("pending_request_id"))
+    )
+
+
 def needs_next_attempt(settled: Settled) -> bool:
     """The one rule for a cell after an attempt: it is filled (accepted, or waiting for a
     person's review), it waits for an outcome still coming, or it gets the next seed."""
@@ -78,19 +134,19 @@ def needs_next_attempt(settled: Settled) -> bool:
 
 
 #: plans a round: ``(open cells, attempt number) -> planned attempts``
-PlanRound = Callable[[Sequence[Cell], int], Sequence[PlannedAttempt]]
+PlanRound = Callable[[Sequence[CellLike], int], Sequence[AttemptLike]]
 #: settles a round: ``planned attempts -> {attempt id: Settled, or None}``; None: the attempt
 #: was never made (a ledger without it), the cell stays as it is and gets no further attempt
-SettleRound = Callable[[Sequence[PlannedAttempt]], Mapping[str, Settled | None]]
+SettleRound = Callable[[Sequence[AttemptLike]], Mapping[str, Settled | None]]
 
 
 def fill_cells(
-    cells: Sequence[Cell],
+    cells: Sequence[CellLike],
     max_attempts: int,
     plan: PlanRound,
     settle: SettleRound,
     *,
-    initial: Callable[[Cell], CellOutcome] = CellOutcome,
+    initial: Callable[[CellLike], CellOutcome] = CellOutcome,
 ) -> dict[str, CellOutcome]:
     """Every cell's outcome (by cell id, in ``cells``' order) after up to ``max_attempts`` rounds.
 
