@@ -93,24 +93,16 @@ def run(
     """
     from counterfactory.generation.sources import load_metadata
     from counterfactory.manifests.errors import SetupError
-    from counterfactory.manifests.release import existing_release_conflict
     from counterfactory.manifests.spec import load_spec
 
     install_stop_handlers()
-    # every file the spec names is checked here, before anything is run or paid for
+    # every file the spec names is checked here, before anything is run or paid for; the run
+    # gets the parsed spec (parsed once), and checks its release version once
     spec = load_spec(spec_path)
     spec.bind_run_folder(out)
     load_metadata(spec.sources.metadata)
-    if publish:
-        # a version taken by another spec can never be sealed: say so before anything is paid for
-        conflict = existing_release_conflict(
-            out / "releases", spec.release.name, spec.release.version, spec.as_written()[1]
-        )
-        if conflict:
-            _fail(conflict)
-    on_ray = ray_address is not None or spec.run.ray is not None
 
-    def check_setup(spec) -> None:
+    def check_setup(spec, on_ray: bool) -> None:
         # Fail on a missing model, key or GPU before the flow starts or anything is paid for
         # (a re-run whose cells are all settled needs neither, and skips this). On Ray the
         # editor loads on a GPU node of the cluster, which checks it there before any work.
@@ -128,25 +120,19 @@ def run(
         except SetupError as exc:
             _fail(f"the gates cannot run: {exc}")
 
-    # a first run is checked before OUT is even created; a re-run only once the ledger says
-    # there is work (a settled re-run loads no model)
-    deferred = check_setup if spec.ledger_url is None and (out / "ledger.sqlite").is_file() else None
-    if deferred is None:
-        check_setup(spec)
-
     # Prefect is imported only when there is work to do (a settled re-run never starts it)
     from counterfactory.flows.resume import run_spec
 
     started = time.perf_counter()
     summary = run_spec(
-        spec_path,
+        spec,
         out,
         workers=workers,
         progress=not no_progress,
         publish=publish,
         allow_incomplete=allow_incomplete,
         ray=ray_address,
-        check_setup=deferred,
+        check_setup=check_setup,
     )
     if summary.missing_outputs:
         click.echo(
@@ -234,7 +220,7 @@ def schedule(
     from counterfactory.flows.schedule import serve_schedule
 
     click.echo(f"scheduled runs of {spec_path} into {out}; log: {out / 'schedule.jsonl'} (Ctrl-C stops)")
-    serve_schedule(spec_path, out, when, workers=workers, allow_incomplete=allow_incomplete, name=name)
+    serve_schedule(spec, out, when, workers=workers, allow_incomplete=allow_incomplete, name=name)
 
 
 @main.command()

@@ -726,6 +726,23 @@ def manifest_table(rows: Sequence[dict[str, Any]], axes: Sequence[str]):
     return table
 
 
+def check_release_version(spec: Spec, releases: Path) -> None:
+    """Refuse, before anything is paid for, a run that would publish a version another spec
+    file already made (:func:`~counterfactory.manifests.release.existing_release_conflict`).
+
+    The one place a run checks its release version: :func:`~counterfactory.flows.resume.run_spec` with ``publish``, the
+    ``publish`` command and a scheduled run's publish each call it once, and
+    :func:`publish_release` relies on it (the seal still refuses
+    a different manifest under a taken version).
+
+    Raises:
+        ReleaseExistsError: the version exists, made from another spec file.
+    """
+    conflict = existing_release_conflict(releases, spec.release.name, spec.release.version, spec.as_written()[1])
+    if conflict:
+        raise ReleaseExistsError(conflict)
+
+
 def publish_release(
     spec: Spec,
     ws: Workspace,
@@ -742,15 +759,13 @@ def publish_release(
     ``before_seal`` is called with the staging folder once every file is written, to add
     files the checksums then cover (a scheduled run's ``diff.json``).
 
+    The caller has checked the version once (:func:`check_release_version`), before the run.
+
     Raises:
-        ReleaseExistsError: the version exists, made from another spec (before any staging).
         EmptyReleaseError: no item is accepted (nothing is staged).
         IncompleteGridError: the grid has holes and ``allow_incomplete`` is False.
         ReleaseIntegrityError: a store image or a source photo does not match its sha256.
     """
-    conflict = existing_release_conflict(ws.releases, spec.release.name, spec.release.version, spec.as_written()[1])
-    if conflict:
-        raise ReleaseExistsError(conflict)
     # a spec comparing editors: every cell once per editor, in one order however the run got them
     grid = with_editors(grid, [view.editor_name for view in spec.editor_views()])
     outcomes = sorted(outcomes, key=outcome_order(spec))
@@ -931,6 +946,7 @@ def _publish_locked(spec: Spec, out: Path, *, allow_incomplete: bool) -> Publish
 
     ws = open_workspace(spec, out)
     try:
+        check_release_version(spec, ws.releases)
         prepared, failed = prepare_sources(spec, ws.ledger, ws.store)
         grid = plan_grid(spec, prepared)
         outcomes = collect_outcomes(spec, ws, prepared, grid)

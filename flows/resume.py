@@ -14,12 +14,13 @@ Plain functions, no Prefect import.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from counterfactory.flows import steps
-from counterfactory.flows.publish import publish_release, remember_spec
+from counterfactory.flows.publish import check_release_version, publish_release, remember_spec
 from counterfactory.flows.steps import RunSummary
 from counterfactory.generation.attempts import PlannedAttempt, plan_attempts
 from counterfactory.generation.editors import Editor, make_editor
@@ -27,7 +28,6 @@ from counterfactory.generation.sampling import Cell
 from counterfactory.generation.sources import PreparedSource
 from counterfactory.manifests.errors import CounterfactoryError
 from counterfactory.manifests.lifecycle import CellOutcome, Settled, TemplateOutcome, attempt_finished, fill_cells
-from counterfactory.manifests.release import ReleaseExistsError, existing_release_conflict
 from counterfactory.manifests.runlock import RunFolderLock
 from counterfactory.manifests.spec import Spec, SpecError, load_spec
 
@@ -139,7 +139,7 @@ def run_settled(
 
 
 def run_spec(
-    spec_path: str | Path,
+    spec: Spec | str | Path,
     out: str | Path,
     *,
     workers: int = 2,
@@ -147,32 +147,46 @@ def run_spec(
     publish: bool = False,
     allow_incomplete: bool = False,
     ray: str | None = None,
-    check_setup: Callable[[Spec], None] | None = None,
-    spec: Spec | None = None,
+    check_setup: Callable[[Spec, bool], None] | None = None,
     locked: bool = False,
 ) -> RunSummary:
-    """Run ``spec_path`` into ``out`` with ``workers`` templates at a time; with ``publish``,
+    """Run ``spec`` into ``out`` with ``workers`` templates at a time; with ``publish``,
     seal the release at the end (refused up front when its version is taken by another spec).
     The one entry point of a run: the command line, the scheduler and Ray all come here.
 
-    The spec is parsed once (or given as ``spec``, already parsed from ``spec_path``), and the
-    release-version conflict checked once, before anything is paid for. The run holds ``out``'s
-    lock throughout (``locked``: the caller holds it, as the scheduler does around its run and
-    publish), so a second run on the same folder is refused
+    ``spec`` is the parsed spec (the command line and the scheduler parse it once and hand it
+    here), or its file, parsed here once. The release-version conflict
+    (:func:`check_release_version`) and the Ray decision are made here once, before anything
+    is paid for. ``check_setup(spec, on_ray)`` is the command line's check of the editor and
+    gate models: a first run (no ledger in ``out`` yet) is checked before ``out`` is even
+    created; a re-run only once the ledger says there is work (a settled re-run loads no
+    model). The run holds ``out``'s lock throughout (``locked``: the caller holds it, as the
+    scheduler does around its run and publish), so a second run on the same folder is refused
     (:class:`~counterfactory.manifests.runlock.RunFolderError`); the ledger is opened before
     anything else, so a damaged one is refused with one message
     (:class:`~counterfactory.manifests.ledger.LedgerError`). A spec whose cells are all settled
-    in the ledger finishes here (:func:`run_settled`) without importing Prefect; otherwise
-    ``check_setup(spec)`` (the command line's check of the editor and gate models, which a
-    settled re-run does not need) and the Prefect flow
-    (:func:`counterfactory.flows.run.run_locked`). On Ray (``ray`` or the spec's ``run.ray``)
-    the cluster is checked before the folder is touched
+    in the ledger finishes here (:func:`run_settled`) without importing Prefect; otherwise the
+    Prefect flow (:func:`counterfactory.flows.run.run_locked`). On Ray (``ray`` or the spec's
+    ``run.ray``) the cluster is checked before the folder is touched
     (:func:`~counterfactory.flows.ray.check_ray_target`), and the flow always runs.
     """
-    spec = spec if spec is not None else load_spec(spec_path)
+    if not isinstance(spec, Spec):
+        spec = load_spec(spec)
+    spec_path = spec.source_path
     spec.bind_run_folder(out)
+    if publish:
+        check_release_version(spec, Path(out) / "releases")
+    # the Ray decision, made once: the model checks skip the editor on Ray (it loads on a GPU
+    # node of the cluster, which checks it there before any work)
+    wants_ray = ray is not None or spec.run.ray is not None
+    deferred = None
+    if check_setup is not None:
+        if spec.ledger_url is None and (Path(out) / "ledger.sqlite").is_file():
+            deferred = functools.partial(check_setup, on_ray=wants_ray)
+        else:
+            check_setup(spec, on_ray=wants_ray)
     on_ray = address = None
-    if ray is not None or spec.run.ray is not None:
+    if wants_ray:
         if spec.editors is not None:
             raise SpecError(
                 f"{spec_path}: field `editors`: comparing editors runs on this machine only for now; "
@@ -186,12 +200,6 @@ def run_spec(
         # before the folder lock or the ledger: a cluster that cannot run this costs nothing
         address = check_ray_target(on_ray, spec, prefect_api_url=PREFECT_API_URL.value() or None) if on_ray else None
     with contextlib.nullcontext() if locked else RunFolderLock(out):
-        if publish:
-            conflict = existing_release_conflict(
-                Path(out) / "releases", spec.release.name, spec.release.version, spec.as_written()[1]
-            )
-            if conflict:
-                raise ReleaseExistsError(conflict)
         ws = steps.open_workspace(spec, out)
         try:
             missing = steps.count_missing_outputs(ws)
@@ -218,5 +226,5 @@ def run_spec(
             on_ray=on_ray,
             address=address,
             missing=missing,
-            check_setup=check_setup,
+            check_setup=deferred,
         )

@@ -206,21 +206,20 @@ class Regeneration:
     changes: list[str] = field(default_factory=list)
 
 
-def publish_if_changed(spec_path: str | Path, out: str | Path, *, allow_incomplete: bool = False) -> Regeneration:
-    """Seal the next version of the spec's release from the ledger in ``out`` when it would
-    differ from the newest one (module docstring, steps 2-3); zero editor calls.
+def publish_if_changed(spec, out: str | Path, *, allow_incomplete: bool = False) -> Regeneration:
+    """Seal the next version of ``spec``'s release (parsed, bound to ``out``) from the ledger in
+    ``out`` when it would differ from the newest one (module docstring, steps 2-3); zero editor
+    calls. The version it would seal is checked once
+    (:func:`~counterfactory.flows.publish.check_release_version`).
 
     The caller holds ``out``'s lock. Raises what :func:`~counterfactory.flows.publish.publish_release`
     raises (an incomplete grid without ``allow_incomplete``, nothing to publish, ...).
     """
-    from counterfactory.flows.publish import collect_outcomes, publish_release, with_version
+    from counterfactory.flows.publish import check_release_version, collect_outcomes, publish_release, with_version
     from counterfactory.flows.steps import open_workspace, plan_grid, prepare_sources
     from counterfactory.manifests.release import write_json
-    from counterfactory.manifests.spec import load_spec
     from counterfactory.validation.release_diff import diff_releases
 
-    spec = load_spec(spec_path)
-    spec.bind_run_folder(out)
     ws = open_workspace(spec, out)
     try:
         prepared, failed = prepare_sources(spec, ws.ledger)
@@ -244,6 +243,7 @@ def publish_if_changed(spec_path: str | Path, out: str | Path, *, allow_incomple
                 return Regeneration(None, prev_version, str(previous), 0, [])
         version = next_version(prev_version, spec.release.version)
         target = with_version(spec, version)
+        check_release_version(target, ws.releases)
 
         def write_diff(stage: Path) -> None:
             if previous is None:
@@ -264,8 +264,8 @@ def publish_if_changed(spec_path: str | Path, out: str | Path, *, allow_incomple
 
 @task(name="publish-if-changed", cache_policy=NONE, retries=RETRIES, retry_delay_seconds=RETRY_DELAYS_S,
       retry_condition_fn=retry_transient)  # fmt: skip
-def publish_if_changed_task(spec_path: str, out: str, allow_incomplete: bool) -> Regeneration:
-    return publish_if_changed(spec_path, out, allow_incomplete=allow_incomplete)
+def publish_if_changed_task(spec, out: str, allow_incomplete: bool) -> Regeneration:
+    return publish_if_changed(spec, out, allow_incomplete=allow_incomplete)
 
 
 def _log_line(out: Path, record: dict[str, Any]) -> None:
@@ -296,8 +296,8 @@ def regenerate_flow(spec_path: str, out: str, workers: int = 2, allow_incomplete
     try:
         with RunFolderLock(out):
             # the run's one entry point, under the lock this flow holds through its publish
-            summary = run_spec(spec_path, out, spec=spec, workers=workers, progress=False, locked=True)
-            result = publish_if_changed_task(spec_path, out, allow_incomplete)
+            summary = run_spec(spec, out, workers=workers, progress=False, locked=True)
+            result = publish_if_changed_task(spec, out, allow_incomplete)
     except Exception as exc:
         # a failed run is a line too (an incomplete grid, a folder another run holds, ...)
         _log_line(Path(out), {**base, "finished_at": datetime.now(UTC).isoformat(), "published": None,
@@ -324,7 +324,7 @@ def regenerate_flow(spec_path: str, out: str, workers: int = 2, allow_incomplete
 
 
 def serve_schedule(
-    spec_path: str | Path,
+    spec,
     out: str | Path,
     schedule,
     *,
@@ -333,7 +333,8 @@ def serve_schedule(
     name: str | None = None,
 ) -> None:
     """Create the deployment ``counterfactory-regenerate/<name>`` (default: the spec's name)
-    with ``schedule`` and serve it until interrupted; see the module docstring.
+    with ``schedule`` and serve it until interrupted; see the module docstring. ``spec``: the
+    parsed spec (the command line's), or its file; each scheduled run parses the file once.
 
     Without ``PREFECT_API_URL`` a Prefect server with its scheduler runs in this process for
     as long as it serves.
@@ -343,10 +344,11 @@ def serve_schedule(
 
     from counterfactory.flows.server import prefect_api
     from counterfactory.flows.stopping import end_descendants, install_serve_stop_handler
-    from counterfactory.manifests.spec import load_spec
+    from counterfactory.manifests.spec import Spec, load_spec
 
-    spec = load_spec(spec_path)
-    spec_path, out = Path(spec_path).resolve(), Path(out).resolve()
+    if not isinstance(spec, Spec):
+        spec = load_spec(spec)
+    spec_path, out = spec.source_path, Path(out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     seconds = _schedule_seconds(schedule)
     with prefect_api(services=True):
