@@ -131,20 +131,20 @@ def main(argv: list[str] | None = None) -> int:
         # the run's template work runs in Prefect's task threads, which the main thread's
         # profile only sees as waits: each template is profiled in its thread, and the whole run
         # in the main one (FILE and FILE.templates)
-        from counterfactory.flows import steps
+        from counterfactory.flows.engine import template
 
         templates = cProfile.Profile()
-        plain = steps.process_template
+        plain = template.process_template
 
         def profiled(*a, **k):
             return templates.runcall(plain, *a, **k)
 
-        steps.process_template = profiled
+        template.process_template = profiled
         profiler = cProfile.Profile()
         try:
             profiler.runcall(run_import)
         finally:
-            steps.process_template = plain
+            template.process_template = plain
         profiler.dump_stats(args.profile)
         templates.dump_stats(f"{args.profile}.templates")
         print(f"profile of one import run: {args.profile} (the template threads: {args.profile}.templates)")

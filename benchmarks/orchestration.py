@@ -35,7 +35,7 @@ SIDE_PX = 256
 
 def child(args: argparse.Namespace) -> dict:
     """One measured run in this (fresh) process."""
-    from counterfactory.flows import steps
+    from counterfactory.flows.engine import execute, run_folder, sources, template
     from counterfactory.manifests.spec import load_spec
 
     synthetic.register_instant_editor()
@@ -48,13 +48,13 @@ def child(args: argparse.Namespace) -> dict:
         cells, calls = sum(summary.counts.values()), summary.editor_calls
     else:
         spec = load_spec(spec_path)
-        ws = steps.open_workspace(spec, out)
-        prepared, _ = steps.prepare_sources(spec, ws.ledger, ws.store)
-        grid = steps.plan_grid(spec, prepared)
-        editor, stack = steps.build_editor(spec), steps.build_gate_stack(spec)
+        ws = run_folder.open_workspace(spec, out)
+        prepared, _ = sources.prepare_sources(spec, ws.ledger, ws.store)
+        grid = sources.plan_grid(spec, prepared)
+        editor, stack = execute.build_editor(spec), execute.build_gate_stack(spec)
         cells = calls = 0
         for source in prepared:
-            outcome = steps.process_template(spec, ws, source, grid.cells_of(source.id), editor, stack)
+            outcome = template.process_template(spec, ws, source, grid.cells_of(source.id), editor, stack)
             cells, calls = cells + len(outcome.cells), calls + outcome.editor_calls
         ws.ledger.close()
     return {

@@ -1,14 +1,14 @@
 """Peak memory of one template against its number of cells, with an instant editor.
 
-Two stages of :func:`~counterfactory.flows.steps.process_template`, each run by the flow's own
+Two stages of :func:`~counterfactory.flows.engine.template.process_template`, each run by the flow's own
 code in a fresh process per size, so each reports its own peak RSS:
 
 - edit: the template's attempts are planned and edited
-  (:func:`~counterfactory.generation.attempts.plan_attempts`, :func:`~counterfactory.flows.steps.run_edits`);
+  (:func:`~counterfactory.generation.attempts.plan_attempts`, :func:`~counterfactory.flows.engine.execute.run_edits`);
   the editor returns a fresh copy of its input at once, so what grows with the cell count is
   the orchestration's own memory (the issue this answers: a 3000 x 2 grid reached 11.6 GB);
 - judge: every stored output of that template is aligned (SIFT + RANSAC + ECC, the real
-  registration) and judged (:func:`~counterfactory.flows.steps.judge_attempts`), one at a time,
+  registration) and judged (:func:`~counterfactory.flows.engine.execute.judge_attempts`), one at a time,
   and its candidate recorded. Gates are off unless ``--gates`` (then every default face gate
   runs: about a second per cell on 2 cores).
 
@@ -64,7 +64,7 @@ def one_size(cells: int, stage: str, root: Path, gates: bool) -> dict:
     judge stage reads what the edit stage left there); returns peak RSS and timings."""
     import yaml
 
-    from counterfactory.flows import steps
+    from counterfactory.flows.engine import execute, run_folder, sources
     from counterfactory.generation.attempts import plan_attempts
     from counterfactory.manifests.spec import load_spec
 
@@ -93,22 +93,22 @@ def one_size(cells: int, stage: str, root: Path, gates: bool) -> dict:
             spec_data["gates"] = {"face": dict.fromkeys(off)}
         (root / "spec.yaml").write_text(yaml.safe_dump(spec_data, sort_keys=False))
     spec = load_spec(root / "spec.yaml")
-    ws = steps.open_workspace(spec, root / "out")
-    prepared, _ = steps.prepare_sources(spec, ws.ledger)
-    grid = steps.plan_grid(spec, prepared)
+    ws = run_folder.open_workspace(spec, root / "out")
+    prepared, _ = sources.prepare_sources(spec, ws.ledger)
+    grid = sources.plan_grid(spec, prepared)
     template_cells = grid.cells_of(prepared[0].id)
     assert len(template_cells) == cells, len(template_cells)
     editor = InstantEditor()
-    stack = steps.build_gate_stack(spec) if stage == "judge" else None
+    stack = execute.build_gate_stack(spec) if stage == "judge" else None
     baseline = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     started = time.perf_counter()
     plans = plan_attempts(spec, prepared[0], template_cells, editor, editor.lineage(), 1)
     if stage == "edit":
-        calls = steps.run_edits(ws, editor, plans, editor.lineage())
+        calls = execute.run_edits(ws, editor, plans, editor.lineage())
         verdicts = {}
     else:
         calls = 0
-        judged = steps.judge_attempts(spec, ws, prepared[0], plans, stack, steps.judge_key(spec))
+        judged = execute.judge_attempts(spec, ws, prepared[0], plans, stack, execute.judge_key(spec))
         verdicts = {}
         for verdict, _ in judged:
             verdicts[verdict] = verdicts.get(verdict, 0) + 1

@@ -84,22 +84,22 @@ def timed_run(spec: Path, out: Path, workers: int, env: dict[str, str]) -> tuple
 
 def _templates_of(spec_path: str, out: str):
     """The run's steps up to the templates: (spec, workspace, editor, stack, [(source, cells)])."""
-    from counterfactory.flows import steps
+    from counterfactory.flows.engine import execute, run_folder, sources
     from counterfactory.manifests.spec import load_spec
 
     spec = load_spec(spec_path)
-    editor, stack = steps.build_editor(spec), steps.build_gate_stack(spec)
-    ws = steps.open_workspace(spec, out)
-    prepared, _ = steps.prepare_sources(spec, ws.ledger, ws.store)
-    grid = steps.plan_grid(spec, prepared)
+    editor, stack = execute.build_editor(spec), execute.build_gate_stack(spec)
+    ws = run_folder.open_workspace(spec, out)
+    prepared, _ = sources.prepare_sources(spec, ws.ledger, ws.store)
+    grid = sources.plan_grid(spec, prepared)
     return spec, ws, editor, stack, [(source, grid.cells_of(source.id)) for source in prepared]
 
 
 def _fill(spec, ws, editor, stack, templates) -> None:
-    from counterfactory.flows import steps
+    from counterfactory.flows.engine import template
 
     for source, cells in templates:
-        steps.process_template(spec, ws, source, cells, editor, stack)
+        template.process_template(spec, ws, source, cells, editor, stack)
 
 
 def _process_share(args: tuple[str, str, int, int]) -> float:

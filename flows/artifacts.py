@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from counterfactory.flows.steps import TemplateOutcome
+from counterfactory.manifests.lifecycle import TemplateOutcome
 from counterfactory.validation.gates.base import VERDICTS
 
 #: seconds between two updates of the progress artifact (each is one API call)

@@ -65,7 +65,7 @@ class PairMeasurer:
         #: ``gates.edit_region``); without a spec, ``gates.edit_region`` else :data:`AUDIT_REGION`
         self.region = self.gates_config.edit_region or AUDIT_REGION
         if spec_path is not None:
-            from counterfactory.flows.steps import edit_region
+            from counterfactory.flows.engine.sources import edit_region
             from counterfactory.manifests.spec import load_spec
 
             spec = load_spec(spec_path)
@@ -78,7 +78,7 @@ class PairMeasurer:
 
     def _stack(self, kind: str) -> GateStack:
         if kind not in self._stacks:
-            # the run's stack (flows.steps.build_gate_stack): the same edit region
+            # the run's stack (counterfactory.flows.engine.execute.build_gate_stack): the same edit region
             self._stacks[kind] = GateStack.from_config(self.gates_config, kind, region=self.region)
         return self._stacks[kind]
 
@@ -107,7 +107,7 @@ class PairMeasurer:
                 region = face_mask(faces[0].landmarks, loaded.pixels.shape[:2], mode=self.gates_config.face_mask)
             elif faces:
                 # the region the run keeps out of registration and composites inside
-                # (flows.steps._check_source): the prompt's, drawn on the person
+                # (counterfactory.flows.engine.sources._check_source): the prompt's, drawn on the person
                 region, _ = source_edit_region(
                     loaded.pixels, faces[0].landmarks, self.region, mode=self.gates_config.face_mask
                 )
@@ -141,7 +141,7 @@ class PairMeasurer:
         Raises:
             PairError: the file cannot be read, or could not be registered to the source.
         """
-        from counterfactory.flows.steps import floor_metrics
+        from counterfactory.flows.engine.template import floor_metrics
 
         key = (source.sha256, str(floor_path), kind)
         if key in self._floors:

@@ -106,7 +106,7 @@ def run(
         # Fail on a missing model, key or GPU before the flow starts or anything is paid for
         # (a re-run whose cells are all settled needs neither, and skips this). On Ray the
         # editor loads on a GPU node of the cluster, which checks it there before any work.
-        from counterfactory.flows.steps import build_editor, build_gate_stack
+        from counterfactory.flows.engine.execute import build_editor, build_gate_stack
 
         for view in spec.editor_views():
             try:
@@ -210,16 +210,17 @@ def schedule(
     load_metadata(spec.sources.metadata)
     try:
         # a missing model, key or GPU stops here, not at the first tick
-        from counterfactory.flows.steps import build_editor, build_gate_stack
+        from counterfactory.flows.engine.execute import build_editor, build_gate_stack
 
         build_editor(spec)
         build_gate_stack(spec)
     except SetupError as exc:
         _fail(f"the spec cannot run here: {exc}")
 
+    from counterfactory.flows.engine.run_folder import SCHEDULE_LOG
     from counterfactory.flows.schedule import serve_schedule
 
-    click.echo(f"scheduled runs of {spec_path} into {out}; log: {out / 'schedule.jsonl'} (Ctrl-C stops)")
+    click.echo(f"scheduled runs of {spec_path} into {out}; log: {out / SCHEDULE_LOG} (Ctrl-C stops)")
     serve_schedule(spec, out, when, workers=workers, allow_incomplete=allow_incomplete, name=name)
 
 
@@ -241,11 +242,13 @@ def publish(out: Path, version: str | None, spec_path: Path | None, allow_incomp
 
     from pydantic import ValidationError
 
-    from counterfactory.flows.publish import format_completeness, publish_from_ledger, remembered_spec, with_version
+    from counterfactory.flows.engine.outcomes import format_completeness
+    from counterfactory.flows.engine.release import publish_from_ledger, with_version
+    from counterfactory.flows.engine.run_folder import LEDGER_FILE, RunFolder
     from counterfactory.manifests.spec import load_spec
 
     if spec_path is None:
-        spec_path, ran_sha = remembered_spec(out)
+        spec_path, ran_sha = RunFolder(out).recorded_spec()
         if not spec_path.is_file() or hashlib.sha256(spec_path.read_bytes()).hexdigest() != ran_sha:
             _fail(
                 f"{spec_path}: the spec that ran in {out} is missing or was edited since; publish it "
@@ -258,8 +261,8 @@ def publish(out: Path, version: str | None, spec_path: Path | None, allow_incomp
     except ValidationError as exc:  # only the version is validated here
         expected = exc.errors()[0]["msg"].removeprefix("Value error, ")
         _fail(f"--version {version!r}: expected {expected}")
-    if not (out / "ledger.sqlite").exists() and spec.ledger_url is None:
-        _fail(f"{out}: no ledger.sqlite here; run `counterfactory run {spec_path} --out {out}` first")
+    if not RunFolder(out).ledger_file.exists() and spec.ledger_url is None:
+        _fail(f"{out}: no {LEDGER_FILE} here; run `counterfactory run {spec_path} --out {out}` first")
     result = publish_from_ledger(spec, out, allow_incomplete=allow_incomplete)
     click.echo(format_completeness(result.report, result.left_out))
     state = "written" if result.sealed.created else "unchanged (identical release already existed)"
@@ -716,10 +719,10 @@ def review() -> None:
 
 
 def _review_setup(out: Path, spec_path: Path | None):
-    from counterfactory.flows.review_app import ledger_url_for, run_spec_for
+    from counterfactory.flows.engine.run_folder import RunFolder
 
-    spec = run_spec_for(out, spec_path)
-    return spec, ledger_url_for(out, spec)
+    spec = RunFolder(out).spec_of_run(spec_path)
+    return spec, RunFolder(out).ledger_url(spec)
 
 
 @review.command("serve")

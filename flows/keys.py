@@ -15,8 +15,10 @@ import hashlib
 from collections.abc import Sequence
 from typing import Any
 
-from counterfactory.flows.steps import PreparedSource, judge_key, plan_attempts
+from counterfactory.flows.engine.execute import judge_key
+from counterfactory.generation.attempts import plan_attempts
 from counterfactory.generation.sampling import Cell
+from counterfactory.generation.sources import PreparedSource
 from counterfactory.manifests.spec import Spec
 
 
@@ -25,7 +27,7 @@ def template_key(spec: Spec, prepared: PreparedSource, cells: Sequence[Cell], ed
     here: the attempt ids carry the source's and the region's sha256).
 
     Equal keys mean equal attempts (ids, seeds), equal ``editor.max_attempts`` and equal judge
-    settings (:func:`~counterfactory.flows.steps.judge_key`).
+    settings (:func:`~counterfactory.flows.engine.execute.judge_key`).
     """
     plans = plan_attempts(spec, prepared, cells, editor, editor.lineage(), 1)
     parts = sorted(p.attempt_id for p in plans)

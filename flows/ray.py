@@ -5,14 +5,14 @@ template's attempts as two kinds of Prefect tasks on the cluster:
 
 - an **edit** task per batch of attempts, asking Ray for ``num_gpus`` (what the backend declares
   at registration, ``EditorCapabilities.resources``: by default 1 on CUDA, 0 otherwise): it
-  runs the editor and commits each result to the ledger and the image store as it returns, exactly as :func:`~counterfactory.flows.steps.run_edits`
+  runs the editor and commits each result to the ledger and the image store as it returns, exactly as :func:`~counterfactory.flows.engine.execute.run_edits`
   does on one machine;
 - a **judge** task per batch, asking for ``num_cpus``: alignment and every gate
-  (:func:`~counterfactory.flows.steps.judge_attempts`).
+  (:func:`~counterfactory.flows.engine.execute.judge_attempts`).
 
 The flow's own process (the driver) keeps the plan: it renders prompts, derives attempt ids
 and decides which cells need another seed, through the one
-:func:`~counterfactory.flows.steps.process_template` the local run uses, with these two tasks
+:func:`~counterfactory.flows.engine.template.process_template` the local run uses, with these two tasks
 in place of the local calls. Each Ray worker process loads its editor, gates and ledger
 connection once and keeps them for the run (:func:`_worker_state`).
 
@@ -43,7 +43,9 @@ from urllib.parse import urlsplit
 from prefect import task
 from prefect.cache_policies import NONE
 
-from counterfactory.flows import steps
+from counterfactory.flows.engine import execute, run_folder, template
+from counterfactory.flows.engine.executors import OnOutput
+from counterfactory.flows.engine.run_folder import RunFolder
 from counterfactory.flows.limits import limited_editor, limited_gates
 from counterfactory.generation.attempts import PlannedAttempt, editor_inputs
 from counterfactory.generation.editors.base import EditRequest, EditResult
@@ -54,8 +56,6 @@ from counterfactory.manifests.registry import EDITORS
 from counterfactory.manifests.spec import RayConfig, Spec
 
 _INSTALL_HINT = "pip install 'counterfactory[ray]'"
-#: written into ``--out`` by the driver; a worker that cannot read it does not share the folder
-OUT_MARKER = ".ray-run"
 
 
 class RayTargetError(SetupError):
@@ -268,7 +268,7 @@ def ray_cluster(
         if len(nodes) > 1 and not target.remote:
             multi = RayTarget(**{**target.__dict__, "remote": True})
             check_ray_target(multi, spec, prefect_api_url=prefect_api_url)
-        (out / OUT_MARKER).write_text(os.urandom(16).hex())
+        RunFolder(out).ray_marker.write_text(os.urandom(16).hex())
         yield RayTaskRunner(address=address, init_kwargs={"namespace": "counterfactory"})
     finally:
         if started:
@@ -341,17 +341,23 @@ def task_resources(target: RayTarget) -> tuple[dict[str, Any], dict[str, Any]]:
 
 
 class RayExecutor:
-    """Edits and judgements as Ray tasks (the executor interface of
-    :class:`~counterfactory.flows.steps.LocalExecutor`): each batch of attempts goes to an edit
-    task asking for the edit resources, each judgement to a judge task; outputs are judged from
-    the store there, not handed back (``inline`` is False). Used inside the flow only."""
-
-    inline = False
+    """Edits and judgements as Ray tasks (an :class:`~counterfactory.flows.engine.executors.Executor`):
+    each batch of attempts goes to an edit task asking for the edit resources, each judgement to
+    a judge task. Outputs stay on the worker that made them (in the store), so ``on_output`` is
+    never called and every attempt is judged by a judge task. Used inside the flow only."""
 
     def __init__(self, target: WorkerTarget, edit_options: dict[str, Any], judge_options: dict[str, Any]) -> None:
         self.target, self.edit_options, self.judge_options = target, edit_options, judge_options
 
-    def edit(self, ws: steps.Workspace, editor: Any, plans: Sequence[PlannedAttempt], lineage: dict, **_: Any) -> int:
+    def edit(
+        self,
+        ws: run_folder.Workspace,
+        editor: Any,
+        plans: Sequence[PlannedAttempt],
+        lineage: dict,
+        *,
+        on_output: OnOutput | None = None,
+    ) -> int:
         from prefect_ray.context import remote_options
 
         with remote_options(**self.edit_options):
@@ -366,20 +372,20 @@ class RayExecutor:
 
 def process_templates_on_ray(
     spec: Spec,
-    ws: steps.Workspace,
+    ws: run_folder.Workspace,
     templates: Sequence[tuple[PreparedSource, Sequence[Any]]],
     target: RayTarget,
     *,
     workers: int,
 ) -> Iterator[TemplateOutcome]:
-    """Run :func:`~counterfactory.flows.steps.process_template` for every template, ``workers``
+    """Run :func:`~counterfactory.flows.engine.template.process_template` for every template, ``workers``
     at a time, with edits and judgements as Ray tasks; yields outcomes as templates finish.
 
     Must run inside the flow (a ``RayTaskRunner`` flow run): the tasks are Prefect tasks.
     """
     from prefect_ray.context import remote_options
 
-    marker = (ws.out / OUT_MARKER).read_text()
+    marker = ws.folder.ray_marker.read_text()
     wt = WorkerTarget(spec=spec, out=str(ws.out), run_id=ws.run_id or "", marker=marker)
     edit_options, judge_options = task_resources(target)
     with remote_options(**edit_options):
@@ -389,7 +395,7 @@ def process_templates_on_ray(
     executor = RayExecutor(wt, edit_options, judge_options)
 
     def one(prepared: PreparedSource, cells: Sequence[Any]) -> TemplateOutcome:
-        return steps.process_template(spec, ws, prepared, cells, editor, None, executor=executor)
+        return template.process_template(spec, ws, prepared, cells, editor, None, executor=executor)
 
     # each template's plan-edit-judge loop waits on its tasks in a driver thread; the copied
     # context carries the flow run (and its task runner) into the thread
@@ -399,12 +405,24 @@ def process_templates_on_ray(
             yield future.result()
 
 
+def templates_on_ray(target: RayTarget, *, workers: int):
+    """The flow's templates run on the cluster (:func:`process_templates_on_ray`), ``workers`` at a
+    time: what :func:`counterfactory.flows.run.where_templates_run` returns on Ray."""
+
+    def run(ws: run_folder.Workspace, work: Sequence[tuple[Spec, Sequence[tuple[PreparedSource, Sequence[Any]]]]]):
+        # a spec with `editors` is refused on Ray before the run starts (run_spec): one view here
+        ((view, templates),) = work
+        return process_templates_on_ray(view, ws, templates, target, workers=workers)
+
+    return run
+
+
 # --------------------------------------------------------------------------- the worker side
 
 
 @dataclass
 class _WorkerState:
-    ws: steps.Workspace
+    ws: run_folder.Workspace
     editor: Any = None
     stack: Any = None
 
@@ -424,7 +442,7 @@ def _worker_state(target: WorkerTarget) -> _WorkerState:
         for old in _STATE.values():
             old.ws.ledger.close()
         _STATE.clear()
-        marker = Path(target.out) / OUT_MARKER
+        marker = RunFolder(target.out).ray_marker
         try:
             seen = marker.read_text()
         except OSError:
@@ -435,7 +453,7 @@ def _worker_state(target: WorkerTarget) -> _WorkerState:
                 f"({marker} is missing or from another run): every node must mount --out at the same "
                 "path (a shared filesystem), since edit and judge tasks write the image store there"
             )
-        ws = steps.open_workspace(target.spec, target.out)
+        ws = run_folder.open_workspace(target.spec, target.out)
         ws.run_id = target.run_id
         state = _STATE[key] = _WorkerState(ws=ws)
         return state
@@ -445,7 +463,7 @@ def _worker_editor(target: WorkerTarget) -> tuple[_WorkerState, Any]:
     state = _worker_state(target)
     if state.editor is None:
         # the spec's GPU / fal limits hold here too: they are global on the Prefect server
-        state.editor = limited_editor(steps.build_editor(target.spec), target.spec)
+        state.editor = limited_editor(execute.build_editor(target.spec), target.spec)
     return state, state.editor
 
 
@@ -458,13 +476,13 @@ def editor_facts_task(target: WorkerTarget) -> EditorFacts:
         name=editor.name,
         lineage=editor.lineage(),
         consumes={kind: editor_inputs(editor, kind) for kind in ("face", "limb")},
-        batch_size=steps.editor_batch_size(editor),
+        batch_size=execute.editor_batch_size(editor),
     )
 
 
 @task(name="edit", cache_policy=NONE)
 def edit_task(target: WorkerTarget, plans: list[PlannedAttempt], lineage: dict[str, Any]) -> int:
-    """:func:`~counterfactory.flows.steps.run_edits` on a worker; the number of editor calls."""
+    """:func:`~counterfactory.flows.engine.execute.run_edits` on a worker; the number of editor calls."""
     state, editor = _worker_editor(target)
     here = editor.lineage()
     if here != lineage:
@@ -473,7 +491,7 @@ def edit_task(target: WorkerTarget, plans: list[PlannedAttempt], lineage: dict[s
             f"the editor on Ray node {socket.gethostname()} differs from the one the run planned with "
             f"({', '.join(changed)}): every GPU node must hold the same model files and revision"
         )
-    return steps.run_edits(state.ws, editor, plans, lineage)
+    return execute.run_edits(state.ws, editor, plans, lineage)
 
 
 @task(name="judge", cache_policy=NONE)
@@ -485,12 +503,12 @@ def judge_task(
     floor: dict | None = None,
     as_floor: bool = False,
 ) -> list[tuple[str, list[str]]]:
-    """:func:`~counterfactory.flows.steps.judge_attempts` on a worker: align, measure, judge."""
+    """:func:`~counterfactory.flows.engine.execute.judge_attempts` on a worker: align, measure, judge."""
     state = _worker_state(target)
     if state.stack is None:
-        stack = steps.build_gate_stack(target.spec, journal=state.ws.ledger.journal("fal_vlm"))
+        stack = execute.build_gate_stack(target.spec, journal=state.ws.ledger.journal("fal_vlm"))
         state.stack = limited_gates(stack, target.spec)
-    return steps.judge_attempts(target.spec, state.ws, prepared, plans, state.stack, jkey, floor, as_floor)
+    return execute.judge_attempts(target.spec, state.ws, prepared, plans, state.stack, jkey, floor, as_floor)
 
 
 __all__ = [
@@ -504,4 +522,5 @@ __all__ = [
     "ray_cluster",
     "ray_target",
     "task_resources",
+    "templates_on_ray",
 ]

@@ -5,7 +5,7 @@ today's alignment and gate settings, its images in the store, and no cell left w
 try) is a resume with nothing to do. It must cost what loading the spec and the ledger costs,
 so it is answered here without importing or starting Prefect (its API server and imports are
 seconds of every run) and, with ``--publish``, without rebuilding an unchanged release
-(:func:`~counterfactory.flows.publish.publish_release` compares the inputs' hash first). Any
+(:func:`~counterfactory.flows.engine.release.publish_release` compares the inputs' hash first). Any
 other run goes to the Prefect flow in :mod:`counterfactory.flows.run`.
 
 Plain functions, no Prefect import.
@@ -19,16 +19,16 @@ import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from counterfactory.flows import steps
-from counterfactory.flows.publish import check_release_version, publish_release, remember_spec
-from counterfactory.flows.steps import RunSummary
+from counterfactory.flows.engine import execute, run_folder, sources
+from counterfactory.flows.engine.outcomes import RunSummary
+from counterfactory.flows.engine.release import check_release_version, publish_release
+from counterfactory.flows.engine.run_folder import RunFolder
 from counterfactory.generation.attempts import PlannedAttempt, plan_attempts
 from counterfactory.generation.editors import Editor, make_editor
 from counterfactory.generation.sampling import Cell
 from counterfactory.generation.sources import PreparedSource
 from counterfactory.manifests.errors import CounterfactoryError
 from counterfactory.manifests.lifecycle import CellOutcome, Settled, TemplateOutcome, attempt_finished, fill_cells
-from counterfactory.manifests.runlock import RunFolderLock
 from counterfactory.manifests.spec import Spec, SpecError, load_spec
 
 
@@ -37,9 +37,9 @@ class _WorkToDo(CounterfactoryError):
 
 
 def settled_outcomes(
-    spec: Spec, ws: steps.Workspace, prepared: Sequence[PreparedSource], cells: Sequence[Cell], editor: Editor
+    spec: Spec, ws: run_folder.Workspace, prepared: Sequence[PreparedSource], cells: Sequence[Cell], editor: Editor
 ) -> list[TemplateOutcome] | None:
-    """Every template's outcome as :func:`~counterfactory.flows.steps.process_template` would
+    """Every template's outcome as :func:`~counterfactory.flows.engine.template.process_template` would
     return it with zero editor calls, or None when a run has work to do (the resuming policy
     over :func:`~counterfactory.manifests.lifecycle.fill_cells`).
 
@@ -50,7 +50,7 @@ def settled_outcomes(
     in a few queries.
     """
     lineage = editor.lineage()
-    jkey = steps.judge_key(spec)
+    jkey = execute.judge_key(spec)
     by_id = {p.id: p for p in prepared}
 
     def plan(open_cells: Sequence[Cell], attempt_no: int) -> list[PlannedAttempt]:
@@ -94,7 +94,7 @@ def settled_outcomes(
 
 
 def run_settled(
-    spec: Spec, ws: steps.Workspace, *, publish: bool = False, allow_incomplete: bool = False
+    spec: Spec, ws: run_folder.Workspace, *, publish: bool = False, allow_incomplete: bool = False
 ) -> RunSummary | None:
     """Finish a run whose every cell is settled in the ledger, without Prefect (None: there is
     work to do, and nothing was written but the sources' rows, as any run writes them).
@@ -104,10 +104,10 @@ def run_settled(
     """
     if not ws.ledger.has_attempts():
         return None  # a first run: there is nothing to settle, so nothing is read twice
-    prepared, failed = steps.prepare_sources(spec, ws.ledger, ws.store)
-    grid = steps.plan_grid(spec, prepared)
+    prepared, failed = sources.prepare_sources(spec, ws.ledger, ws.store)
+    grid = sources.plan_grid(spec, prepared)
     outcomes: list[TemplateOutcome] = []
-    for view, cells in steps.editor_runs(spec, grid):
+    for view, cells in sources.editor_runs(spec, grid):
         # the lineage alone decides attempt ids: the backend is not prepared (no model is loaded)
         editor = make_editor(view.editor.backend, view.editor.options())
         found = settled_outcomes(view, ws, prepared, cells, editor)
@@ -173,15 +173,16 @@ def run_spec(
     if not isinstance(spec, Spec):
         spec = load_spec(spec)
     spec_path = spec.source_path
+    folder = RunFolder(out)
     spec.bind_run_folder(out)
     if publish:
-        check_release_version(spec, Path(out) / "releases")
+        check_release_version(spec, folder.releases)
     # the Ray decision, made once: the model checks skip the editor on Ray (it loads on a GPU
     # node of the cluster, which checks it there before any work)
     wants_ray = ray is not None or spec.run.ray is not None
     deferred = None
     if check_setup is not None:
-        if spec.ledger_url is None and (Path(out) / "ledger.sqlite").is_file():
+        if folder.has_own_ledger(spec):
             deferred = functools.partial(check_setup, on_ray=wants_ray)
         else:
             check_setup(spec, on_ray=wants_ray)
@@ -199,10 +200,10 @@ def run_spec(
         on_ray = ray_target(spec, ray)
         # before the folder lock or the ledger: a cluster that cannot run this costs nothing
         address = check_ray_target(on_ray, spec, prefect_api_url=PREFECT_API_URL.value() or None) if on_ray else None
-    with contextlib.nullcontext() if locked else RunFolderLock(out):
-        ws = steps.open_workspace(spec, out)
+    with contextlib.nullcontext() if locked else folder.lock():
+        ws = folder.open(spec)
         try:
-            missing = steps.count_missing_outputs(ws)
+            missing = run_folder.count_missing_outputs(ws)
             settled = (
                 None
                 if missing or on_ray is not None
@@ -211,7 +212,7 @@ def run_spec(
         finally:
             ws.ledger.close()
         if settled is not None:
-            remember_spec(ws.out, spec_path)
+            folder.record_spec(spec_path)
             return settled
         from counterfactory.flows.run import run_locked
 

@@ -5,7 +5,7 @@ timeout error on the way to a server (fal, the Hub, a Postgres ledger), or a dat
 was busy or dropped the connection. Bad input (a spec, a photo, a model that is missing), a
 refused release and a gate's verdict never are: the same inputs would fail the same way, and a
 gate's verdict is a value, not an exception. A retried template pays for nothing twice: every
-finished attempt is in the ledger and is skipped (:func:`~counterfactory.flows.steps.run_edits`).
+finished attempt is in the ledger and is skipped (:func:`~counterfactory.flows.engine.execute.run_edits`).
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ _TRANSIENT_DB_MESSAGES = (
 
 def _never_retried() -> tuple[type[BaseException], ...]:
     """Errors that say the input or the setup is wrong: retrying cannot help."""
-    from counterfactory.flows.publish import PublishError
+    from counterfactory.flows.engine.outcomes import PublishError
     from counterfactory.manifests.errors import SetupError
     from counterfactory.manifests.ledger import LedgerError
     from counterfactory.manifests.release import ReleaseExistsError, ReleaseIntegrityError

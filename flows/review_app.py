@@ -37,7 +37,7 @@ from typing import Any
 import cv2
 import numpy as np
 
-from counterfactory.manifests.errors import CounterfactoryError, SetupError
+from counterfactory.manifests.errors import SetupError
 
 try:
     from fastapi import APIRouter, FastAPI, Form, Request
@@ -46,7 +46,8 @@ try:
 except ImportError as exc:  # the review extra is optional
     raise SetupError(f"the review site needs the review extra ({exc}); pip install 'counterfactory[review]'") from exc
 
-from counterfactory.flows.steps import prepare_source
+from counterfactory.flows.engine.run_folder import RunFolder
+from counterfactory.flows.engine.sources import prepare_source
 from counterfactory.generation.masks import dilate
 from counterfactory.generation.sources import Source, SourceRecord, load_image
 from counterfactory.manifests.ledger import Ledger
@@ -91,10 +92,6 @@ SECURITY_HEADERS = {
     # cross-site check must refuse
     "Referrer-Policy": "same-origin",
 }
-
-
-class RunSpecNotFoundError(CounterfactoryError, FileNotFoundError):
-    """A run folder that records no spec and has no release to take one from: pass ``--spec``."""
 
 
 @dataclass(frozen=True)
@@ -161,7 +158,7 @@ class ReviewSite:
         self.options = spec.review
         #: each editor's attempt budget: which candidate is a cell's final attempt
         self.max_attempts = {view.editor_name: view.editor.max_attempts for view in spec.editor_views()}
-        self.store = ImageStore(spec.store_dir if spec.store_dir is not None else self.out / "store")
+        self.store = ImageStore(RunFolder(out).store_dir(spec))
         self.secret = secrets.token_bytes(32)
         self._lock = threading.Lock()
         self._views: dict[str, TemplateView] = {}
@@ -818,43 +815,10 @@ def serve(out: Path, spec: Spec, *, host: str = "127.0.0.1", port: int = 8765) -
     """Run the site with uvicorn until interrupted."""
     import uvicorn
 
-    ledger = Ledger(ledger_url_for(out, spec))
+    ledger = Ledger(RunFolder(out).ledger_url(spec))
     site = ReviewSite(out, spec, ledger)
     try:
         uvicorn.run(create_app(site), host=host, port=port, log_level="warning")
     finally:
         site.close()
         ledger.close()
-
-
-def run_spec_for(out: Path, spec_path: Path | None = None) -> Spec:
-    """The spec a run folder was made with: ``spec_path`` if given, else the spec file its last run
-    recorded, else the spec.yaml of its newest release.
-
-    Raises:
-        RunSpecNotFoundError: neither is there; the message says to pass ``--spec``.
-    """
-    from counterfactory.manifests.spec import load_spec
-
-    if spec_path is not None:
-        return load_spec(spec_path)
-    from counterfactory.flows.publish import PublishError, remembered_spec
-
-    try:
-        # the spec file `counterfactory run` recorded: a release's spec.yaml is the text as
-        # written, whose relative paths only mean something beside the original file
-        remembered, _ = remembered_spec(out)
-        if remembered.is_file():
-            return load_spec(remembered)
-    except PublishError:
-        pass
-    found = sorted((Path(out) / "releases").glob("*/*/spec.yaml"), key=lambda p: p.stat().st_mtime)
-    if not found:
-        raise RunSpecNotFoundError(
-            f"{out}: no release with a spec.yaml under {Path(out) / 'releases'}; pass the run's spec with --spec"
-        )
-    return load_spec(found[-1])
-
-
-def ledger_url_for(out: Path, spec: Spec) -> str:
-    return spec.ledger_url or f"sqlite:///{Path(out).resolve() / 'ledger.sqlite'}"

@@ -1,5 +1,5 @@
 """The Prefect flow: spec, sources, grid, then one task per template (edit, align, measure,
-judge), then the release. Each task wraps a plain function from :mod:`counterfactory.flows.steps`.
+judge), then the release. Each task wraps a plain function of the engine (:mod:`counterfactory.flows.engine`).
 
 One task handles a template with all its cells, not one image: Prefect's database struggles
 with tens of thousands of task runs, and the ledger already holds the per-image state.
@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,17 +22,22 @@ from prefect.futures import as_completed  # noqa: E402
 from prefect.task_runners import ThreadPoolTaskRunner  # noqa: E402
 from tqdm.auto import tqdm  # noqa: E402
 
-from counterfactory.flows import steps  # noqa: E402
 from counterfactory.flows.artifacts import ProgressArtifact, publish_artifacts  # noqa: E402
+from counterfactory.flows.engine import execute, run_folder, sources, template  # noqa: E402
+from counterfactory.flows.engine.outcomes import (  # noqa: E402
+    PublishError,
+    RunSummary,  # noqa: E402
+    outcome_order,
+)
+from counterfactory.flows.engine.release import publish_release  # noqa: E402
 from counterfactory.flows.keys import template_key  # noqa: E402
 from counterfactory.flows.limits import apply_limits, limited_editor, limited_gates, spec_limits  # noqa: E402
-from counterfactory.flows.publish import PublishError, outcome_order, publish_release, remember_spec  # noqa: E402
-from counterfactory.flows.ray import RayTarget, process_templates_on_ray, ray_cluster  # noqa: E402
+from counterfactory.flows.ray import RayTarget, ray_cluster, templates_on_ray  # noqa: E402
 from counterfactory.flows.retries import RETRIES, RETRY_DELAYS_S, retry_transient  # noqa: E402
 from counterfactory.flows.server import prefect_api  # noqa: E402
-from counterfactory.flows.steps import RunSummary  # noqa: E402
 from counterfactory.flows.stopping import reinstall_stop_handlers  # noqa: E402
 from counterfactory.manifests.errors import CounterfactoryError  # noqa: E402
+from counterfactory.manifests.lifecycle import TemplateOutcome  # noqa: E402
 from counterfactory.manifests.release import ReleaseExistsError  # noqa: E402
 from counterfactory.manifests.spec import Spec  # noqa: E402
 
@@ -45,17 +50,17 @@ _TRANSIENT_RETRIES = {"retries": RETRIES, "retry_delay_seconds": RETRY_DELAYS_S,
 
 @task(name="prepare-sources", cache_policy=NONE, **_TRANSIENT_RETRIES)
 def prepare_sources_task(spec, ws):
-    return steps.prepare_sources(spec, ws.ledger, ws.store)
+    return sources.prepare_sources(spec, ws.ledger, ws.store)
 
 
 @task(name="grid", cache_policy=NONE)
 def grid_task(spec, prepared):
-    return steps.plan_grid(spec, prepared)
+    return sources.plan_grid(spec, prepared)
 
 
 @task(name="template", cache_policy=NONE, task_run_name="template-{prepared.id}-{key:.16}", **_TRANSIENT_RETRIES)
 def template_task(spec, ws, prepared, cells, editor, stack, key):
-    return steps.process_template(spec, ws, prepared, cells, editor, stack)
+    return template.process_template(spec, ws, prepared, cells, editor, stack)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,6 +92,38 @@ def _template_key(cell) -> str:
     return cell.source_id
 
 
+#: runs every ``(editor view, [(prepared source, its cells), ...])`` pair's templates; yields
+#: each template's outcome as it finishes
+TemplatesRun = Callable[[Any, Sequence[tuple[Spec, Sequence[tuple[Any, Sequence[Any]]]]]], Iterator[TemplateOutcome]]
+
+
+def templates_on_this_machine(spec: Spec, ws: Any) -> TemplatesRun:
+    """Each template a task on the flow's thread pool, its edits and judgements in this process
+    (:data:`~counterfactory.flows.engine.executors.LOCAL`). The editors (one per view) and the
+    gate stack are built now, before any source is read: a setup problem stops the run here."""
+    editors = {view.editor_name: limited_editor(execute.build_editor(view), view) for view in spec.editor_views()}
+    stack = limited_gates(execute.build_gate_stack(spec, journal=ws.ledger.journal("fal_vlm")), spec)
+
+    def run(ws, work):
+        futures = [
+            template_task.submit(
+                view, ws, prepared, cells, editors[view.editor_name], stack,
+                template_key(view, prepared, cells, editors[view.editor_name]),
+            )
+            for view, templates in work
+            for prepared, cells in templates
+        ]  # fmt: skip
+        return (future.result() for future in as_completed(futures))
+
+    return run
+
+
+def where_templates_run(spec: Spec, ws: Any, on_ray: RayTarget | None, workers: int) -> TemplatesRun:
+    """Where the flow's templates run: this machine, or the Ray cluster ``on_ray`` names
+    (:func:`~counterfactory.flows.ray.templates_on_ray`). The one place a run chooses."""
+    return templates_on_this_machine(spec, ws) if on_ray is None else templates_on_ray(on_ray, workers=workers)
+
+
 @flow(name="counterfactory-run", log_prints=True)
 def run_flow(
     spec: Any,
@@ -103,51 +140,35 @@ def run_flow(
     refuse the run; a release the publishing policy refuses ends the flow with :class:`_Refused`
     (the run's cells are in the ledger all the same).
 
-    Templates run concurrently on the flow's task runner. On Ray (``on_ray``, the checked
-    target), the flow's task runner is prefect-ray's and edits and judgements run as tasks on
-    the cluster (:mod:`counterfactory.flows.ray`).
+    Templates run concurrently, where :func:`where_templates_run` says: each a task on the
+    flow's thread pool, or, on Ray (``on_ray``, the checked target), with edits and judgements
+    as tasks on the cluster (:mod:`counterfactory.flows.ray`); the flow is the same either way.
     """
     reinstall_stop_handlers()
-    ws = steps.open_workspace(spec, out)
-    remember_spec(ws.out, spec_path)
+    ws = run_folder.open_workspace(spec, out)
+    ws.folder.record_spec(spec_path)
     # the ledger's run is Prefect's flow run: the same id in both views
     run_id = _flow_run_id() or os.urandom(8).hex()
     ws.ledger.start_run(run_id, spec_name=spec.name, spec_hash=spec.spec_hash())
     ws.run_id = run_id
     apply_limits(spec_limits(spec))
-    if on_ray is None:
-        editors = {view.editor_name: limited_editor(steps.build_editor(view), view) for view in spec.editor_views()}
-        stack = limited_gates(steps.build_gate_stack(spec, journal=ws.ledger.journal("fal_vlm")), spec)
+    templates_run = where_templates_run(spec, ws, on_ray, workers)
 
     prepared, failed = prepare_sources_task(spec, ws)
     grid = grid_task(spec, prepared)
     by_id = {p.id: p for p in prepared}
     # one pass of the grid per editor (one, unless the spec compares `editors`), in one ledger
-    runs = steps.editor_runs(spec, grid)
+    runs = sources.editor_runs(spec, grid)
     total = sum(len(cells) for _, cells in runs)
-    futures, ray_runs = [], []
+    work = []
     for view, view_cells in runs:
         cells_by_template: dict[str, list] = {}
         for cell in view_cells:
             cells_by_template.setdefault(_template_key(cell), []).append(cell)
         # largest templates first, so the last ones to finish are small and the workers end together
         largest_first = sorted(cells_by_template.items(), key=lambda item: -len(item[1]))
-        if on_ray is None:
-            editor = editors[view.editor_name]
-            futures += [
-                template_task.submit(
-                    view, ws, by_id[tid], cells, editor, stack, template_key(view, by_id[tid], cells, editor)
-                )
-                for tid, cells in largest_first
-            ]
-        else:
-            ray_runs.append((view, [(by_id[tid], cells) for tid, cells in largest_first]))
-    if on_ray is None:
-        finished = (future.result() for future in as_completed(futures))
-    else:
-        # a spec with `editors` is refused on Ray before the run starts (run_spec): one view here
-        ((view, templates),) = ray_runs
-        finished = process_templates_on_ray(view, ws, templates, on_ray, workers=workers)
+        work.append((view, [(by_id[tid], cells) for tid, cells in largest_first]))
+    finished = templates_run(ws, work)
     outcomes = []
     shown = ProgressArtifact(spec.name, total)
     with tqdm(total=total, desc="cells", unit="cell", disable=not progress) as bar:

@@ -45,10 +45,10 @@ from prefect import flow, task  # noqa: E402
 from prefect.cache_policies import NONE  # noqa: E402
 
 from counterfactory.flows.artifacts import artifact_key  # noqa: E402
+from counterfactory.flows.engine.run_folder import RunFolder  # noqa: E402
 from counterfactory.flows.retries import RETRIES, RETRY_DELAYS_S, retry_transient  # noqa: E402
 from counterfactory.manifests.errors import CounterfactoryError
 
-SCHEDULE_LOG = "schedule.jsonl"
 DIFF = "diff.json"
 _VERSION = re.compile(r"^(\d+)\.(\d+)\.(\d+)(?:[-+].*)?$")
 
@@ -134,7 +134,7 @@ def next_version(previous: str | None, base: str) -> str:
 
 
 class _DryStage:
-    """What :func:`~counterfactory.flows.publish.build_items` needs of a stage, copying nothing:
+    """What :func:`~counterfactory.flows.engine.release.build_items` needs of a stage, copying nothing:
     the item rows come out as the release would hold them."""
 
     def add_file(self, relative: str, source: Path, *, sha256: str | None = None) -> str:
@@ -166,7 +166,8 @@ def release_changes(
     and every item row as ``items.jsonl`` holds it (ids, verdict, reasons, image and source
     sha256, source metadata, editor lineage and prompt, alignment, gate metrics, reviews).
     """
-    from counterfactory.flows.publish import build_items, cell_rows, completeness
+    from counterfactory.flows.engine.outcomes import cell_rows, completeness
+    from counterfactory.flows.engine.release import build_items
     from counterfactory.manifests.release import ITEMS, RELEASE_JSON, read_jsonl
 
     changes = []
@@ -210,13 +211,15 @@ def publish_if_changed(spec, out: str | Path, *, allow_incomplete: bool = False)
     """Seal the next version of ``spec``'s release (parsed, bound to ``out``) from the ledger in
     ``out`` when it would differ from the newest one (module docstring, steps 2-3); zero editor
     calls. The version it would seal is checked once
-    (:func:`~counterfactory.flows.publish.check_release_version`).
+    (:func:`~counterfactory.flows.engine.release.check_release_version`).
 
-    The caller holds ``out``'s lock. Raises what :func:`~counterfactory.flows.publish.publish_release`
+    The caller holds ``out``'s lock. Raises what :func:`~counterfactory.flows.engine.release.publish_release`
     raises (an incomplete grid without ``allow_incomplete``, nothing to publish, ...).
     """
-    from counterfactory.flows.publish import check_release_version, collect_outcomes, publish_release, with_version
-    from counterfactory.flows.steps import open_workspace, plan_grid, prepare_sources
+    from counterfactory.flows.engine.outcomes import collect_outcomes
+    from counterfactory.flows.engine.release import check_release_version, publish_release, with_version
+    from counterfactory.flows.engine.run_folder import open_workspace
+    from counterfactory.flows.engine.sources import plan_grid, prepare_sources
     from counterfactory.manifests.release import write_json
     from counterfactory.validation.release_diff import diff_releases
 
@@ -271,7 +274,7 @@ def publish_if_changed_task(spec, out: str, allow_incomplete: bool) -> Regenerat
 def _log_line(out: Path, record: dict[str, Any]) -> None:
     """Append one JSON line to ``OUT/schedule.jsonl`` (one ``write`` of a whole line)."""
     line = (json.dumps(record, sort_keys=True) + "\n").encode()
-    fd = os.open(out / SCHEDULE_LOG, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    fd = os.open(RunFolder(out).schedule_log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
         os.write(fd, line)
     finally:
@@ -286,7 +289,6 @@ def regenerate_flow(spec_path: str, out: str, workers: int = 2, allow_incomplete
     from prefect.runtime import flow_run
 
     from counterfactory.flows.resume import run_spec
-    from counterfactory.manifests.runlock import RunFolderLock
     from counterfactory.manifests.spec import load_spec
 
     started = datetime.now(UTC).isoformat()
@@ -294,7 +296,7 @@ def regenerate_flow(spec_path: str, out: str, workers: int = 2, allow_incomplete
     spec.bind_run_folder(out)
     base = {"flow_run_id": str(flow_run.id) if flow_run.id else None, "started_at": started}
     try:
-        with RunFolderLock(out):
+        with RunFolder(out).lock():
             # the run's one entry point, under the lock this flow holds through its publish
             summary = run_spec(spec, out, workers=workers, progress=False, locked=True)
             result = publish_if_changed_task(spec, out, allow_incomplete)

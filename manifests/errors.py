@@ -62,10 +62,10 @@ every exception class of the package (name, module, base), so it cannot drift::
     │                                     its hash. Delete it and re-run.
     ├── UnsafeBlobError (OSError)         manifests.store: a store entry that is a symlink, a FIFO
     │                                     or another non-regular file; never read. Delete it and re-run.
-    ├── PublishError (RuntimeError)       flows.publish: a release that must not be sealed.
-    │   ├── EmptyReleaseError             flows.publish: no cell was accepted or is waiting for
+    ├── PublishError (RuntimeError)       flows.engine.outcomes: a release that must not be sealed.
+    │   ├── EmptyReleaseError             flows.engine.release: no cell was accepted or is waiting for
     │   │                                 review.
-    │   └── IncompleteGridError           flows.publish: cells, sources or strata are missing;
+    │   └── IncompleteGridError           flows.engine.release: cells, sources or strata are missing;
     │                                     pass --allow-incomplete to seal what there is.
     ├── ReleaseExistsError (RuntimeError)  manifests.release: the version exists with other
     │                                     content. Raise release.version.
@@ -84,7 +84,7 @@ every exception class of the package (name, module, base), so it cannot drift::
     ├── PairError                         flows.audit: a measured pair's file cannot be read
     │                                     (its batch row is ``failed``; ``measure`` stops). Fix
     │                                     the path.
-    ├── RunSpecNotFoundError (FileNotFoundError)  flows.review_app: the run folder records no
+    ├── RunSpecNotFoundError (FileNotFoundError)  flows.engine.run_folder: the run folder records no
     │                                     spec and has no release to take one from. Pass --spec.
     ├── PhotoSetError (FileNotFoundError)  validation.photo_sets: a photo set's folder lacks
     │                                     london_info.csv or the photos it lists. Point

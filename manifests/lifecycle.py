@@ -7,11 +7,11 @@ every open cell (:func:`~counterfactory.generation.attempts.plan_attempts`: seed
 ``editor.seed + n - 1``), asks a *policy* what each planned attempt came to, and decides per
 cell with :func:`needs_next_attempt`. The three policies are short and live with their callers:
 
-- running (:func:`counterfactory.flows.steps.process_template`): claim, edit, commit and judge
+- running (:func:`counterfactory.flows.engine.template.process_template`): claim, edit, commit and judge
   each attempt (in this process or on Ray);
 - resuming (:func:`counterfactory.flows.resume.settled_outcomes`): read each attempt and its
   candidate from the ledger, and stop at the first one that still needs work;
-- publishing (:func:`counterfactory.flows.publish.collect_outcomes`): read them from the ledger,
+- publishing (:func:`counterfactory.flows.engine.outcomes.collect_outcomes`): read them from the ledger,
   with a cell the run never reached kept as ``not_run``;
 - reviewing (:func:`counterfactory.manifests.review.final_attempts`): the ledger's attempts of
   each cell, numbered as the run numbered them.

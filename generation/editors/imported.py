@@ -596,7 +596,7 @@ class ImportOptions(BaseModel):
 
     def plan_grid(self, records: Sequence[Any], design: Any) -> Any:
         """The grid of a study whose cells are the table's rows (the run's
-        :func:`~counterfactory.flows.steps.plan_grid` asks the backend for it).
+        :func:`~counterfactory.flows.engine.sources.plan_grid` asks the backend for it).
 
         Args:
             records: the usable sources' metadata records (a failed source's rows have no cell:

@@ -21,8 +21,8 @@ import uvicorn
 import yaml
 
 from counterfactory.assets import PHOTOS_DIR
-from counterfactory.flows import steps
-from counterfactory.flows.publish import publish_release
+from counterfactory.flows.engine import execute, run_folder, sources, template
+from counterfactory.flows.engine.release import publish_release
 from counterfactory.flows.review_app import ReviewSite, create_app
 from counterfactory.manifests.ledger import Ledger
 from counterfactory.manifests.release import SealedRelease
@@ -82,17 +82,17 @@ def write_spec(folder: Path, *, version: str = "0.1.0", ledger_url: str | None =
 def run_and_publish(spec_path: Path, out: Path) -> tuple[SealedRelease, int]:
     """Every step of ``counterfactory run`` without Prefect; returns the release and its editor calls."""
     spec = load_spec(spec_path)
-    ws = steps.open_workspace(spec, out)
+    ws = run_folder.open_workspace(spec, out)
     try:
-        editor = steps.build_editor(spec)
-        stack = steps.build_gate_stack(spec)
-        prepared, failed = steps.prepare_sources(spec, ws.ledger, ws.store)
-        grid = steps.plan_grid(spec, prepared)
+        editor = execute.build_editor(spec)
+        stack = execute.build_gate_stack(spec)
+        prepared, failed = sources.prepare_sources(spec, ws.ledger, ws.store)
+        grid = sources.plan_grid(spec, prepared)
         by_id = {p.id: p for p in prepared}
         outcomes = []
         for source_id in sorted({c.source_id for c in grid.cells}):
             cells = [c for c in grid.cells if c.source_id == source_id]
-            outcomes.append(steps.process_template(spec, ws, by_id[source_id], cells, editor, stack))
+            outcomes.append(template.process_template(spec, ws, by_id[source_id], cells, editor, stack))
         calls = sum(o.editor_calls for o in outcomes)
         sealed = publish_release(spec, ws, prepared, failed, outcomes, grid, allow_incomplete=True)
         return sealed, calls

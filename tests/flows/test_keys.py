@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from counterfactory.flows import steps
+from counterfactory.flows.engine import run_folder, sources
 from counterfactory.flows.keys import template_key
 from counterfactory.generation.sources import PreparedSource
 from counterfactory.manifests.spec import RunConfig, load_spec
@@ -20,8 +20,8 @@ def spec(specs_dir):
 
 @pytest.fixture(scope="module")
 def astronaut(spec, tmp_path_factory):
-    ws = steps.open_workspace(spec, tmp_path_factory.mktemp("keys"))
-    usable, _ = steps.prepare_sources(spec, ws.ledger)
+    ws = run_folder.open_workspace(spec, tmp_path_factory.mktemp("keys"))
+    usable, _ = sources.prepare_sources(spec, ws.ledger)
     ws.ledger.close()
     return next(p for p in usable if p.id == "astronaut")
 
@@ -31,7 +31,7 @@ def _with(spec, **sections):
 
 
 def test_the_key_changes_with_what_decides_the_outcome_only(spec, astronaut):
-    cells = steps.plan_grid(spec, [astronaut]).cells_of("astronaut")
+    cells = sources.plan_grid(spec, [astronaut]).cells_of("astronaut")
     editor = FakeEditor()
     key = template_key(spec, astronaut, cells, editor)
     assert len(key) == 64 and key == template_key(spec, astronaut, list(cells), FakeEditor())

@@ -155,7 +155,7 @@ def test_measure_with_a_spec_draws_the_runs_edit_region(tmp_path):
     import yaml
 
     from counterfactory.flows.audit import PairMeasurer
-    from counterfactory.flows.steps import edit_region
+    from counterfactory.flows.engine.sources import edit_region
     from counterfactory.manifests.spec import load_spec
 
     photos = tmp_path / "photos"

@@ -26,7 +26,7 @@ def counted(monkeypatch) -> Counter:
     """``{"spec parses": n, "version checks": n}`` while the test runs."""
     # every module that could parse a spec or check a version, loaded before the wrappers go in
     import counterfactory.flows.cli  # noqa: F401
-    import counterfactory.flows.publish  # noqa: F401
+    import counterfactory.flows.engine.release  # noqa: F401
     import counterfactory.flows.resume  # noqa: F401
     import counterfactory.flows.run  # noqa: F401
     import counterfactory.flows.schedule  # noqa: F401
@@ -80,7 +80,8 @@ def test_counterfactory_run_parses_the_spec_once_and_checks_the_version_once(cou
 
 
 def test_one_scheduled_run_parses_the_spec_once_and_checks_the_version_once(counted, tmp_path):
-    from counterfactory.flows.schedule import SCHEDULE_LOG, regenerate_flow
+    from counterfactory.flows.engine.run_folder import SCHEDULE_LOG
+    from counterfactory.flows.schedule import regenerate_flow
 
     spec = write_spec(tmp_path)
     out = tmp_path / "out"

@@ -8,8 +8,8 @@ import json
 import pytest
 import yaml
 
-from counterfactory.flows import steps
-from counterfactory.flows.publish import publish_release
+from counterfactory.flows.engine import execute, run_folder, sources, template
+from counterfactory.flows.engine.release import publish_release
 from counterfactory.manifests.errors import SetupError
 from counterfactory.manifests.registry import EDITORS
 from counterfactory.manifests.spec import SpecError, load_spec
@@ -31,13 +31,15 @@ def test_a_backend_written_in_one_module_runs_the_demo_spec(tmp_path, specs_dir)
 
     spec = load_spec(_demo_with(tmp_path, specs_dir, {"backend": "warm", "warm": {"shift": 20}, "max_attempts": 1}))
     assert spec.editor.options().shift == 20 and spec.canonical()["editor"]["warm"] == {"shift": 20}
-    ws = steps.open_workspace(spec, tmp_path / "out")
-    editor = steps.build_editor(spec)
-    stack = steps.build_gate_stack(spec)
-    prepared, failed = steps.prepare_sources(spec, ws.ledger)
-    grid = steps.plan_grid(spec, prepared)
+    ws = run_folder.open_workspace(spec, tmp_path / "out")
+    editor = execute.build_editor(spec)
+    stack = execute.build_gate_stack(spec)
+    prepared, failed = sources.prepare_sources(spec, ws.ledger)
+    grid = sources.plan_grid(spec, prepared)
     outcomes = [
-        steps.process_template(spec, ws, p, grid.cells_of(p.id), editor, stack) for p in prepared if grid.cells_of(p.id)
+        template.process_template(spec, ws, p, grid.cells_of(p.id), editor, stack)
+        for p in prepared
+        if grid.cells_of(p.id)
     ]
     sealed = publish_release(spec, ws, prepared, failed, outcomes, grid, allow_incomplete=True)
     # every cell, and one noise-floor request per template

@@ -168,7 +168,7 @@ def local_ray():
 
 @pytest.mark.slow
 def test_a_run_on_ray_matches_the_local_run(local_ray, tmp_path):
-    from counterfactory.flows import steps
+    from counterfactory.flows.engine import execute
     from counterfactory.flows.resume import run_spec
 
     spec = write_spec(tmp_path)
@@ -180,7 +180,7 @@ def test_a_run_on_ray_matches_the_local_run(local_ray, tmp_path):
     # the Ray workers are other processes: what is patched here cannot reach them
     with pytest.MonkeyPatch.context() as patch:
         for name in ("run_edits", "judge_attempts", "build_editor", "build_gate_stack"):
-            patch.setattr(steps, name, not_here)
+            patch.setattr(execute, name, not_here)
         on_ray = run_spec(spec, tmp_path / "ray", workers=2, progress=False, ray=local_ray)
 
     assert local.editor_calls > 0

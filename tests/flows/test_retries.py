@@ -11,7 +11,7 @@ from prefect import flow
 from sqlalchemy.exc import OperationalError
 
 from counterfactory.flows import run as run_module
-from counterfactory.flows.publish import IncompleteGridError
+from counterfactory.flows.engine.release import IncompleteGridError
 from counterfactory.flows.retries import is_transient
 from counterfactory.flows.server import prefect_api
 from counterfactory.manifests.errors import SetupError
@@ -64,7 +64,7 @@ def test_prefect_retries_a_template_after_a_transient_error_only(monkeypatch):
             raise SetupError("the model file is missing")
         return prepared.id
 
-    monkeypatch.setattr(run_module.steps, "process_template", flaky)
+    monkeypatch.setattr(run_module.template, "process_template", flaky)
     task = run_module.template_task.with_options(retry_delay_seconds=0)
 
     @flow

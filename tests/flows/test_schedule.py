@@ -101,7 +101,8 @@ def test_without_a_server_the_command_runs_one_with_its_scheduler(monkeypatch):
 
 @pytest.mark.slow
 def test_a_failed_scheduled_run_is_logged_with_its_error(tmp_path, specs_dir):
-    from counterfactory.flows.schedule import SCHEDULE_LOG, regenerate_flow
+    from counterfactory.flows.engine.run_folder import SCHEDULE_LOG
+    from counterfactory.flows.schedule import regenerate_flow
     from counterfactory.manifests.runlock import RunFolderError, RunFolderLock
 
     out = tmp_path / "out"

@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 
-from counterfactory.flows import steps
+from counterfactory.flows.engine import execute, run_folder, sources, template
 from counterfactory.flows.resume import settled_outcomes
 from counterfactory.generation.attempts import plan_attempts
 from counterfactory.generation.editors.classical import ClassicalEditor
@@ -29,8 +29,8 @@ def spec(specs_dir):
 
 @pytest.fixture(scope="module")
 def prepared(spec, tmp_path_factory):
-    ws = steps.open_workspace(spec, tmp_path_factory.mktemp("prep"))
-    usable, failed = steps.prepare_sources(spec, ws.ledger)
+    ws = run_folder.open_workspace(spec, tmp_path_factory.mktemp("prep"))
+    usable, failed = sources.prepare_sources(spec, ws.ledger)
     ws.ledger.close()
     assert usable and any("2 faces" in f.reason for f in failed)
     return {p.id: p for p in usable}
@@ -38,7 +38,7 @@ def prepared(spec, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def stack(spec):
-    return steps.build_gate_stack(spec)
+    return execute.build_gate_stack(spec)
 
 
 def _with_face_mask(prepared: PreparedSource, mode: str) -> PreparedSource:
@@ -48,20 +48,20 @@ def _with_face_mask(prepared: PreparedSource, mode: str) -> PreparedSource:
 
 
 def _ids(spec, prepared, editor, attempt_no: int = 1) -> list[str]:
-    cells = steps.plan_grid(spec, [prepared]).cells_of(prepared.id)
+    cells = sources.plan_grid(spec, [prepared]).cells_of(prepared.id)
     return [p.attempt_id for p in plan_attempts(spec, prepared, cells, editor, editor.lineage(), attempt_no)]
 
 
 @pytest.mark.slow
 def test_a_face_source_check_is_kept_and_read_back_without_the_landmarker(spec, prepared, tmp_path, monkeypatch):
-    ws = steps.open_workspace(spec, tmp_path)
-    first_ok, first_failed = steps.prepare_sources(spec, ws.ledger, ws.store)
+    ws = run_folder.open_workspace(spec, tmp_path)
+    first_ok, first_failed = sources.prepare_sources(spec, ws.ledger, ws.store)
 
     def refuse(*args, **kwargs):
         raise AssertionError("the face landmarker ran again")
 
-    monkeypatch.setattr(steps, "get_face_landmarker", refuse)
-    again_ok, again_failed = steps.prepare_sources(spec, ws.ledger, ws.store)
+    monkeypatch.setattr(sources, "get_face_landmarker", refuse)
+    again_ok, again_failed = sources.prepare_sources(spec, ws.ledger, ws.store)
     assert [(p.id, p.face_size_px) for p in again_ok] == [(p.id, p.face_size_px) for p in first_ok]
     # the same masks as a run without the store computes (so the same attempt ids)
     assert all(np.array_equal(a.region, prepared[a.id].region) for a in again_ok)
@@ -69,7 +69,7 @@ def test_a_face_source_check_is_kept_and_read_back_without_the_landmarker(spec, 
     # another face-mask mode decides other masks: checked again
     skin = spec.model_copy(update={"gates": spec.gates.model_copy(update={"face_mask": "skin"})})
     with pytest.raises(AssertionError, match="ran again"):
-        steps.prepare_sources(skin, ws.ledger, ws.store)
+        sources.prepare_sources(skin, ws.ledger, ws.store)
     ws.ledger.close()
 
 
@@ -91,7 +91,7 @@ def test_the_run_keeps_no_photo_decoded_and_its_templates_see_the_same_pixels(sp
 
         faces = get_face_landmarker().detect(expected.pixels)
         region, _ = source_edit_region(
-            expected.pixels, faces[0].landmarks, steps.edit_region(spec), mode=spec.gates.face_mask
+            expected.pixels, faces[0].landmarks, sources.edit_region(spec), mode=spec.gates.face_mask
         )
         assert np.array_equal(p.region, region)
         held = p.held()
@@ -110,8 +110,8 @@ def test_a_photo_changed_during_the_run_fails_its_cells_with_the_reason_and_buys
     photos = tmp_path / "photos"
     shutil.copytree(spec.sources.photos, photos)
     local = spec.model_copy(update={"sources": spec.sources.model_copy(update={"photos": photos})})
-    ws = steps.open_workspace(local, tmp_path / "out")
-    usable, _ = steps.prepare_sources(local, ws.ledger, ws.store)
+    ws = run_folder.open_workspace(local, tmp_path / "out")
+    usable, _ = sources.prepare_sources(local, ws.ledger, ws.store)
     source = usable[0]
     # another photo of the same size put in its place after the run checked it (read from the
     # file: asking the released source would decode and cache the checked pixels first)
@@ -119,8 +119,8 @@ def test_a_photo_changed_during_the_run_fails_its_cells_with_the_reason_and_buys
         flipped = np.asarray(image.convert("RGB"))[::-1]
     Image.fromarray(np.ascontiguousarray(flipped)).save(source.source.path)
     editor = FakeEditor()
-    cells = steps.plan_grid(local, [source]).cells_of(source.id)
-    outcome = steps.process_template(local, ws, source, cells, editor, None)
+    cells = sources.plan_grid(local, [source]).cells_of(source.id)
+    outcome = template.process_template(local, ws, source, cells, editor, None)
     ws.ledger.close()
     assert editor.calls == [] and outcome.editor_calls == 0 and len(outcome.cells) == len(cells)
     assert all(c.verdict == "failed" and c.reasons[0].startswith("source_changed:") for c in outcome.cells)
@@ -157,21 +157,21 @@ def test_resolved_revision_and_seed_change_ids(spec, prepared):
 
 def test_judge_key_hashes_only_the_active_kind(spec):
     other = spec.gates.model_copy(update={"limb": spec.gates.limb.model_copy(update={"expression": None})})
-    assert steps.judge_key(spec.model_copy(update={"gates": other})) == steps.judge_key(spec)
+    assert execute.judge_key(spec.model_copy(update={"gates": other})) == execute.judge_key(spec)
     own = spec.gates.model_copy(update={"face": spec.gates.face.model_copy(update={"expression": None})})
-    assert steps.judge_key(spec.model_copy(update={"gates": own})) != steps.judge_key(spec)
+    assert execute.judge_key(spec.model_copy(update={"gates": own})) != execute.judge_key(spec)
     # limb-mask growth does not decide a face verdict
     masks = spec.masks.model_copy(update={"dilate_px": 9})
-    assert steps.judge_key(spec.model_copy(update={"masks": masks})) == steps.judge_key(spec)
+    assert execute.judge_key(spec.model_copy(update={"masks": masks})) == execute.judge_key(spec)
 
 
 @pytest.mark.slow
 def test_process_template_runs_each_cell_once_and_never_again(spec, prepared, stack, tmp_path):
-    ws = steps.open_workspace(spec, tmp_path)
+    ws = run_folder.open_workspace(spec, tmp_path)
     source = prepared["grace_hopper"]
-    cells = steps.plan_grid(spec, [source]).cells_of(source.id)
+    cells = sources.plan_grid(spec, [source]).cells_of(source.id)
     editor = FakeEditor()
-    first = steps.process_template(spec, ws, source, cells, editor, stack)
+    first = template.process_template(spec, ws, source, cells, editor, stack)
     assert len(first.cells) == len(cells) == 6
     assert first.editor_calls == len(editor.calls) >= len(cells)
     for outcome in first.cells:
@@ -180,11 +180,11 @@ def test_process_template_runs_each_cell_once_and_never_again(spec, prepared, st
         assert candidate.alignment["ok"] is True
         assert "identity" in candidate.gates and "locality" in candidate.gates
     again = FakeEditor()
-    second = steps.process_template(spec, ws, source, cells, again, stack)
+    second = template.process_template(spec, ws, source, cells, again, stack)
     assert second.editor_calls == 0 and again.calls == []
     assert [c.verdict for c in second.cells] == [c.verdict for c in first.cells]
     # the ledger alone settles the template as the run did (a re-run needs no Prefect then)
-    grid = steps.plan_grid(spec, [source])
+    grid = sources.plan_grid(spec, [source])
     (settled,) = settled_outcomes(spec, ws, [source], grid.cells, FakeEditor())
     assert [(c.final_attempt, c.attempt_ids, c.verdict, c.reasons) for c in settled.cells] == [
         (c.final_attempt, c.attempt_ids, c.verdict, c.reasons) for c in first.cells
@@ -200,20 +200,20 @@ def test_process_template_runs_each_cell_once_and_never_again(spec, prepared, st
 
 @pytest.mark.slow
 def test_refused_and_failed_attempts_are_retried_with_the_next_seed(spec, prepared, stack, tmp_path):
-    ws = steps.open_workspace(spec, tmp_path)
+    ws = run_folder.open_workspace(spec, tmp_path)
     source = prepared["grace_hopper"]
-    cells = steps.plan_grid(spec, [source]).cells_of(source.id)[:2]
+    cells = sources.plan_grid(spec, [source]).cells_of(source.id)[:2]
     editor = FakeEditor()
     plans = plan_attempts(spec, source, cells, editor, editor.lineage(), 1)
     editor.script = {plans[0].attempt_id: "refused", plans[1].attempt_id: "failed"}
-    assert steps.run_edits(ws, editor, plans, editor.lineage()) == 2
-    verdicts = steps.judge_attempts(spec, ws, source, plans, stack, steps.judge_key(spec))
+    assert execute.run_edits(ws, editor, plans, editor.lineage()) == 2
+    verdicts = execute.judge_attempts(spec, ws, source, plans, stack, execute.judge_key(spec))
     assert verdicts[0] == ("rejected", ["editor_refused: fake_refused"])
     assert verdicts[1] == ("failed", ["fake_failed"])
     # a refusal is final (never paid again), a failure is run again
-    assert steps.run_edits(ws, editor, plans, editor.lineage()) == 1
+    assert execute.run_edits(ws, editor, plans, editor.lineage()) == 1
     # the refused cell moves on to seed 2; the failed attempt 1 is run again and now succeeds
-    outcome = steps.process_template(spec, ws, source, cells, FakeEditor(), stack)
+    outcome = template.process_template(spec, ws, source, cells, FakeEditor(), stack)
     assert [len(c.attempt_ids) for c in outcome.cells] == [2, 1]
     assert outcome.cells[0].final_attempt != plans[0].attempt_id
     assert outcome.cells[1].final_attempt == plans[1].attempt_id and outcome.cells[1].verdict != "failed"
@@ -226,14 +226,14 @@ def test_outputs_judged_from_memory_match_a_judgement_read_back_from_the_store(s
     work across the template; judging the stored PNG from scratch must give the same candidate."""
     from counterfactory.manifests.store import ImageStore
 
-    ws = steps.open_workspace(spec, tmp_path / "run")
+    ws = run_folder.open_workspace(spec, tmp_path / "run")
     source = prepared["grace_hopper"]
-    cells = steps.plan_grid(spec, [source]).cells_of(source.id)[:2]
-    outcome = steps.process_template(spec, ws, source, cells, FakeEditor(), stack)
+    cells = sources.plan_grid(spec, [source]).cells_of(source.id)[:2]
+    outcome = template.process_template(spec, ws, source, cells, FakeEditor(), stack)
     fresh_store = ImageStore(tmp_path / "fresh")
     # the cells were judged above the template's noise floor: the fresh judgement is too
     (floor_row,) = ws.ledger.candidates_of_cells([f"{source.id}|{FLOOR_VERDICT}"])
-    floor = steps.floor_metrics(floor_row.gates, floor_row.attempt_id, floor_row.image_sha256)
+    floor = template.floor_metrics(floor_row.gates, floor_row.attempt_id, floor_row.image_sha256)
     assert floor is not None and floor["image_sha256"] == floor_row.image_sha256
     # and pixel by pixel against the floor output itself, which the run read from its store
     floor_image = ws.store.get(floor_row.image_sha256)
@@ -286,8 +286,8 @@ def test_a_status_poll_outage_buys_zero_extra_requests(spec, prepared, stack, tm
     from tests.generation.fal_server import Behaviour, FalServer
 
     source = prepared["grace_hopper"]
-    cells = steps.plan_grid(spec, [source]).cells_of(source.id)[:3]
-    monkeypatch.setattr(steps, "RESUME_WAITS_S", (0.0, 0.0, 0.0))
+    cells = sources.plan_grid(spec, [source]).cells_of(source.id)[:3]
+    monkeypatch.setattr(template, "RESUME_WAITS_S", (0.0, 0.0, 0.0))
     editor = FalEditor(
         FalEditor().options.model_copy(update={"backoff_s": 0.01, "poll_interval_s": 0.01, "max_retries": 1})
     )
@@ -299,8 +299,8 @@ def test_a_status_poll_outage_buys_zero_extra_requests(spec, prepared, stack, tm
         # cancel sent when the polls give up comes too late to stop them
         for plan in plans:
             server.behave(plan.request.prompt, Behaviour(status_errors=(503, 503, 503, 503), queued_s=0.0))
-        ws = steps.open_workspace(spec, tmp_path)
-        outcome = steps.process_template(spec, ws, source, cells, editor, stack)
+        ws = run_folder.open_workspace(spec, tmp_path)
+        outcome = template.process_template(spec, ws, source, cells, editor, stack)
         # reproduction: every cell used to fail its first attempt and buy seed 2 (2 paid each)
         # (one request per cell, and the template's one noise-floor request)
         assert sum(server.paid_submits.values()) == len(cells) + 1
@@ -317,8 +317,8 @@ def test_a_request_still_out_after_the_waits_is_fetched_by_the_next_run(spec, pr
     from tests.generation.fal_server import Behaviour, FalServer
 
     source = prepared["grace_hopper"]
-    cells = steps.plan_grid(spec, [source]).cells_of(source.id)[:2]
-    monkeypatch.setattr(steps, "RESUME_WAITS_S", (0.0,))
+    cells = sources.plan_grid(spec, [source]).cells_of(source.id)[:2]
+    monkeypatch.setattr(template, "RESUME_WAITS_S", (0.0,))
     editor = FalEditor(
         FalEditor().options.model_copy(update={"backoff_s": 0.01, "poll_interval_s": 0.01, "max_retries": 0})
     )
@@ -326,13 +326,13 @@ def test_a_request_still_out_after_the_waits_is_fetched_by_the_next_run(spec, pr
         editor.prepare()
         for plan in plan_attempts(spec, source, cells, editor, editor.lineage(), 1):
             server.behave(plan.request.prompt, Behaviour(status_errors=(503, 503, 503), queued_s=0.0))
-        ws = steps.open_workspace(spec, tmp_path)
-        first = steps.process_template(spec, ws, source, cells, editor, stack)
+        ws = run_folder.open_workspace(spec, tmp_path)
+        first = template.process_template(spec, ws, source, cells, editor, stack)
         # two tries in this run, both in the outage: the cells stay failed, no seed 2 is bought
         assert [c.verdict for c in first.cells] == ["failed", "failed"]
         assert all("fal_unavailable" in c.reasons[0] for c in first.cells)
         assert [len(c.attempt_ids) for c in first.cells] == [1, 1]
-        second = steps.process_template(spec, ws, source, cells, editor, stack)
+        second = template.process_template(spec, ws, source, cells, editor, stack)
         assert [c.verdict for c in second.cells] == ["needs_review", "needs_review"]
         # each cell once, and the template's noise-floor request once
         assert sum(server.paid_submits.values()) == len(cells) + 1
@@ -342,7 +342,7 @@ def test_a_request_still_out_after_the_waits_is_fetched_by_the_next_run(spec, pr
 KILL_SCRIPT = """
 import sys, time
 import yaml
-from counterfactory.flows import steps
+from counterfactory.flows.engine import execute, run_folder, sources, template
 from counterfactory.generation.attempts import plan_attempts
 from counterfactory.flows.resume import settled_outcomes
 from counterfactory.manifests.spec import load_spec
@@ -354,14 +354,14 @@ class Slow(FakeEditor):
         return super().edit(request)
 
 spec = load_spec(sys.argv[1])
-ws = steps.open_workspace(spec, sys.argv[2])
-prepared, _ = steps.prepare_sources(spec, ws.ledger)
+ws = run_folder.open_workspace(spec, sys.argv[2])
+prepared, _ = sources.prepare_sources(spec, ws.ledger)
 source = prepared[0]
-cells = steps.plan_grid(spec, [source]).cells_of(source.id)
+cells = sources.plan_grid(spec, [source]).cells_of(source.id)
 assert len(cells) == 80, len(cells)
 editor = Slow()
 plans = plan_attempts(spec, source, cells, editor, editor.lineage(), 1)
-print("calls", steps.run_edits(ws, editor, plans, editor.lineage()), flush=True)
+print("calls", execute.run_edits(ws, editor, plans, editor.lineage()), flush=True)
 """
 
 
@@ -433,15 +433,15 @@ def test_a_key_rejected_mid_run_stops_the_template_with_one_error(spec, prepared
     from tests.generation.fal_server import FalServer
 
     source = prepared["grace_hopper"]
-    cells = steps.plan_grid(spec, [source]).cells_of(source.id)
+    cells = sources.plan_grid(spec, [source]).cells_of(source.id)
     with FalServer(latency_s=0.05, model="copy") as server, server.patch_environment():
         # the key authenticates (prepare passes) but the account may not submit (HTTP 403)
         monkeypatch.setenv("FAL_KEY", server.locked_keys[0])
         editor = FalEditor(FalEditor().options.model_copy(update={"backoff_s": 0.01, "poll_interval_s": 0.01}))
         editor.prepare()
-        ws = steps.open_workspace(spec, tmp_path)
+        ws = run_folder.open_workspace(spec, tmp_path)
         with pytest.raises(SetupError, match="HTTP 403"):
-            steps.process_template(spec, ws, source, cells, editor, stack)
+            template.process_template(spec, ws, source, cells, editor, stack)
         # reproduction: every item used to end as a `failed` row and the next seed was tried
         attempts = ws.ledger.attempts()
         assert attempts and {a.attempt_no for a in attempts} == {1}

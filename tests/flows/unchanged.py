@@ -80,7 +80,7 @@ KILLED = "demo-face"
 #: - ``release.json``'s ``created_at`` is the wall-clock time of sealing (its ``file_sha256`` is
 #:   counted by file name, hashes taken out: each file is fingerprinted as itself).
 #:
-#: ``flows.publish.release_inputs_key`` leaves it out for the same reason. A run's own editor
+#: ``counterfactory.flows.engine.release.release_inputs_key`` leaves it out for the same reason. A run's own editor
 #: calls are not in the release (its printed summary and the ledger's ``runs`` row hold them), so a
 #: resumed run seals the same bytes (``tests/flows/test_resume_release.py``).
 NORMALISED = {"release.json": "created_at removed"}

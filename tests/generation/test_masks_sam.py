@@ -307,7 +307,7 @@ def _masks_cli(spec, checkpoint, *extra):
 
 @pytest.mark.slow
 def test_masks_command_stores_the_sam_mask_a_run_then_edits_inside(tiny_checkpoint, tmp_path, specs_dir):
-    from counterfactory.flows import steps
+    from counterfactory.flows.engine import execute, run_folder, sources, template
     from counterfactory.generation.masks import apply_mask_options
     from counterfactory.generation.records import SamPrompt, sam_mask_file
     from counterfactory.manifests.spec import load_spec
@@ -316,8 +316,8 @@ def test_masks_command_stores_the_sam_mask_a_run_then_edits_inside(tiny_checkpoi
     stored = photos / sam_mask_file("grace", SamPrompt(box=SPEC_BOX))
     # before the command, the source names the missing mask and the fix
     spec = load_spec(spec_path)
-    ws = steps.open_workspace(spec, tmp_path / "before")
-    prepared, failed = steps.prepare_sources(spec, ws.ledger)
+    ws = run_folder.open_workspace(spec, tmp_path / "before")
+    prepared, failed = sources.prepare_sources(spec, ws.ledger)
     ws.ledger.close()
     assert not prepared and "counterfactory masks" in failed[0].reason and str(stored) in failed[0].reason
 
@@ -343,15 +343,15 @@ def test_masks_command_stores_the_sam_mask_a_run_then_edits_inside(tiny_checkpoi
     # follow the mask's pixels
     def attempt_ids(out):
         spec = load_spec(spec_path)
-        ws = steps.open_workspace(spec, out)
-        prepared, failed = steps.prepare_sources(spec, ws.ledger)
+        ws = run_folder.open_workspace(spec, out)
+        prepared, failed = sources.prepare_sources(spec, ws.ledger)
         assert not failed
         (source,) = prepared
         np.testing.assert_array_equal(source.region, apply_mask_options(np.asarray(Image.open(stored)), spec.masks))
-        editor = steps.build_editor(spec)
-        grid = steps.plan_grid(spec, prepared)
-        outcome = steps.process_template(
-            spec, ws, source, grid.cells_of(source.id), editor, steps.build_gate_stack(spec)
+        editor = execute.build_editor(spec)
+        grid = sources.plan_grid(spec, prepared)
+        outcome = template.process_template(
+            spec, ws, source, grid.cells_of(source.id), editor, execute.build_gate_stack(spec)
         )
         ids = sorted(a for c in outcome.cells for a in c.attempt_ids)
         assert len(ids) == 2 and outcome.editor_calls == 2

@@ -2,7 +2,7 @@
 
 Running the demo flow takes a minute; the Hub tests need a release in a second. Every JSON file
 matches its schema in ``manifests/schemas/`` (``verify`` checks them). Rows follow
-``flows.publish.build_items`` (item, condition, status, image, source, editor, gates, review),
+``counterfactory.flows.engine.release.build_items`` (item, condition, status, image, source, editor, gates, review),
 images are the real photos with a condition-specific tint in one box, saved as PNG under
 their sha256, so pixel checks have real photographs to compare.
 """

@@ -166,7 +166,7 @@ def test_the_root_documents_every_exception_class_with_its_module_and_bases():
         ("counterfactory.manifests.hub", "HubTransferError", RuntimeError),
         ("counterfactory.generation.errors", "MetadataError", ValueError),
         ("counterfactory.generation.masks", "MaskError", ValueError),
-        ("counterfactory.flows.publish", "IncompleteGridError", RuntimeError),
+        ("counterfactory.flows.engine.release", "IncompleteGridError", RuntimeError),
         ("counterfactory.flows.schedule", "ScheduleError", ValueError),
     ],
 )

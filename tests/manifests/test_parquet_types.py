@@ -11,7 +11,7 @@ from tests.manifests.hub_release import make_release
 
 @pytest.mark.slow
 def test_unreviewed_and_reviewed_versions_concatenate_with_booleans_as_booleans(tmp_path):
-    from counterfactory.flows.publish import manifest_table
+    from counterfactory.flows.engine.release import manifest_table
 
     rows = read_jsonl(make_release(tmp_path) / "manifest.jsonl")
     assert any(r["review"] for r in rows)

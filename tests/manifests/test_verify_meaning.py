@@ -48,7 +48,7 @@ def _writable(folder: Path) -> None:
 @pytest.fixture(scope="module")
 def sealed(tmp_path_factory) -> Path:
     """A sealed release with a manifest.parquet written by the publisher's own table code."""
-    from counterfactory.flows.publish import manifest_table
+    from counterfactory.flows.engine.release import manifest_table
 
     root = tmp_path_factory.mktemp("meaning")
     release = make_release(root)

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import yaml
 
-from counterfactory.flows import steps
+from counterfactory.flows.engine import execute, run_folder, sources
 from counterfactory.manifests.registry import GATES
 from counterfactory.manifests.spec import SpecError, load_spec
 from counterfactory.validation.judge import GatesConfig, GateStack
@@ -77,14 +77,14 @@ def test_plugin_gate_reasons_reach_the_demo_runs_verdicts(tint_gate, tmp_path, s
     # the classical editor paints a visible tone inside the face mask: far more than half a level
     spec = load_spec(_demo_with(tmp_path, specs_dir, {"tint": {"max_face_change": 0.5}}, max_attempts=1))
     assert spec.canonical()["gates"]["face"]["tint"] == {"max_face_change": 0.5}
-    ws = steps.open_workspace(spec, tmp_path / "out")
-    editor = steps.build_editor(spec)
-    stack = steps.build_gate_stack(spec)
+    ws = run_folder.open_workspace(spec, tmp_path / "out")
+    editor = execute.build_editor(spec)
+    stack = execute.build_gate_stack(spec)
     assert stack.has("tint")
-    prepared, _ = steps.prepare_sources(spec, ws.ledger)
-    grid = steps.plan_grid(spec, prepared)
+    prepared, _ = sources.prepare_sources(spec, ws.ledger)
+    grid = sources.plan_grid(spec, prepared)
     template = next(p for p in prepared if grid.cells_of(p.id))
-    outcome = steps.process_template(spec, ws, template, grid.cells_of(template.id), editor, stack)
+    outcome = template.process_template(spec, ws, template, grid.cells_of(template.id), editor, stack)
     assert len(outcome.cells) == 6
     assert all(c.verdict == "rejected" and "tint_face_change_above_max" in c.reasons for c in outcome.cells)
     # the six cells (the template's noise-floor candidate is no cell)

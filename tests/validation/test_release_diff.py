@@ -105,7 +105,7 @@ def test_cli_diff_json_validates_against_the_schema_and_text_names_each_kind(pai
 def test_editing_the_biographies_in_place_changes_inputs_sha256(tmp_path):
     """Issue 21: inputs_sha256 hashed the spec text, so a biographies file edited in place kept
     the old release (and its old trials)."""
-    from counterfactory.flows.publish import release_inputs_key
+    from counterfactory.flows.engine.release import release_inputs_key
     from counterfactory.generation.metadata import load_metadata
     from counterfactory.generation.sampling import expand_grid
     from counterfactory.manifests.spec import load_spec

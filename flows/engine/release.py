@@ -1,10 +1,11 @@
-"""Turn the ledger's state into a release folder (plain functions, no Prefect).
+"""Turn the cells' outcomes into a sealed release folder (plain functions, no Prefect).
 
-Publishing is an explicit step: :func:`collect_outcomes` reads every cell's attempts and
-verdicts from the ledger with zero editor calls, and :func:`publish_release` seals them. A grid
-with holes (cells not accepted, failed sources, short strata) is refused unless the caller
-allows it, and then the release lists what was left out and why (``left_out.jsonl``).
-Everything that could refuse (version taken, nothing to publish, incomplete grid) is checked
+Publishing is an explicit step: :func:`~counterfactory.flows.engine.outcomes.collect_outcomes`
+reads every cell's attempts and verdicts from the ledger with zero editor calls, and
+:func:`publish_release` seals them. A grid with holes (cells not accepted, failed sources,
+short strata) is refused unless the caller allows it, and then the release lists what was
+left out and why (``left_out.jsonl``). Everything that could refuse (version taken:
+:func:`check_release_version`, once per run; nothing to publish; an incomplete grid) is checked
 before a byte is staged.
 """
 
@@ -13,7 +14,6 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
-from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -21,14 +21,27 @@ from pathlib import Path
 from typing import Any
 
 import counterfactory
-from counterfactory.flows.steps import Workspace, editor_runs, judge_key
-from counterfactory.generation.attempts import PlannedAttempt, plan_attempts
-from counterfactory.generation.editors import make_editor
+from counterfactory.flows.engine.outcomes import (
+    PublishError,
+    cell_rows,
+    collect_outcomes,
+    completeness,
+    editor_label,
+    format_completeness,
+    outcome_order,
+)
+from counterfactory.flows.engine.run_folder import RunFolder, Workspace
+from counterfactory.flows.engine.stats import _own_group, audit_expressions, audit_stats, build_stats, noise_floor_stats
 from counterfactory.generation.sampling import Grid, grid_summary, with_editors
-from counterfactory.generation.sources import FailedSource, PreparedSource, load_image
+from counterfactory.generation.sources import (
+    FailedSource,
+    PreparedSource,
+    load_image,
+)
 from counterfactory.manifests.derived import apply_transform, crop_series, derived_id
-from counterfactory.manifests.errors import CounterfactoryError
-from counterfactory.manifests.lifecycle import FINISHED_ATTEMPT, CellOutcome, Settled, TemplateOutcome, fill_cells
+from counterfactory.manifests.lifecycle import (
+    TemplateOutcome,
+)
 from counterfactory.manifests.release import (
     ITEMS,
     MANIFEST,
@@ -62,29 +75,15 @@ from counterfactory.manifests.trials import (
     trials_left_out,
 )
 from counterfactory.validation.attrition import plot_attrition
-from counterfactory.validation.expression_audit import expression_label, modal_label
-from counterfactory.validation.gates.base import VERDICTS
 from counterfactory.validation.judging import (
-    SKIPPED_WHY,
-    SOURCE_FREE_GATES,
-    SOURCE_GATES_SKIPPED,
     floor_path_of,
-    no_source_mode,
 )
-from counterfactory.validation.release_derived import as_read_back, completeness_report, derived_stats, floors_by_editor
 from counterfactory.validation.report import write_report
 from counterfactory.validation.review_stats import release_review_stats
 from counterfactory.validation.target_stats import (
-    focus_comparison,
     plot_skin_tone,
     skin_tone_stats,
 )
-
-STATUSES = VERDICTS
-
-
-class PublishError(CounterfactoryError, RuntimeError):
-    """A release that must not be sealed; the message says why and how to go on."""
 
 
 class EmptyReleaseError(PublishError):
@@ -103,154 +102,6 @@ def with_version(spec: Spec, version: str | None) -> Spec:
 
     release = ReleaseConfig.model_validate({**spec.release.model_dump(), "version": version})
     return spec.model_copy(update={"release": release})
-
-
-def collect_outcomes(
-    spec: Spec, ws: Workspace, prepared: Sequence[PreparedSource], grid: Grid
-) -> list[TemplateOutcome]:
-    """Every cell's attempts and final verdict, read from the ledger; no editor is called (the
-    publishing policy over :func:`~counterfactory.manifests.lifecycle.fill_cells`).
-
-    Attempt ids are planned exactly as the run plans them (seed ``editor.seed + n - 1`` for
-    attempt ``n``), so a cell's outcome is the one the run reached. A cell with no attempt in
-    the ledger is ``failed`` with reason ``not_run``.
-
-    Raises:
-        PublishError: a stored verdict was judged with other alignment or gate settings.
-    """
-    jkey = judge_key(spec)
-    by_id = {p.id: p for p in prepared}
-
-    def settle(plans: Sequence[PlannedAttempt]) -> dict[str, Settled | None]:
-        settled: dict[str, Settled | None] = {}
-        for planned in plans:
-            aid = planned.attempt_id
-            attempt = ws.ledger.attempt(aid)
-            if attempt is None:
-                settled[aid] = None  # the run never got this far: the cell stays as it is
-                continue
-            if attempt.status not in FINISHED_ATTEMPT:
-                settled[aid] = Settled("failed", [attempt.reason or f"editor_{attempt.status}"])
-                continue
-            candidate = ws.ledger.candidate(aid)
-            if candidate is None or candidate.judge_key != jkey:
-                raise PublishError(
-                    f"cell {planned.cell.cell_id}: attempt {aid[:12]} was not judged with this spec's alignment "
-                    "and gate settings; run the spec again (`counterfactory run`, zero editor calls) to "
-                    "re-judge, then publish"
-                )
-            settled[aid] = Settled(candidate.verdict, candidate.reasons)
-        return settled
-
-    def not_run(cell) -> CellOutcome:
-        return CellOutcome(cell=cell, verdict="failed", reasons=["not_run: no attempt in the ledger; run the spec"])
-
-    outcomes = []
-    for view, view_cells in editor_runs(spec, grid):  # one pass per editor the spec names
-        editor = make_editor(view.editor.backend, view.editor.options())
-        lineage = editor.lineage()
-        cells_by_template: dict[str, list] = {}
-        for cell in view_cells:
-            cells_by_template.setdefault(cell.source_id, []).append(cell)
-        for template_id, cells in sorted(cells_by_template.items()):
-            source = by_id[template_id]
-
-            def plan(open_cells, attempt_no, source=source, view=view, editor=editor, lineage=lineage):
-                return plan_attempts(view, source, open_cells, editor, lineage, attempt_no)
-
-            results = fill_cells(cells, view.editor.max_attempts, plan, settle, initial=not_run)
-            outcomes.append(TemplateOutcome(template_id=template_id, cells=list(results.values()), editor_calls=0))
-    return sorted(outcomes, key=outcome_order(spec))
-
-
-def outcome_order(spec: Spec) -> Callable[[TemplateOutcome], tuple[str, int]]:
-    """The sort key of a release's template outcomes: template id, then the spec's editor order
-    (a one-editor spec's outcomes by template id, as before editors could be compared)."""
-    names = [view.editor_name for view in spec.editor_views()]
-    return lambda o: (o.template_id, names.index(o.editor))
-
-
-def editor_label(spec: Spec, cell: Any) -> str:
-    """The editor a cell's row names (``editor_name``): its label in a spec with ``editors``,
-    else the one editor's backend."""
-    return cell.editor if cell.editor is not None else spec.editor.backend
-
-
-def cell_rows(ws: Workspace, spec: Spec, outcomes: Sequence[TemplateOutcome]) -> list[dict[str, Any]]:
-    """Each cell's status after people's resolved reviews (no files touched): what decides
-    completeness before anything is staged."""
-    rows = [
-        {
-            "item_id": c.final_attempt,
-            "cell_id": c.cell.cell_id,
-            "template_id": o.template_id,
-            "condition": dict(c.cell.condition),
-            "status": c.verdict,
-            "reasons": list(c.reasons),
-        }
-        for o in outcomes
-        for c in o.cells
-    ]
-    apply_reviews(ws.ledger, spec.review, rows)
-    return rows
-
-
-def completeness(
-    rows: Sequence[dict[str, Any]], failed: Sequence[FailedSource], grid: Grid
-) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """``(report, left_out rows)``: per condition group the cells planned, accepted, undecided
-    (``needs_review``) and unfilled (``rejected``/``failed``), and everything left out with why.
-
-    Args:
-        rows: one per cell (:func:`cell_rows`): ``cell_id``, ``template_id``, ``condition``,
-            ``status`` and ``reasons``.
-
-    The grid is complete when every cell is accepted, no source failed and no stratum is short.
-    """
-    left_out: list[dict[str, Any]] = []
-    for row in rows:
-        if row["status"] != "accepted":
-            left_out.append(
-                {
-                    "what": "cell",
-                    "id": row["cell_id"],
-                    "status": row["status"],
-                    "reason": "; ".join(row["reasons"]) or row["status"],
-                    "group": {"template_id": row["template_id"], **row["condition"]},
-                }
-            )
-    for f in failed:
-        left_out.append({"what": "source", "id": f.id, "status": "failed", "reason": f.reason, "group": {}})
-    for s in grid.shortfalls:
-        left_out.append(
-            {
-                "what": "stratum",
-                "id": "|".join(f"{k}={v}" for k, v in s.stratum.items()),
-                "status": "short",
-                "reason": f"{s.available} eligible source(s) for {s.requested} requested template(s)",
-                "group": {k: v for k, v in s.stratum.items()},
-            }
-        )
-    for e in grid.excluded:
-        left_out.append({"what": "source", "id": e.source_id, "status": "excluded", "reason": e.reason, "group": {}})
-    report = completeness_report(rows, failed_sources=bool(failed), short_strata=bool(grid.shortfalls))
-    return report, left_out
-
-
-def format_completeness(report: dict[str, Any], left_out: Sequence[dict[str, Any]], *, limit: int = 12) -> str:
-    """Human-readable lines: one per group, then what was left out (first ``limit``)."""
-    lines = ["per group: cells, accepted, undecided (needs_review), unfilled (rejected/failed)"]
-    for g in report["per_group"]:
-        lines.append(f"  {g['group']}: {g['cells']} cells, {g['accepted']} accepted, "
-                     f"{g['undecided']} undecided, {g['unfilled']} unfilled")  # fmt: skip
-    counted = [r for r in left_out if r["status"] != "excluded"]
-    if counted:
-        lines.append(f"left out ({len(counted)}):")
-        for r in counted[:limit]:
-            lines.append(f"  {r['what']} {r['id']}: {r['status']}: {r['reason'][:160]}")
-        if len(counted) > limit:
-            lines.append(f"  ... and {len(counted) - limit} more (listed in the release's left_out.jsonl)")
-    return "\n".join(lines)
 
 
 def _editor_record(attempt) -> dict[str, Any] | None:
@@ -347,35 +198,6 @@ def _skipped_gates(candidate: Any) -> dict[str, Any]:
     return {"skipped_gates": list(skipped)} if isinstance(skipped, list) else {}
 
 
-def audit_stats(
-    spec: Spec, items: Sequence[dict[str, Any]], manifest: Sequence[dict[str, Any]]
-) -> dict[str, Any] | None:
-    """stats.json ``audit`` of an imported set (the ``import`` backend; None for every other
-    spec): ``focus``, the set's QC figures beside FOCUS's published ones
-    (:func:`~counterfactory.validation.target_stats.focus_comparison`); and for a set judged
-    without source photos ``skipped`` (gate -> items it was not run on), why, and whether a pass
-    of the remaining gates is accepted."""
-    if spec.editor.backend != "import":
-        return None
-    audit: dict[str, Any] = {"focus": focus_comparison(items, manifest)}
-    accept = no_source_mode(spec)
-    if accept is None:
-        return audit
-    skipped: Counter[str] = Counter()
-    for item in items:
-        skipped.update(item.get("skipped_gates") or [])
-    return {
-        **audit,
-        "no_source": True,
-        "skipped": dict(sorted(skipped.items())),
-        "why": SKIPPED_WHY,
-        "ran": list(SOURCE_FREE_GATES),
-        "verdict": "accepted on the remaining gates"
-        if accept
-        else f"needs_review ({SOURCE_GATES_SKIPPED}) when the remaining gates pass",
-    }
-
-
 def _source_path(src: PreparedSource) -> str:
     return f"sources/{src.source.sha256}{src.source.path.suffix.lower()}"
 
@@ -452,40 +274,6 @@ def release_inputs_key(
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
-def audit_expressions(
-    spec: Spec, items: list[dict[str, Any]], prepared: Sequence[PreparedSource], stage: ReleaseStage
-) -> None:
-    """Label every imaged face item SMILE/NEUTRAL/SERIOUS and mark drift from its template's
-    modal label (in place, ``row["expression"]``). Limb designs are not audited."""
-    if spec.design.kind != "face":
-        return
-    from counterfactory.validation.faces import get_face_landmarker
-
-    landmarker = get_face_landmarker()
-    by_id = {p.id: p for p in prepared}
-    by_template: dict[str, list[tuple[dict[str, Any], str, dict[str, float]]]] = {}
-    for row in items:
-        if row["image"] is None:
-            continue
-        faces = landmarker.detect(load_image(stage.dir / row["image"]["path"]).pixels)
-        if not faces:
-            continue
-        label, scores = expression_label(faces[0].blendshapes)
-        by_template.setdefault(row["template_id"], []).append((row, label, scores))
-    for template_id, labelled in by_template.items():
-        source_faces = landmarker.detect(by_id[template_id].source.pixels)
-        source_label = expression_label(source_faces[0].blendshapes)[0] if source_faces else None
-        template_label = modal_label([label for _, label, _ in labelled], tie_break=source_label)
-        for row, label, scores in labelled:
-            row["expression"] = {
-                "label": label,
-                "template_label": template_label,
-                "consistent": label == template_label,
-                "smile": round(scores["smile"], 4),
-                "frown": round(scores["frown"], 4),
-            }
-
-
 def build_derived(
     spec: Spec, manifest: Sequence[dict[str, Any]], prepared: Sequence[PreparedSource], stage: ReleaseStage
 ) -> list[dict[str, Any]]:
@@ -543,79 +331,6 @@ def build_derived(
     return rows
 
 
-def noise_floor_stats(spec: Spec, ws: Workspace, prepared: Sequence[PreparedSource], grid: Grid) -> dict[str, Any]:
-    """Per template (and editor), what the editor's noise-floor request measured (``{template_id:
-    {attempt_id, image_sha256, reasons, metrics}}``; with ``editors`` the keys are the floors' cell
-    ids, ``<template>|floor|editor=<label>``), judged with this spec's settings; empty when the spec
-    judges without a floor. The floor's own reasons are what a copy earns (face unchanged).
-
-    Each floor is found by the attempt id the run planned for it
-    (:func:`~counterfactory.flows.steps.plan_noise_floor`), so a floor an earlier spec made with
-    the same editor (its candidate recorded under that spec's cell id) is found too, and one made
-    by another editor configuration is not.
-    """
-    from counterfactory.flows.steps import plan_noise_floor, uses_noise_floor
-    from counterfactory.validation.gates.locality import FLOOR_RELATIVE
-    from counterfactory.validation.judging import FLOOR_VERDICT
-
-    if not uses_noise_floor(spec):
-        return {}
-    jkey = judge_key(spec)
-    planned: dict[str, str] = {}  # attempt id -> the floor's key in stats
-    templates = {t.source_id for t in grid.templates}
-    prepared = [p for p in prepared if p.id in templates]
-    for view in spec.editor_views():
-        editor = make_editor(view.editor.backend, view.editor.options())
-        lineage = editor.lineage()
-        for p in prepared:
-            plan = plan_noise_floor(view, p, editor, lineage)
-            planned[plan.attempt_id] = plan.cell.cell_id if spec.editors is not None else p.id
-    out: dict[str, Any] = {}
-    for aid, c in ws.ledger.candidates_by_id(list(planned)).items():
-        if c.judge_key != jkey or c.verdict != FLOOR_VERDICT:
-            continue
-        m = (c.gates.get("locality") or {}).get("metrics") or {}
-        keys = (*FLOOR_RELATIVE, "diff_face", "diff_nonface", "nonface_change")
-        out[planned[aid]] = {
-            "attempt_id": c.attempt_id,
-            "image_sha256": c.image_sha256,
-            "reasons": list(c.reasons),
-            "metrics": {k: m.get(k) for k in keys if k in m},
-        }
-    return dict(sorted(out.items()))
-
-
-def build_stats(
-    spec: Spec,
-    items: Sequence[dict[str, Any]],
-    failed: Sequence[FailedSource],
-    grid: Grid,
-    *,
-    total_cost_usd: float,
-    floors: dict[str, Any],
-) -> dict[str, Any]:
-    """``stats.json`` but its ``review``, ``skin`` and ``audit``: the sections ``verify``
-    re-derives from ``items.jsonl`` (:func:`~counterfactory.validation.release_derived.derived_stats`)
-    and the ledger's facts (failed sources, grid, cost, noise floors ``floors``). What the run
-    that sealed it spent (its editor calls) is not in it: a release is a function of its inputs,
-    and the run's own summary prints that count."""
-    names = [e.name for e in spec.editors] if spec.editors is not None else None
-    return {
-        "release": {"name": spec.release.name, "version": spec.release.version},
-        "spec_hash": spec.spec_hash(),
-        "failed_sources": [{"source_id": f.id, "path": f.path.name, "reason": f.reason} for f in failed],
-        "grid": grid_summary(grid),
-        "cost_usd_total": round(total_cost_usd, 4),
-        "noise_floor": floors,
-        **derived_stats(
-            as_read_back(items, list(spec.design.axes)),
-            failed_sources=bool(failed),
-            short_strata=bool(grid.shortfalls),
-            floors=floors_by_editor(names, spec.editor.backend, floors),
-        ),
-    }
-
-
 def build_trial_bank(
     spec: Spec,
     manifest: Sequence[dict[str, Any]],
@@ -633,17 +348,6 @@ def build_trial_bank(
         manifest, spec.trials, biographies=biographies, derived=derived, cells_per_template=per_template,
         editor_names=names,
     )  # fmt: skip
-
-
-def _own_group(spec: Spec, meta: dict[str, Any]) -> str | None:
-    """The source's own race as its metadata records it (the skin gate's ``source_fields``
-    say which field), for the lightened-share-per-source-group table; None if unrecorded."""
-    skin = spec.gates.for_kind(spec.design.kind).skin
-    field = (skin.source_fields if skin is not None else {}).get("race", "race")
-    value = meta.get(field)
-    if value is None:
-        value = (meta.get("extra") or {}).get(field)
-    return None if value is None else str(value)
 
 
 def manifest_table(rows: Sequence[dict[str, Any]], axes: Sequence[str]):
@@ -884,7 +588,7 @@ def publish_release(
     if spec.source_path is not None and spec.source_path.is_file():
         # `publish OUT` and `review serve OUT` find the spec here: the release's spec.yaml is the
         # text as written, whose relative paths mean something only beside the original file
-        remember_spec(ws.out, spec.source_path)
+        ws.folder.record_spec(spec.source_path)
     return sealed
 
 
@@ -897,52 +601,20 @@ class PublishSummary:
     left_out: list[dict[str, Any]]
 
 
-RUN_SPEC = "run_spec.json"
-
-
-def remember_spec(out: Path, spec_path: str | Path) -> None:
-    """Record in ``out`` which spec file ran there, so ``publish OUT`` finds it."""
-    import json
-
-    path = Path(spec_path).resolve()
-    data = {"spec_path": str(path), "spec_sha256": hashlib.sha256(path.read_bytes()).hexdigest()}
-    atomic_write(Path(out) / RUN_SPEC, (json.dumps(data, indent=2) + "\n").encode())
-
-
-def remembered_spec(out: Path) -> tuple[Path, str]:
-    """``(spec path, sha256 of its bytes at run time)`` of the last run in ``out``.
-
-    Raises:
-        PublishError: no run was recorded in ``out``.
-    """
-    import json
-
-    marker = Path(out) / RUN_SPEC
-    try:
-        data = json.loads(marker.read_text(encoding="utf-8"))
-        return Path(data["spec_path"]), data["spec_sha256"]
-    except (OSError, ValueError, KeyError, TypeError):
-        raise PublishError(
-            f"{out}: no run recorded here ({RUN_SPEC} missing or unreadable); run `counterfactory run SPEC "
-            f"--out {out}` first, or name the spec with --spec"
-        ) from None
-
-
 def publish_from_ledger(spec: Spec, out: Path, *, allow_incomplete: bool = False) -> PublishSummary:
     """Seal ``spec``'s release from the ledger and store in ``out``, with zero editor calls.
 
     Sources are loaded and checked again (their masks decide the attempt ids), the grid is
     planned again, and every cell's outcome is read from the ledger (:func:`collect_outcomes`).
     """
-    from counterfactory.manifests.runlock import RunFolderLock
-
     # a run still writing the ledger would change what is being sealed
-    with RunFolderLock(out):
+    with RunFolder(out).lock():
         return _publish_locked(spec, out, allow_incomplete=allow_incomplete)
 
 
 def _publish_locked(spec: Spec, out: Path, *, allow_incomplete: bool) -> PublishSummary:
-    from counterfactory.flows.steps import open_workspace, plan_grid, prepare_sources
+    from counterfactory.flows.engine.run_folder import open_workspace
+    from counterfactory.flows.engine.sources import plan_grid, prepare_sources
 
     ws = open_workspace(spec, out)
     try:
