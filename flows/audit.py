@@ -65,12 +65,12 @@ class PairMeasurer:
         #: ``gates.edit_region``); without a spec, ``gates.edit_region`` else :data:`AUDIT_REGION`
         self.region = self.gates_config.edit_region or AUDIT_REGION
         if spec_path is not None:
-            from counterfactory.flows.engine.sources import edit_region
+            from counterfactory.flows.engine.sources import edit_region_name
             from counterfactory.manifests.spec import load_spec
 
             spec = load_spec(spec_path)
             self.align_config, self.gates_config = spec.align, spec.gates
-            self.region = edit_region(spec)
+            self.region = edit_region_name(spec)
         self._stacks: dict[str, GateStack] = {}
         self._sources: OrderedDict[tuple[str, str, str | None], _Source] = OrderedDict()
         #: each source's floor output, measured once for the pairs that name it (a table's rows)

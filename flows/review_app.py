@@ -135,8 +135,8 @@ def source_record(meta: dict[str, Any]) -> SourceRecord:
     return SourceRecord.model_validate({k: meta[k] for k in SourceRecord.model_fields if k in meta})
 
 
-def edit_region(spec: Spec, store: ImageStore, row: Any, pixels: np.ndarray, source: Source) -> np.ndarray:
-    """The edit region the run used: the one its source check kept in the store, else computed
+def source_edit_mask(spec: Spec, store: ImageStore, row: Any, pixels: np.ndarray, source: Source) -> np.ndarray:
+    """The edit region's mask the run drew on the source (``(h, w)`` uint8): the one its source check kept in the store, else computed
     again as the run computes it (a folder made without a store, a limb design)."""
     check = (row.meta or {}).get("check")
     sha = check.get("region_sha256") if isinstance(check, dict) else None
@@ -182,7 +182,7 @@ class ReviewSite:
                 status=409,
             )
         source = Source(source_record(row.meta or {}), Path(row.path), loaded.sha256, loaded.pixels, loaded.notes)
-        region = edit_region(self.spec, self.store, row, loaded.pixels, source)
+        region = source_edit_mask(self.spec, self.store, row, loaded.pixels, source)
         overlay = np.zeros((*region.shape, 4), np.uint8)
         overlay[region > 0] = (255, 0, 200, 80)
         ys, xs = np.nonzero(region)

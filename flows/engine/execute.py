@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from counterfactory.flows.engine.run_folder import Workspace
-from counterfactory.flows.engine.sources import edit_region
+from counterfactory.flows.engine.sources import edit_region_name
 from counterfactory.generation.attempts import (
     PlannedAttempt,
 )
@@ -70,7 +70,7 @@ def judge_key(spec: Spec) -> str:
             "align": spec.align.model_dump(mode="json"),
             "gates": spec.gates.for_kind(kind).model_dump(mode="json"),
             "face_mask": spec.gates.face_mask,
-            "edit_region": edit_region(spec) if kind == "face" else None,
+            "edit_region": edit_region_name(spec) if kind == "face" else None,
             "masks": spec.masks.model_dump(mode="json") if kind == "limb" else None,
             "noise_floor": NOISE_FLOOR_PROMPT if uses_noise_floor(spec) else None,
             "cohort_floor": spec.gates.cohort_floor,
@@ -254,7 +254,7 @@ def build_gate_stack(spec: Spec, *, journal: EditJournal | None = None) -> GateS
     attribute = spec.gates.for_kind(spec.design.kind).attribute
     if attribute is not None:
         check_label_map(attribute, spec.design.axes)
-    stack = GateStack.from_config(spec.gates, spec.design.kind, region=edit_region(spec))
+    stack = GateStack.from_config(spec.gates, spec.design.kind, region=edit_region_name(spec))
     if journal is not None:
         for gate in stack.gates:
             if isinstance(gate, AttributeGate):

@@ -62,13 +62,13 @@ def source_check_key(spec: Spec, source: Source) -> str | None:
         "photo_sha256": source.sha256,
         "shape": list(source.pixels.shape),
         "face_mask": spec.gates.face_mask,
-        "edit_region": edit_region(spec),
+        "edit_region": edit_region_name(spec),
         "landmarker": _landmarker_identity(),
     }
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
 
 
-def edit_region(spec: Spec) -> str:
+def edit_region_name(spec: Spec) -> str:
     """The edit region a face design's gates measure around: ``gates.edit_region``, else the
     one its prompt names (:func:`~counterfactory.generation.prompts.face_region`)."""
     return spec.gates.edit_region or face_region(spec.prompts)
@@ -202,7 +202,9 @@ def _check_source(spec: Spec, source: Source, landmarker) -> tuple[str | None, P
             )
         # the region the prompt names; a source that shows body skin outside it is flagged
         # (recorded, not a failure: a face-only edit leaves face and hands apart by design)
-        region, flags = source_edit_region(pixels, faces[0].landmarks, edit_region(spec), mode=spec.gates.face_mask)
+        region, flags = source_edit_region(
+            pixels, faces[0].landmarks, edit_region_name(spec), mode=spec.gates.face_mask
+        )
         return None, PreparedSource(source, region, faces[0].size_px, {**meta, **flags})
     if source.record.limb_mask is None:
         return (

@@ -155,7 +155,7 @@ def test_measure_with_a_spec_draws_the_runs_edit_region(tmp_path):
     import yaml
 
     from counterfactory.flows.audit import PairMeasurer
-    from counterfactory.flows.engine.sources import edit_region
+    from counterfactory.flows.engine.sources import edit_region_name
     from counterfactory.manifests.spec import load_spec
 
     photos = tmp_path / "photos"
@@ -179,5 +179,5 @@ def test_measure_with_a_spec_draws_the_runs_edit_region(tmp_path):
     path = tmp_path / "spec.yaml"
     path.write_text(yaml.safe_dump(spec, sort_keys=False))
     measurer = PairMeasurer(path)
-    assert measurer.region == edit_region(load_spec(path)) == "face_neck_ears"
+    assert measurer.region == edit_region_name(load_spec(path)) == "face_neck_ears"
     assert PairMeasurer().region == "face_neck_ears"

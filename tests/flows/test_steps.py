@@ -91,7 +91,7 @@ def test_the_run_keeps_no_photo_decoded_and_its_templates_see_the_same_pixels(sp
 
         faces = get_face_landmarker().detect(expected.pixels)
         region, _ = source_edit_region(
-            expected.pixels, faces[0].landmarks, sources.edit_region(spec), mode=spec.gates.face_mask
+            expected.pixels, faces[0].landmarks, sources.edit_region_name(spec), mode=spec.gates.face_mask
         )
         assert np.array_equal(p.region, region)
         held = p.held()
