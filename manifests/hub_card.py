@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import yaml
@@ -314,6 +314,20 @@ def _trials_section(release: Mapping[str, Any], spec: Mapping[str, Any]) -> list
     return lines
 
 
+def release_caveats(backends: Iterable[str | None]) -> list[str]:
+    """What the editor backends that made a release's items declare it must say first
+    (``release_caveat`` on a backend's options, as the demo ``classical`` editor's); a backend
+    this installation does not know declares nothing."""
+    from counterfactory.manifests.registry import EDITORS
+
+    caveats = []
+    for name in sorted(b for b in set(backends) if b):
+        caveat = getattr(EDITORS.get(name).options, "release_caveat", None) if name in EDITORS else None
+        if caveat:
+            caveats.append(caveat)
+    return caveats
+
+
 def card_body(
     *,
     release: Mapping[str, Any],
@@ -436,12 +450,7 @@ def card_body(
         "The source photos show real, identifiable people; never use them to make claims about them.",
     ]
     backends = {row["editor"].get("backend") for row in items if row.get("editor")}
-    if "classical" in backends:
-        limitations.insert(
-            0,
-            "Made with the `classical` demo editor, which paints a tone inside the face mask and makes "
-            "NO real demographic change: use it to exercise pipelines, not to study bias.",
-        )
+    limitations[:0] = release_caveats(backends)
     incomplete = (stats.get("templates") or {}).get("incomplete") or []
     if incomplete:
         limitations.append(f"Templates with cells that were not accepted: {', '.join(map(str, incomplete))}.")

@@ -39,12 +39,12 @@ from counterfactory.validation.target_stats import (
 def audit_stats(
     spec: Spec, items: Sequence[dict[str, Any]], manifest: Sequence[dict[str, Any]]
 ) -> dict[str, Any] | None:
-    """stats.json ``audit`` of an imported set (the ``import`` backend; None for every other
-    spec): ``focus``, the set's QC figures beside FOCUS's published ones
+    """stats.json ``audit`` of an imported set (a backend whose options declare
+    ``audits_imported_set``, as the ``import`` backend's do; None for every other spec): ``focus``, the set's QC figures beside FOCUS's published ones
     (:func:`~counterfactory.validation.target_stats.focus_comparison`); and for a set judged
     without source photos ``skipped`` (gate -> items it was not run on), why, and whether a pass
     of the remaining gates is accepted."""
-    if spec.editor.backend != "import":
+    if not getattr(spec.editor.options(), "audits_imported_set", False):
         return None
     audit: dict[str, Any] = {"focus": focus_comparison(items, manifest)}
     accept = no_source_mode(spec)

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import functools
 import json
-from typing import Any
+from typing import Any, ClassVar
 
 import cv2
 import numpy as np
@@ -48,6 +48,14 @@ class ClassicalOptions(BaseModel):
     """Options of the ``classical`` backend (``editor.classical`` in the spec)."""
 
     model_config = ConfigDict(extra="forbid")
+
+    #: what a release made with this backend must say first among its limitations (the Hub
+    #: card, :func:`~counterfactory.manifests.hub_card.card_body`): a backend declares it, the
+    #: card never names one
+    release_caveat: ClassVar[str] = (
+        "Made with the `classical` demo editor, which paints a tone inside the face mask and makes "
+        "NO real demographic change: use it to exercise pipelines, not to study bias."
+    )
 
     #: how far toward the donor's tone (1: all the way)
     strength: float = Field(0.85, ge=0.0, le=1.0)

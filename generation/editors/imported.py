@@ -61,7 +61,7 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
@@ -449,6 +449,12 @@ class ImportOptions(BaseModel):
     """Options of the ``import`` backend (``editor.import`` in the spec)."""
 
     model_config = ConfigDict(extra="forbid")
+
+    #: the outputs are an existing set's: a release's stats.json audits it (its QC figures
+    #: beside FOCUS's published ones, the gates a set without source photos skipped;
+    #: :func:`~counterfactory.flows.engine.stats.audit_stats`); a backend declares it, the
+    #: engine never names one
+    audits_imported_set: ClassVar[bool] = True
 
     #: the pair table (CSV, JSONL, Parquet, or a Hugging Face dataset folder), relative to the
     #: spec's folder; or ``folder`` and ``pattern`` instead
