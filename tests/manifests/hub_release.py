@@ -1,4 +1,4 @@
-"""A small sealed release built from the bundled real photos, shaped as ``flows.publish`` writes one.
+"""A small sealed release built from the bundled real photos, shaped as ``flows.engine.release`` writes one.
 
 Running the demo flow takes a minute; the Hub tests need a release in a second. Every JSON file
 matches its schema in ``manifests/schemas/`` (``verify`` checks them). Rows follow
