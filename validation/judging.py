@@ -84,7 +84,7 @@ class TemplateJudge:
     """Judges the attempts of one template: from the array an editor just returned, or from
     the store; the source's analysis is shared through the photo's sha256 (``source_key``).
 
-    ``ws`` is the run's workspace (:class:`counterfactory.flows.steps.Workspace`: its ``ledger``
+    ``ws`` is the run's workspace (:class:`counterfactory.flows.engine.run_folder.Workspace`: its ``ledger``
     and ``store``)."""
 
     def __init__(
