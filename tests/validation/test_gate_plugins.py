@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import yaml
 
-from counterfactory.flows.engine import execute, run_folder, sources
+from counterfactory.flows.engine import execute, run_folder, sources, template
 from counterfactory.manifests.registry import GATES
 from counterfactory.manifests.spec import SpecError, load_spec
 from counterfactory.validation.judge import GatesConfig, GateStack
@@ -83,8 +83,8 @@ def test_plugin_gate_reasons_reach_the_demo_runs_verdicts(tint_gate, tmp_path, s
     assert stack.has("tint")
     prepared, _ = sources.prepare_sources(spec, ws.ledger)
     grid = sources.plan_grid(spec, prepared)
-    template = next(p for p in prepared if grid.cells_of(p.id))
-    outcome = template.process_template(spec, ws, template, grid.cells_of(template.id), editor, stack)
+    first = next(p for p in prepared if grid.cells_of(p.id))
+    outcome = template.process_template(spec, ws, first, grid.cells_of(first.id), editor, stack)
     assert len(outcome.cells) == 6
     assert all(c.verdict == "rejected" and "tint_face_change_above_max" in c.reasons for c in outcome.cells)
     # the six cells (the template's noise-floor candidate is no cell)
