@@ -371,25 +371,9 @@ class Ledger:
             "meta": _jsonable(meta or {}),
             "updated_at": _now(),
         }
-        # one statement, insert-or-update: workers of one study sharing a ledger record the
-        # same photos at the same moment, and a read-then-insert would let both insert
-        dialect = self.engine.dialect.name
-        if dialect == "postgresql":
-            from sqlalchemy.dialects.postgresql import insert as upsert
-        elif dialect == "sqlite":
-            from sqlalchemy.dialects.sqlite import insert as upsert
-        else:
-            upsert = None
         with self.session() as s, s.begin():
-            if upsert is None:
-                row = s.get(SourceRow, source_id, with_for_update=True) or SourceRow(source_id=source_id)
-                for key, value in values.items():
-                    setattr(row, key, value)
-                s.add(row)
-                return
-            statement = upsert(SourceRow).values(**values)
-            changed = {key: statement.excluded[key] for key in values if key != "source_id"}
-            s.execute(statement.on_conflict_do_update(index_elements=["source_id"], set_=changed))
+            # workers of one study sharing a ledger record the same photos at the same moment
+            _upsert(s, SourceRow, values, key="source_id", update=tuple(k for k in values if k != "source_id"))
 
     def sources(self) -> list[SourceRow]:
         with self.session() as s:
@@ -633,10 +617,15 @@ class LedgerJournal:
             return dict(row.data) if row is not None else None
 
     def save(self, attempt_id: str, data: Mapping[str, Any], *, cost_usd: float = 0.0) -> None:
+        values = {
+            "attempt_id": attempt_id,
+            "backend": self.backend,
+            "data": _jsonable(data),
+            "cost_usd": float(cost_usd),
+            "updated_at": _now(),
+        }
         with self.ledger.session() as s, s.begin():
-            row = s.get(JournalRow, attempt_id) or JournalRow(attempt_id=attempt_id, backend=self.backend)
-            row.data, row.cost_usd, row.updated_at = _jsonable(data), float(cost_usd), _now()
-            s.add(row)
+            _upsert(s, JournalRow, values, key="attempt_id", update=("data", "cost_usd", "updated_at"))
 
     def spent_usd(self) -> float:
         with self.ledger.session() as s:
@@ -644,6 +633,27 @@ class LedgerJournal:
                 select(func.coalesce(func.sum(JournalRow.cost_usd), 0.0)).where(JournalRow.backend == self.backend)
             )
             return float(total or 0.0)
+
+
+def _upsert(s: Session, model: type[Base], values: Mapping[str, Any], *, key: str, update: tuple[str, ...]) -> None:
+    """Insert ``values`` as a row of ``model``, or, where a row with its ``key`` exists, set
+    its ``update`` columns: one statement on PostgreSQL and SQLite (a read-then-insert lets two
+    writers both insert), a locked read-then-write elsewhere."""
+    dialect = s.get_bind().dialect.name
+    if dialect == "postgresql":
+        from sqlalchemy.dialects.postgresql import insert
+    elif dialect == "sqlite":
+        from sqlalchemy.dialects.sqlite import insert
+    else:
+        row = s.get(model, values[key], with_for_update=True)
+        if row is None:
+            s.add(model(**values))
+        else:
+            for column in update:
+                setattr(row, column, values[column])
+        return
+    statement = insert(model).values(**values)
+    s.execute(statement.on_conflict_do_update(index_elements=[key], set_={c: statement.excluded[c] for c in update}))
 
 
 def _chunks(ids: Iterable[str], size: int = 500) -> list[list[str]]:
