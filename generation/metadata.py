@@ -21,12 +21,14 @@ from pydantic import ValidationError
 from counterfactory.generation.errors import MetadataError, MetadataProblem
 from counterfactory.generation.records import RECORD_FIELDS, SourceRecord
 from counterfactory.manifests.yamlsafe import (
+    MAX_NUMBER_CHARS,
     MAX_YAML_BYTES,
     MAX_YAML_EXPANDED_CHARS,
     MAX_YAML_NODES,
     YamlDuplicateKeyError,
     YamlLimitError,
     brief,
+    json_int,
     load_with_node,
 )
 
@@ -165,7 +167,7 @@ def _yaml_entries(path: Path, text: str) -> list[_Entry]:
     except YamlLimitError as exc:
         expected = (
             f"at most {MAX_YAML_NODES:,} values and {MAX_YAML_EXPANDED_CHARS:,} characters once aliases are "
-            "expanded, nested to a readable depth"
+            f"expanded, nested to a readable depth, numbers of at most {MAX_NUMBER_CHARS} characters"
         )
         raise _file_error(path, expected, str(exc)) from None
     except yaml.YAMLError as exc:
@@ -194,15 +196,19 @@ def _jsonl_entries(path: Path, text: str) -> Iterator[_Entry]:
         if not line.strip():
             continue
         try:
-            raw = json.loads(line)
-        except json.JSONDecodeError as exc:
+            raw = json.loads(line, parse_int=json_int)
+        except (json.JSONDecodeError, YamlLimitError) as exc:
             problem = MetadataProblem(
                 index=index,
                 id=None,
                 line=line_no,
                 field=None,
                 expected="one JSON object per line",
-                received=f"invalid JSON ({exc.msg} at column {exc.colno})",
+                received=(
+                    f"invalid JSON ({exc.msg} at column {exc.colno})"
+                    if isinstance(exc, json.JSONDecodeError)
+                    else str(exc)
+                ),
             )
             raise MetadataError(path, [problem]) from None
         yield _Entry(index, line_no, raw)

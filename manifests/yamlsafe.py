@@ -28,6 +28,12 @@ MAX_YAML_NODES = 2_000_000
 #: largest file read, so aliases never make a document larger than one written out
 MAX_YAML_EXPANDED_CHARS = MAX_YAML_BYTES
 _MERGE_TAG = "tag:yaml.org,2002:merge"
+_INT_TAG = "tag:yaml.org,2002:int"
+_FLOAT_TAG = "tag:yaml.org,2002:float"
+#: the most characters a number literal may have (10**39 has 40): no field takes a longer one,
+#: and one of more than 4,300 digits would stop Python's int conversion with a ``ValueError``
+#: deep in the loader; a shorter one reaches its field, which refuses it with its own limit
+MAX_NUMBER_CHARS = 40
 
 
 class YamlLimitError(CounterfactoryError, ValueError):
@@ -89,17 +95,54 @@ def _expanded(node: yaml.Node, memo: dict[int, tuple[int, int]]) -> tuple[int, i
     return nodes, chars
 
 
+def number_error(line: int | None, written: str, field: str | None = None) -> YamlLimitError:
+    """The refusal of a number literal over :data:`MAX_NUMBER_CHARS`, written ``written`` on
+    ``line`` (1-based; None: unknown) at ``field`` (dotted; None: unknown); the message shows
+    at most 24 characters of it."""
+    shown = f"{written[:12]}...{written[-6:]}" if len(written) > 24 else written
+    where = " ".join(x for x in (f"line {line}" if line is not None else "", f"(field `{field}`)" if field else "") if x)
+    return YamlLimitError(
+        f"{where + ': ' if where else ''}the number {shown} is {len(written):,} characters long, over the limit "
+        f"of {MAX_NUMBER_CHARS}; no field takes a number that large: write the value the field needs"
+    )
+
+
+def check_number(node: yaml.ScalarNode, field: str | None = None) -> None:
+    """Refuse a number (int or float) literal over :data:`MAX_NUMBER_CHARS` before it is
+    converted.
+
+    Raises:
+        YamlLimitError: naming the line, the field and the number, cut short.
+    """
+    if node.tag in (_INT_TAG, _FLOAT_TAG) and len(str(node.value)) > MAX_NUMBER_CHARS:
+        raise number_error(node.start_mark.line + 1, str(node.value), field)
+
+
+def json_int(text: str) -> int:
+    """``int(text)`` for :func:`json.loads`' ``parse_int``, refused over :data:`MAX_NUMBER_CHARS`.
+
+    Raises:
+        YamlLimitError: (a ``ValueError``) naming the number, cut short.
+    """
+    if len(text) > MAX_NUMBER_CHARS:
+        raise number_error(None, text)
+    return int(text)
+
+
 def check_duplicate_keys(node: yaml.Node) -> None:
     """Raise :class:`YamlDuplicateKeyError` for the first mapping that writes one scalar key twice
-    (merge keys ``<<`` aside: what they bring in may be overridden, as YAML says)."""
+    (merge keys ``<<`` aside: what they bring in may be overridden, as YAML says), and
+    :class:`YamlLimitError` for a number literal too long for any field (:func:`check_number`)."""
     seen: set[int] = set()
-    stack = [node]
+    stack: list[tuple[yaml.Node, str]] = [(node, "")]
     while stack:
-        current = stack.pop()
+        current, field = stack.pop()
         if id(current) in seen:
             continue
         seen.add(id(current))
-        if isinstance(current, yaml.MappingNode):
+        if isinstance(current, yaml.ScalarNode):
+            check_number(current, field or None)
+        elif isinstance(current, yaml.MappingNode):
             first: dict[tuple[str, str], int] = {}
             for k, v in current.value:
                 if isinstance(k, yaml.ScalarNode) and k.tag != _MERGE_TAG:
@@ -107,9 +150,10 @@ def check_duplicate_keys(node: yaml.Node) -> None:
                     if where in first:
                         raise YamlDuplicateKeyError(k.value, k.start_mark.line + 1, first[where])
                     first[where] = k.start_mark.line + 1
-                stack += [k, v]
+                name = str(k.value)[:40] if isinstance(k, yaml.ScalarNode) else "?"
+                stack += [(k, field), (v, f"{field}.{name}" if field else name)]
         elif isinstance(current, yaml.SequenceNode):
-            stack += current.value
+            stack += [(child, f"{field}[{i}]") for i, child in enumerate(current.value)]
 
 
 def check_node(node: yaml.Node, *, max_nodes: int = MAX_YAML_NODES, max_chars: int = MAX_YAML_EXPANDED_CHARS) -> None:

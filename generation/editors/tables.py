@@ -50,6 +50,7 @@ from counterfactory.manifests.safefiles import (
     read_regular,
     sha256_file,
 )
+from counterfactory.manifests.yamlsafe import YamlLimitError, json_int
 
 #: what a pair table may be
 TABLE_SUFFIXES = (".csv", ".jsonl", ".parquet")
@@ -403,9 +404,11 @@ def read_table_file(path: Path, *, max_bytes: int = DEFAULT_MAX_TABLE_BYTES) -> 
                 if not line.strip():
                     continue
                 try:
-                    obj = json.loads(line)
+                    obj = json.loads(line, parse_int=json_int)
                 except json.JSONDecodeError as exc:
                     raise TableError(f"{path}, line {line_no}: not JSON ({exc.msg})") from None
+                except YamlLimitError as exc:
+                    raise TableError(f"{path}, line {line_no}: {exc}") from None
                 if not isinstance(obj, dict):
                     raise TableError(f"{path}, line {line_no}: expected a JSON object, got {type(obj).__name__}")
                 columns.extend(k for k in obj if k not in columns)

@@ -206,3 +206,46 @@ def test_a_nul_byte_in_a_spec_value_is_one_error_naming_the_field(tmp_path):
     assert 'table: "pa\\0irs.csv"' in spec.read_text()
     line = _one_error(["run", str(spec), "--out", str(tmp_path / "out")])
     assert "field `editor.import.table`: a NUL byte in its value" in line
+
+
+# numbers too long to convert, and limits that were missing ------------------------------------
+
+#: a whole number of 5,000 digits: over Python's 4,300-digit int conversion limit, so the old
+#: loaders stopped with a ``ValueError`` traceback (YAML) or a bare ``ValueError`` (JSON)
+LONG_NUMBER = "9" * 5000
+
+
+def test_a_number_of_five_thousand_digits_in_a_spec_is_one_error_naming_the_line_and_field(tmp_path):
+    spec = _study(tmp_path)
+    spec.write_text(spec.read_text().replace("templates_per_stratum: 1", f"templates_per_stratum: {LONG_NUMBER}"))
+    line = _one_error(["run", str(spec), "--out", str(tmp_path / "out")])
+    assert "(field `design.templates_per_stratum`)" in line and "5,000 characters long, over the limit of 40" in line
+    assert "9" * 100 not in line
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("where", ["metadata.yaml", "metadata.jsonl", "pairs.jsonl"])
+def test_a_number_of_five_thousand_digits_in_metadata_or_a_table_is_one_error(tmp_path, where):
+    spec = _study(tmp_path)
+    data = yaml.safe_load(spec.read_text())
+    if where == "metadata.yaml":
+        (tmp_path / "photos" / where).write_text(
+            f"sources:\n- {{id: hopper, path: hopper.jpg, licence: public domain, extra: {{n: {LONG_NUMBER}}}}}\n"
+        )
+    elif where == "metadata.jsonl":
+        data["sources"]["metadata"] = f"photos/{where}"
+        (tmp_path / "photos" / where).write_text(
+            f'{{"id": "hopper", "path": "hopper.jpg", "licence": "public domain", "extra": {{"n": {LONG_NUMBER}}}}}\n'
+        )
+    else:
+        data["editor"]["import"]["table"] = where
+        (tmp_path / where).write_text(
+            f'{{"id": {LONG_NUMBER}, "source": "hopper", "candidate": "gone.png", "race": "Black", "gender": "female"}}\n'
+        )
+    spec.write_text(yaml.safe_dump(data, sort_keys=False))
+    line = _one_error(["run", str(spec), "--out", str(tmp_path / "out")])
+    assert where in line and "5,000 characters long, over the limit of 40" in line and "9" * 100 not in line
+    if where == "pairs.jsonl":  # measure --batch reads the same table
+        batch = _one_error(["measure", "--batch", str(tmp_path / where)])
+        assert "pairs.jsonl, line 1" in batch and "over the limit of 40" in batch
+
