@@ -688,6 +688,14 @@ def missing_driver(url: str) -> str | None:
         dialect = make_url(url).get_dialect()
     except (ArgumentError, NoSuchModuleError, ValueError):
         return None
+    if getattr(dialect, "is_async", False):
+        # the ledger's engine is synchronous: an async driver fails at the first query
+        # (MissingGreenlet), after the run has started
+        return (
+            f"the {dialect.name} driver {dialect.driver!r} is asynchronous and the ledger talks to its "
+            "database synchronously: write postgresql+psycopg://... (pip install 'counterfactory[postgres]') "
+            "or sqlite:///..."
+        )
     try:
         dialect.import_dbapi()
     except ImportError as exc:

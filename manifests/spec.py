@@ -220,6 +220,10 @@ class RayConfig(BaseModel):
     connect_timeout_s: float = Field(5.0, gt=0, le=600)
 
 
+#: the largest ``run.gpu_slots`` / ``run.fal_max_concurrency`` (a Prefect limit holds a small integer)
+MAX_CONCURRENCY = 100_000
+
+
 class RunConfig(BaseModel):
     """``run``: where the run executes and how runs share machines. Never part of the spec's
     hash: moving a study between machines or clusters changes no output.
@@ -250,6 +254,11 @@ class RunConfig(BaseModel):
             raise ValueError(
                 f"a concurrency limit of at least 1 (a limit of {value} lets no edit start, so the run would "
                 "wait for ever); set 1 or more, or remove the field for no limit"
+            )
+        if value is not None and value > MAX_CONCURRENCY:
+            raise ValueError(
+                f"a concurrency limit of at most {MAX_CONCURRENCY:,} (got {value:,}); set the number of GPUs or fal "
+                "slots you have, or remove the field for no limit"
             )
         return value
 
@@ -362,7 +371,7 @@ class Spec(BaseModel):
 
         missing = missing_driver(value)
         if missing is not None:
-            raise ValueError(f"a ledger URL whose database driver is installed; {missing}")
+            raise ValueError(f"a ledger URL whose database driver is installed and usable; {missing}")
         return value
 
     @model_validator(mode="after")

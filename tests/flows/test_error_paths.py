@@ -249,3 +249,19 @@ def test_a_number_of_five_thousand_digits_in_metadata_or_a_table_is_one_error(tm
         batch = _one_error(["measure", "--batch", str(tmp_path / where)])
         assert "pairs.jsonl, line 1" in batch and "over the limit of 40" in batch
 
+
+@pytest.mark.parametrize("field", ["gpu_slots", "fal_max_concurrency"])
+def test_a_concurrency_limit_beyond_reason_is_refused_with_its_limit(tmp_path, field):
+    spec = _study(tmp_path, run={field: 10**30})
+    line = _one_error(["run", str(spec), "--out", str(tmp_path / "out")])
+    assert f"field `run.{field}`: expected a concurrency limit of at most 100,000" in line
+
+
+def test_an_asynchronous_ledger_driver_is_refused_at_load_naming_the_fix(tmp_path):
+    """``postgresql+asyncpg`` imports (Prefect brings asyncpg), so it passed the driver check and
+    the run died at its first query with ``MissingGreenlet``."""
+    spec = _study(tmp_path, ledger_url="postgresql+asyncpg://user@127.0.0.1:1/counterfactory")
+    line = _one_error(["run", str(spec), "--out", str(tmp_path / "out")])
+    assert "field `ledger_url`" in line and "'asyncpg' is asynchronous" in line
+    assert "postgresql+psycopg://" in line and "counterfactory[postgres]" in line
+    assert not (tmp_path / "out").exists()

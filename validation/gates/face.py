@@ -33,7 +33,7 @@ class FaceGateConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     backend: Literal["mediapipe", "insightface"] = "mediapipe"
-    expected_faces: int = Field(1, ge=0)
+    expected_faces: int = Field(1, ge=0, le=1000)
     detection_threshold: float = Field(
         0.5, ge=0.0, le=1.0, description="a detection scoring below this is not counted as a face"
     )
