@@ -25,7 +25,7 @@ from PIL import ExifTags, Image, ImageOps, UnidentifiedImageError, features
 
 from counterfactory.generation.errors import SourceError
 from counterfactory.manifests.errors import CounterfactoryError
-from counterfactory.manifests.safefiles import InputFileError, read_regular
+from counterfactory.manifests.safefiles import InputFileError, decoder_problem, read_regular
 
 #: Default pixel budget of one photo (width x height); larger photos are refused unread.
 DEFAULT_MAX_PIXELS = 40_000_000
@@ -236,7 +236,7 @@ def load_image(
             )
             raise SourceError(path, f"not an image PIL can read{hint}") from None
         except Exception as exc:  # noqa: BLE001 - any header failure is this file's problem
-            raise SourceError(path, f"unreadable image header ({type(exc).__name__}: {exc}); {damaged}") from None
+            raise SourceError(path, f"unreadable image header ({decoder_problem(exc, data)}); {damaged}") from None
 
         with image:
             width, height = image.size
@@ -252,7 +252,7 @@ def load_image(
             except Exception as exc:  # noqa: BLE001 - PIL raises OSError, SyntaxError, ...
                 raise SourceError(
                     path,
-                    f"truncated or corrupt image data ({type(exc).__name__}: {exc}); {damaged}",
+                    f"truncated or corrupt image data ({decoder_problem(exc, data)}); {damaged}",
                 ) from None
             frames = getattr(image, "n_frames", 1)
             if frames > 1:
@@ -269,7 +269,7 @@ def load_image(
             except Exception as exc:  # noqa: BLE001
                 raise SourceError(
                     path,
-                    f"cannot convert the pixels to RGB ({type(exc).__name__}: {exc}); "
+                    f"cannot convert the pixels to RGB ({decoder_problem(exc, data)}); "
                     "re-export the photo as 8-bit RGB JPEG or PNG",
                 ) from None
             if image.info.get("icc_profile"):
@@ -277,7 +277,7 @@ def load_image(
     for warning in caught:
         # catch_warnings is process-wide: keep only what Pillow itself warned while decoding
         if "PIL" in Path(warning.filename).parts and not issubclass(warning.category, Image.DecompressionBombWarning):
-            notes.append(f"{DECODER_WARNING}{warning.category.__name__}: {warning.message}")
+            notes.append(f"{DECODER_WARNING}{decoder_problem(warning.message, data)}")
 
     rgb = np.ascontiguousarray(rgb, dtype=np.uint8)
     rgb.setflags(write=False)

@@ -20,18 +20,20 @@ starting with the background).
 
 from __future__ import annotations
 
+import io
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import cv2
 import numpy as np
-from PIL import Image, ImageOps
+from PIL import Image, ImageOps, UnidentifiedImageError
 from pydantic import BaseModel, ConfigDict, Field
 
 from counterfactory.generation.images import scale_16bit_to_8bit
 from counterfactory.generation.records import RLE, FileMask, PolygonMask, RLEMask, SamMask, sam_mask_file
 from counterfactory.manifests.errors import CounterfactoryError
+from counterfactory.manifests.safefiles import InputFileError, decoder_problem, read_regular
 from counterfactory.manifests.registry import SPEC_SECTIONS
 
 
@@ -192,8 +194,17 @@ def load_mask_file(path: str | Path, shape: Sequence[int]) -> np.ndarray:
     path = Path(path)
     if not path.is_file():
         raise MaskError(f"{path}: mask file not found; the path is relative to the photos folder")
+    # a regular file of a size a mask of this photo can have, read once: a FIFO never blocks, a
+    # device is never read, and a decoder's message is checked against the bytes it quotes
+    max_bytes = h * w * 8 + (16 << 20)
     try:
-        with Image.open(path) as image:
+        data = read_regular(path.resolve(), max_bytes, limit_field="a larger photo")
+    except InputFileError as exc:
+        raise MaskError(f"{path}: {exc}") from None
+    except OSError as exc:
+        raise MaskError(f"{path}: cannot read the mask file ({exc.strerror or exc})") from None
+    try:
+        with Image.open(io.BytesIO(data)) as image:
             # the header's size, either way up (EXIF may rotate it), before any pixel is decoded
             if sorted(image.size) != sorted((w, h)):
                 raise MaskError(
@@ -210,8 +221,10 @@ def load_mask_file(path: str | Path, shape: Sequence[int]) -> np.ndarray:
                 grey = np.asarray(image.convert("L"))
     except MaskError:
         raise
+    except UnidentifiedImageError:
+        raise MaskError(f"{path}: cannot read the mask image (not an image PIL can read); save it as a PNG image") from None
     except Exception as exc:  # noqa: BLE001 - PIL raises OSError, SyntaxError, ValueError...
-        raise MaskError(f"{path}: cannot read the mask image ({type(exc).__name__}: {exc})") from None
+        raise MaskError(f"{path}: cannot read the mask image ({decoder_problem(exc, data)})") from None
     if grey.shape != (h, w):
         raise MaskError(
             f"{path}: mask is {grey.shape[1]}x{grey.shape[0]} (width x height) but the photo is "

@@ -180,6 +180,32 @@ def sha256_file(path: str | Path, max_bytes: int | None = None) -> str:
     return digest.hexdigest()
 
 
+#: how much of a file :func:`decoder_problem` compares a message with (a decoder that quotes a
+#: file quotes what it was parsing: a header, near the start)
+_QUOTE_SCAN_BYTES = 1 << 20
+#: a run of this many characters of a message found in the file is a quote of it
+_QUOTE_WINDOW = 8
+
+
+def decoder_problem(exc: BaseException, data: bytes | None = None) -> str:
+    """``"<type>: <message>"`` of a decoder's exception about a file, for a message that names
+    the file: the message is left out when it may quote the file's bytes (Pillow's PPM and XBM
+    readers put the header they choked on into the exception: ``b'Token too long in file
+    header: root:x:0:0:...'``), i.e. when it holds a quote mark or a backslash, or a run of
+    :data:`_QUOTE_WINDOW` characters found in the first MiB of ``data`` (the file's bytes, when
+    the caller has them)."""
+    name = type(exc).__name__
+    text = " ".join(str(exc).split())
+    quoted = any(mark in text for mark in "'\"\\`")
+    if not quoted and data:
+        start = data[:_QUOTE_SCAN_BYTES]
+        raw = text.encode("utf-8", "replace")
+        quoted = any(raw[i : i + _QUOTE_WINDOW] in start for i in range(max(0, len(raw) - _QUOTE_WINDOW + 1)))
+    if quoted or not text:
+        return f"{name}; its message is left out, as it may quote the file"
+    return f"{name}: {text[:200]}"
+
+
 def private_dir(path: str | Path) -> Path:
     """``path`` as a folder only this user can enter (mode 0700), made if missing.
 

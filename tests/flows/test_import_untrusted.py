@@ -217,6 +217,43 @@ def test_a_file_that_is_not_an_image_fails_its_item_without_quoting_it(study):
     assert SECRET not in json.dumps([result.reason, result.metadata]) and "root:x" not in result.reason
 
 
+#: files whose first bytes make Pillow pick a reader that puts the header it choked on into its
+#: exception (PPM: ``b'Token too long in file header: root:x:0:0:...'``; XBM: ``invalid literal
+#: for int() with base 10: b'root:x:...'``): the old messages quoted them into items.jsonl
+CRAFTED_HEADERS = {
+    "ppm": f"P6\nroot:x:0:0:{SECRET}:/root:/bin/bash\n".encode(),
+    "pgm": f"P5\n12 root:x:0:0:{SECRET}\n".encode(),
+    "xbm": f"#define root:x:0:0:{SECRET}\n".encode(),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(CRAFTED_HEADERS))
+def test_a_decoder_message_that_would_quote_the_file_is_left_out(study, kind):
+    (study / "set" / "crafted.png").write_bytes(CRAFTED_HEADERS[kind])
+    _table(study, "p1,hopper,crafted.png,Black,female,")
+    editor = make_editor("import", load_spec(study / "spec.yaml").editor.options())
+    editor.prepare()
+    hopper = load_image(study / "photos" / "hopper.jpg").pixels
+    result = editor.edit(EditRequest("a" * 64, hopper, "", 0, condition={"race": "Black", "gender": "female"}))
+    assert result.status == "failed" and "crafted.png" in result.reason
+    assert "its message is left out, as it may quote the file" in result.reason
+    text = json.dumps([result.reason, result.metadata])
+    assert SECRET not in text and "root:x" not in text
+
+
+def test_a_mask_file_that_would_be_quoted_is_not(study):
+    """``measure SOURCE CANDIDATE --mask M``: the mask's reader choked on a crafted header; the
+    error line names the mask, never its bytes."""
+    mask = study / "set" / "mask.png"
+    mask.write_bytes(CRAFTED_HEADERS["ppm"])
+    result = CliRunner().invoke(
+        main, ["measure", str(study / "photos" / "hopper.jpg"), str(study / "set" / "ok.png"), "--mask", str(mask)]
+    )
+    text = result.output + (result.stderr if result.stderr_bytes is not None else "")
+    assert result.exit_code != 0 and "Traceback" not in text
+    assert "mask.png" in text and SECRET not in text and "root:x" not in text
+
+
 # the embedded-image cache ------------------------------------------------------------------
 
 
