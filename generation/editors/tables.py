@@ -113,16 +113,16 @@ def embedded_dir(run_folder: str | Path | None = None) -> Path:
     so a second read writes nothing, and re-hashed before each use, so a file put there by
     someone else is never taken for the image its name says.
 
-    ``$COUNTERFACTORY_EMBEDDED_DIR`` when set; else ``embedded/`` in the run's folder
+    ``$COUNTERFACTORY_EMBEDDED_DIR`` when set (a folder of this user's own, not a link, made
+    mode 0700); else ``embedded/`` in the run's folder
     (``run_folder``, mode 0700, refused when it belongs to another user); else a folder of this
     process's own (made with mode 0700 under an unguessable name, removed at exit). Never the
     shared temporary folder under a fixed name, which any local user could make first.
     """
     given = os.environ.get(EMBEDDED_DIR_ENV)
     if given:
-        path = Path(given)
-        path.mkdir(mode=0o700, parents=True, exist_ok=True)
-        return path
+        # held to the run folder's rule: a folder of this user's own (not a link), made 0700
+        return private_dir(given)
     if run_folder is not None:
         return private_dir(Path(run_folder) / EMBEDDED_SUBDIR)
     with _PROCESS_LOCK:

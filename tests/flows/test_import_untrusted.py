@@ -313,6 +313,31 @@ def test_the_embedded_cache_is_private_and_inside_the_run_folder_by_default(stud
     assert default.stat().st_mode & 0o777 == 0o700 and default.stat().st_uid == os.getuid()
 
 
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0, reason="giving a folder away needs root")
+def test_an_embedded_folder_of_another_user_is_refused_not_used(study, monkeypatch):
+    """``$COUNTERFACTORY_EMBEDDED_DIR`` naming a folder someone else made (they could have
+    planted files, or swap them later) is refused, as ``OUT/embedded`` is: one error line."""
+    cache = study / "shared-cache"
+    cache.mkdir(mode=0o777)
+    os.chown(cache, 65534, 65534)  # nobody's
+    monkeypatch.setenv(EMBEDDED_DIR_ENV, str(cache))
+    _dataset_with_embedded(study, "obama_portrait.jpg")
+    line = _refused(study)
+    assert "the folder for its embedded images" in line and "belongs to another user" in line
+    assert list(cache.iterdir()) == []
+
+
+def test_an_embedded_folder_that_is_a_link_is_refused(study, monkeypatch):
+    elsewhere = study / "elsewhere"
+    elsewhere.mkdir()
+    (study / "cache-link").symlink_to(elsewhere)
+    monkeypatch.setenv(EMBEDDED_DIR_ENV, str(study / "cache-link"))
+    _dataset_with_embedded(study, "obama_portrait.jpg")
+    line = _refused(study)
+    assert "the folder for its embedded images" in line and "is not a folder of its own (a link or a file)" in line
+    assert list(elsewhere.iterdir()) == []
+
+
 def test_a_refused_table_is_a_setup_error_before_any_work(study):
     """The API path: the editor's prepare() refuses, as the run's setup check does."""
     _table(study, "p1,hopper,../outside/face.png,Black,female,")
