@@ -725,13 +725,13 @@ class ImportEditor(SequentialEditor):
                 self._by_cell, self._source_of = by_cell, source_of
             return self._by_cell, self._source_of
 
-    def _floor_of(self, request: EditRequest) -> Path | None:
-        """The floor file the table names for the request's source (its first row that names one)."""
+    def _floor_of(self, request: EditRequest) -> ImportRow | None:
+        """The first row naming a floor file for the request's source."""
         by_cell, source_of = self._index()
         ids = set(source_of.get(_pixel_key(request.image), ()))
         for (sid, _), row in sorted(by_cell.items(), key=lambda kv: kv[1].number):
             if sid in ids and row.floor is not None:
-                return row.floor
+                return row
         return None
 
     def edit(self, request: EditRequest) -> EditResult:
@@ -744,13 +744,23 @@ class ImportEditor(SequentialEditor):
             # the run's noise-floor request ("return this photo unchanged"): the table's floor
             # file for this source, when it names one; else a set made elsewhere has no such
             # output, and its cells are judged as measured
-            floor = self._floor_of(request)
-            if floor is not None:
+            floor_row = self._floor_of(request)
+            if floor_row is not None:
+                floor = floor_row.floor
+                assert floor is not None
                 try:
                     image = load_image(floor)
                 except SourceError as exc:
                     return EditResult(
                         request.attempt_id, "failed", reason=f"import_floor_unreadable: {exc}", metadata={FINAL: True}
+                    )
+                if floor_row.floor_read is None or image.sha256 != floor_row.floor_read[0]:
+                    # the floor is re-hashed as the candidate is: bytes other than those the table
+                    # was read with (and its lineage digested) are never used
+                    return EditResult(
+                        request.attempt_id,
+                        "failed",
+                        reason=f"import_changed: {floor} changed since the table was read; run again",
                     )
                 return EditResult(
                     request.attempt_id,

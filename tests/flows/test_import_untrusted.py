@@ -338,6 +338,21 @@ def test_an_embedded_folder_that_is_a_link_is_refused(study, monkeypatch):
     assert list(elsewhere.iterdir()) == []
 
 
+def test_a_floor_file_changed_after_the_table_was_read_is_not_used(study):
+    """The floor is hashed when the table is read (its sha256 enters the lineage); other bytes
+    under its name at edit time are refused, as a changed candidate is."""
+    floor = study / "set" / "floor.png"
+    floor.write_bytes((PHOTOS_DIR / "grace_hopper.jpg").read_bytes())
+    _table(study, "p1,hopper,ok.png,Black,female,floor.png")
+    editor = make_editor("import", load_spec(study / "spec.yaml").editor.options())
+    editor.prepare()
+    floor.write_bytes((PHOTOS_DIR / "biden_portrait.jpg").read_bytes())
+    hopper = load_image(study / "photos" / "hopper.jpg").pixels
+    result = editor.edit(EditRequest("b" * 64, hopper, "", 0, condition={}))
+    assert result.status == "failed" and result.image is None
+    assert result.reason.startswith("import_changed:") and "floor.png" in result.reason
+
+
 def test_a_refused_table_is_a_setup_error_before_any_work(study):
     """The API path: the editor's prepare() refuses, as the run's setup check does."""
     _table(study, "p1,hopper,../outside/face.png,Black,female,")
