@@ -19,7 +19,8 @@ every exception class of the package (name, module, base), so it cannot drift::
     │                                     trials.prompts, trials.biographies, an editor's table)
     │                                     is missing. Fix the field the message names.
     ├── YamlLimitError (ValueError)       manifests.yamlsafe: a YAML file over a size or alias
-    │                                     limit. Check it is the right file.
+    │                                     limit, or a number literal (YAML or JSON) of more than
+    │                                     40 characters. Check it is the right file.
     ├── YamlDuplicateKeyError (ValueError)  manifests.yamlsafe: a YAML mapping names one key twice
     │                                     (the message names it and both lines). Remove one.
     ├── InputFileError (ValueError)       manifests.safefiles: a file an imported set or metadata
