@@ -175,4 +175,3 @@ def test_img_serves_nothing_through_a_store_folder_symlinked_out_of_the_store(ru
         r = ann.get(f"/img/{blob.stem}")
         assert r.status_code == 404, r.status_code
         assert "not a regular file inside the store" in r.json()["error"]
-
