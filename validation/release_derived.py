@@ -203,7 +203,9 @@ def status_from_review(row: Mapping[str, Any]) -> str | None:
     return review.get("outcome") if review.get("state") == "resolved" else review.get("gate_verdict")
 
 
-def check_items_and_left_out(items: Sequence[Mapping[str, Any]], left_out: Sequence[Mapping[str, Any]]) -> list[str]:
+def check_items_and_left_out(
+    items: Sequence[Mapping[str, Any]], left_out: Sequence[Mapping[str, Any]] | None
+) -> list[str]:
     """What ``items.jsonl``'s rows say against their own review records and ``left_out.jsonl``:
     each row's status is the one its review record gives, and ``left_out.jsonl`` lists exactly
     the cells ``items.jsonl`` holds unaccepted. A row dropped from ``items.jsonl`` (with its
@@ -216,6 +218,8 @@ def check_items_and_left_out(items: Sequence[Mapping[str, Any]], left_out: Seque
                 f"items.jsonl row {n} ({row.get('cell_id')}): status is {row.get('status')!r}, but its review "
                 f"record gives {expected!r} (edited after sealing?)"
             )
+    if left_out is None:
+        return problems  # a release without left_out.jsonl (a published one is told it lacks it)
     key = lambda r: json.dumps(r, sort_keys=True, default=str)  # noqa: E731
     held = {key(r): r for r in left_out if r.get("what") == "cell"}
     derived = {key(r): r for r in json.loads(json.dumps(left_out_cells(items), default=str))}
@@ -289,7 +293,7 @@ def check_derived(release: str | Path, info: Mapping[str, Any], written: Mapping
                           ("spec_hash", info.get("spec_hash"))):  # fmt: skip
         if stats.get(key) != expected:
             problems.append(f"stats.json: {key} is {stats.get(key)!r}, but release.json says {expected!r}")
-    problems += check_items_and_left_out(items, left_out)
+    problems += check_items_and_left_out(items, left_out if left_out_file.is_file() else None)
     failed = [(f.get("source_id"), f.get("reason")) for f in stats.get("failed_sources") or [] if isinstance(f, dict)]
     listed = [
         (r.get("id"), r.get("reason")) for r in left_out if r.get("what") == "source" and r.get("status") == "failed"
