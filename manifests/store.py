@@ -6,8 +6,8 @@ written file can never be mistaken for a finished one.
 
 Every read re-hashes the file before it is used or published: a blob edited in place, truncated
 or bit-rotted is a :class:`DamagedBlobError` naming the file, never silently used; an entry that
-is a symlink (to ``/etc/passwd``, say) or a FIFO is an :class:`UnsafeBlobError` and is never
-followed or read (the review site's ``/img`` serves only what :meth:`ImageStore.read_bytes`
+is a symlink (to ``/etc/passwd``, say) or a FIFO, or whose fan-out folder is a symlink (out of
+the store), is an :class:`UnsafeBlobError` and is never followed or read (the review site's ``/img`` serves only what :meth:`ImageStore.read_bytes`
 verified); a deleted
 blob is a :class:`MissingBlobError`, which the pipeline answers by re-running only the attempt
 that made it (the ledger knows which).
@@ -117,25 +117,50 @@ class ImageStore:
         """Whether the blob exists (not whether it is intact: :meth:`verified_path` checks that)."""
         return self.path(sha256).exists()
 
-    def read_bytes(self, sha256: str) -> bytes:
-        """The blob's bytes, re-hashed against its name.
+    def _open_entry(self, sha256: str) -> int:
+        """A read-only descriptor of the blob's own entry inside the store, following no
+        symlink on the way: neither the fan-out folder (``root/ab``, which a symlink could point
+        out of the store) nor the file itself (a symlink to ``/etc/passwd`` is refused). A FIFO
+        is opened without waiting for a writer (and refused by the caller).
 
         Raises:
             MissingBlobError: no such file.
-            UnsafeBlobError: the entry is a symlink, a FIFO or another non-regular file.
-            DamagedBlobError: the bytes do not hash to ``sha256``.
+            UnsafeBlobError: the folder or the entry is a symlink, or the folder is not a folder.
         """
         path = self.path(sha256)
+        nofollow = os.O_NOFOLLOW | os.O_NONBLOCK
         try:
-            # the entry itself is never followed (a symlink to /etc/passwd is refused), and a
-            # FIFO is opened without waiting for a writer, then refused
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+            folder = os.open(self.root / sha256[:2], os.O_RDONLY | os.O_DIRECTORY | nofollow)
+        except FileNotFoundError:
+            raise MissingBlobError(path, sha256, self.root) from None
+        except OSError as exc:
+            if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                raise UnsafeBlobError(
+                    path, sha256, f"behind {self.root / sha256[:2]}, which is a symlink (or not a folder)"
+                ) from None
+            raise
+        try:
+            return os.open(path.name, os.O_RDONLY | nofollow, dir_fd=folder)
         except FileNotFoundError:
             raise MissingBlobError(path, sha256, self.root) from None
         except OSError as exc:
             if exc.errno == errno.ELOOP:
                 raise UnsafeBlobError(path, sha256, "a symlink") from None
             raise
+        finally:
+            os.close(folder)
+
+    def read_bytes(self, sha256: str) -> bytes:
+        """The blob's bytes, re-hashed against its name.
+
+        Raises:
+            MissingBlobError: no such file.
+            UnsafeBlobError: the entry is a symlink, a FIFO or another non-regular file, or its
+                fan-out folder is a symlink (it may point out of the store).
+            DamagedBlobError: the bytes do not hash to ``sha256``.
+        """
+        path = self.path(sha256)
+        fd = self._open_entry(sha256)
         with os.fdopen(fd, "rb") as f:
             mode = os.fstat(f.fileno()).st_mode
             if not stat.S_ISREG(mode):
@@ -150,16 +175,16 @@ class ImageStore:
         """The blob's path after re-hashing its bytes (call it right before publishing the file).
 
         Raises:
-            MissingBlobError, DamagedBlobError: as :meth:`read_bytes`.
+            MissingBlobError, UnsafeBlobError, DamagedBlobError: as :meth:`read_bytes`.
         """
         path = self.path(sha256)
-        if path.is_symlink():
-            raise UnsafeBlobError(path, sha256, "a symlink")
-        if not path.exists():
-            raise MissingBlobError(path, sha256, self.root)
-        if not path.is_file():
-            raise UnsafeBlobError(path, sha256, "not a regular file")
-        actual = sha256_file(path)
+        digest = hashlib.sha256()
+        with os.fdopen(self._open_entry(sha256), "rb") as f:
+            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                raise UnsafeBlobError(path, sha256, "not a regular file")
+            for block in iter(lambda: f.read(1 << 20), b""):
+                digest.update(block)
+        actual = digest.hexdigest()
         if actual != sha256:
             raise DamagedBlobError(path, sha256, actual)
         return path

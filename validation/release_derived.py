@@ -176,6 +176,66 @@ def _rows(path: Path) -> list[dict[str, Any]]:
     return rows
 
 
+def left_out_cells(items: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """``left_out.jsonl``'s ``cell`` rows for these ``items.jsonl`` rows: every cell not accepted,
+    with its status and reasons (as :func:`counterfactory.flows.engine.outcomes.completeness`
+    writes them)."""
+    return [
+        {
+            "what": "cell",
+            "id": row.get("cell_id"),
+            "status": row.get("status"),
+            "reason": "; ".join(row.get("reasons") or []) or row.get("status"),
+            "group": {"template_id": row.get("template_id"), **(row.get("condition") or {})},
+        }
+        for row in items
+        if row.get("status") != "accepted"
+    ]
+
+
+def status_from_review(row: Mapping[str, Any]) -> str | None:
+    """The status a row's own review record gives it (None when it records no review): a
+    resolved review's outcome, else the gates' verdict it was queued or audited with
+    (:func:`counterfactory.manifests.review.apply_reviews`)."""
+    review = row.get("review")
+    if not isinstance(review, Mapping):
+        return None
+    return review.get("outcome") if review.get("state") == "resolved" else review.get("gate_verdict")
+
+
+def check_items_and_left_out(
+    items: Sequence[Mapping[str, Any]], left_out: Sequence[Mapping[str, Any]] | None
+) -> list[str]:
+    """What ``items.jsonl``'s rows say against their own review records and ``left_out.jsonl``:
+    each row's status is the one its review record gives, and ``left_out.jsonl`` lists exactly
+    the cells ``items.jsonl`` holds unaccepted. A row dropped from ``items.jsonl`` (with its
+    image, and ``stats.json`` and ``report.html`` re-derived to match) or a status edited shows."""
+    problems = []
+    for n, row in enumerate(items, start=1):
+        expected = status_from_review(row)
+        if expected is not None and row.get("status") != expected:
+            problems.append(
+                f"items.jsonl row {n} ({row.get('cell_id')}): status is {row.get('status')!r}, but its review "
+                f"record gives {expected!r} (edited after sealing?)"
+            )
+    if left_out is None:
+        return problems  # a release without left_out.jsonl (a published one is told it lacks it)
+    key = lambda r: json.dumps(r, sort_keys=True, default=str)  # noqa: E731
+    held = {key(r): r for r in left_out if r.get("what") == "cell"}
+    derived = {key(r): r for r in json.loads(json.dumps(left_out_cells(items), default=str))}
+    for k in sorted(set(held) - set(derived))[:10]:
+        problems.append(
+            f"left_out.jsonl: cell {held[k].get('id')} ({held[k].get('status')}) is not an unaccepted row of "
+            "items.jsonl as it is (a row dropped from items.jsonl, or either file edited, after sealing)"
+        )
+    for k in sorted(set(derived) - set(held))[:10]:
+        problems.append(
+            f"items.jsonl: cell {derived[k].get('id')} ({derived[k].get('status')}) is missing from left_out.jsonl "
+            "as it is (a row dropped from left_out.jsonl, or either file edited, after sealing)"
+        )
+    return problems
+
+
 def check_derived(release: str | Path, info: Mapping[str, Any], written: Mapping[str, Any]) -> list[str]:
     """What ``stats.json`` and ``report.html`` say that their release's tables do not; returns
     the problems (empty = both are what this package derives from the tables).
@@ -233,6 +293,7 @@ def check_derived(release: str | Path, info: Mapping[str, Any], written: Mapping
                           ("spec_hash", info.get("spec_hash"))):  # fmt: skip
         if stats.get(key) != expected:
             problems.append(f"stats.json: {key} is {stats.get(key)!r}, but release.json says {expected!r}")
+    problems += check_items_and_left_out(items, left_out if left_out_file.is_file() else None)
     failed = [(f.get("source_id"), f.get("reason")) for f in stats.get("failed_sources") or [] if isinstance(f, dict)]
     listed = [
         (r.get("id"), r.get("reason")) for r in left_out if r.get("what") == "source" and r.get("status") == "failed"

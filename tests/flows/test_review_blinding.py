@@ -153,6 +153,25 @@ def test_img_serves_only_a_verified_store_file(run_copy):
         assert served.status_code == 200 and served.content == other.read_bytes()
         r = ann.get(f"/img/{linked.stem}")
         assert r.status_code == 404 and b"root:" not in r.content
-        assert "its store entry is not a regular file (a symlink?)" in r.json()["error"]
+        assert "its store entry is not a regular file inside the store (a symlink?)" in r.json()["error"]
         r = ann.get(f"/img/{edited.stem}")
         assert r.status_code == 409 and "do not hash to its name" in r.json()["error"]
+
+
+def test_img_serves_nothing_through_a_store_folder_symlinked_out_of_the_store(run_copy, tmp_path):
+    """The bytes behind the symlinked folder hash to their names, but they lie outside the store
+    (whoever can write the store and knows a file's sha256 could read it), so they are not served."""
+    spec_path, out = run_copy
+    store = out / "store"
+    blob = sorted(store.rglob("*.png"))[0]
+    folder = blob.parent
+    outside = tmp_path / "outside" / folder.name
+    outside.parent.mkdir()
+    folder.rename(outside)
+    os.symlink(outside, folder)
+    assert (folder / blob.name).read_bytes() == (outside / blob.name).read_bytes()
+    with serving(out, spec_path) as base:
+        ann = _signed_in(base, _token(out))
+        r = ann.get(f"/img/{blob.stem}")
+        assert r.status_code == 404, r.status_code
+        assert "not a regular file inside the store" in r.json()["error"]

@@ -18,9 +18,18 @@ from pathlib import Path
 
 import pytest
 
-from counterfactory.manifests.release import CHECKSUMS, read_jsonl, table_record, verify_release, write_jsonl
+from counterfactory.manifests.release import (
+    CHECKSUMS,
+    _written_spec,
+    read_jsonl,
+    table_record,
+    verify_release,
+    write_jsonl,
+)
 from counterfactory.manifests.store import sha256_file
 from counterfactory.manifests.trials import trial_summary
+from counterfactory.validation.release_derived import as_read_back, derived_stats, floors_by_editor
+from counterfactory.validation.report import ReportHeader, report_html
 from tests.conftest import REPO
 
 # the session's demo run takes about a minute
@@ -52,6 +61,25 @@ def _reseal(release: Path) -> None:
     (release / "release.json").write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
     lines = [f"{sha256_file(p)}  {p.relative_to(release).as_posix()}\n" for p in files if p.name != CHECKSUMS]
     (release / CHECKSUMS).write_text("".join(lines))
+
+
+def _rederive(release: Path) -> None:
+    """Cover an edit of ``items.jsonl`` further: ``stats.json``'s counts and ``report.html`` made
+    again from it with this package's own functions (what ``verify`` re-derives them with)."""
+    info = json.loads((release / "release.json").read_text())
+    header = ReportHeader.of_release(_written_spec(release, []), info)
+    stats = json.loads((release / "stats.json").read_text())
+    left_out = read_jsonl(release / "left_out.jsonl")
+    items = read_jsonl(release / "items.jsonl")
+    derived = derived_stats(
+        as_read_back(items, header.axes),
+        failed_sources=any(r.get("what") == "source" and r.get("status") == "failed" for r in left_out),
+        short_strata=any(r.get("what") == "stratum" for r in left_out),
+        floors=floors_by_editor(header.editor_names, header.backend, stats.get("noise_floor") or {}),
+    )
+    stats.update(json.loads(json.dumps(derived, default=str)))
+    (release / "stats.json").write_text(json.dumps(stats, indent=2, sort_keys=True) + "\n")
+    (release / "report.html").write_text(report_html(header, items, stats))
 
 
 def _problems(release: Path) -> str:
@@ -130,6 +158,32 @@ def test_an_accepted_row_dropped_from_items_jsonl(demo_run, tmp_path):
     text = _problems(release)
     assert f"items.jsonl: no accepted row for manifest item {dropped['item_id']}" in text
     assert "stats.json: items is not what items.jsonl gives" in text
+
+
+def test_a_row_waiting_for_review_dropped_with_its_image_and_stats_rederived(demo_run, tmp_path):
+    release = _copy(demo_run.release, tmp_path)
+    rows = read_jsonl(release / "items.jsonl")
+    dropped = next(r for r in rows if r["status"] == "needs_review")
+    (release / dropped["image"]["path"]).unlink()
+    write_jsonl(release / "items.jsonl", [r for r in rows if r is not dropped])
+    _rederive(release)
+    text = _problems(release)
+    assert "stats.json" not in text and "report.html" not in text, text
+    assert f"left_out.jsonl: cell {dropped['cell_id']} (needs_review) is not an unaccepted row of items.jsonl" in text
+
+
+def test_a_status_edited_against_its_review_record_and_stats_rederived(demo_run, tmp_path):
+    release = _copy(demo_run.release, tmp_path)
+    rows = read_jsonl(release / "items.jsonl")
+    n, edited = next((n, r) for n, r in enumerate(rows, start=1) if r["status"] == "needs_review")
+    edited["status"] = "rejected"  # an item waiting for a person, passed off as refused
+    write_jsonl(release / "items.jsonl", rows)
+    _rederive(release)
+    text = _problems(release)
+    assert (
+        f"items.jsonl row {n} ({edited['cell_id']}): status is 'rejected', but its review record gives 'needs_review'"
+        in text
+    )
 
 
 def test_a_trial_dropped(demo_run, tmp_path):
