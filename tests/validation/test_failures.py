@@ -16,6 +16,7 @@ from counterfactory.assets import PHOTOS_DIR
 from counterfactory.validation.corpus_fit import CORPUS_THRESHOLDS, run_failure_corpus
 from counterfactory.validation.failures import CLASSES, GOOD, build_corpus, split_of
 from counterfactory.validation.thresholds import calibrated_gates, load_calibration
+from tests.conftest import REPO
 
 TWO = [PHOTOS_DIR / "grace_hopper.jpg", PHOTOS_DIR / "astronaut.png"]
 
@@ -239,3 +240,50 @@ def test_local_failures_are_made_only_where_a_person_would_see_them():
     # grey text on the grey wall is unseen; the colours drawn are random, so some line shows
     shown = [_text_added(plain, face, oval, np.random.default_rng(s))[1] for s in range(4)]
     assert all(p == {} or p["delta_e"] >= MIN_VISIBLE_DELTA_E for p in shown)
+
+
+@pytest.mark.slow
+def test_body_skin_and_hair_failures_change_only_what_lies_outside_the_region():
+    """Body skin is the skin the locality gate measures (one definition: a looser test here once
+    recoloured London 022's spiky hair tips and called them body skin, and the gate, rightly,
+    saw no body skin there); a sitter whose only visible skin below the face is the neck, which
+    belongs to the region, gets no body-skin case. Hair is recoloured outside the region (the
+    forehead up to the hairline is the face's) and only in a way a person sees."""
+    from counterfactory.validation.failures import (
+        MIN_VISIBLE_DELTA_E,
+        _body_skin,
+        _body_skin_region,
+        _hair,
+        _load_photos,
+        visible_delta_e,
+    )
+    from counterfactory.validation.gates.locality import body_skin_reference
+    from counterfactory.validation.segment import get_person_segmenter
+
+    london = REPO.parent / "shared" / "photos" / "london" / "neutral"
+    tshirt = _load_photos([london / "022.jpg"], 384)[0]
+    params = {"lab_delta": [12.0, 0.0, 0.0]}
+    assert _body_skin(tshirt.image, tshirt.face, tshirt.oval, None, params, tshirt.region, tshirt.image) == (None, {})
+
+    photo = _load_photos([PHOTOS_DIR / "obama_podium.jpg"], 512)[0]
+    image, face, oval, region = photo.image, photo.face, photo.oval, photo.region
+    person = get_person_segmenter().person_mask(image)
+    body = body_skin_reference(image, oval, person, face.size_px, np.maximum(region, oval))
+    gate_body = np.zeros(image.shape[:2], bool)
+    gate_body[body.rows, body.cols] = True
+    assert np.array_equal(_body_skin_region(image, face, oval, region) > 0, gate_body)
+    out, made = _body_skin(image, face, oval, None, params, region, image)
+    assert out is not None and made["body_skin_share"] >= 0.004
+    assert visible_delta_e(image, out, gate_body) >= MIN_VISIBLE_DELTA_E
+    assert visible_delta_e(image, out, region > 0) < 0.5
+
+    kinds = []
+    for seed in range(4):
+        out, made = _hair(image, face, oval, np.random.default_rng(seed), region)
+        if out is None:
+            continue
+        kinds.append(made["hair"])
+        assert made["delta_e"] >= MIN_VISIBLE_DELTA_E
+        changed = np.any(out != image, axis=2)
+        assert changed.any() and not (changed & (region > 0)).any(), seed
+    assert kinds, "no hair case was made on a photo with hair"

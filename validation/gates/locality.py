@@ -508,6 +508,8 @@ class RegionSample:
 
 #: :func:`global_change` reads about this many pixels of its region (an even stride).
 GLOBAL_SAMPLES = 40_000
+#: ... and takes the median shift of each third of them by lightness when each has this many.
+MIN_STRATUM_SAMPLES = 200
 
 
 def sample_region(source: np.ndarray, region: np.ndarray) -> RegionSample:
@@ -522,7 +524,9 @@ def sample_region(source: np.ndarray, region: np.ndarray) -> RegionSample:
 
 def global_change(source: np.ndarray, candidate: np.ndarray, region: np.ndarray) -> tuple[float | None, float | None]:
     """``(shift, gain_change)`` over ``region``: the largest |median signed difference| of one
-    channel in [0, 1], and the largest ``|std(candidate) / std(source) - 1|`` of one channel.
+    channel in [0, 1], over the whole region and over each third of it by lightness (a
+    contrast change shifts the dark and light thirds oppositely), and the largest
+    ``|std(candidate) / std(source) - 1|`` of one channel.
 
     A constant offset of ``d`` grey levels in one channel gives ``shift == d / 255``; scaling
     a channel's contrast by ``g`` about its mean gives ``gain_change == |g - 1|``. Read on an
@@ -539,6 +543,17 @@ def _global_change_at(sample: RegionSample, candidate: np.ndarray) -> tuple[floa
     # per channel on contiguous rows: numpy reduces a 3-wide last axis slowly
     diff = np.ascontiguousarray((cand - src).T)
     shift = float(np.max(np.abs(np.median(diff, axis=1)))) / 255.0
+    # a contrast or tone-curve change moves the dark and the light parts oppositely, and where
+    # the image's mean is a plain wall's (a studio portrait) the whole-region median stays put:
+    # the medians of each third by lightness too. Thirds of the mean of both images' lightness,
+    # not of one's: choosing pixels by one image's noise biases the other's difference there.
+    if diff.shape[1] >= 3 * MIN_STRATUM_SAMPLES:
+        lightness = (cand + src).sum(axis=1)
+        low, high = np.quantile(lightness, [1 / 3, 2 / 3])
+        for part in (lightness <= low, (lightness > low) & (lightness <= high), lightness > high):
+            if np.count_nonzero(part) >= MIN_STRATUM_SAMPLES:
+                stratum = float(np.max(np.abs(np.median(diff[:, part], axis=1)))) / 255.0
+                shift = max(shift, stratum)
     s_std = _channel_std(src)
     c_std = _channel_std(cand)
     ok = s_std > 1.0
@@ -850,6 +865,34 @@ def _face_measures(
     return out
 
 
+def _against_floor(
+    prepared: LocalitySource,
+    work_floor: np.ndarray,
+    work_candidate: np.ndarray,
+    work_covered: np.ndarray | None = None,
+) -> dict[str, float | None]:
+    """The :data:`AGAINST_FLOOR` measures of ``work_candidate`` against the floor output itself
+    (``work_floor``, the editor's rendition of the unchanged photo on the working grid), not
+    against the source: what the candidate changed beyond the editor's own re-rendering.
+
+    Subtracting two shifts measured against the source (``|c - s| - |f - s|``) loses their
+    signs: a cast opposite to the decoder's own colour bias came out below the floor
+    (London 022's cast, -0.0039). Here ``global_shift`` is the medians of ``c - f`` over the
+    region away from the face (:func:`global_change`)."""
+    sample = prepared.sample.covered_by(work_covered)
+    floor_low = lowpass(work_floor)
+    floor_sample = RegionSample(sample.rows, sample.cols, floor_low[sample.rows, sample.cols].astype(np.float32))
+    shift, _ = _global_change_at(floor_sample, lowpass(work_candidate))
+    return {"global_shift": finite_or_none(shift)}
+
+
+#: The measures taken against the floor output itself when the pair has it
+#: (:func:`_against_floor`); the others are judged as their measure minus the floor's (a
+#: spread ratio or a body-skin mean against another re-rendering adds that rendering's own
+#: misregistration at every edge: on the corpus both moved good edits more than failures).
+AGAINST_FLOOR = ("global_shift",)
+
+
 #: The measures judged relative to the editor's noise floor (:func:`noise_floor_of`): the
 #: four upper bounds, and the face change a copy would show (``min_face_change``).
 FLOOR_RELATIVE = ("changed_share", "global_shift", "global_gain_change", "body_skin_delta_e", "face_change")
@@ -1002,6 +1045,7 @@ def locality_gate(
     # the stack draws face masks as {0, 255} already; only caller-given edit masks are coerced
     m = locality_metrics(pair.source, pair.candidate, pair.face_mask, edit_mask, pair.covered, oval_mask=oval)
     metrics: dict = {"mask_mode": pair.face_mask_mode, **({"floor_path": path} if pair.kind == "face" else {}), **m}
+    against: dict[str, float | None] | None = None
     if prepared is not None:
         metrics.update(_face_measures(prepared, pair.work_source, pair.work_candidate, work_covered=pair.work_covered))
         floor_image, stride = floor_image_of(pair), pair.stride
@@ -1015,6 +1059,9 @@ def locality_gate(
             floor = {**floor, **{k: measured[k] for k in FLOOR_RELATIVE if k != "face_change"}}
             metrics["floor_members"] = floor.get("members")
         if floor_image is not None:
+            k = stride
+            work_floor_image = floor_image if k == 1 else np.ascontiguousarray(floor_image[::k, ::k])
+            against = _against_floor(prepared, work_floor_image, pair.work_candidate, pair.work_covered)
             region = prepared.work_region
             if pair.work_covered is not None:
                 region = np.where(pair.work_covered, region, np.uint8(0))
@@ -1068,9 +1115,11 @@ def locality_gate(
                 value = metrics.get(key)
                 base = None if floor is None else finite_or_none(floor.get(key))
                 if value is not None and base is not None:
-                    # judged above the editor's own re-rendering of this photo
+                    # judged above the editor's own re-rendering of this photo: against its
+                    # output itself where the pair has it, else as the measures' difference
                     metrics[f"floor_{key}"] = base
-                    value = metrics[f"{key}_above_floor"] = value - base
+                    direct = against.get(key) if key in AGAINST_FLOOR and against is not None else None
+                    value = metrics[f"{key}_above_floor"] = direct if direct is not None else value - base
                 if bound is not None and value is not None and value > bound:
                     reasons.append(code)
             excess = metrics.get("excess_share")
