@@ -24,7 +24,12 @@ from counterfactory.validation.backends.sface import OPENCV_SAME_PERSON_COSINE
 from counterfactory.validation.calibration_base import sig_down, sig_up, with_progress
 from counterfactory.validation.faces import MaskMode
 from counterfactory.validation.failures import CLASSES, CORPUS_REGION, GOOD, build_floors, build_set_corpus
-from counterfactory.validation.gates.locality import FLOOR_IMAGE, FLOOR_RELATIVE, PATH_THRESHOLDS
+from counterfactory.validation.gates.locality import (
+    FLOOR_IMAGE,
+    FLOOR_RELATIVE,
+    MIN_CHANGE_AREA_FRAC,
+    PATH_THRESHOLDS,
+)
 from counterfactory.validation.photo_sets import PhotoSet
 
 #: Thresholds the failure corpus sets: ``(gate, threshold, metric, bound)``; ``bound`` is
@@ -91,11 +96,14 @@ CORPUS_GATES = tuple(dict.fromkeys(gate for gate, _, _, _ in CORPUS_THRESHOLDS))
 #: good edits are a sample, and the held-out ones reach past its extreme.
 CORPUS_MARGIN = 1.5
 #: The resolution of a metric, below which a threshold means nothing: a median difference
-#: moves in whole grey levels.
+#: moves in whole grey levels; a share of coherent areas is 0 or at least one smallest area
+#: (:data:`~counterfactory.validation.gates.locality.MIN_CHANGE_AREA_FRAC`), so a bound at one
+#: area rejects any area at all (zero tolerance, not a fitted limit): its bound is never below
+#: two areas.
 METRIC_RESOLUTION = {
     "locality.global_shift_above_floor": 1.0 / 255.0,
     "locality.global_shift": 1.0 / 255.0,
-    "locality.excess_share": 0.001,
+    "locality.excess_share": 2 * MIN_CHANGE_AREA_FRAC,
 }
 
 #: The rule, in words, written into ``calibration.json`` and the README.
@@ -103,7 +111,8 @@ CORPUS_RULE = (
     "each corpus threshold starts from the good-edit quantile of its metric on the training split that leaves "
     "(1 - target) / m of the good edits outside it (m = the number of corpus thresholds, so that together they "
     f"keep good-edit acceptance >= target), widened by a factor {CORPUS_MARGIN} (upper bounds multiplied, lower "
-    "bounds divided) and never finer than the metric's resolution (one grey level for global_shift), rounded "
+    "bounds divided) and never finer than the metric's resolution (one grey level for global_shift, two smallest "
+    "areas for excess_share), rounded "
     "outward to 2 significant digits, fitted on each photo set's good edits alone and the loosest of those "
     "kept (a study's photos may be like any of the sets), each judging path (floor request, cohort floor, none) "
     "fitted on its own measures; identity.min_cosine is fitted the same way with OpenCV's documented SFace "
