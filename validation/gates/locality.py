@@ -492,34 +492,45 @@ class RegionSample:
     Attributes:
         rows, cols: ``(N,)`` intp full-resolution coordinates (every ``step``-th row and column).
         source: ``(N, 3)`` float32 source values there.
+        far: ``(N,)`` bool, the samples at least :data:`STRATA_MARGIN_FRAC` face sizes from the
+            edit region (what the lightness thirds of :func:`global_change` read), or None: all.
     """
 
     rows: np.ndarray
     cols: np.ndarray
     source: np.ndarray
+    far: np.ndarray | None = None
 
     def covered_by(self, covered: np.ndarray | None) -> RegionSample:
         """The samples where ``covered`` (``(H, W)`` bool) is True; self for None."""
         if covered is None:
             return self
         keep = covered[self.rows, self.cols]
-        return RegionSample(self.rows[keep], self.cols[keep], self.source[keep])
+        far = None if self.far is None else self.far[keep]
+        return RegionSample(self.rows[keep], self.cols[keep], self.source[keep], far)
 
 
 #: :func:`global_change` reads about this many pixels of its region (an even stride).
 GLOBAL_SAMPLES = 40_000
 #: ... and takes the median shift of each third of them by lightness when each has this many.
 MIN_STRATUM_SAMPLES = 200
+#: The thirds are read this many face sizes or more from the edit region: an edit's feathered
+#: edge (a tone change blended over a tenth of a face or more) reaches past the face margin,
+#: and next to a dark-skinned face it lands in the darkest third with the hair and clothes
+#: (London 137, a good edit: 0.0068 there). A cast or contrast change covers the whole frame.
+STRATA_MARGIN_FRAC = 0.3
 
 
-def sample_region(source: np.ndarray, region: np.ndarray) -> RegionSample:
+def sample_region(source: np.ndarray, region: np.ndarray, far: np.ndarray | None = None) -> RegionSample:
     """The :class:`RegionSample` :func:`global_change` reads: every ``step``-th pixel of each row
-    and column inside ``region``, ``step`` bringing the count to about :data:`GLOBAL_SAMPLES`."""
+    and column inside ``region``, ``step`` bringing the count to about :data:`GLOBAL_SAMPLES`;
+    ``far`` (same grid, {0, 255}): the part of it the lightness thirds read (None: all)."""
     keep = region > 0
     step = max(1, int(math.ceil(math.sqrt(np.count_nonzero(keep) / GLOBAL_SAMPLES))))
     rows, cols = np.nonzero(keep[::step, ::step])
     rows, cols = rows * step, cols * step
-    return RegionSample(rows, cols, source[rows, cols].astype(np.float32))
+    far_flags = None if far is None else far[rows, cols] > 0
+    return RegionSample(rows, cols, source[rows, cols].astype(np.float32), far_flags)
 
 
 def global_change(source: np.ndarray, candidate: np.ndarray, region: np.ndarray) -> tuple[float | None, float | None]:
@@ -547,12 +558,14 @@ def _global_change_at(sample: RegionSample, candidate: np.ndarray) -> tuple[floa
     # the image's mean is a plain wall's (a studio portrait) the whole-region median stays put:
     # the medians of each third by lightness too. Thirds of the mean of both images' lightness,
     # not of one's: choosing pixels by one image's noise biases the other's difference there.
-    if diff.shape[1] >= 3 * MIN_STRATUM_SAMPLES:
-        lightness = (cand + src).sum(axis=1)
+    far = sample.far if sample.far is not None else np.ones(diff.shape[1], bool)
+    if np.count_nonzero(far) >= 3 * MIN_STRATUM_SAMPLES:
+        far_diff = diff[:, far]
+        lightness = (cand[far] + src[far]).sum(axis=1)
         low, high = np.quantile(lightness, [1 / 3, 2 / 3])
         for part in (lightness <= low, (lightness > low) & (lightness <= high), lightness > high):
             if np.count_nonzero(part) >= MIN_STRATUM_SAMPLES:
-                stratum = float(np.max(np.abs(np.median(diff[:, part], axis=1)))) / 255.0
+                stratum = float(np.max(np.abs(np.median(far_diff[:, part], axis=1)))) / 255.0
                 shift = max(shift, stratum)
     s_std = _channel_std(src)
     c_std = _channel_std(cand)
@@ -823,7 +836,8 @@ def prepare_locality_source(
     away = away_from_face(work_edit, work_source.shape[:2], size)
     body = body_skin_reference(work_source, work_oval, person, size, work_edit) if person is not None else None
     low = lowpass(work_source)
-    return LocalitySource(oval, stride, away, sample_region(low, away), body, work_oval, low)
+    far = away_from_face(work_edit, work_source.shape[:2], size * STRATA_MARGIN_FRAC / FACE_MARGIN_FRAC)
+    return LocalitySource(oval, stride, away, sample_region(low, away, far), body, work_oval, low)
 
 
 def _face_measures(
@@ -881,7 +895,8 @@ def _against_floor(
     region away from the face (:func:`global_change`)."""
     sample = prepared.sample.covered_by(work_covered)
     floor_low = lowpass(work_floor)
-    floor_sample = RegionSample(sample.rows, sample.cols, floor_low[sample.rows, sample.cols].astype(np.float32))
+    floor_values = floor_low[sample.rows, sample.cols].astype(np.float32)
+    floor_sample = RegionSample(sample.rows, sample.cols, floor_values, sample.far)
     shift, _ = _global_change_at(floor_sample, lowpass(work_candidate))
     return {"global_shift": finite_or_none(shift)}
 
