@@ -95,14 +95,18 @@ CORPUS_GATES = tuple(dict.fromkeys(gate for gate, _, _, _ in CORPUS_THRESHOLDS))
 #: Safety factor between the good edits' extreme and the threshold: the training split's
 #: good edits are a sample, and the held-out ones reach past its extreme.
 CORPUS_MARGIN = 1.5
-#: The resolution of a metric, below which a threshold means nothing: a median difference
-#: moves in whole grey levels; a share of coherent areas is 0 or at least one smallest area
+#: The resolution of a metric, below which a threshold means nothing: a global shift is the
+#: largest of twelve medians (three channels, the whole region and its three lightness thirds)
+#: of a difference between two 8-bit images each rounded to a grey level, so it is resolved to
+#: two grey levels, not one (a re-rendering decoder answers a darker face with a frame about
+#: two levels darker in one channel's darkest third: London 137's darker good edits, 0.0053-0.0076
+#: against the floor output, where the corpus's smallest colour cast is 0.0098); a share of coherent areas is 0 or at least one smallest area
 #: (:data:`~counterfactory.validation.gates.locality.MIN_CHANGE_AREA_FRAC`), so a bound at one
 #: area rejects any area at all (zero tolerance, not a fitted limit): its bound is never below
 #: two areas.
 METRIC_RESOLUTION = {
-    "locality.global_shift_above_floor": 1.0 / 255.0,
-    "locality.global_shift": 1.0 / 255.0,
+    "locality.global_shift_above_floor": 2.0 / 255.0,
+    "locality.global_shift": 2.0 / 255.0,
     "locality.excess_share": 2 * MIN_CHANGE_AREA_FRAC,
 }
 
@@ -111,7 +115,7 @@ CORPUS_RULE = (
     "each corpus threshold starts from the good-edit quantile of its metric on the training split that leaves "
     "(1 - target) / m of the good edits outside it (m = the number of corpus thresholds, so that together they "
     f"keep good-edit acceptance >= target), widened by a factor {CORPUS_MARGIN} (upper bounds multiplied, lower "
-    "bounds divided) and never finer than the metric's resolution (one grey level for global_shift, two smallest "
+    "bounds divided) and never finer than the metric's resolution (two grey levels for global_shift, two smallest "
     "areas for excess_share), rounded "
     "outward to 2 significant digits, fitted on each photo set's good edits alone and the loosest of those "
     "kept (a study's photos may be like any of the sets), each judging path (floor request, cohort floor, none) "
