@@ -191,6 +191,29 @@ def test_each_photo_set_keeps_its_own_good_edits_inside_the_thresholds():
     assert corpus_thresholds(bundled + london, target=0.95)["locality"]["min_face_change"] < low
 
 
+def test_a_global_shift_bound_is_never_finer_than_two_grey_levels():
+    """A global shift is the largest of twelve medians of a difference between two 8-bit
+    images, each rounded to a grey level: a bound under two levels rejects rounding and the
+    decoder's answer to a darker face (London 137's darker good edits moved a frame's darkest
+    third by up to 0.0076 against the floor output), not a colour cast (the corpus's smallest,
+    0.0098). Good edits that all shift by a tenth of a level still get two levels on every path."""
+    from counterfactory.validation.corpus_fit import PATH_LOCALITY, corpus_thresholds
+
+    rng = np.random.default_rng(1)
+    records = []
+    for _ in range(40):
+        metrics = {m: float(rng.uniform(0.01, 0.02)) for _, _, m, _ in CORPUS_THRESHOLDS}
+        metrics.update({"identity.cosine": 0.9, "locality.global_shift_above_floor": 0.0004})
+        metrics.update({"locality.global_shift": 0.0004, "locality.changed_share": 0.01, "locality.face_change": 0.1})
+        metrics.update({"locality.global_gain_change": 0.01, "locality.body_skin_delta_e": 0.5})
+        records.append({"label": GOOD, "metrics": metrics, "paths": {p: {"metrics": metrics} for p in PATH_LOCALITY}})
+    two_levels = 2 / 255
+    assert corpus_thresholds(records, target=0.95)["locality"]["max_global_shift"] == pytest.approx(0.0079)
+    for path, rows in PATH_LOCALITY.items():
+        fitted = corpus_thresholds(records, target=0.95, rows=rows, path=path)["locality"]["max_global_shift"]
+        assert two_levels <= fitted < 0.0098, path
+
+
 @pytest.mark.slow
 def test_corpus_calibration_is_reproducible():
     base = calibrated_gates("face")
