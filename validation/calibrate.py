@@ -46,7 +46,7 @@ from counterfactory.validation.faces import FaceObservation, MaskMode, face_mask
 from counterfactory.validation.gates.expression import au_changes
 from counterfactory.validation.gates.face import pose_change_deg
 from counterfactory.validation.gates.identity import cosine_similarity
-from counterfactory.validation.gates.locality import locality_metrics
+from counterfactory.validation.metrics.floor import locality_metrics
 from counterfactory.validation.photo_sets import PhotoSet
 from counterfactory.validation.thresholds import RECALIBRATE
 

@@ -24,12 +24,8 @@ from counterfactory.validation.backends.sface import OPENCV_SAME_PERSON_COSINE
 from counterfactory.validation.calibration_base import sig_down, sig_up, with_progress
 from counterfactory.validation.faces import MaskMode
 from counterfactory.validation.failures import CLASSES, CORPUS_REGION, GOOD, build_floors, build_set_corpus
-from counterfactory.validation.gates.locality import (
-    FLOOR_IMAGE,
-    FLOOR_RELATIVE,
-    MIN_CHANGE_AREA_FRAC,
-    PATH_THRESHOLDS,
-)
+from counterfactory.validation.gates.locality import FLOOR_IMAGE, FLOOR_RELATIVE, PATH_THRESHOLDS
+from counterfactory.validation.metrics.pixels import MIN_CHANGE_AREA_FRAC
 from counterfactory.validation.photo_sets import PhotoSet
 
 #: Thresholds the failure corpus sets: ``(gate, threshold, metric, bound)``; ``bound`` is
@@ -101,7 +97,7 @@ CORPUS_MARGIN = 1.5
 #: two grey levels, not one (a re-rendering decoder answers a darker face with a frame about
 #: two levels darker in one channel's darkest third: London 137's darker good edits, 0.0053-0.0076
 #: against the floor output, where the corpus's smallest colour cast is 0.0098); a share of coherent areas is 0 or at least one smallest area
-#: (:data:`~counterfactory.validation.gates.locality.MIN_CHANGE_AREA_FRAC`), so a bound at one
+#: (:data:`~counterfactory.validation.metrics.pixels.MIN_CHANGE_AREA_FRAC`), so a bound at one
 #: area rejects any area at all (zero tolerance, not a fitted limit): its bound is never below
 #: two areas.
 METRIC_RESOLUTION = {

@@ -88,7 +88,8 @@ from counterfactory.validation.faces import (
     get_face_landmarker,
     region_mask,
 )
-from counterfactory.validation.gates.locality import body_skin_reference, to_lab
+from counterfactory.validation.metrics.body_skin import body_skin_reference
+from counterfactory.validation.metrics.pixels import to_lab
 from counterfactory.validation.photo_sets import MESH_RIGID, TEM_RIGID, PhotoSet, person_splits, read_tem, register_pair
 from counterfactory.validation.segment import get_person_segmenter, work_stride
 
@@ -514,7 +515,7 @@ def _object_removed(image, face, oval, rng) -> tuple[np.ndarray, dict]:
 
 def _body_skin_region(source, face, oval, region=None) -> np.ndarray:
     """``(H, W)`` uint8 {0, 255}: the body skin the locality gate measures
-    (:func:`~counterfactory.validation.gates.locality.body_skin_reference`: the person's pixels
+    (:func:`~counterfactory.validation.metrics.body_skin.body_skin_reference`: the person's pixels
     outside the edit region grown by the face margin whose colour is the source face's), found
     on the unedited ``source``. One definition for the failure and the gate: a looser skin test
     here once recoloured spiky hair tips and called it body skin (London 022)."""

@@ -280,7 +280,7 @@ def test_body_skin_and_hair_failures_change_only_what_lies_outside_the_region():
         _load_photos,
         visible_delta_e,
     )
-    from counterfactory.validation.gates.locality import body_skin_reference
+    from counterfactory.validation.metrics.body_skin import body_skin_reference
     from counterfactory.validation.segment import get_person_segmenter
 
     london = REPO.parent / "shared" / "photos" / "london" / "neutral"

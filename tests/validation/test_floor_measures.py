@@ -11,10 +11,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from counterfactory.validation.gates.locality import (
-    FLOOR_IMAGE,
-    global_change,
-)
+from counterfactory.validation.gates.locality import FLOOR_IMAGE
+from counterfactory.validation.metrics.pixels import global_change
 
 
 def _ramp(shape=(90, 120)) -> np.ndarray:

@@ -20,13 +20,13 @@ from counterfactory.validation.gates.expression import (
     mouth_corner_shifts,
 )
 from counterfactory.validation.gates.face import face_placement_change
-from counterfactory.validation.gates.locality import (
+from counterfactory.validation.gates.locality import locality_gate
+from counterfactory.validation.metrics.body_skin import body_skin_drift
+from counterfactory.validation.metrics.pixels import (
     LOCAL_CHANGE_LEVEL,
     away_from_face,
-    body_skin_drift,
     changed_share,
     global_change,
-    locality_gate,
     to_lab,
 )
 
