@@ -30,8 +30,8 @@ from counterfactory.manifests.lifecycle import (
     attempt_pending,
 )
 from counterfactory.manifests.spec import Spec
+from counterfactory.validation.gate_stack import GateStack
 from counterfactory.validation.gates.attribute import AttributeGate, check_label_map
-from counterfactory.validation.judge import GateStack
 from counterfactory.validation.judging import (
     TemplateJudge,
     no_source_mode,

@@ -18,11 +18,11 @@ import pytest
 
 from counterfactory.generation.align import align_candidate
 from counterfactory.generation.rerender import rerender_like
-from counterfactory.validation.calibration_base import load_rgb
+from counterfactory.validation.calibration.base import load_rgb
+from counterfactory.validation.calibration.failures import editor_jitter
 from counterfactory.validation.faces import CHIN, FOREHEAD_TOP, get_face_landmarker, region_mask
-from counterfactory.validation.failures import editor_jitter
+from counterfactory.validation.gate_stack import GatesConfig, GateStack
 from counterfactory.validation.gates.locality import FLOOR_IMAGE
-from counterfactory.validation.judge import GatesConfig, GateStack
 from counterfactory.validation.metrics.pixels import to_lab
 from counterfactory.validation.segment import get_person_segmenter, work_stride
 from tests.conftest import REPO

@@ -64,7 +64,7 @@ class SourceAnalysis:
     In a run every cell of a template is judged against the same source photo, so the
     source's landmarks, face mask, person segmentation and each gate's source-side work
     (detector faces, identity embedding, AUs, locality regions, skin tones) are computed once
-    (:meth:`~counterfactory.validation.judge.GateStack.analyse_source`) and reused.
+    (:meth:`~counterfactory.validation.gate_stack.GateStack.analyse_source`) and reused.
 
     Attributes:
         key: what names the source's pixels (the sha256 of shape, dtype and bytes, or a key

@@ -24,7 +24,7 @@ Failure classes, each on top of a good edit (``CLASSES`` describes them):
   distances, or brows raised by 0.08-0.15;
 - ``expression_real``: the same person photographed smiling in the same session (a photo set's
   ``pairs``: the London set), placed in the source's frame on the head outline, ears and neck
-  (:func:`~counterfactory.validation.photo_sets.register_pair`), its edit region pasted into the
+  (:func:`~counterfactory.validation.calibration.photo_sets.register_pair`), its edit region pasted into the
   source (everything outside it stays the source's, so registration is not what tells it), then
   a good edit: a real expression change, which no synthetic warp reproduces exactly; made only
   where a pair exists;
@@ -55,9 +55,9 @@ Failure classes, each on top of a good edit (``CLASSES`` describes them):
 
 Every class is made ``per_class`` times per photo (good edits :data:`GOOD_MULTIPLIER` times
 as often) with its own seed. The held-out split, which
-:mod:`counterfactory.validation.corpus_fit` never uses to pick thresholds, is either the odd
+:mod:`counterfactory.validation.calibration.corpus_fit` never uses to pick thresholds, is either the odd
 variant indices (held-out cases share photos with the training split, never parameters or
-jitter) or, for a :class:`~counterfactory.validation.photo_sets.PhotoSet` split by person,
+jitter) or, for a :class:`~counterfactory.validation.calibration.photo_sets.PhotoSet` split by person,
 every case of half the people (balanced per group). Only photos with exactly one face are used: a face design refuses other sources. Sources are scaled to at most ``max_side`` pixels first (the gates' cost grows with
 the pixel count; the measures are size-free).
 """
@@ -76,7 +76,15 @@ import cv2
 import numpy as np
 
 from counterfactory.generation.masks import dilate, feather
-from counterfactory.validation.calibration_base import load_rgb
+from counterfactory.validation.calibration.base import load_rgb
+from counterfactory.validation.calibration.photo_sets import (
+    MESH_RIGID,
+    TEM_RIGID,
+    PhotoSet,
+    person_splits,
+    read_tem,
+    register_pair,
+)
 from counterfactory.validation.faces import (
     LEFT_BROW,
     LIPS,
@@ -90,7 +98,6 @@ from counterfactory.validation.faces import (
 )
 from counterfactory.validation.metrics.body_skin import body_skin_reference
 from counterfactory.validation.metrics.pixels import to_lab
-from counterfactory.validation.photo_sets import MESH_RIGID, TEM_RIGID, PhotoSet, person_splits, read_tem, register_pair
 from counterfactory.validation.segment import get_person_segmenter, work_stride
 
 GOOD = "good"
@@ -141,7 +148,7 @@ class Case:
     face_mask: np.ndarray
     face_size_px: float
     params: dict[str, Any] = field(default_factory=dict)
-    #: the :class:`~counterfactory.validation.photo_sets.PhotoSet` the photo comes from
+    #: the :class:`~counterfactory.validation.calibration.photo_sets.PhotoSet` the photo comes from
     photo_set: str = "bundled"
     person: str = ""
     group: str = ""
@@ -800,7 +807,7 @@ def build_set_corpus(
     classes: tuple[str, ...] | None = None,
     rerender: bool = True,
 ) -> Iterator[Case]:
-    """:func:`build_corpus` over one :class:`~counterfactory.validation.photo_sets.PhotoSet`:
+    """:func:`build_corpus` over one :class:`~counterfactory.validation.calibration.photo_sets.PhotoSet`:
     its photos, variants per class, size cap, split (by variant or by person) and pairs.
     Donors (identity swaps, colour transfers, pasted objects) are other people of the set."""
     photos = _load_photos(list(photo_set.paths), photo_set.max_side, photo_set)

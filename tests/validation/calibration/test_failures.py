@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from counterfactory.assets import PHOTOS_DIR
-from counterfactory.validation.corpus_fit import CORPUS_THRESHOLDS, run_failure_corpus
-from counterfactory.validation.failures import CLASSES, GOOD, build_corpus, split_of
+from counterfactory.validation.calibration.corpus_fit import CORPUS_THRESHOLDS, run_failure_corpus
+from counterfactory.validation.calibration.failures import CLASSES, GOOD, build_corpus, split_of
 from counterfactory.validation.thresholds import calibrated_gates, load_calibration
 from tests.conftest import REPO
 
@@ -44,7 +44,7 @@ def test_corpus_is_seeded_labelled_and_split():
 
 
 def test_good_edits_change_only_the_face():
-    from counterfactory.validation.failures import _load_photos, good_edit
+    from counterfactory.validation.calibration.failures import _load_photos, good_edit
 
     photo = _load_photos([PHOTOS_DIR / "grace_hopper.jpg"], 512)[0]
     rng = np.random.default_rng(0)
@@ -59,7 +59,7 @@ def test_good_edits_change_only_the_face():
 def test_every_class_is_made_from_bundled_photos():
     cases = list(build_corpus(TWO, per_class=1, max_side=256, splits=("train",)))
     # every class but the real expression pairs, which need the same person's other photo
-    # (the London set: tests/validation/test_photo_sets.py)
+    # (the London set: tests/validation/calibration/test_photo_sets.py)
     assert {c.label for c in cases} == set(CLASSES) - {"expression_real"}
 
 
@@ -168,7 +168,7 @@ def test_each_photo_set_keeps_its_own_good_edits_inside_the_thresholds():
     the 164 London good edits that all score an excess_share of 0 outvote the bundled set's few
     that do not (the London run of 2026-12-04 set 0.00069 and rejected 3 of 36 bundled good
     edits held out)."""
-    from counterfactory.validation.corpus_fit import corpus_thresholds
+    from counterfactory.validation.calibration.corpus_fit import corpus_thresholds
 
     rng = np.random.default_rng(0)
 
@@ -197,7 +197,7 @@ def test_a_global_shift_bound_is_never_finer_than_two_grey_levels():
     decoder's answer to a darker face (London 137's darker good edits moved a frame's darkest
     third by up to 0.0076 against the floor output), not a colour cast (the corpus's smallest,
     0.0098). Good edits that all shift by a tenth of a level still get two levels on every path."""
-    from counterfactory.validation.corpus_fit import PATH_LOCALITY, corpus_thresholds
+    from counterfactory.validation.calibration.corpus_fit import PATH_LOCALITY, corpus_thresholds
 
     rng = np.random.default_rng(1)
     records = []
@@ -232,7 +232,7 @@ def test_local_failures_are_made_only_where_a_person_would_see_them():
     MIN_VISIBLE_DELTA_E (CIE76); on a plain backdrop with nothing to erase, and with only
     patches like the wall to paste, the photo gets none of those cases (issue 19: 91 % of the
     London set's erased patches had been plain wall, mean change 2 ΔE)."""
-    from counterfactory.validation.failures import (
+    from counterfactory.validation.calibration.failures import (
         MIN_VISIBLE_DELTA_E,
         _load_photos,
         _object_added,
@@ -272,7 +272,7 @@ def test_body_skin_and_hair_failures_change_only_what_lies_outside_the_region():
     saw no body skin there); a sitter whose only visible skin below the face is the neck, which
     belongs to the region, gets no body-skin case. Hair is recoloured outside the region (the
     forehead up to the hairline is the face's) and only in a way a person sees."""
-    from counterfactory.validation.failures import (
+    from counterfactory.validation.calibration.failures import (
         MIN_VISIBLE_DELTA_E,
         _body_skin,
         _body_skin_region,

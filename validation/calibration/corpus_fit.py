@@ -1,10 +1,10 @@
 """Fit the face-edit thresholds on the failure corpus: good edits kept, failures caught.
 
-The corpus (:mod:`counterfactory.validation.failures`) is built from the calibration photos;
+The corpus (:mod:`counterfactory.validation.calibration.failures`) is built from the calibration photos;
 every case is aligned and judged as a run judges it, above its photo's noise floor. The
 training split's good edits set each threshold by :data:`CORPUS_RULE`, and the held-out split
 is judged with the chosen thresholds to report good-edit acceptance and, per failure class,
-the share caught. :func:`counterfactory.validation.calibrate.run_calibration` runs this step
+the share caught. :func:`counterfactory.validation.calibration.calibrate.run_calibration` runs this step
 when asked for a corpus (``counterfactory calibrate --failures N``) and writes its result
 into ``calibration.json`` and ``failures.png``.
 """
@@ -21,12 +21,12 @@ from typing import Any
 import numpy as np
 
 from counterfactory.validation.backends.sface import OPENCV_SAME_PERSON_COSINE
-from counterfactory.validation.calibration_base import sig_down, sig_up, with_progress
+from counterfactory.validation.calibration.base import sig_down, sig_up, with_progress
+from counterfactory.validation.calibration.failures import CLASSES, CORPUS_REGION, GOOD, build_floors, build_set_corpus
+from counterfactory.validation.calibration.photo_sets import PhotoSet
 from counterfactory.validation.faces import MaskMode
-from counterfactory.validation.failures import CLASSES, CORPUS_REGION, GOOD, build_floors, build_set_corpus
 from counterfactory.validation.gates.locality import FLOOR_IMAGE, FLOOR_RELATIVE, PATH_THRESHOLDS
 from counterfactory.validation.metrics.pixels import MIN_CHANGE_AREA_FRAC
-from counterfactory.validation.photo_sets import PhotoSet
 
 #: Thresholds the failure corpus sets: ``(gate, threshold, metric, bound)``; ``bound`` is
 #: ``max`` (reject above) or ``min`` (reject below).
@@ -140,7 +140,7 @@ CORPUS_METRICS = tuple(m for _, _, m, _ in CORPUS_THRESHOLDS) + (
 
 
 def corpus_rules(base: Mapping[str, str]) -> dict[str, str]:
-    """``base`` (the no-op rules, :data:`counterfactory.validation.calibrate.RULES`) with the
+    """``base`` (the no-op rules, :data:`counterfactory.validation.calibration.calibrate.RULES`) with the
     face-edit thresholds the failure corpus sets described by :data:`CORPUS_RULE`."""
     rules = dict(base)
     for gate, name, metric, bound in CORPUS_THRESHOLDS:
@@ -265,7 +265,7 @@ def measure_photo_cases(cases: list, stack, floor: dict[str, Any] | None) -> lis
 
 
 def measure_floor(case, stack) -> dict[str, Any] | None:
-    """A photo's noise floor from its floor case (:func:`~counterfactory.validation.failures.build_floors`):
+    """A photo's noise floor from its floor case (:func:`~counterfactory.validation.calibration.failures.build_floors`):
     :func:`noise_floor_metrics` of its record with the registered floor output under
     :data:`~counterfactory.validation.gates.locality.FLOOR_IMAGE`; None when it could not be
     measured."""
@@ -331,7 +331,7 @@ def _measuring_config(base: dict[str, dict[str, Any]]) -> dict[str, dict[str, An
 
 def _stack(face_gates: dict[str, dict[str, Any]], face_mask_mode: MaskMode):
     from counterfactory.manifests.registry import GATES
-    from counterfactory.validation.judge import GatesConfig, GateStack
+    from counterfactory.validation.gate_stack import GatesConfig, GateStack
 
     # the corpus judges issue 9's gates; the skin-tone and target-attribute gates (and any
     # plug-in) judge a change against the requested condition, which a corpus case does not have
@@ -384,13 +384,13 @@ def run_failure_corpus(
     its held-out split with them.
 
     Args:
-        image_paths: source photos (:func:`~counterfactory.validation.failures.build_corpus`).
+        image_paths: source photos (:func:`~counterfactory.validation.calibration.failures.build_corpus`).
         base_face_gates: face-kind gate settings the corpus does not set (backends, detection
             score, ``min_diff_face``), as in ``suggested["face"]``.
         per_class, seed, max_side: corpus size, seed and source size cap.
         target: good-edit acceptance the thresholds aim at on the training split, in (0, 1).
         classes: a subset of the corpus classes (all by default; ``good`` must be among them).
-        photo_sets: more photos, each :class:`~counterfactory.validation.photo_sets.PhotoSet`
+        photo_sets: more photos, each :class:`~counterfactory.validation.calibration.photo_sets.PhotoSet`
             with its own variants per class, size and split (the London set: split by
             person, with real expression pairs); ``image_paths`` are the ``bundled`` set,
             held out by variant.
