@@ -44,7 +44,7 @@ release can be set beside FOCUS's 0.141 / 0.022 / 8.16.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
@@ -77,6 +77,10 @@ class LocalityGateConfig(BaseModel):
 
     All differences are mean absolute pixel differences in [0, 1] averaged over channels.
     """
+
+    #: settings added after specs were first hashed: left out of a spec's canonical form while
+    #: unset, so a spec hashes as before they existed (``Spec.canonical``)
+    canonical_unset: ClassVar[tuple[str, ...]] = ("max_excess_share", "cohort", "no_floor")
 
     model_config = ConfigDict(extra="forbid")
 
