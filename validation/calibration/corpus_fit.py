@@ -49,6 +49,7 @@ CORPUS_THRESHOLDS: tuple[tuple[str, str, str, str], ...] = (
     ("locality", "max_global_shift", "locality.global_shift_above_floor", "max"),
     ("locality", "max_global_gain_change", "locality.global_gain_change_above_floor", "max"),
     ("locality", "max_body_skin_delta_e", "locality.body_skin_delta_e_above_floor", "max"),
+    ("locality", "max_hair_delta_e", "locality.hair_delta_e_above_floor", "max"),
     # per pixel against the floor output itself: what the editor's re-rendering never changes
     ("locality", "max_excess_share", "locality.excess_share", "max"),
     # a copy re-rendered is still a copy: its band-limited face change is no more than the
@@ -69,6 +70,7 @@ PATH_LOCALITY: dict[str, tuple[tuple[str, str, str, str], ...]] = {
         ("locality", "max_global_shift", "locality.global_shift_above_floor", "max"),
         ("locality", "max_global_gain_change", "locality.global_gain_change_above_floor", "max"),
         ("locality", "max_body_skin_delta_e", "locality.body_skin_delta_e_above_floor", "max"),
+        ("locality", "max_hair_delta_e", "locality.hair_delta_e_above_floor", "max"),
         ("locality", "max_excess_share", "locality.excess_share", "max"),
         ("locality", "min_face_change", "locality.face_change", "min"),
     ),
@@ -77,6 +79,7 @@ PATH_LOCALITY: dict[str, tuple[tuple[str, str, str, str], ...]] = {
         ("locality", "max_global_shift", "locality.global_shift", "max"),
         ("locality", "max_global_gain_change", "locality.global_gain_change", "max"),
         ("locality", "max_body_skin_delta_e", "locality.body_skin_delta_e", "max"),
+        ("locality", "max_hair_delta_e", "locality.hair_delta_e", "max"),
         ("locality", "min_face_change", "locality.face_change", "min"),
     ),
 }
@@ -130,6 +133,7 @@ CORPUS_METRICS = tuple(m for _, _, m, _ in CORPUS_THRESHOLDS) + (
     "locality.global_shift",
     "locality.global_gain_change",
     "locality.body_skin_delta_e",
+    "locality.hair_delta_e",
     "locality.focus_diff_face",
     "locality.focus_diff_nonface",
     "locality.focus_ratio",

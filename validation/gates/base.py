@@ -20,6 +20,7 @@ import numpy as np
 # verdicts that fill a cell: the lifecycle's (review is a person's job, not another seed's)
 from counterfactory.manifests.lifecycle import FILLING_VERDICTS  # noqa: F401
 from counterfactory.validation.faces import FaceObservation, nearest_face
+from counterfactory.validation.metrics.pixels import finite_or_none  # noqa: F401  (gates import it from here)
 from counterfactory.validation.segment import work_stride
 
 Verdict = Literal["accepted", "rejected", "needs_review", "failed"]
@@ -266,14 +267,6 @@ def combine(results: Sequence[GateResult]) -> Judgement:
     if review:
         return Judgement("needs_review", review, tuple(results))
     return Judgement("accepted", (), tuple(results))
-
-
-def finite_or_none(value: float | None) -> float | None:
-    """``float(value)`` when finite, else None (metrics must survive JSON and Parquet)."""
-    if value is None:
-        return None
-    v = float(value)
-    return v if math.isfinite(v) else None
 
 
 def not_finite_metrics(metrics: dict[str, Metric]) -> list[str]:

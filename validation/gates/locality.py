@@ -25,6 +25,8 @@ Means over a large area hide local and global failures, so face edits are also j
 - ``body_skin_delta_e``: CIELAB colour difference (CIE76, of the mean change) over the
   person's skin outside the head (the selfie segmenter's person minus the grown oval, pixels
   whose source colour is close to the face's skin): skin lightened on neck and hands.
+- ``hair_delta_e``: the same over the person's pixels around the head above the eyes, outside
+  the edit region and not skin: hair (or a hat, a headscarf) recoloured.
 
 - ``excess_share`` (with the editor's noise-floor output, ``pair.extras[FLOOR_IMAGE]``): the
   share of pixels away from the face, in connected areas, where the candidate differs from
@@ -80,7 +82,7 @@ class LocalityGateConfig(BaseModel):
 
     #: settings added after specs were first hashed: left out of a spec's canonical form while
     #: unset, so a spec hashes as before they existed (``Spec.canonical``)
-    canonical_unset: ClassVar[tuple[str, ...]] = ("max_excess_share", "cohort", "no_floor")
+    canonical_unset: ClassVar[tuple[str, ...]] = ("max_excess_share", "cohort", "no_floor", "max_hair_delta_e")
 
     model_config = ConfigDict(extra="forbid")
 
@@ -112,6 +114,9 @@ class LocalityGateConfig(BaseModel):
     )
     max_body_skin_delta_e: float | None = Field(
         None, ge=0.0, description="face edits: CIELAB change of the person's skin outside the head"
+    )
+    max_hair_delta_e: float | None = Field(
+        None, ge=0.0, description="face edits: CIELAB change of the person's pixels around the head above the eyes"
     )
     min_face_change: float | None = Field(
         None,
@@ -152,6 +157,7 @@ PATH_THRESHOLDS = (
     "max_body_skin_delta_e",
     "min_face_change",
     "max_excess_share",
+    "max_hair_delta_e",
 )
 #: The three ways a verdict knows what the editor alone did (``floor_path`` on every item):
 #: the run's "return this photo unchanged" request, the other candidates of the same source
@@ -179,11 +185,19 @@ class LocalityPathConfig(BaseModel):
     max_body_skin_delta_e: float | None = Field(None, ge=0.0)
     min_face_change: float | None = Field(None, ge=0.0, le=1.0)
     max_excess_share: float | None = Field(None, ge=0.0, le=1.0)
+    max_hair_delta_e: float | None = Field(None, ge=0.0)
 
 
 #: The measures judged relative to the editor's noise floor (:func:`noise_floor_of`): the
 #: four upper bounds, and the face change a copy would show (``min_face_change``).
-FLOOR_RELATIVE = ("changed_share", "global_shift", "global_gain_change", "body_skin_delta_e", "face_change")
+FLOOR_RELATIVE = (
+    "changed_share",
+    "global_shift",
+    "global_gain_change",
+    "body_skin_delta_e",
+    "face_change",
+    "hair_delta_e",
+)
 
 
 def noise_floor_of(pair: PairContext) -> dict | None:
@@ -250,6 +264,7 @@ def locality_gate(
     min_face_change: float | None = None,
     min_band_ratio: float | None = None,
     max_excess_share: float | None = None,
+    max_hair_delta_e: float | None = None,
     cohort: Mapping[str, Any] | None = None,
     no_floor: Mapping[str, Any] | None = None,
 ) -> GateResult:
@@ -262,7 +277,8 @@ def locality_gate(
     ``locality_changed_share_above_max`` (something appeared or vanished away from the face),
     ``locality_global_shift_above_max`` / ``locality_global_gain_above_max`` (colour cast,
     white balance, contrast), ``locality_body_skin_above_max`` (skin recoloured outside the
-    head), ``locality_no_face_mask``; a face that did not change beyond ``min_diff_face``
+    head), ``locality_hair_above_max`` (the hair around the head recoloured, ``max_hair_delta_e``),
+    ``locality_no_face_mask``; a face that did not change beyond ``min_diff_face``
     (judged only without a noise floor) or whose band-limited change stays under
     ``min_face_change`` (above the floor's, with one) goes to review as
     ``locality_face_unchanged`` (its ratio is noise and is not judged).
@@ -294,7 +310,7 @@ def locality_gate(
         min_diff_face, max_changed_share = values["min_diff_face"], values["max_changed_share"]
         max_global_shift, max_global_gain_change = values["max_global_shift"], values["max_global_gain_change"]
         max_body_skin_delta_e, min_face_change = values["max_body_skin_delta_e"], values["min_face_change"]
-        max_excess_share = values["max_excess_share"]
+        max_excess_share, max_hair_delta_e = values["max_excess_share"], values["max_hair_delta_e"]
     thresholds = {
         "max_diff_nonface": max_diff_nonface,
         "min_diff_face": min_diff_face,
@@ -309,6 +325,7 @@ def locality_gate(
         "min_face_change": min_face_change,
         "min_band_ratio": min_band_ratio,
         "max_excess_share": max_excess_share,
+        "max_hair_delta_e": max_hair_delta_e,
         "ratio_floor": RATIO_FLOOR,
         "local_change_level": LOCAL_CHANGE_LEVEL,
         "band_frac": BAND_FRAC,
@@ -386,6 +403,7 @@ def locality_gate(
             min_face_change,
             min_band_ratio,
             max_excess_share,
+            max_hair_delta_e,
         )
     )
     if face_judged:
@@ -399,6 +417,7 @@ def locality_gate(
                 ("global_shift", max_global_shift, "locality_global_shift_above_max"),
                 ("global_gain_change", max_global_gain_change, "locality_global_gain_above_max"),
                 ("body_skin_delta_e", max_body_skin_delta_e, "locality_body_skin_above_max"),
+                ("hair_delta_e", max_hair_delta_e, "locality_hair_above_max"),
             ):
                 value = metrics.get(key)
                 base = None if floor is None else finite_or_none(floor.get(key))
@@ -477,7 +496,7 @@ class LocalityGate:
     @property
     def needs_person(self) -> bool:
         """Whether body skin is judged, which needs the source's person segmentation."""
-        return self.config.max_body_skin_delta_e is not None
+        return self.config.max_body_skin_delta_e is not None or self.config.max_hair_delta_e is not None
 
     def prepare(self, source: np.ndarray, analysis: SourceAnalysis) -> LocalitySource | None:
         """The source's :class:`LocalitySource` (None without a face), once per source."""

@@ -1,4 +1,5 @@
-"""Body skin: the person's skin outside the head, and how far an output moved its colour.
+"""Body skin and hair: the person's skin outside the head and the hair around it, and how far
+an output moved their colour.
 
 :func:`body_skin_reference` finds, on the source, the pixels of the person (the selfie
 segmenter's mask) outside the edit region whose colour is close to the face skin's;
@@ -13,6 +14,7 @@ from dataclasses import dataclass
 import cv2
 import numpy as np
 
+from counterfactory.generation.masks import dilate
 from counterfactory.validation.metrics.pixels import (
     grow_face,
     to_lab,
@@ -25,6 +27,11 @@ SKIN_AB_DISTANCE = 10.0
 SKIN_L_RANGE = 30.0
 #: Fewer skin pixels outside the head than this share of the image: body skin not measured.
 MIN_BODY_SKIN_FRAC = 0.002
+#: Hair: the person's pixels within this many face sizes of the face oval, above the oval's
+#: middle (the eyes), outside the edit region grown by the face margin and not body skin.
+HAIR_REACH_FRAC = 0.6
+#: Fewer such pixels than this share of the image (a bald head, a crop at the brow): not measured.
+MIN_HAIR_FRAC = 0.002
 
 
 @dataclass(frozen=True)
@@ -81,18 +88,45 @@ def body_skin_reference(
     return BodySkin(rows[skin], cols[skin], src_lab[skin], int(source.shape[0] * source.shape[1]))
 
 
+def hair_reference(
+    source: np.ndarray,
+    face_mask: np.ndarray,
+    person: np.ndarray,
+    face_size_px: float,
+    region: np.ndarray | None = None,
+    body: BodySkin | None = None,
+) -> BodySkin:
+    """Find the hair around the head in ``source``: the person's pixels within
+    :data:`HAIR_REACH_FRAC` face sizes of the oval and above its middle row, outside the edit
+    region (or the oval) grown by the face margin, less the body-skin pixels ``body`` names
+    (they are judged as body skin). Hair, or a hat or headscarf: what a request to change only
+    the face must leave as it was. Arguments as :func:`body_skin_reference`'s."""
+    reach = dilate(face_mask, int(round(HAIR_REACH_FRAC * face_size_px))) > 0
+    grown = grow_face(face_mask if region is None else region, face_size_px) > 0
+    ys = np.nonzero(face_mask.any(axis=1))[0]
+    above = np.zeros(face_mask.shape[:2], bool)
+    if ys.size:
+        above[: int((ys[0] + ys[-1]) // 2)] = True
+    where = _person_binary(person) & reach & ~grown & above
+    if body is not None and body.rows.size:
+        where[body.rows, body.cols] = False
+    rows, cols = np.nonzero(where)
+    return BodySkin(rows, cols, _lab_of(source[rows, cols]), int(source.shape[0] * source.shape[1]))
+
+
 def body_skin_change(
-    body: BodySkin, candidate: np.ndarray, covered: np.ndarray | None = None
+    body: BodySkin, candidate: np.ndarray, covered: np.ndarray | None = None, min_frac: float = MIN_BODY_SKIN_FRAC
 ) -> tuple[float | None, float]:
     """``(delta_e, area_frac)`` of ``candidate`` (same grid as the source ``body`` was found
     in) over the body-skin pixels where ``covered`` (bool, same grid; None: all) holds; see
-    :func:`body_skin_drift`."""
+    :func:`body_skin_drift`. The hair (:func:`hair_reference`) is measured the same way, with
+    ``min_frac`` :data:`MIN_HAIR_FRAC`."""
     rows, cols, lab = body.rows, body.cols, body.source_lab
     if covered is not None:
         keep = covered[rows, cols]
         rows, cols, lab = rows[keep], cols[keep], lab[keep]
     frac = float(rows.size / body.grid_pixels)
-    if frac < MIN_BODY_SKIN_FRAC:
+    if frac < min_frac:
         return None, frac
     change = (_lab_of(candidate[rows, cols]) - lab).mean(axis=0)
     return float(np.linalg.norm(change)), frac

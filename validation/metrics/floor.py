@@ -16,11 +16,12 @@ from dataclasses import dataclass
 import cv2
 import numpy as np
 
-from counterfactory.validation.gates.base import finite_or_none
 from counterfactory.validation.metrics.body_skin import (
+    MIN_HAIR_FRAC,
     BodySkin,
     body_skin_change,
     body_skin_reference,
+    hair_reference,
 )
 from counterfactory.validation.metrics.pixels import (
     CHANNEL_MEAN,
@@ -30,6 +31,7 @@ from counterfactory.validation.metrics.pixels import (
     RegionSample,
     away_from_face,
     coherent_share,
+    finite_or_none,
     global_change_at,
     lowpass,
     mean_abs_diff,
@@ -126,6 +128,9 @@ class LocalitySource:
             person segmentation.
         work_oval: the oval on the working grid.
         source_low: :func:`lowpass` of the working-grid source.
+        hair: the person's pixels around the head above the eyes, outside the region
+            (:func:`~counterfactory.validation.metrics.body_skin.hair_reference`), or None
+            without a person segmentation.
     """
 
     oval: np.ndarray
@@ -135,6 +140,7 @@ class LocalitySource:
     body: BodySkin | None
     work_oval: np.ndarray | None = None
     source_low: np.ndarray | None = None
+    hair: BodySkin | None = None
 
 
 def prepare_locality_source(
@@ -155,7 +161,7 @@ def prepare_locality_source(
         person: person mask or probability on the working grid, or None.
         region: ``(H, W)`` {0, 255} the full-size edit region the prompt names
             (:func:`~counterfactory.validation.faces.region_mask`), or None: the oval. What
-            is "away from the face" and "body skin" is measured outside it.
+            is "away from the face", "body skin" and "hair" are measured outside it.
     """
     work_oval = oval if stride == 1 else np.ascontiguousarray(oval[::stride, ::stride])
     if region is None:
@@ -168,7 +174,8 @@ def prepare_locality_source(
     body = body_skin_reference(work_source, work_oval, person, size, work_edit) if person is not None else None
     low = lowpass(work_source)
     far = away_from_face(work_edit, work_source.shape[:2], size * STRATA_MARGIN_FRAC / FACE_MARGIN_FRAC)
-    return LocalitySource(oval, stride, away, sample_region(low, away, far), body, work_oval, low)
+    hair = hair_reference(work_source, work_oval, person, size, work_edit, body) if person is not None else None
+    return LocalitySource(oval, stride, away, sample_region(low, away, far), body, work_oval, low, hair)
 
 
 def face_measures(
@@ -205,6 +212,10 @@ def face_measures(
     if prepared.body is not None:
         skin, frac = body_skin_change(prepared.body, work_candidate, work_covered)
     out[f"{prefix}body_skin_delta_e"] = finite_or_none(skin)
+    hair = None
+    if prepared.hair is not None:
+        hair, _ = body_skin_change(prepared.hair, work_candidate, work_covered, MIN_HAIR_FRAC)
+    out[f"{prefix}hair_delta_e"] = finite_or_none(hair)
     if not prefix:
         out["body_skin_area_frac"] = frac
     return out

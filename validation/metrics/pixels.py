@@ -63,6 +63,14 @@ FACE_MARGIN_FRAC = 0.10
 BORDER_FRAC = 0.02
 
 
+def finite_or_none(value: float | None) -> float | None:
+    """``float(value)`` when finite, else None (metrics must survive JSON and Parquet)."""
+    if value is None:
+        return None
+    v = float(value)
+    return v if math.isfinite(v) else None
+
+
 def binary_mask(mask: np.ndarray) -> np.ndarray:
     """``(H, W)`` uint8 {0, 255} from any ``(H, W)`` mask (bool, {0, 1}, {0, 255}, float)."""
     m = np.asarray(mask)

@@ -205,7 +205,7 @@ def test_a_global_shift_bound_is_never_finer_than_two_grey_levels():
         metrics = {m: float(rng.uniform(0.01, 0.02)) for _, _, m, _ in CORPUS_THRESHOLDS}
         metrics.update({"identity.cosine": 0.9, "locality.global_shift_above_floor": 0.0004})
         metrics.update({"locality.global_shift": 0.0004, "locality.changed_share": 0.01, "locality.face_change": 0.1})
-        metrics.update({"locality.global_gain_change": 0.01, "locality.body_skin_delta_e": 0.5})
+        metrics.update({"locality.global_gain_change": 0.01, "locality.body_skin_delta_e": 0.5, "locality.hair_delta_e": 1.0})
         records.append({"label": GOOD, "metrics": metrics, "paths": {p: {"metrics": metrics} for p in PATH_LOCALITY}})
     two_levels = 2 / 255
     assert corpus_thresholds(records, target=0.95)["locality"]["max_global_shift"] == pytest.approx(0.0079)
