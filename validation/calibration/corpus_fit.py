@@ -65,14 +65,11 @@ CORPUS_THRESHOLDS: tuple[tuple[str, str, str, str], ...] = (
 PATHS = ("request", "cohort", "none")
 PATH_LOCALITY: dict[str, tuple[tuple[str, str, str, str], ...]] = {
     "request": tuple(row for row in CORPUS_THRESHOLDS if row[0] == "locality"),
-    "cohort": (
-        ("locality", "max_changed_share", "locality.changed_share_above_floor", "max"),
-        ("locality", "max_global_shift", "locality.global_shift_above_floor", "max"),
-        ("locality", "max_global_gain_change", "locality.global_gain_change_above_floor", "max"),
-        ("locality", "max_body_skin_delta_e", "locality.body_skin_delta_e_above_floor", "max"),
-        ("locality", "max_hair_delta_e", "locality.hair_delta_e_above_floor", "max"),
-        ("locality", "max_excess_share", "locality.excess_share", "max"),
-        ("locality", "min_face_change", "locality.face_change", "min"),
+    # the request path's rows, the face as measured (the others' faces are edited too)
+    "cohort": tuple(
+        (gate, name, "locality.face_change" if name == "min_face_change" else metric, bound)
+        for gate, name, metric, bound in CORPUS_THRESHOLDS
+        if gate == "locality"
     ),
     "none": (
         ("locality", "max_changed_share", "locality.changed_share", "max"),
