@@ -20,7 +20,7 @@ import numpy as np
 
 from counterfactory.generation import align
 from counterfactory.generation.rerender import rerender_like
-from counterfactory.validation.calibration_base import bundled_photo_paths, load_rgb
+from counterfactory.validation.calibration.base import bundled_photo_paths, load_rgb
 from counterfactory.validation.faces import face_mask, get_face_landmarker
 
 LONDON = Path(__file__).resolve().parents[1].parent / "shared" / "photos" / "london" / "neutral"

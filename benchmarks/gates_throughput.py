@@ -80,7 +80,7 @@ def build_demo_pairs(folder: Path, per_source: int = 8) -> Path:
 
     from counterfactory.generation.masks import feather
     from counterfactory.validation.backends.base import similarity_transform
-    from counterfactory.validation.calibration_base import bundled_photo_paths, load_rgb
+    from counterfactory.validation.calibration.base import bundled_photo_paths, load_rgb
     from counterfactory.validation.faces import face_mask, get_face_landmarker
 
     folder.mkdir(parents=True, exist_ok=True)
@@ -143,9 +143,9 @@ def _init_worker(pair_files, kind: str, face_mask_mode: str) -> None:
     set_worker_threads(1)
     import cv2
 
-    from counterfactory.validation.calibration_base import load_rgb
+    from counterfactory.validation.calibration.base import load_rgb
+    from counterfactory.validation.gate_stack import GatesConfig, GateStack
     from counterfactory.validation.gates.locality import FLOOR_IMAGE
-    from counterfactory.validation.judge import GatesConfig, GateStack
 
     _stack = GateStack.from_config(GatesConfig(face_mask=face_mask_mode), kind)
     _pairs = []
@@ -360,7 +360,7 @@ def rerender_cost(pair_files, max_side: int | None, repeat: int) -> dict:
     """Seconds per TAEF2 round trip of each distinct source in ``pair_files`` at ``max_side``
     (one warm-up call first, not timed), one intra-op thread as the workers above use."""
     from counterfactory.generation.rerender import Rerenderer
-    from counterfactory.validation.calibration_base import load_rgb
+    from counterfactory.validation.calibration.base import load_rgb
 
     sources = {p[1].stat().st_ino: p[1] for p in pair_files}
     images = [load_rgb(path) for path in sources.values()]

@@ -112,7 +112,7 @@ def batch_job(editor: QwenEditor, n_edits: int, cpu_workers: int, size: int, cud
 
     from counterfactory.generation.align import AlignConfig
     from counterfactory.validation.faces import face_mask, get_face_landmarker
-    from counterfactory.validation.judge import GatesConfig, GateStack
+    from counterfactory.validation.gate_stack import GatesConfig, GateStack
     from counterfactory.validation.judging import judge_output
 
     stack = GateStack.from_config(GatesConfig(), "face")

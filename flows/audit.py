@@ -20,8 +20,8 @@ from counterfactory.generation.sources import SourceError, load_image
 from counterfactory.manifests.errors import CounterfactoryError
 from counterfactory.manifests.safefiles import InputFileError, inside
 from counterfactory.validation.faces import face_mask, get_face_landmarker
+from counterfactory.validation.gate_stack import GatesConfig, GateStack
 from counterfactory.validation.gates.locality import FLOOR_IMAGE
-from counterfactory.validation.judge import GatesConfig, GateStack
 from counterfactory.validation.judging import floor_path_of, judge_output
 from counterfactory.validation.skin import source_edit_region
 

@@ -465,9 +465,9 @@ def calibrate(
     """Measure the no-op ceiling and different-person floor; with --failures, build the
     failure-mode corpus, set the face-edit thresholds from it and report the held-out
     good-edit acceptance and per-class catch rates."""
-    from counterfactory.validation.calibrate import run_calibration
-    from counterfactory.validation.calibration_base import bundled_photo_paths
-    from counterfactory.validation.photo_sets import london_set
+    from counterfactory.validation.calibration.base import bundled_photo_paths
+    from counterfactory.validation.calibration.calibrate import run_calibration
+    from counterfactory.validation.calibration.photo_sets import london_set
 
     sets = []
     if london is not None:

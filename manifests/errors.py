@@ -87,7 +87,7 @@ every exception class of the package (name, module, base), so it cannot drift::
     │                                     the path.
     ├── RunSpecNotFoundError (FileNotFoundError)  flows.engine.run_folder: the run folder records no
     │                                     spec and has no release to take one from. Pass --spec.
-    ├── PhotoSetError (FileNotFoundError)  validation.photo_sets: a photo set's folder lacks
+    ├── PhotoSetError (FileNotFoundError)  validation.calibration.photo_sets: a photo set's folder lacks
     │                                     london_info.csv or the photos it lists. Point
     │                                     --london at the London Set's folder.
     ├── AnswersError (ValueError)         validation.scoring.answers: answers that cannot be read

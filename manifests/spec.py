@@ -480,16 +480,13 @@ class Spec(BaseModel):
         # setting (what the check does is the judging code's, versioned by its judge key)
         if data["align"]["min_correlation"] == type(self.align).model_fields["min_correlation"].default:
             data["align"].pop("min_correlation")
-        # thresholds added later, left unset (no calibration sets them): as before they existed
-        for gate, key in (
-            ("locality", "max_excess_share"),
-            ("expression", "max_mouth_corner_shift_iod"),
-            ("locality", "cohort"),
-            ("locality", "no_floor"),
-        ):
-            section = data["gates"][kind].get(gate)
-            if isinstance(section, dict) and section.get(key, 0) is None:
-                section.pop(key)
+        # settings a gate added later, left unset (no calibration sets them): as before they
+        # existed; each gate's thresholds model names them (``canonical_unset``)
+        kind_gates = getattr(self.gates, kind)
+        for gate, settings in data["gates"][kind].items():
+            for key in getattr(type(getattr(kind_gates, gate, None)), "canonical_unset", ()):
+                if isinstance(settings, dict) and key in settings and settings[key] is None:
+                    settings.pop(key)
         data.pop("ledger_url", None)
         data.pop("run", None)
         data.pop("store_dir", None)

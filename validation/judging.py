@@ -19,8 +19,8 @@ from counterfactory.generation.attempts import FINISHED_ATTEMPT
 from counterfactory.generation.sampling import Cell
 from counterfactory.manifests.ledger import Attempt, Candidate
 from counterfactory.manifests.store import ImageStore
+from counterfactory.validation.gate_stack import GateStack
 from counterfactory.validation.gates.locality import FLOOR_IMAGE
-from counterfactory.validation.judge import GateStack
 
 if TYPE_CHECKING:
     from counterfactory.generation.sources import PreparedSource
@@ -306,7 +306,7 @@ def judge_output(
             for the gates that judge the requested change (skin tone).
         source_key: names the source's pixels (the photo file's sha256) for the stack's
             source cache, so every cell of a template reuses one analysis of its source
-            (:meth:`~counterfactory.validation.judge.GateStack.analysis_for`); None: hashed.
+            (:meth:`~counterfactory.validation.gate_stack.GateStack.analysis_for`); None: hashed.
 
     When registration fails the verdict is ``rejected`` with the ``align_...`` reason, and the
     gates that do not need pixel registration (face, identity, expression) still measure the

@@ -169,7 +169,7 @@ def label_consistency(items: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
 
 #: FOCUS's published QC figures of its released set (Dehdashtian et al. 2025), keyed as
 #: :func:`focus_comparison` computes them: the locality means and median from
-#: :data:`~counterfactory.validation.calibrate.PUBLISHED`, the VLM check's joint target-label
+#: :data:`~counterfactory.validation.calibration.calibrate.PUBLISHED`, the VLM check's joint target-label
 #: agreement and the template-level expression drift rate
 FOCUS_TARGET_LABEL_ACCURACY = 0.979
 FOCUS_EXPRESSION_DRIFT = 0.121
@@ -178,7 +178,7 @@ FOCUS_EXPRESSION_DRIFT = 0.121
 def focus_published() -> dict[str, float]:
     """FOCUS's published figures: ``diff_face_mean``, ``diff_nonface_mean``, ``ratio_median``,
     ``target_label_accuracy``, ``expression_drift``."""
-    from counterfactory.validation.calibrate import PUBLISHED
+    from counterfactory.validation.calibration.calibrate import PUBLISHED
 
     return {
         "diff_face_mean": PUBLISHED["focus_diff_face_mean"],

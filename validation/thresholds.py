@@ -1,11 +1,11 @@
 """The shipped, calibrated default thresholds (``assets/calibration/calibration.json``).
 
-The file is written by :func:`counterfactory.validation.calibrate.run_calibration`; re-create it with::
+The file is written by :func:`counterfactory.validation.calibration.calibrate.run_calibration`; re-create it with::
 
     counterfactory calibrate --out assets/calibration [--spec SPEC]
 
 Its ``suggested`` section holds, per edit kind and gate, the backend it was measured with
-and the thresholds; :class:`counterfactory.validation.judge.KindGatesConfig` fills any threshold a spec
+and the thresholds; :class:`counterfactory.validation.gate_stack.KindGatesConfig` fills any threshold a spec
 leaves out from there.
 """
 

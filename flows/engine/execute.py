@@ -30,15 +30,15 @@ from counterfactory.manifests.lifecycle import (
     attempt_pending,
 )
 from counterfactory.manifests.spec import Spec
+from counterfactory.validation.gate_stack import GateStack
 from counterfactory.validation.gates.attribute import AttributeGate, check_label_map
-from counterfactory.validation.judge import GateStack
 from counterfactory.validation.judging import (
     TemplateJudge,
     no_source_mode,
 )
 
 #: bump when the meaning of a judgement changes, so stored verdicts are recomputed
-JUDGE_VERSION = 5
+JUDGE_VERSION = 7  # 7: the hair around the head is judged (max_hair_delta_e); 6: a shift above a floor output is measured against it, and per third by lightness
 
 
 #: the prompt template of the noise-floor request (``assets/prompts/``)

@@ -43,7 +43,7 @@ from counterfactory.manifests.lifecycle import (
     fill_cells,
 )
 from counterfactory.manifests.spec import Spec
-from counterfactory.validation.judge import GateStack
+from counterfactory.validation.gate_stack import GateStack
 from counterfactory.validation.judging import (
     FLOOR_VERDICT,
     TemplateJudge,

@@ -1,7 +1,7 @@
 """An existing counterfactual set on disk, for the ``import`` backend and ``measure --batch``.
 
 :func:`write_import_set` makes a labelled set from real photos with the failure corpus
-(:func:`counterfactory.validation.failures.build_corpus`: good face-only edits and failures,
+(:func:`counterfactory.validation.calibration.failures.build_corpus`: good face-only edits and failures,
 each re-rendered through TAEF2 and jittered as an editor returns it) and writes it out as a
 set from an editor arrives: source photos with their metadata, candidate files in the formats
 and frames editors return them in (PNG, JPEG, WebP, re-sized, re-framed), one PNG whose text
@@ -23,7 +23,7 @@ import yaml
 from PIL import Image
 
 from counterfactory.assets import PHOTOS_DIR
-from counterfactory.validation.failures import GOOD, build_corpus, build_floors
+from counterfactory.validation.calibration.failures import GOOD, build_corpus, build_floors
 from tests.conftest import REPO
 
 LONDON = REPO.parent / "shared" / "photos" / "london"
@@ -269,11 +269,11 @@ def write_focus_set(folder: Path, *, seed: int = 0) -> ImportSet:
     """A set shaped like FOCUS's, as an editor returns one and with no ``floor`` column: each of
     :data:`FOCUS_PEOPLE` (384 px) with ten good face-and-neck edits (skin lighter or darker by
     8-15 L*, half with a feature morph toward another group's proportions; every one re-rendered
-    through TAEF2 and jittered, :mod:`counterfactory.validation.failures`), and three more rows,
+    through TAEF2 and jittered, :mod:`counterfactory.validation.calibration.failures`), and three more rows,
     each a good edit with one failure on top (:data:`FOCUS_FAILURES`: an added object, a colour
     cast, an identity swap), each on another source. Rows carry ``label`` (the corpus class)."""
-    from counterfactory.validation.failures import build_set_corpus
-    from counterfactory.validation.photo_sets import PhotoSet
+    from counterfactory.validation.calibration.failures import build_set_corpus
+    from counterfactory.validation.calibration.photo_sets import PhotoSet
 
     photos, candidates = folder / "photos", folder / "candidates"
     photos.mkdir(parents=True, exist_ok=True)

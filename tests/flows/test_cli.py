@@ -192,8 +192,8 @@ def test_calibrate_reproduces_the_shipped_thresholds(tmp_path):
     shipped = json.loads((REPO / "assets/calibration/calibration.json").read_text())["suggested"]
     assert made["limb"] == shipped["limb"]
     # the face-edit thresholds the failure corpus sets (--failures) are re-made by
-    # tests/validation/test_failures.py; every other one comes out as shipped
-    from counterfactory.validation.corpus_fit import CORPUS_THRESHOLDS, FOCUS_RAW_THRESHOLDS
+    # tests/validation/calibration/test_failures.py; every other one comes out as shipped
+    from counterfactory.validation.calibration.corpus_fit import CORPUS_THRESHOLDS, FOCUS_RAW_THRESHOLDS
 
     corpus_set = {(gate, name) for gate, name, _, _ in CORPUS_THRESHOLDS} | {("identity", "max_cosine")}
     # FOCUS's raw figures: the corpus step leaves them unjudged (None) on face edits

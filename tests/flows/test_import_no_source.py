@@ -18,7 +18,7 @@ import yaml
 from PIL import Image
 
 from counterfactory.assets import PHOTOS_DIR
-from counterfactory.validation.judge import GatesConfig, GateStack
+from counterfactory.validation.gate_stack import GatesConfig, GateStack
 from counterfactory.validation.judging import SOURCE_FREE_GATES, SOURCE_GATES_SKIPPED, judge_alone
 from tests.flows.import_set import LONDON
 from tests.flows.review_setup import cli

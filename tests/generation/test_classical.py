@@ -108,7 +108,8 @@ def test_a_taef2_round_trip_of_grace_hopper_is_close_but_re_synthesised(grace):
     """The issue's known figures for one round trip of grace_hopper.jpg: diff_nonface 0.0176
     and global shift 0.0039 (one grey level), with the face untouched by any edit."""
     from counterfactory.generation.rerender import rerender_like
-    from counterfactory.validation.gates.locality import global_change, locality_metrics
+    from counterfactory.validation.metrics.floor import locality_metrics
+    from counterfactory.validation.metrics.pixels import global_change
 
     out = rerender_like(grace, grace.shape)
     assert out.shape == grace.shape and out.dtype == np.uint8

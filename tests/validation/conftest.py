@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from counterfactory.assets import PHOTOS_DIR
-from counterfactory.validation.calibration_base import load_rgb
-from counterfactory.validation.judge import GatesConfig, GateStack
+from counterfactory.validation.calibration.base import load_rgb
+from counterfactory.validation.gate_stack import GatesConfig, GateStack
 
 
 @functools.cache

@@ -20,7 +20,7 @@ from counterfactory.validation.backends.attributes import (
     fairface_chip,
 )
 from counterfactory.validation.backends.base import similarity_transform
-from counterfactory.validation.calibration_base import load_rgb
+from counterfactory.validation.calibration.base import load_rgb
 from counterfactory.validation.faces import get_face_landmarker
 from counterfactory.validation.gates.attribute import AttributeGate, AttributeGateConfig, check_label_map
 from counterfactory.validation.gates.base import PairContext
@@ -202,7 +202,7 @@ def test_label_map_must_cover_the_design(fairface_file):
 
 
 def test_stack_runs_the_configured_gate_and_leaves_it_off_otherwise(fairface_file, portrait):
-    from counterfactory.validation.judge import GatesConfig, GateStack
+    from counterfactory.validation.gate_stack import GatesConfig, GateStack
 
     assert GatesConfig().face.attribute is None  # opt-in: it needs the user's classifier
     cfg = GatesConfig(face={"attribute": _fairface_config(fairface_file).model_dump(mode="json")})

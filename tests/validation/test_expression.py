@@ -9,8 +9,8 @@ from counterfactory.manifests.errors import SetupError
 from counterfactory.validation.backends import load_au_model
 from counterfactory.validation.backends.libreface import DISFA_AUS, LibreFaceAUs, build_libreface_resnet, ffhq_align
 from counterfactory.validation.backends.mediapipe import BLENDSHAPE_AUS, blendshapes_to_aus
+from counterfactory.validation.gate_stack import GatesConfig, GateStack
 from counterfactory.validation.gates.expression import au_changes, expression_gate
-from counterfactory.validation.judge import GatesConfig, GateStack
 
 from .standins import build_libreface_standin
 

@@ -14,7 +14,7 @@ import yaml
 from counterfactory.flows.engine import execute, run_folder, sources, template
 from counterfactory.manifests.registry import GATES
 from counterfactory.manifests.spec import SpecError, load_spec
-from counterfactory.validation.judge import GatesConfig, GateStack
+from counterfactory.validation.gate_stack import GatesConfig, GateStack
 
 
 @pytest.fixture

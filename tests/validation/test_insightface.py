@@ -15,7 +15,7 @@ from counterfactory.manifests.errors import SetupError
 from counterfactory.validation.backends import load_detector, load_embedder
 from counterfactory.validation.backends.base import align_face_112, l2_normalise
 from counterfactory.validation.backends.insightface import ArcFaceEmbedder, SCRFDDetector, nms
-from counterfactory.validation.judge import GatesConfig, GateStack
+from counterfactory.validation.gate_stack import GatesConfig, GateStack
 
 from .standins import arcface_standin_weights, build_arcface_standin, build_buffalo_standin, build_scrfd_standin
 

@@ -12,7 +12,9 @@ import pytest
 
 from counterfactory.validation.faces import face_mask
 from counterfactory.validation.gates.base import PairContext
-from counterfactory.validation.gates.locality import RATIO_FLOOR, locality_gate, locality_metrics
+from counterfactory.validation.gates.locality import locality_gate
+from counterfactory.validation.metrics.floor import locality_metrics
+from counterfactory.validation.metrics.pixels import RATIO_FLOOR
 from counterfactory.validation.thresholds import calibrated_gates
 
 
@@ -225,7 +227,7 @@ def _textured_renders(source: np.ndarray, seeds: tuple[int, ...]) -> list[np.nda
 
 
 def test_excess_over_the_floor_output_ignores_re_rendering_and_keeps_thin_text():
-    from counterfactory.validation.gates.locality import band_diff, coherent_share, excess_share
+    from counterfactory.validation.metrics.pixels import band_diff, coherent_share, excess_share
 
     rng = np.random.default_rng(3)
     # a plain wall with a little structure, as behind the London sitters
@@ -251,7 +253,7 @@ def test_excess_over_the_floor_output_ignores_re_rendering_and_keeps_thin_text()
 
 
 def test_an_edge_registered_a_pixel_apart_is_not_an_excess():
-    from counterfactory.validation.gates.locality import excess_share
+    from counterfactory.validation.metrics.pixels import excess_share
 
     # a dark suit against a bright wall: a 200-level edge
     source = np.full((300, 300, 3), 230, np.uint8)

@@ -5,6 +5,7 @@ inside the region FOCUS's prompt names (face, neck, ears, facial hair); the same
 also reaches the chest or shoulders is skin changed outside it. The edits here are drawn by the
 test itself, from its own skin mask and the face mesh's chin (not from the region code), on
 London Set photos of people in a V-neck (140) and a scoop neck that shows the collarbones (113),
+and the hair above the eyes recoloured (outside the region, judged by the hair measure),
 then re-rendered through TAEF2 and jittered as an editor returns them, and judged as a run
 judges them: registered, against the photo's own floor output ("return this photo unchanged",
 re-rendered and jittered with another seed).
@@ -18,11 +19,12 @@ import pytest
 
 from counterfactory.generation.align import align_candidate
 from counterfactory.generation.rerender import rerender_like
-from counterfactory.validation.calibration_base import load_rgb
+from counterfactory.validation.calibration.base import load_rgb
+from counterfactory.validation.calibration.failures import editor_jitter
 from counterfactory.validation.faces import CHIN, FOREHEAD_TOP, get_face_landmarker, region_mask
-from counterfactory.validation.failures import editor_jitter
-from counterfactory.validation.gates.locality import FLOOR_IMAGE, to_lab
-from counterfactory.validation.judge import GatesConfig, GateStack
+from counterfactory.validation.gate_stack import GatesConfig, GateStack
+from counterfactory.validation.gates.locality import FLOOR_IMAGE, FLOOR_RELATIVE
+from counterfactory.validation.metrics.pixels import to_lab
 from counterfactory.validation.segment import get_person_segmenter, work_stride
 from tests.conftest import REPO
 
@@ -107,8 +109,7 @@ def _judge(source, face, edited, floor_out):
 
     floor = aligned(floor_out)
     floor_judged = stack.evaluate(source, floor.image, covered=floor.covered)
-    measures = {k: floor_judged.metrics.get(f"locality.{k}") for k in ("changed_share", "global_shift",
-                "global_gain_change", "body_skin_delta_e", "face_change")}  # fmt: skip
+    measures = {k: floor_judged.metrics.get(f"locality.{k}") for k in FLOOR_RELATIVE}
     cand = aligned(edited)
     return stack.evaluate(
         source,
@@ -127,6 +128,40 @@ def test_face_and_neck_lightened_by_12_lstar_is_accepted(name):
     judged = _judge(source, face, _as_editor_returns(neck_edit, 2), floor_out)
     assert not any(r.startswith("locality_body_skin") for r in judged.reasons), judged.reasons
     assert judged.verdict == "accepted", (judged.reasons, judged.metrics.get("locality.body_skin_delta_e_above_floor"))
+    # the hair around the head was left as it was: far under what a visible recolour measures
+    assert judged.metrics["locality.hair_delta_e_above_floor"] < 1.5
+
+
+def _hair(image: np.ndarray, face) -> np.ndarray:
+    """The test's own hair mask: the person's pixels above the eyes within half a face height of
+    the face mesh's bounding box, outside it and not skin."""
+    k = work_stride(image.shape)
+    person = get_person_segmenter().segment(np.ascontiguousarray(image[::k, ::k]))
+    person = cv2.resize(person.astype(np.float32), image.shape[1::-1]) >= 0.5
+    lm = face.landmarks[:, :2]
+    x0, y0 = lm.min(axis=0)
+    x1, y1 = lm.max(axis=0)
+    reach = 0.5 * float(y1 - y0)
+    ys, xs = np.mgrid[: image.shape[0], : image.shape[1]]
+    eyes = float(lm[[33, 263], 1].mean())  # the face mesh's outer eye corners
+    near = (xs > x0 - reach) & (xs < x1 + reach) & (ys > y0 - reach) & (ys < eyes)
+    inside = (xs >= x0) & (xs <= x1) & (ys >= y0)
+    return person & near & ~inside & ~_skin(image, face)
+
+
+@pytest.mark.parametrize("name", ["140", "113"])
+def test_hair_recoloured_around_the_head_is_rejected_for_hair(name):
+    """The hair above the eyes made 20 L* lighter, drawn from the test's own hair mask (not the
+    gate's), re-rendered and jittered: rejected as a change outside the region the prompt names,
+    by the hair measure (a face-only request leaves the hair as it was)."""
+    source = _photo(name)
+    (face,) = get_face_landmarker().detect(source)
+    hair = _hair(source, face)
+    assert hair.sum() > 0.01 * hair.size
+    edited = _lighten(source, hair, 20.0)
+    judged = _judge(source, face, _as_editor_returns(edited, 2), _as_editor_returns(source, 1))
+    assert judged.verdict == "rejected"
+    assert "locality_hair_above_max" in judged.reasons, (judged.reasons, judged.metrics.get("locality.hair_delta_e"))
 
 
 def test_the_same_lightening_reaching_the_chest_is_rejected_for_body_skin():

@@ -10,11 +10,11 @@ import pytest
 from counterfactory.assets import PHOTOS_DIR
 from counterfactory.generation.prompts import PromptConfig, face_region, render_prompt
 from counterfactory.generation.regions import REGIONS, get_region, template_region
-from counterfactory.validation.calibration_base import load_rgb
+from counterfactory.validation.calibration.base import load_rgb
 from counterfactory.validation.faces import face_mask, get_face_landmarker, region_mask
+from counterfactory.validation.gate_stack import GateStack, KindGatesConfig
 from counterfactory.validation.gates.locality import LocalityGate
 from counterfactory.validation.gates.skin import SkinGate
-from counterfactory.validation.judge import GateStack, KindGatesConfig
 from counterfactory.validation.skin import source_edit_region
 
 EDIT = {

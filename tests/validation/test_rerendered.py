@@ -11,10 +11,11 @@ import pytest
 from counterfactory.assets import PHOTOS_DIR
 from counterfactory.generation.editors.classical import donor_tone_shift
 from counterfactory.generation.rerender import rerender_like
-from counterfactory.validation.calibration_base import load_rgb
+from counterfactory.validation.calibration.base import load_rgb
 from counterfactory.validation.faces import get_face_landmarker
-from counterfactory.validation.gates.locality import FLOOR_IMAGE, FLOOR_RELATIVE, band_diff, coherent_share
-from counterfactory.validation.judge import GatesConfig, GateStack
+from counterfactory.validation.gate_stack import GatesConfig, GateStack
+from counterfactory.validation.gates.locality import FLOOR_IMAGE, FLOOR_RELATIVE
+from counterfactory.validation.metrics.pixels import band_diff, coherent_share
 from counterfactory.validation.segment import get_person_segmenter
 from counterfactory.validation.skin import body_skin_mask, source_edit_region
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from counterfactory.assets import PHOTOS_DIR
-from counterfactory.validation.calibration_base import load_rgb
+from counterfactory.validation.calibration.base import load_rgb
 from counterfactory.validation.faces import get_face_landmarker
 from counterfactory.validation.gates.base import PairContext
 from counterfactory.validation.gates.skin import SkinGate, SkinGateConfig, is_control
@@ -123,7 +123,7 @@ def test_face_only_tint_moves_face_ita_by_the_formula_and_not_the_neck(portrait)
 
 @pytest.fixture(scope="module")
 def gate():
-    from counterfactory.validation.judge import KindGatesConfig
+    from counterfactory.validation.gate_stack import KindGatesConfig
 
     config = KindGatesConfig(kind="face").skin
     assert config is not None  # on by default, thresholds from the shipped calibration
@@ -197,7 +197,7 @@ def test_face_darkened_far_beyond_the_neck_is_recorded_and_reviewed_only_when_co
 
 @pytest.mark.slow
 def test_limb_inpainting_of_another_tone_is_a_mismatch():
-    from counterfactory.validation.judge import KindGatesConfig
+    from counterfactory.validation.gate_stack import KindGatesConfig
 
     image = load_rgb(PHOTOS_DIR / "biden_blue_room.jpg")
     face = get_face_landmarker().detect(image)[0]

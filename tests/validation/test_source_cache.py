@@ -12,13 +12,9 @@ import cv2
 import numpy as np
 import pytest
 
-from counterfactory.validation.gates.locality import (
-    LOCAL_CHANGE_LEVEL,
-    body_skin_drift,
-    changed_share,
-    to_lab,
-)
-from counterfactory.validation.judge import GateStack, SourceCache, pixel_key
+from counterfactory.validation.gate_stack import GateStack, SourceCache, pixel_key
+from counterfactory.validation.metrics.body_skin import body_skin_drift
+from counterfactory.validation.metrics.pixels import LOCAL_CHANGE_LEVEL, changed_share, to_lab
 from counterfactory.validation.segment import work_stride
 
 

@@ -3,7 +3,7 @@
 Each gate is one module that owns its thresholds model and ends with one registration line
 (``GATES.register(name, ConfigModel, GateClass, order=...)``, see
 :mod:`counterfactory.manifests.registry`); the spec validates ``gates.<kind>.<name>`` against
-that model and :class:`~counterfactory.validation.judge.GateStack` builds the configured gates
+that model and :class:`~counterfactory.validation.gate_stack.GateStack` builds the configured gates
 in registry order. Importing this package registers the built-in gates.
 """
 
@@ -16,9 +16,9 @@ from counterfactory.validation.gates import attribute, expression, face, identit
 
 
 def _gates_section() -> type[BaseModel]:
-    """The spec's ``gates``: :class:`~counterfactory.validation.judge.GatesConfig`, the gate
+    """The spec's ``gates``: :class:`~counterfactory.validation.gate_stack.GatesConfig`, the gate
     stack's settings (its module imports this package, so it is looked up when first needed)."""
-    from counterfactory.validation.judge import GatesConfig
+    from counterfactory.validation.gate_stack import GatesConfig
 
     return GatesConfig
 

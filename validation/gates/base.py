@@ -20,6 +20,7 @@ import numpy as np
 # verdicts that fill a cell: the lifecycle's (review is a person's job, not another seed's)
 from counterfactory.manifests.lifecycle import FILLING_VERDICTS  # noqa: F401
 from counterfactory.validation.faces import FaceObservation, nearest_face
+from counterfactory.validation.metrics.pixels import finite_or_none  # noqa: F401  (gates import it from here)
 from counterfactory.validation.segment import work_stride
 
 Verdict = Literal["accepted", "rejected", "needs_review", "failed"]
@@ -64,7 +65,7 @@ class SourceAnalysis:
     In a run every cell of a template is judged against the same source photo, so the
     source's landmarks, face mask, person segmentation and each gate's source-side work
     (detector faces, identity embedding, AUs, locality regions, skin tones) are computed once
-    (:meth:`~counterfactory.validation.judge.GateStack.analyse_source`) and reused.
+    (:meth:`~counterfactory.validation.gate_stack.GateStack.analyse_source`) and reused.
 
     Attributes:
         key: what names the source's pixels (the sha256 of shape, dtype and bytes, or a key
@@ -266,14 +267,6 @@ def combine(results: Sequence[GateResult]) -> Judgement:
     if review:
         return Judgement("needs_review", review, tuple(results))
     return Judgement("accepted", (), tuple(results))
-
-
-def finite_or_none(value: float | None) -> float | None:
-    """``float(value)`` when finite, else None (metrics must survive JSON and Parquet)."""
-    if value is None:
-        return None
-    v = float(value)
-    return v if math.isfinite(v) else None
 
 
 def not_finite_metrics(metrics: dict[str, Metric]) -> list[str]:

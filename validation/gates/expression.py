@@ -31,7 +31,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import ClassVar, Literal
 
 import cv2
 import numpy as np
@@ -251,6 +251,9 @@ class ExpressionGateConfig(BaseModel):
     """Expression gate settings (``gates.<kind>.expression`` in the spec)."""
 
     model_config = ConfigDict(extra="forbid")
+    #: settings added after specs were first hashed: left out of a spec's canonical form while
+    #: unset, so a spec hashes as before they existed (``Spec.canonical``)
+    canonical_unset: ClassVar[tuple[str, ...]] = ("max_mouth_corner_shift_iod",)
 
     backend: Literal["mediapipe", "libreface"] = "mediapipe"
     max_au_change: float = Field(

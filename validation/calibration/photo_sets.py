@@ -54,11 +54,11 @@ class PhotoSet:
         name: the set's name in records and figures (``bundled``, ``london``).
         paths: source photos.
         per_class: variants per class and photo (good edits
-            :data:`~counterfactory.validation.failures.GOOD_MULTIPLIER` times as many).
+            :data:`~counterfactory.validation.calibration.failures.GOOD_MULTIPLIER` times as many).
         max_side: photos larger than this are scaled down first, pixels.
         split_by: ``variant`` or ``person`` (module docstring).
         people: ``{path: person}``; photos not listed are their own person, bundled photos
-            the person :data:`~counterfactory.validation.calibration_base.BUNDLED_FACES` names.
+            the person :data:`~counterfactory.validation.calibration.base.BUNDLED_FACES` names.
         groups: ``{person: group}`` the person split balances (e.g. self-reported ethnic
             group); figures are also given per group.
         pairs: ``{path: path}``: the same person in another expression, same session: the
@@ -79,9 +79,9 @@ class PhotoSet:
 
     def person_of(self, path: Path) -> str:
         """Who a one-face photo of the set shows: :attr:`people`'s entry, else the person
-        :data:`~counterfactory.validation.calibration_base.BUNDLED_FACES` names for a bundled
+        :data:`~counterfactory.validation.calibration.base.BUNDLED_FACES` names for a bundled
         one-face photo, else the file's stem (a person no other photo shows)."""
-        from counterfactory.validation.calibration_base import BUNDLED_FACES
+        from counterfactory.validation.calibration.base import BUNDLED_FACES
 
         path = Path(path)
         if path in self.people:

@@ -8,15 +8,15 @@ import shutil
 import pytest
 
 from counterfactory.assets import PHOTOS_DIR
-from counterfactory.validation.calibrate import (
+from counterfactory.validation.calibration.base import bundled_photo_paths, sig_down, sig_up
+from counterfactory.validation.calibration.calibrate import (
     RULES,
     _step_down,
     _step_up,
     run_calibration,
     suggest_thresholds,
 )
-from counterfactory.validation.calibration_base import bundled_photo_paths, sig_down, sig_up
-from counterfactory.validation.corpus_fit import CORPUS_THRESHOLDS, FOCUS_RAW_THRESHOLDS
+from counterfactory.validation.calibration.corpus_fit import CORPUS_THRESHOLDS, FOCUS_RAW_THRESHOLDS
 from counterfactory.validation.thresholds import CALIBRATION_FILE, load_calibration
 
 BACKENDS = {"face": "mediapipe", "identity": "sface", "expression": "mediapipe"}
@@ -79,7 +79,7 @@ def test_suggestions_follow_the_rules():
 def test_shipped_calibration_is_this_commands_output(tmp_path):
     """Re-running the calibration on the bundled photos gives the shipped thresholds.
 
-    Without the failure corpus (too slow here; tests/validation/test_failures.py re-runs a
+    Without the failure corpus (too slow here; tests/validation/calibration/test_failures.py re-runs a
     small one twice) every threshold the corpus does not set must come out as shipped."""
     result = run_calibration(bundled_photo_paths(), tmp_path, progress=False)
     shipped = load_calibration()

@@ -24,7 +24,7 @@ Failure classes, each on top of a good edit (``CLASSES`` describes them):
   distances, or brows raised by 0.08-0.15;
 - ``expression_real``: the same person photographed smiling in the same session (a photo set's
   ``pairs``: the London set), placed in the source's frame on the head outline, ears and neck
-  (:func:`~counterfactory.validation.photo_sets.register_pair`), its edit region pasted into the
+  (:func:`~counterfactory.validation.calibration.photo_sets.register_pair`), its edit region pasted into the
   source (everything outside it stays the source's, so registration is not what tells it), then
   a good edit: a real expression change, which no synthetic warp reproduces exactly; made only
   where a pair exists;
@@ -38,23 +38,26 @@ Failure classes, each on top of a good edit (``CLASSES`` describes them):
 - the three local failures are made only where they are visible (a mean CIELAB change of at
   least :data:`MIN_VISIBLE_DELTA_E` over their own pixels, a few placements tried); a photo
   with nothing visible to erase, or only patches like its wall, gets none of that class;
-- ``body_skin``: the good edit's skin change applied to the person's skin outside the head
-  too (neck, hands, arms: the selfie segmenter's person, skin-coloured pixels);
+- ``body_skin``: the good edit's skin change applied to the person's skin outside the edit
+  region too (chest, shoulders, hands, arms): the body skin the locality gate measures, found
+  on the unedited photo; photos with less than 0.4 % of it (a portrait in a T-shirt, whose
+  visible neck belongs to the region) get none of that class;
 - ``global_colour``: a colour cast, a white-balance shift, or a contrast change of the whole
   image (8-20 grey levels, or contrast x0.85-0.9 / x1.12-1.2);
 - ``head_pose``: the head (face oval grown by half the face size) rotated in the image plane
   by 9-16 degrees about the chin;
 - ``head_position``: the head moved by 0.2-0.35 face sizes, the background behind inpainted;
-- ``hair``: the hair around the head (the person outside the grown face oval, above the
-  eyes) recoloured. The design does NOT allow hair changes: like FOCUS's prompt, which asks
+- ``hair``: the hair around the head (the person outside the grown face oval and the edit
+  region, above the eyes) made lighter, darker or another hue, whichever of them is visible
+  first (black hair made darker is not). The design does NOT allow hair changes: like FOCUS's prompt, which asks
   the editor to keep hairstyle and everything but the face's demographic cues, it varies
   only the face; hair lies outside the face mask and is measured as non-face.
 
 Every class is made ``per_class`` times per photo (good edits :data:`GOOD_MULTIPLIER` times
 as often) with its own seed. The held-out split, which
-:mod:`counterfactory.validation.corpus_fit` never uses to pick thresholds, is either the odd
+:mod:`counterfactory.validation.calibration.corpus_fit` never uses to pick thresholds, is either the odd
 variant indices (held-out cases share photos with the training split, never parameters or
-jitter) or, for a :class:`~counterfactory.validation.photo_sets.PhotoSet` split by person,
+jitter) or, for a :class:`~counterfactory.validation.calibration.photo_sets.PhotoSet` split by person,
 every case of half the people (balanced per group). Only photos with exactly one face are used: a face design refuses other sources. Sources are scaled to at most ``max_side`` pixels first (the gates' cost grows with
 the pixel count; the measures are size-free).
 """
@@ -73,7 +76,15 @@ import cv2
 import numpy as np
 
 from counterfactory.generation.masks import dilate, feather
-from counterfactory.validation.calibration_base import load_rgb
+from counterfactory.validation.calibration.base import load_rgb
+from counterfactory.validation.calibration.photo_sets import (
+    MESH_RIGID,
+    TEM_RIGID,
+    PhotoSet,
+    person_splits,
+    read_tem,
+    register_pair,
+)
 from counterfactory.validation.faces import (
     LEFT_BROW,
     LIPS,
@@ -85,8 +96,8 @@ from counterfactory.validation.faces import (
     get_face_landmarker,
     region_mask,
 )
-from counterfactory.validation.gates.locality import to_lab
-from counterfactory.validation.photo_sets import MESH_RIGID, TEM_RIGID, PhotoSet, person_splits, read_tem, register_pair
+from counterfactory.validation.metrics.body_skin import body_skin_reference
+from counterfactory.validation.metrics.pixels import to_lab
 from counterfactory.validation.segment import get_person_segmenter, work_stride
 
 GOOD = "good"
@@ -137,7 +148,7 @@ class Case:
     face_mask: np.ndarray
     face_size_px: float
     params: dict[str, Any] = field(default_factory=dict)
-    #: the :class:`~counterfactory.validation.photo_sets.PhotoSet` the photo comes from
+    #: the :class:`~counterfactory.validation.calibration.photo_sets.PhotoSet` the photo comes from
     photo_set: str = "bundled"
     person: str = ""
     group: str = ""
@@ -509,19 +520,25 @@ def _object_removed(image, face, oval, rng) -> tuple[np.ndarray, dict]:
     return None, {}
 
 
-def _body_skin_region(image, face, oval, region=None) -> np.ndarray:
-    person = get_person_segmenter().person_mask(image) > 0
-    head = dilate(oval if region is None else region, int(round(0.1 * face.size_px))) > 0
-    lab = to_lab(image)
-    core = cv2.erode(oval, np.ones((3, 3), np.uint8), iterations=max(1, int(0.05 * face.size_px)))
-    ref = np.median(lab[core > 0], axis=0)
-    skin = np.linalg.norm(lab[..., 1:] - ref[1:], axis=2) <= 14.0
-    skin &= np.abs(lab[..., 0] - ref[0]) <= 35.0
-    return (person & ~head & skin).astype(np.uint8) * 255
+def _body_skin_region(source, face, oval, region=None) -> np.ndarray:
+    """``(H, W)`` uint8 {0, 255}: the body skin the locality gate measures
+    (:func:`~counterfactory.validation.metrics.body_skin.body_skin_reference`: the person's pixels
+    outside the edit region grown by the face margin whose colour is the source face's), found
+    on the unedited ``source``. One definition for the failure and the gate: a looser skin test
+    here once recoloured spiky hair tips and called it body skin (London 022)."""
+    person = get_person_segmenter().person_mask(source)
+    edit = oval if region is None else cv2.bitwise_or(region, oval)
+    body = body_skin_reference(source, oval, person, face.size_px, edit)
+    out = np.zeros(source.shape[:2], np.uint8)
+    out[body.rows, body.cols] = 255
+    return out
 
 
-def _body_skin(image, face, oval, rng, params, edit_region=None) -> tuple[np.ndarray, dict]:
-    region = _body_skin_region(image, face, oval, edit_region)
+def _body_skin(image, face, oval, rng, params, edit_region=None, source=None) -> tuple[np.ndarray, dict]:
+    """The good edit's skin change (``params["lab_delta"]``, at least 8 L* strong) applied to
+    the body skin too (:func:`_body_skin_region` of ``source``, the unedited photo; ``image``
+    when None); skipped where less than 0.4 % of the photo is body skin."""
+    region = _body_skin_region(image if source is None else source, face, oval, edit_region)
     if cv2.countNonZero(region) < 0.004 * region.size:
         return None, {}
     delta = np.asarray(params.get("lab_delta", [15.0, 0.0, 0.0]), np.float32)
@@ -583,22 +600,36 @@ def _head_position(image, face, oval, rng) -> tuple[np.ndarray, dict]:
     return _blend(base, moved, feather(moved_head, 0.1 * face.size_px)), {"shift_face_sizes": round(frac, 3)}
 
 
-def _hair(image, face, oval, rng) -> tuple[np.ndarray, dict]:
+def _hair(image, face, oval, rng, edit_region=None) -> tuple[np.ndarray, dict]:
+    """The hair around the head recoloured: the person's pixels in a ring around the face
+    oval above the eyes, outside the edit region (the forehead up to the hairline belongs to
+    the face); lighter, darker or another hue, the first of those (in a random order) that a
+    person would see (:data:`MIN_VISIBLE_DELTA_E`: black hair made darker is not a change)."""
     person = get_person_segmenter().person_mask(image) > 0
     size = face.size_px
     around = (dilate(oval, int(round(0.6 * size))) > 0) & ~(dilate(oval, int(round(0.03 * size))) > 0)
+    if edit_region is not None:
+        around &= ~(dilate(edit_region, int(round(0.03 * size))) > 0)
     eyes_y = float(face.keypoints5()[:2, 1].mean())
     rows = np.arange(image.shape[0])[:, None] < eyes_y
     region = (person & around & rows).astype(np.uint8) * 255
     if cv2.countNonZero(region) < 0.003 * region.size:
         return None, {}
-    kind = str(rng.choice(["lighter", "darker", "hue"]))
-    if kind == "hue":
-        delta = np.array([0.0, *rng.uniform(-30, 30, size=2)])
-    else:
-        delta = np.array([float(rng.uniform(25, 45)) * (1 if kind == "lighter" else -1), 0.0, 0.0])
     alpha = cv2.GaussianBlur(region.astype(np.float32) / 255.0, (0, 0), 3.0)
-    return _lab_shift(image, alpha, delta), {"hair": kind, "lab_delta": [round(float(x), 2) for x in delta]}
+    if edit_region is not None:
+        alpha[edit_region > 0] = 0.0  # the feathered edge stays off the region too
+    for kind in rng.permutation(["lighter", "darker", "hue"]):
+        kind = str(kind)
+        if kind == "hue":
+            delta = np.array([0.0, *rng.uniform(-30, 30, size=2)])
+        else:
+            delta = np.array([float(rng.uniform(25, 45)) * (1 if kind == "lighter" else -1), 0.0, 0.0])
+        out = _lab_shift(image, alpha, delta)
+        seen = visible_delta_e(image, out, region)
+        if seen >= MIN_VISIBLE_DELTA_E:
+            params = {"hair": kind, "lab_delta": [round(float(x), 2) for x in delta], "delta_e": round(seen, 2)}
+            return out, params
+    return None, {}
 
 
 # ---------------------------------------------------------------------------------------
@@ -776,7 +807,7 @@ def build_set_corpus(
     classes: tuple[str, ...] | None = None,
     rerender: bool = True,
 ) -> Iterator[Case]:
-    """:func:`build_corpus` over one :class:`~counterfactory.validation.photo_sets.PhotoSet`:
+    """:func:`build_corpus` over one :class:`~counterfactory.validation.calibration.photo_sets.PhotoSet`:
     its photos, variants per class, size cap, split (by variant or by person) and pairs.
     Donors (identity swaps, colour transfers, pasted objects) are other people of the set."""
     photos = _load_photos(list(photo_set.paths), photo_set.max_side, photo_set)
@@ -893,7 +924,7 @@ def _make_case(
         elif label == "object_removed":
             failure = _object_removed(edited, face, oval, rng)
         elif label == "body_skin":
-            failure = _body_skin(edited, face, oval, rng, params, photo.region)
+            failure = _body_skin(edited, face, oval, rng, params, photo.region, image)
         elif label == "global_colour":
             failure = _global_colour(edited, face, oval, rng)
         elif label == "head_pose":
@@ -901,7 +932,7 @@ def _make_case(
         elif label == "head_position":
             failure = _head_position(edited, face, oval, rng)
         elif label == "hair":
-            failure = _hair(edited, face, oval, rng)
+            failure = _hair(edited, face, oval, rng, photo.region)
         elif label != GOOD:
             raise ValueError(f"unknown corpus class {label!r}; known: {', '.join(CLASSES)}")
         if failure is not None:

@@ -1,6 +1,6 @@
 """Calibrate the skin-tone gate: the no-op ceiling of ITA change and the natural face-to-body gap.
 
-Part of ``counterfactory calibrate`` (:func:`counterfactory.validation.calibrate.run_calibration`
+Part of ``counterfactory calibrate`` (:func:`counterfactory.validation.calibration.calibrate.run_calibration`
 adds these distributions, thresholds and rules to ``calibration.json``). On every photo with a
 face:
 
@@ -49,7 +49,7 @@ def measure_skin(
 
     Args:
         images: ``(label, (H, W, 3) uint8 RGB)`` pairs.
-        noops: name -> (transform, pixel-aligned), as :data:`counterfactory.validation.calibrate.NOOPS`;
+        noops: name -> (transform, pixel-aligned), as :data:`counterfactory.validation.calibration.calibrate.NOOPS`;
             only the pixel-aligned ones are used.
     """
     landmarker = get_face_landmarker()

@@ -10,8 +10,8 @@ import pytest
 from pydantic import ValidationError
 
 from counterfactory.validation.backends.sface import OPENCV_SAME_PERSON_COSINE
+from counterfactory.validation.gate_stack import GatesConfig, GateStack, KindGatesConfig
 from counterfactory.validation.gates.base import GateResult, combine
-from counterfactory.validation.judge import GatesConfig, GateStack, KindGatesConfig
 from counterfactory.validation.thresholds import calibrated_gates, load_calibration
 
 GATES = ["input", "face", "identity", "expression", "locality", "skin"]

@@ -1,10 +1,10 @@
 """Fit the face-edit thresholds on the failure corpus: good edits kept, failures caught.
 
-The corpus (:mod:`counterfactory.validation.failures`) is built from the calibration photos;
+The corpus (:mod:`counterfactory.validation.calibration.failures`) is built from the calibration photos;
 every case is aligned and judged as a run judges it, above its photo's noise floor. The
 training split's good edits set each threshold by :data:`CORPUS_RULE`, and the held-out split
 is judged with the chosen thresholds to report good-edit acceptance and, per failure class,
-the share caught. :func:`counterfactory.validation.calibrate.run_calibration` runs this step
+the share caught. :func:`counterfactory.validation.calibration.calibrate.run_calibration` runs this step
 when asked for a corpus (``counterfactory calibrate --failures N``) and writes its result
 into ``calibration.json`` and ``failures.png``.
 """
@@ -21,11 +21,12 @@ from typing import Any
 import numpy as np
 
 from counterfactory.validation.backends.sface import OPENCV_SAME_PERSON_COSINE
-from counterfactory.validation.calibration_base import sig_down, sig_up, with_progress
+from counterfactory.validation.calibration.base import sig_down, sig_up, with_progress
+from counterfactory.validation.calibration.failures import CLASSES, CORPUS_REGION, GOOD, build_floors, build_set_corpus
+from counterfactory.validation.calibration.photo_sets import PhotoSet
 from counterfactory.validation.faces import MaskMode
-from counterfactory.validation.failures import CLASSES, CORPUS_REGION, GOOD, build_floors, build_set_corpus
 from counterfactory.validation.gates.locality import FLOOR_IMAGE, FLOOR_RELATIVE, PATH_THRESHOLDS
-from counterfactory.validation.photo_sets import PhotoSet
+from counterfactory.validation.metrics.pixels import MIN_CHANGE_AREA_FRAC
 
 #: Thresholds the failure corpus sets: ``(gate, threshold, metric, bound)``; ``bound`` is
 #: ``max`` (reject above) or ``min`` (reject below).
@@ -48,6 +49,7 @@ CORPUS_THRESHOLDS: tuple[tuple[str, str, str, str], ...] = (
     ("locality", "max_global_shift", "locality.global_shift_above_floor", "max"),
     ("locality", "max_global_gain_change", "locality.global_gain_change_above_floor", "max"),
     ("locality", "max_body_skin_delta_e", "locality.body_skin_delta_e_above_floor", "max"),
+    ("locality", "max_hair_delta_e", "locality.hair_delta_e_above_floor", "max"),
     # per pixel against the floor output itself: what the editor's re-rendering never changes
     ("locality", "max_excess_share", "locality.excess_share", "max"),
     # a copy re-rendered is still a copy: its band-limited face change is no more than the
@@ -63,19 +65,18 @@ CORPUS_THRESHOLDS: tuple[tuple[str, str, str, str], ...] = (
 PATHS = ("request", "cohort", "none")
 PATH_LOCALITY: dict[str, tuple[tuple[str, str, str, str], ...]] = {
     "request": tuple(row for row in CORPUS_THRESHOLDS if row[0] == "locality"),
-    "cohort": (
-        ("locality", "max_changed_share", "locality.changed_share_above_floor", "max"),
-        ("locality", "max_global_shift", "locality.global_shift_above_floor", "max"),
-        ("locality", "max_global_gain_change", "locality.global_gain_change_above_floor", "max"),
-        ("locality", "max_body_skin_delta_e", "locality.body_skin_delta_e_above_floor", "max"),
-        ("locality", "max_excess_share", "locality.excess_share", "max"),
-        ("locality", "min_face_change", "locality.face_change", "min"),
+    # the request path's rows, the face as measured (the others' faces are edited too)
+    "cohort": tuple(
+        (gate, name, "locality.face_change" if name == "min_face_change" else metric, bound)
+        for gate, name, metric, bound in CORPUS_THRESHOLDS
+        if gate == "locality"
     ),
     "none": (
         ("locality", "max_changed_share", "locality.changed_share", "max"),
         ("locality", "max_global_shift", "locality.global_shift", "max"),
         ("locality", "max_global_gain_change", "locality.global_gain_change", "max"),
         ("locality", "max_body_skin_delta_e", "locality.body_skin_delta_e", "max"),
+        ("locality", "max_hair_delta_e", "locality.hair_delta_e", "max"),
         ("locality", "min_face_change", "locality.face_change", "min"),
     ),
 }
@@ -90,12 +91,19 @@ CORPUS_GATES = tuple(dict.fromkeys(gate for gate, _, _, _ in CORPUS_THRESHOLDS))
 #: Safety factor between the good edits' extreme and the threshold: the training split's
 #: good edits are a sample, and the held-out ones reach past its extreme.
 CORPUS_MARGIN = 1.5
-#: The resolution of a metric, below which a threshold means nothing: a median difference
-#: moves in whole grey levels.
+#: The resolution of a metric, below which a threshold means nothing: a global shift is the
+#: largest of twelve medians (three channels, the whole region and its three lightness thirds)
+#: of a difference between two 8-bit images each rounded to a grey level, so it is resolved to
+#: two grey levels, not one (a re-rendering decoder answers a darker face with a frame about
+#: two levels darker in one channel's darkest third: London 137's darker good edits, 0.0053-0.0076
+#: against the floor output, where the corpus's smallest colour cast is 0.0098); a share of coherent areas is 0 or at least one smallest area
+#: (:data:`~counterfactory.validation.metrics.pixels.MIN_CHANGE_AREA_FRAC`), so a bound at one
+#: area rejects any area at all (zero tolerance, not a fitted limit): its bound is never below
+#: two areas.
 METRIC_RESOLUTION = {
-    "locality.global_shift_above_floor": 1.0 / 255.0,
-    "locality.global_shift": 1.0 / 255.0,
-    "locality.excess_share": 0.001,
+    "locality.global_shift_above_floor": 2.0 / 255.0,
+    "locality.global_shift": 2.0 / 255.0,
+    "locality.excess_share": 2 * MIN_CHANGE_AREA_FRAC,
 }
 
 #: The rule, in words, written into ``calibration.json`` and the README.
@@ -103,7 +111,8 @@ CORPUS_RULE = (
     "each corpus threshold starts from the good-edit quantile of its metric on the training split that leaves "
     "(1 - target) / m of the good edits outside it (m = the number of corpus thresholds, so that together they "
     f"keep good-edit acceptance >= target), widened by a factor {CORPUS_MARGIN} (upper bounds multiplied, lower "
-    "bounds divided) and never finer than the metric's resolution (one grey level for global_shift), rounded "
+    "bounds divided) and never finer than the metric's resolution (two grey levels for global_shift, two smallest "
+    "areas for excess_share), rounded "
     "outward to 2 significant digits, fitted on each photo set's good edits alone and the loosest of those "
     "kept (a study's photos may be like any of the sets), each judging path (floor request, cohort floor, none) "
     "fitted on its own measures; identity.min_cosine is fitted the same way with OpenCV's documented SFace "
@@ -121,6 +130,7 @@ CORPUS_METRICS = tuple(m for _, _, m, _ in CORPUS_THRESHOLDS) + (
     "locality.global_shift",
     "locality.global_gain_change",
     "locality.body_skin_delta_e",
+    "locality.hair_delta_e",
     "locality.focus_diff_face",
     "locality.focus_diff_nonface",
     "locality.focus_ratio",
@@ -131,7 +141,7 @@ CORPUS_METRICS = tuple(m for _, _, m, _ in CORPUS_THRESHOLDS) + (
 
 
 def corpus_rules(base: Mapping[str, str]) -> dict[str, str]:
-    """``base`` (the no-op rules, :data:`counterfactory.validation.calibrate.RULES`) with the
+    """``base`` (the no-op rules, :data:`counterfactory.validation.calibration.calibrate.RULES`) with the
     face-edit thresholds the failure corpus sets described by :data:`CORPUS_RULE`."""
     rules = dict(base)
     for gate, name, metric, bound in CORPUS_THRESHOLDS:
@@ -256,7 +266,7 @@ def measure_photo_cases(cases: list, stack, floor: dict[str, Any] | None) -> lis
 
 
 def measure_floor(case, stack) -> dict[str, Any] | None:
-    """A photo's noise floor from its floor case (:func:`~counterfactory.validation.failures.build_floors`):
+    """A photo's noise floor from its floor case (:func:`~counterfactory.validation.calibration.failures.build_floors`):
     :func:`noise_floor_metrics` of its record with the registered floor output under
     :data:`~counterfactory.validation.gates.locality.FLOOR_IMAGE`; None when it could not be
     measured."""
@@ -322,7 +332,7 @@ def _measuring_config(base: dict[str, dict[str, Any]]) -> dict[str, dict[str, An
 
 def _stack(face_gates: dict[str, dict[str, Any]], face_mask_mode: MaskMode):
     from counterfactory.manifests.registry import GATES
-    from counterfactory.validation.judge import GatesConfig, GateStack
+    from counterfactory.validation.gate_stack import GatesConfig, GateStack
 
     # the corpus judges issue 9's gates; the skin-tone and target-attribute gates (and any
     # plug-in) judge a change against the requested condition, which a corpus case does not have
@@ -375,13 +385,13 @@ def run_failure_corpus(
     its held-out split with them.
 
     Args:
-        image_paths: source photos (:func:`~counterfactory.validation.failures.build_corpus`).
+        image_paths: source photos (:func:`~counterfactory.validation.calibration.failures.build_corpus`).
         base_face_gates: face-kind gate settings the corpus does not set (backends, detection
             score, ``min_diff_face``), as in ``suggested["face"]``.
         per_class, seed, max_side: corpus size, seed and source size cap.
         target: good-edit acceptance the thresholds aim at on the training split, in (0, 1).
         classes: a subset of the corpus classes (all by default; ``good`` must be among them).
-        photo_sets: more photos, each :class:`~counterfactory.validation.photo_sets.PhotoSet`
+        photo_sets: more photos, each :class:`~counterfactory.validation.calibration.photo_sets.PhotoSet`
             with its own variants per class, size and split (the London set: split by
             person, with real expression pairs); ``image_paths`` are the ``bundled`` set,
             held out by variant.

@@ -13,9 +13,10 @@ import numpy as np
 import pytest
 
 from counterfactory.assets import PHOTOS_DIR
-from counterfactory.validation.corpus_fit import CORPUS_THRESHOLDS, run_failure_corpus
-from counterfactory.validation.failures import CLASSES, GOOD, build_corpus, split_of
+from counterfactory.validation.calibration.corpus_fit import CORPUS_THRESHOLDS, run_failure_corpus
+from counterfactory.validation.calibration.failures import CLASSES, GOOD, build_corpus, split_of
 from counterfactory.validation.thresholds import calibrated_gates, load_calibration
+from tests.conftest import REPO
 
 TWO = [PHOTOS_DIR / "grace_hopper.jpg", PHOTOS_DIR / "astronaut.png"]
 
@@ -43,7 +44,7 @@ def test_corpus_is_seeded_labelled_and_split():
 
 
 def test_good_edits_change_only_the_face():
-    from counterfactory.validation.failures import _load_photos, good_edit
+    from counterfactory.validation.calibration.failures import _load_photos, good_edit
 
     photo = _load_photos([PHOTOS_DIR / "grace_hopper.jpg"], 512)[0]
     rng = np.random.default_rng(0)
@@ -58,7 +59,7 @@ def test_good_edits_change_only_the_face():
 def test_every_class_is_made_from_bundled_photos():
     cases = list(build_corpus(TWO, per_class=1, max_side=256, splits=("train",)))
     # every class but the real expression pairs, which need the same person's other photo
-    # (the London set: tests/validation/test_photo_sets.py)
+    # (the London set: tests/validation/calibration/test_photo_sets.py)
     assert {c.label for c in cases} == set(CLASSES) - {"expression_real"}
 
 
@@ -103,26 +104,17 @@ def test_shipped_calibration_meets_the_issue_on_its_held_out_split():
 
 
 #: What the shipped calibration of 2026-12-05 (issue 34's corpus: face-and-neck tone changes
-#: both ways, the neck to the clothing line) still misses, held out: each a strict xfail that
-#: turns into a failure the day it is met, so the target stays in the suite.
-_SHORT_COHORT_GROUP = (
-    "cohort path: one good edit of biden_blue_room.jpg (tone_1, n=12) has an excess share of 0.0018 against "
-    "its cohort, over max_excess_share 0.001 (every training good edit scored 0 there, so the fit sits at the "
-    "metric's resolution): 91.7 % in that group"
-)
+#: both ways, the neck to the clothing line; the hair measure; a global shift resolved to two
+#: grey levels) still misses, held out: a strict xfail that turns into a failure the day it is
+#: met, so the target stays in the suite.
 _SHORT_CLASSES = (
-    "request path: body_skin 77.8 % (London people in V-necks show little skin outside the region now that the "
-    "neck runs to the clothing line, and what the failure paints is often under the gate's body-skin area), "
-    "hair 84 %, global_colour 94 %, object_removed 93.8 % (max_global_gain_change fitted at 0.13: a few London "
-    "good edits move the spread of a plain wall and a white shirt by up to 0.09); the none path misses local "
-    "failures without a floor (object_removed 12.5 %, text 68 %)"
+    "request and cohort paths: object_removed 93.8 % (15 of 16: London 140's erased patch differs from the "
+    "floor output by less than the excess level, excess_share 0); the none path misses local failures without a floor (object_removed 12.5 %, "
+    "text_added 68 %, object_added 88.1 %)"
 )
 
 
-@pytest.mark.parametrize(
-    "path",
-    ["request", pytest.param("cohort", marks=pytest.mark.xfail(strict=True, reason=_SHORT_COHORT_GROUP)), "none"],
-)
+@pytest.mark.parametrize("path", ["request", "cohort", "none"])
 def test_shipped_calibration_accepts_good_edits_alike_for_every_group_and_direction(path):
     """Issue 34: held out by person, on each judging path (floor request, cohort floor, none),
     good edits accepted >= 95 % in every group (stated ethnicity, skin-tone tertile where none is
@@ -167,7 +159,7 @@ def test_each_photo_set_keeps_its_own_good_edits_inside_the_thresholds():
     the 164 London good edits that all score an excess_share of 0 outvote the bundled set's few
     that do not (the London run of 2026-12-04 set 0.00069 and rejected 3 of 36 bundled good
     edits held out)."""
-    from counterfactory.validation.corpus_fit import corpus_thresholds
+    from counterfactory.validation.calibration.corpus_fit import corpus_thresholds
 
     rng = np.random.default_rng(0)
 
@@ -178,16 +170,39 @@ def test_each_photo_set_keeps_its_own_good_edits_inside_the_thresholds():
         record = {"label": GOOD, "metrics": metrics}
         return record if photo_set == "bundled" else {**record, "photo_set": photo_set}
 
-    bundled = [good("bundled", 0.0) for _ in range(37)] + [good("bundled", 0.0014)]
+    bundled = [good("bundled", 0.0) for _ in range(37)] + [good("bundled", 0.0024)]
     london = [good("london", 0.0) for _ in range(164)]
     fitted = corpus_thresholds(bundled + london, target=0.95)["locality"]["max_excess_share"]
-    assert fitted > 0.0014  # every bundled good edit passes
+    assert fitted > 0.0024  # every bundled good edit passes
     assert fitted == corpus_thresholds(bundled, target=0.95)["locality"]["max_excess_share"]
     pooled = [{**r, "photo_set": "one"} for r in bundled + london]
-    assert corpus_thresholds(pooled, target=0.95)["locality"]["max_excess_share"] < 0.0014  # the old rule
+    assert corpus_thresholds(pooled, target=0.95)["locality"]["max_excess_share"] < 0.0024  # the old rule
     # a lower bound takes the lowest set's: its smallest good face change still passes
     low = min(r["metrics"]["locality.face_change_above_floor"] for r in bundled)
     assert corpus_thresholds(bundled + london, target=0.95)["locality"]["min_face_change"] < low
+
+
+def test_a_global_shift_bound_is_never_finer_than_two_grey_levels():
+    """A global shift is the largest of twelve medians of a difference between two 8-bit
+    images, each rounded to a grey level: a bound under two levels rejects rounding and the
+    decoder's answer to a darker face (London 137's darker good edits moved a frame's darkest
+    third by up to 0.0076 against the floor output), not a colour cast (the corpus's smallest,
+    0.0098). Good edits that all shift by a tenth of a level still get two levels on every path."""
+    from counterfactory.validation.calibration.corpus_fit import PATH_LOCALITY, corpus_thresholds
+
+    rng = np.random.default_rng(1)
+    records = []
+    for _ in range(40):
+        metrics = {m: float(rng.uniform(0.01, 0.02)) for _, _, m, _ in CORPUS_THRESHOLDS}
+        metrics.update({"identity.cosine": 0.9, "locality.global_shift_above_floor": 0.0004})
+        metrics.update({"locality.global_shift": 0.0004, "locality.changed_share": 0.01, "locality.face_change": 0.1})
+        metrics.update({"locality.global_gain_change": 0.01, "locality.body_skin_delta_e": 0.5, "locality.hair_delta_e": 1.0})
+        records.append({"label": GOOD, "metrics": metrics, "paths": {p: {"metrics": metrics} for p in PATH_LOCALITY}})
+    two_levels = 2 / 255
+    assert corpus_thresholds(records, target=0.95)["locality"]["max_global_shift"] == pytest.approx(0.0079)
+    for path, rows in PATH_LOCALITY.items():
+        fitted = corpus_thresholds(records, target=0.95, rows=rows, path=path)["locality"]["max_global_shift"]
+        assert two_levels <= fitted < 0.0098, path
 
 
 @pytest.mark.slow
@@ -208,7 +223,7 @@ def test_local_failures_are_made_only_where_a_person_would_see_them():
     MIN_VISIBLE_DELTA_E (CIE76); on a plain backdrop with nothing to erase, and with only
     patches like the wall to paste, the photo gets none of those cases (issue 19: 91 % of the
     London set's erased patches had been plain wall, mean change 2 ΔE)."""
-    from counterfactory.validation.failures import (
+    from counterfactory.validation.calibration.failures import (
         MIN_VISIBLE_DELTA_E,
         _load_photos,
         _object_added,
@@ -239,3 +254,50 @@ def test_local_failures_are_made_only_where_a_person_would_see_them():
     # grey text on the grey wall is unseen; the colours drawn are random, so some line shows
     shown = [_text_added(plain, face, oval, np.random.default_rng(s))[1] for s in range(4)]
     assert all(p == {} or p["delta_e"] >= MIN_VISIBLE_DELTA_E for p in shown)
+
+
+@pytest.mark.slow
+def test_body_skin_and_hair_failures_change_only_what_lies_outside_the_region():
+    """Body skin is the skin the locality gate measures (one definition: a looser test here once
+    recoloured London 022's spiky hair tips and called them body skin, and the gate, rightly,
+    saw no body skin there); a sitter whose only visible skin below the face is the neck, which
+    belongs to the region, gets no body-skin case. Hair is recoloured outside the region (the
+    forehead up to the hairline is the face's) and only in a way a person sees."""
+    from counterfactory.validation.calibration.failures import (
+        MIN_VISIBLE_DELTA_E,
+        _body_skin,
+        _body_skin_region,
+        _hair,
+        _load_photos,
+        visible_delta_e,
+    )
+    from counterfactory.validation.metrics.body_skin import body_skin_reference
+    from counterfactory.validation.segment import get_person_segmenter
+
+    london = REPO.parent / "shared" / "photos" / "london" / "neutral"
+    tshirt = _load_photos([london / "022.jpg"], 384)[0]
+    params = {"lab_delta": [12.0, 0.0, 0.0]}
+    assert _body_skin(tshirt.image, tshirt.face, tshirt.oval, None, params, tshirt.region, tshirt.image) == (None, {})
+
+    photo = _load_photos([PHOTOS_DIR / "obama_podium.jpg"], 512)[0]
+    image, face, oval, region = photo.image, photo.face, photo.oval, photo.region
+    person = get_person_segmenter().person_mask(image)
+    body = body_skin_reference(image, oval, person, face.size_px, np.maximum(region, oval))
+    gate_body = np.zeros(image.shape[:2], bool)
+    gate_body[body.rows, body.cols] = True
+    assert np.array_equal(_body_skin_region(image, face, oval, region) > 0, gate_body)
+    out, made = _body_skin(image, face, oval, None, params, region, image)
+    assert out is not None and made["body_skin_share"] >= 0.004
+    assert visible_delta_e(image, out, gate_body) >= MIN_VISIBLE_DELTA_E
+    assert visible_delta_e(image, out, region > 0) < 0.5
+
+    kinds = []
+    for seed in range(4):
+        out, made = _hair(image, face, oval, np.random.default_rng(seed), region)
+        if out is None:
+            continue
+        kinds.append(made["hair"])
+        assert made["delta_e"] >= MIN_VISIBLE_DELTA_E
+        changed = np.any(out != image, axis=2)
+        assert changed.any() and not (changed & (region > 0)).any(), seed
+    assert kinds, "no hair case was made on a photo with hair"

@@ -8,7 +8,7 @@ a mirror is not pixel-aligned). Between photos, the identity cosine of different
 floor) and of the same person in different photographs is measured, and the pose and AU
 differences between any two photographs. From these distributions the suggested thresholds
 follow by the rules in :data:`RULES` (each recorded next to its value in the output). With a
-failure corpus, :mod:`counterfactory.validation.corpus_fit` then sets the face-edit thresholds
+failure corpus, :mod:`counterfactory.validation.calibration.corpus_fit` then sets the face-edit thresholds
 it covers, and :func:`run_calibration` writes both steps' results.
 
 Re-run (writes ``calibration.json`` and ``calibration.png``)::
@@ -38,16 +38,16 @@ from counterfactory.assets import PHOTOS_DIR
 from counterfactory.manifests.store import sha256_file
 from counterfactory.validation.backends import load_au_model, load_detector, load_embedder
 from counterfactory.validation.backends.sface import OPENCV_SAME_PERSON_COSINE
-from counterfactory.validation.calibrate_skin import RULES as SKIN_RULES
-from counterfactory.validation.calibrate_skin import calibrate_skin_paths
-from counterfactory.validation.calibration_base import BUNDLED_FACES, load_rgb, sig_up, with_progress
-from counterfactory.validation.corpus_fit import corpus_rules, plot_failures, run_failure_corpus
+from counterfactory.validation.calibration.base import BUNDLED_FACES, load_rgb, sig_up, with_progress
+from counterfactory.validation.calibration.corpus_fit import corpus_rules, plot_failures, run_failure_corpus
+from counterfactory.validation.calibration.photo_sets import PhotoSet
+from counterfactory.validation.calibration.skin import RULES as SKIN_RULES
+from counterfactory.validation.calibration.skin import calibrate_skin_paths
 from counterfactory.validation.faces import FaceObservation, MaskMode, face_mask, get_face_landmarker, nearest_face
 from counterfactory.validation.gates.expression import au_changes
 from counterfactory.validation.gates.face import pose_change_deg
 from counterfactory.validation.gates.identity import cosine_similarity
-from counterfactory.validation.gates.locality import locality_metrics
-from counterfactory.validation.photo_sets import PhotoSet
+from counterfactory.validation.metrics.floor import locality_metrics
 from counterfactory.validation.thresholds import RECALIBRATE
 
 SCHEMA = "counterfactory.calibration/1"
@@ -345,7 +345,7 @@ def _matched_score(face: FaceObservation, detections) -> float | None:
 #: (the word the rules use): the *geometric mean* of the no-op ceiling and the median over
 #: pairs of different photographs (half-way on a log scale between "the same picture" and
 #: "an unrelated picture"). With the failure corpus, the face-edit thresholds it covers
-#: follow :data:`~counterfactory.validation.corpus_fit.CORPUS_RULE` instead.
+#: follow :data:`~counterfactory.validation.calibration.corpus_fit.CORPUS_RULE` instead.
 RULES: dict[str, str] = {
     "face.min_detection_score": "lowest detection score of any source face or aligned no-op copy, rounded down to 0.05 (below it: review)",
     "face.max_pose_change_deg": "geometric mean of no-op ceiling and different-photo median of pose change, 2 significant digits up",
@@ -565,7 +565,7 @@ def run_calibration(
     """Measure the no-op ceiling and different-person floor on ``image_paths`` and write
     ``out_dir/calibration.json`` (distributions, suggested thresholds, the rules behind them)
     and ``out_dir/calibration.png``; with ``failures`` also build the failure corpus, set the
-    face-edit thresholds by :data:`~counterfactory.validation.corpus_fit.CORPUS_RULE`, and write ``out_dir/failures.png``.
+    face-edit thresholds by :data:`~counterfactory.validation.calibration.corpus_fit.CORPUS_RULE`, and write ``out_dir/failures.png``.
 
     Args:
         image_paths: photos to calibrate on: the bundled ones (:func:`bundled_photo_paths`)
@@ -578,11 +578,11 @@ def run_calibration(
         backends: ``{"face": ..., "identity": ..., "expression": ...}``; the offline
             defaults (``mediapipe``, ``sface``, ``mediapipe``) when None.
         failures: variants per class and photo of the failure corpus
-            (:mod:`counterfactory.validation.failures`); 0: no corpus (no-op rules only).
+            (:mod:`counterfactory.validation.calibration.failures`); 0: no corpus (no-op rules only).
         seed: the corpus seed.
         target: good-edit acceptance the corpus thresholds aim at on the training split.
         photo_sets: more photos for the failure corpus only, each with its own size and split
-            (:func:`~counterfactory.validation.photo_sets.london_set`: the London set, split by
+            (:func:`~counterfactory.validation.calibration.photo_sets.london_set`: the London set, split by
             person, with real expression pairs).
 
     Returns:

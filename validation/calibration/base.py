@@ -1,9 +1,9 @@
 """What both calibration steps share: the bundled photos, how they are read, a progress bar,
 and the outward rounding of thresholds.
 
-:mod:`counterfactory.validation.calibrate` (no-op ceilings and the different-person floor),
-:mod:`counterfactory.validation.failures` (the failure corpus built from the photos) and
-:mod:`counterfactory.validation.corpus_fit` (the thresholds fitted on that corpus) all read
+:mod:`counterfactory.validation.calibration.calibrate` (no-op ceilings and the different-person floor),
+:mod:`counterfactory.validation.calibration.failures` (the failure corpus built from the photos) and
+:mod:`counterfactory.validation.calibration.corpus_fit` (the thresholds fitted on that corpus) all read
 the photos the same way; keeping these here lets each of them import it without importing
 the others.
 """

@@ -17,7 +17,7 @@ import pytest
 from click.testing import CliRunner
 
 from counterfactory.assets import PHOTOS_DIR
-from counterfactory.validation.photo_sets import (
+from counterfactory.validation.calibration.photo_sets import (
     MESH_RIGID,
     PhotoSet,
     london_set,
@@ -102,8 +102,8 @@ def test_register_pair_undoes_a_known_similarity():
 @pytest.mark.slow
 @needs_london
 def test_london_corpus_is_split_by_person_with_real_expressions():
-    from counterfactory.validation.corpus_fit import run_failure_corpus
-    from counterfactory.validation.failures import build_set_corpus
+    from counterfactory.validation.calibration.corpus_fit import run_failure_corpus
+    from counterfactory.validation.calibration.failures import build_set_corpus
     from counterfactory.validation.thresholds import calibrated_gates
 
     photos = london_set(LONDON, people=4, max_side=256)

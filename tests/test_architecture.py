@@ -1,0 +1,50 @@
+"""ARCHITECTURE.md is a map people follow: every file it names exists, and every package module
+above 600 lines is in its table of long modules with the one job it does (issue 35)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+
+from tests.conftest import REPO
+
+LONG = 600
+PACKAGE_DIRS = ("flows/", "generation/", "validation/", "manifests/")
+
+
+def _architecture() -> str:
+    return (REPO / "ARCHITECTURE.md").read_text()
+
+
+def _long_modules_table(text: str) -> dict[str, str]:
+    section = text.split("## The long modules, one job each", 1)[1]
+    return dict(re.findall(r"^\| `([^`]+\.py)` \| (.+?) \|$", section, flags=re.M))
+
+
+def _package_modules() -> list[str]:
+    out = subprocess.run(["git", "ls-files", "*.py"], cwd=REPO, capture_output=True, text=True, check=True).stdout
+    return [p for p in out.split() if p.startswith(PACKAGE_DIRS)]
+
+
+def test_every_long_module_is_listed_with_its_one_job():
+    table = _long_modules_table(_architecture())
+    long = {p for p in _package_modules() if len((REPO / p).read_text().splitlines()) > LONG}
+    assert long, "the walk found no module: the rule would be vacuous"
+    assert not long - set(table), (
+        f"modules above {LONG} lines not in ARCHITECTURE.md's table: {sorted(long - set(table))}"
+    )
+    for path, job in table.items():
+        assert (REPO / path).is_file(), path
+        assert job.strip() and len(job) < 120, (path, job)
+
+
+def test_every_file_the_map_names_exists():
+    text = _architecture()
+    named = set(
+        re.findall(
+            r"`((?:flows|generation|validation|manifests|tests|benchmarks|assets)/[\w/.-]+\.(?:py|md|json|sh))", text
+        )
+    )
+    assert len(named) > 30
+    missing = sorted(p for p in named if not (REPO / p).exists())
+    assert not missing, f"ARCHITECTURE.md names files that do not exist: {missing}"
