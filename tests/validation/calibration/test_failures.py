@@ -196,7 +196,9 @@ def test_a_global_shift_bound_is_never_finer_than_two_grey_levels():
         metrics = {m: float(rng.uniform(0.01, 0.02)) for _, _, m, _ in CORPUS_THRESHOLDS}
         metrics.update({"identity.cosine": 0.9, "locality.global_shift_above_floor": 0.0004})
         metrics.update({"locality.global_shift": 0.0004, "locality.changed_share": 0.01, "locality.face_change": 0.1})
-        metrics.update({"locality.global_gain_change": 0.01, "locality.body_skin_delta_e": 0.5, "locality.hair_delta_e": 1.0})
+        metrics.update(
+            {"locality.global_gain_change": 0.01, "locality.body_skin_delta_e": 0.5, "locality.hair_delta_e": 1.0}
+        )
         records.append({"label": GOOD, "metrics": metrics, "paths": {p: {"metrics": metrics} for p in PATH_LOCALITY}})
     two_levels = 2 / 255
     assert corpus_thresholds(records, target=0.95)["locality"]["max_global_shift"] == pytest.approx(0.0079)
@@ -301,3 +303,38 @@ def test_body_skin_and_hair_failures_change_only_what_lies_outside_the_region():
         changed = np.any(out != image, axis=2)
         assert changed.any() and not (changed & (region > 0)).any(), seed
     assert kinds, "no hair case was made on a photo with hair"
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.1f} %".replace("100.0 %", "100 %")
+
+
+def test_the_readmes_held_out_tables_are_the_shipped_calibrations():
+    """The README's and assets/calibration/README.md's held-out rows per judging path are read
+    from the shipped calibration.json: a recalibration that moves a figure breaks this until the
+    tables say it."""
+    from tests.conftest import REPO
+
+    by_path = load_calibration()["failures"]["heldout_by_path"]
+    paths = ("request", "cohort", "none")
+
+    def rates(label: str) -> str:
+        key = "acceptance" if label == GOOD else "caught"
+        return " | ".join(_pct(by_path[p]["classes"][label][key]) for p in paths)
+
+    rows = [f"| good (accepted) | {rates(GOOD)} |"]
+    for label in (
+        "expression_real",
+        "object_added",
+        "text_added",
+        "object_removed",
+        "global_colour",
+        "hair",
+        "body_skin",
+    ):
+        rows.append(f"| {label} ({by_path['request']['classes'][label]['n']}) | {rates(label)} |")
+    readme = (REPO / "README.md").read_text()
+    assets = (REPO / "assets" / "calibration" / "README.md").read_text()
+    for row in rows:
+        assert row in readme, row
+        assert row.replace("| good (accepted) |", "| good (accepted; 200: 36 bundled, 164 London) |") in assets, row
