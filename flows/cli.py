@@ -596,7 +596,12 @@ def verify(release: Path, expect: str | None) -> None:
 @main.command()
 @click.argument("release", type=click.Path(path_type=Path, exists=True, file_okay=False))
 @click.option("--model", required=True, help="The model's name as its endpoint serves it.")
-@click.option("--backend", default="openai", show_default=True, help="A registered answer backend.")
+@click.option(
+    "--backend",
+    default="openai",
+    show_default=True,
+    help="A registered answer backend: openai (an OpenAI-compatible endpoint), fal (fal's vision router, FAL_KEY).",
+)
 @click.option("--base-url", help="An OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000/v1 (vLLM, Ollama).")
 @click.option("--api-key-env", default="OPENAI_API_KEY", show_default=True, help="Environment variable with the key.")
 @click.option("--protocol", "protocols", multiple=True, help="Only this protocol's trials (repeatable).")
@@ -605,6 +610,11 @@ def verify(release: Path, expect: str | None) -> None:
 @click.option("--max-spend", type=float, help="Stop sending once this model's answers cost this many USD.")
 @click.option("--usd-per-mtok-in", type=float, default=0.0, help="Price per million prompt tokens (for --max-spend).")
 @click.option("--usd-per-mtok-out", type=float, default=0.0, help="Price per million completion tokens.")
+@click.option(
+    "--estimated-usd-per-question",
+    type=float,
+    help="USD held against --max-spend while a question is in flight (default: openai 0, fal 0.01).",
+)
 @click.option("--ledger", type=click.Path(path_type=Path), help="Answers ledger (default: <release>.answers.sqlite).")
 @click.option(
     "--judge",
@@ -624,6 +634,7 @@ def ask(
     max_spend: float | None,
     usd_per_mtok_in: float,
     usd_per_mtok_out: float,
+    estimated_usd_per_question: float | None,
     ledger: Path | None,
     judge: str | None,
     of_model: str | None,
@@ -641,8 +652,10 @@ def ask(
         "usd_per_mtok_in": usd_per_mtok_in,
         "usd_per_mtok_out": usd_per_mtok_out,
     }
-    if backend != "openai":
+    if backend != "openai":  # fal (FAL_KEY from the environment) and plug-ins: the model, and the estimate if given
         options = {"model": model}
+    if estimated_usd_per_question is not None:
+        options["estimated_usd_per_question"] = estimated_usd_per_question
     if judge is not None:
         if not of_model:
             _fail("--judge needs --of MODEL: the model whose answers are judged")
