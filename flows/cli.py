@@ -617,6 +617,14 @@ def verify(release: Path, expect: str | None) -> None:
 )
 @click.option("--ledger", type=click.Path(path_type=Path), help="Answers ledger (default: <release>.answers.sqlite).")
 @click.option(
+    "--backend-option",
+    "backend_options",
+    multiple=True,
+    metavar="NAME=VALUE",
+    help="Another option of the backend (repeatable; the value read as YAML), e.g. system_prompt=... "
+    "or timeout_s=60 for fal.",
+)
+@click.option(
     "--judge",
     type=click.Choice(["npdp"]),
     help="Instead of the trials, judge --of's disability-context answers with NP/DP's rubric (C.5).",
@@ -636,12 +644,15 @@ def ask(
     usd_per_mtok_out: float,
     estimated_usd_per_question: float | None,
     ledger: Path | None,
+    backend_options: tuple[str, ...],
     judge: str | None,
     of_model: str | None,
 ) -> None:
     """Ask a vision-language model every trial of RELEASE; answers go to the answers ledger beside
     it, committed as they return; a re-run asks only what is missing. With --judge npdp --of M,
     the model judges M's disability-context answers instead (the rubric's sha256 on each)."""
+    import yaml
+
     from counterfactory.validation.scoring.ask import ask as run_ask
     from counterfactory.validation.scoring.judge import judge_npdp
 
@@ -656,6 +667,11 @@ def ask(
         options = {"model": model}
     if estimated_usd_per_question is not None:
         options["estimated_usd_per_question"] = estimated_usd_per_question
+    for item in backend_options:
+        name, eq, value = item.partition("=")
+        if not eq or not name.strip():
+            _fail(f"--backend-option {item!r}: write NAME=VALUE, e.g. --backend-option timeout_s=60")
+        options[name.strip()] = yaml.safe_load(value) if value.strip() else None
     if judge is not None:
         if not of_model:
             _fail("--judge needs --of MODEL: the model whose answers are judged")

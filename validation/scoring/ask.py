@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from counterfactory.manifests.errors import CounterfactoryError
 from counterfactory.manifests.paid import PaidAnswer, PaidCall, PaidReading, run_sync
 from counterfactory.manifests.registry import ANSWER_BACKENDS
@@ -145,6 +147,23 @@ class LedgerJournal:
             return self.answers_usd + sum(self._costs.values())
 
 
+def answer_backend(name: str, options: Mapping[str, Any]) -> Any:
+    """The registered answer backend ``name`` built from ``options``.
+
+    Raises:
+        AskError: an unknown backend, or options it does not take.
+    """
+    if name not in ANSWER_BACKENDS:
+        raise AskError(f"--backend {name}: one of {', '.join(ANSWER_BACKENDS.names())}")
+    plugin = ANSWER_BACKENDS.get(name)
+    try:
+        parsed = plugin.options.model_validate(dict(options))
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'options'}: {e['msg']}" for e in exc.errors())
+        raise AskError(f"--backend {name}: {problems}; fix the --backend-option named") from None
+    return plugin.factory(parsed)
+
+
 def _read_images(question: Question) -> list[tuple[bytes, str]]:
     return [(p.read_bytes(), p.suffix) for p in question.image_paths]
 
@@ -231,8 +250,7 @@ def ask(
         raise AskError(f"--backend {backend}: one of {', '.join(ANSWER_BACKENDS.names())}")
     if concurrency < 1 or samples < 1:
         raise AskError("--concurrency and --samples must be at least 1")
-    plugin = ANSWER_BACKENDS.get(backend)
-    client = plugin.factory(plugin.options.model_validate(options))
+    client = answer_backend(backend, options)
     lineage = client.lineage()
     model = str(lineage.get("model"))
     wanted = [t for t in trials if not protocols or t["protocol"] in protocols]

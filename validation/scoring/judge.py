@@ -19,7 +19,7 @@ from typing import Any
 from counterfactory.manifests.registry import ANSWER_BACKENDS
 from counterfactory.manifests.trials import judge_rubric
 from counterfactory.validation.scoring.answers import AnswersLedger, ledger_path
-from counterfactory.validation.scoring.ask import AskError, AskSummary, Question, ask_questions
+from counterfactory.validation.scoring.ask import AskError, AskSummary, Question, answer_backend, ask_questions
 from counterfactory.validation.scoring.score import load_release
 
 #: the judge's decoding: deterministic, room for C.5's JSON with spans
@@ -60,8 +60,12 @@ def judge_npdp(
     if not answers:
         store.close()
         raise AskError(f"--judge npdp --of {of_model}: no disability_context answers of {of_model} in {store.path}")
-    plugin = ANSWER_BACKENDS.get(backend)
-    client = plugin.factory(plugin.options.model_validate(options))
+    client = answer_backend(backend, options)
+    if getattr(client, "needs_images", False):
+        store.close()
+        raise AskError(
+            f"--judge npdp --backend {backend}: this backend answers questions about images; judge with openai"
+        )
     lineage = client.lineage()
     units: dict[str, dict[str, dict[str, Any]]] = defaultdict(dict)
     for a in answers:
