@@ -596,7 +596,12 @@ def verify(release: Path, expect: str | None) -> None:
 @main.command()
 @click.argument("release", type=click.Path(path_type=Path, exists=True, file_okay=False))
 @click.option("--model", required=True, help="The model's name as its endpoint serves it.")
-@click.option("--backend", default="openai", show_default=True, help="A registered answer backend.")
+@click.option(
+    "--backend",
+    default="openai",
+    show_default=True,
+    help="A registered answer backend: openai (an OpenAI-compatible endpoint), fal (fal's vision router, FAL_KEY).",
+)
 @click.option("--base-url", help="An OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000/v1 (vLLM, Ollama).")
 @click.option("--api-key-env", default="OPENAI_API_KEY", show_default=True, help="Environment variable with the key.")
 @click.option("--protocol", "protocols", multiple=True, help="Only this protocol's trials (repeatable).")
@@ -605,7 +610,20 @@ def verify(release: Path, expect: str | None) -> None:
 @click.option("--max-spend", type=float, help="Stop sending once this model's answers cost this many USD.")
 @click.option("--usd-per-mtok-in", type=float, default=0.0, help="Price per million prompt tokens (for --max-spend).")
 @click.option("--usd-per-mtok-out", type=float, default=0.0, help="Price per million completion tokens.")
+@click.option(
+    "--estimated-usd-per-question",
+    type=float,
+    help="USD held against --max-spend while a question is in flight (default: openai 0, fal 0.01).",
+)
 @click.option("--ledger", type=click.Path(path_type=Path), help="Answers ledger (default: <release>.answers.sqlite).")
+@click.option(
+    "--backend-option",
+    "backend_options",
+    multiple=True,
+    metavar="NAME=VALUE",
+    help="Another option of the backend (repeatable; the value read as YAML), e.g. system_prompt=... "
+    "or timeout_s=60 for fal.",
+)
 @click.option(
     "--judge",
     type=click.Choice(["npdp"]),
@@ -624,13 +642,17 @@ def ask(
     max_spend: float | None,
     usd_per_mtok_in: float,
     usd_per_mtok_out: float,
+    estimated_usd_per_question: float | None,
     ledger: Path | None,
+    backend_options: tuple[str, ...],
     judge: str | None,
     of_model: str | None,
 ) -> None:
     """Ask a vision-language model every trial of RELEASE; answers go to the answers ledger beside
     it, committed as they return; a re-run asks only what is missing. With --judge npdp --of M,
     the model judges M's disability-context answers instead (the rubric's sha256 on each)."""
+    import yaml
+
     from counterfactory.validation.scoring.ask import ask as run_ask
     from counterfactory.validation.scoring.judge import judge_npdp
 
@@ -641,8 +663,15 @@ def ask(
         "usd_per_mtok_in": usd_per_mtok_in,
         "usd_per_mtok_out": usd_per_mtok_out,
     }
-    if backend != "openai":
+    if backend != "openai":  # fal (FAL_KEY from the environment) and plug-ins: the model, and the estimate if given
         options = {"model": model}
+    if estimated_usd_per_question is not None:
+        options["estimated_usd_per_question"] = estimated_usd_per_question
+    for item in backend_options:
+        name, eq, value = item.partition("=")
+        if not eq or not name.strip():
+            _fail(f"--backend-option {item!r}: write NAME=VALUE, e.g. --backend-option timeout_s=60")
+        options[name.strip()] = yaml.safe_load(value) if value.strip() else None
     if judge is not None:
         if not of_model:
             _fail("--judge needs --of MODEL: the model whose answers are judged")

@@ -100,9 +100,11 @@ every exception class of the package (name, module, base), so it cannot drift::
     ├── HarnessExportError (ValueError)   manifests.harness: a release that cannot be exported
     │                                     for lmms-eval or VLMEvalKit (not a release folder, a
     │                                     trial without its image paths, an unknown harness).
-    ├── TransportError                    validation.scoring.backends: a request got no answer
-    │                                     (connection, timeout, 429, 5xx); ``ask`` retries it, and
-    │                                     a re-run asks what still failed.
+    ├── TransportError                    validation.scoring.backends: an endpoint answered with
+    │                                     something that is not a chat completion; ``ask``'s paid
+    │                                     client retries it (as it does the openai client's
+    │                                     connection, time-out, 429 and 5xx errors), and a re-run
+    │                                     asks what still failed.
     │   internal signals, caught where they are raised and never shown to a user:
     ├── PaidCallFailed                    manifests.paid.base: one paid call ends with a non-ok
     │                                     answer (the paid client turns it into that answer).

@@ -11,20 +11,25 @@ back instead of paying again (a request in flight when the process dies is lost,
 again: there is no request id to fetch it by). What a call sends and how its answer is read
 stay with the caller, as for :class:`~counterfactory.manifests.paid.fal.FalQueue`.
 
-Journal rows: ``{"state": "completed", "result": <result JSON>, "saved_at": ...}``, at
-``estimate_usd`` when the result returns and at the reader's cost once it is read. A call that
-got no result has no row, and is asked again next time.
+Journal rows: ``{"state": "completed", "result": <result JSON>, "saved_at": ...}``, written
+once, when the result returns and has been read: at the reader's cost, or at ``estimate_usd``
+when the reader refused or failed it (it was paid for all the same, and is read again next
+time). The write runs on the batch's writer thread and the call keeps its slot and its spend
+reservation until it lands. A call that got no result has no row, and is asked again next time.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import functools
 import logging
 import threading
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
+from counterfactory.manifests.errors import SetupError
 from counterfactory.manifests.paid.base import (
     MemoryJournal,
     PaidAnswer,
@@ -92,60 +97,141 @@ class DirectClient:
 
         ``read(call, result_json, None)`` turns a result into a :class:`PaidReading` (or raises
         :class:`PaidCallFailed`); a result already in the journal is read again, not paid again.
+
+        ``concurrency`` workers take the calls one after another (a waiting call costs nothing:
+        no task per call polls for a slot), and every journal write runs on one writer thread of
+        the batch, one after another, so the event loop keeps sending and reading while the
+        journal's database writes (a fixed-latency server returns a whole wave of answers at
+        once; writing them on the loop would delay the wave's next requests by the sum of the
+        writes). A call waits for its own write before it gives its slot up.
+
+        Raises:
+            SetupError: ``send`` said the batch cannot go on (e.g. a rejected key); the calls
+                still running are cancelled.
         """
         journal = journal if journal is not None else MemoryJournal()
         unique: dict[str, PaidCall] = {}
         for call in calls:
             unique.setdefault(call.key, call)
-        answers = await asyncio.gather(*(self._one(call, read, journal) for call in unique.values()))
-        by_key = dict(zip(unique, answers, strict=True))
-        return [by_key[call.key] for call in calls]
+        todo = iter(unique.values())
+        answers: dict[str, PaidAnswer] = {}
+        loop = asyncio.get_running_loop()
+        writer = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"{self.name}-journal")
+        sending = asyncio.Semaphore(self.concurrency)
 
-    async def _one(self, call: PaidCall, read: Reader, journal: PaidJournal) -> PaidAnswer:
+        async def save(key: str, row: dict[str, Any], cost_usd: float) -> None:
+            await loop.run_in_executor(writer, functools.partial(journal.save, key, row, cost_usd=cost_usd))
+
+        async def worker() -> None:
+            for call in todo:  # one iterator shared by the workers: each call is taken once
+                answers[call.key] = await self._one(call, read, journal, save, sending)
+
+        try:
+            async with asyncio.TaskGroup() as group:
+                # twice the bound: while one call's answer is read and written, another is sent
+                for _ in range(min(2 * self.concurrency, len(unique))):
+                    group.create_task(worker())
+        except BaseExceptionGroup as errors:
+            setup = errors.subgroup(SetupError)
+            if setup is not None:
+                raise _first_leaf(setup) from None
+            raise
+        finally:
+            writer.shutdown(wait=True)
+        return [answers[call.key] for call in calls]
+
+    async def _one(
+        self, call: PaidCall, read: Reader, journal: PaidJournal, save: Any, sending: asyncio.Semaphore
+    ) -> PaidAnswer:
         started = time.monotonic()
-        tries = 0
+        tries = [0]  # requests sent, counted by ``_send``
 
         def answer(status: Any, **fields: Any) -> PaidAnswer:
             return PaidAnswer(
-                call.key, status, seconds=round(time.monotonic() - started, 4), submit_tries=tries, **fields
+                call.key, status, seconds=round(time.monotonic() - started, 4), submit_tries=tries[0], **fields
             )
 
         saved = journal.load(call.key) or {}
         resumed = saved.get("state") == "completed" and isinstance(saved.get("result"), dict)
         try:
             if resumed:
-                result, row = saved["result"], saved
+                reading = await read(call, saved["result"], None)
             else:
-                while not self._in_flight.acquire(blocking=False):  # polling keeps the wait cancellable
-                    await asyncio.sleep(0.005)
-                try:
-                    arguments = await asyncio.to_thread(call.arguments)
-                    with self._cap.reserve(journal, self.estimate_usd):
-                        while True:
-                            tries += 1
-                            try:
-                                result = await self.send(arguments)
-                                break
-                            except self.transient as exc:
-                                if tries > self.max_retries:
-                                    raise PaidCallFailed(
-                                        "failed",
-                                        f"{self.name}_unavailable: the request failed {tries} time(s), last "
-                                        f"{type(exc).__name__}: {exc}",
-                                    ) from None
-                                await asyncio.sleep(backoff_delay(tries, self.backoff_s))
-                        # committed the moment it returns, at the estimate until it is read: a
-                        # re-run reads it back instead of paying again
-                        row = {"state": "completed", "result": result, "saved_at": time.time()}
-                        journal.save(call.key, row, cost_usd=self.estimate_usd)
-                finally:
-                    self._in_flight.release()
-            reading = await read(call, result, None)
-            if not resumed:
-                journal.save(call.key, row, cost_usd=reading.cost_usd)
+                reading = await self._send_and_read(call, read, journal, save, sending, tries)
         except PaidCallFailed as failure:
             return answer(failure.status, reason=failure.reason, cost_usd=failure.cost_usd, resumed=resumed)
+        except SetupError:
+            raise
         except Exception as exc:  # a bug or a surprise must not sink the other calls
             logger.exception("%s request for %s failed", self.name, call.key)
             return answer("failed", reason=f"{self.name}_error: {type(exc).__name__}: {exc}", resumed=resumed)
         return answer("ok", value=reading.value, cost_usd=reading.cost_usd, resumed=resumed, metadata=reading.metadata)
+
+    async def _send_and_read(
+        self,
+        call: PaidCall,
+        read: Reader,
+        journal: PaidJournal,
+        save: Any,
+        sending: asyncio.Semaphore,
+        tries: list[int],
+    ) -> Any:
+        """Sends one call in a slot, then reads and journals its result with the slot freed.
+
+        The slot (this batch's ``sending`` and the client's own, shared with other batches) is
+        held from the spend cap's check to the result's return: that is a request in flight.
+        The spend reservation is held until the journal row lands."""
+        await sending.acquire()
+        while not self._in_flight.acquire(blocking=False):  # another batch holds the slots
+            await asyncio.sleep(0.005)  # polling keeps the wait cancellable
+        held = True
+
+        def free() -> None:
+            nonlocal held
+            if held:
+                held = False
+                self._in_flight.release()
+                sending.release()
+
+        try:
+            # the cap first: a call it refuses builds no input and sends nothing
+            with self._cap.reserve(journal, self.estimate_usd):
+                try:
+                    arguments = await asyncio.to_thread(call.arguments)
+                    result = await self._send(arguments, tries)
+                finally:
+                    free()
+                # paid for: journaled before the reservation ends, at the reader's cost (at the
+                # estimate when the reader refuses it or fails), so a re-run reads it back
+                # instead of paying again
+                row = {"state": "completed", "result": result, "saved_at": time.time()}
+                try:
+                    reading = await read(call, result, None)
+                except BaseException as exc:
+                    cost = getattr(exc, "cost_usd", 0.0) or self.estimate_usd
+                    await asyncio.shield(save(call.key, row, cost))
+                    raise
+                await asyncio.shield(save(call.key, row, reading.cost_usd))
+                return reading
+        finally:
+            free()
+
+    async def _send(self, arguments: dict[str, Any], tries: list[int]) -> dict[str, Any]:
+        """``send(arguments)``, retrying the transient errors with backoff; counts in ``tries[0]``."""
+        while True:
+            tries[0] += 1
+            try:
+                return await self.send(arguments)
+            except self.transient as exc:
+                if tries[0] > self.max_retries:
+                    raise PaidCallFailed(
+                        "failed",
+                        f"{self.name}_unavailable: the request failed {tries[0]} time(s), last "
+                        f"{type(exc).__name__}: {exc}",
+                    ) from None
+                await asyncio.sleep(backoff_delay(tries[0], self.backoff_s))
+
+
+def _first_leaf(group: BaseExceptionGroup) -> BaseException:
+    first = group.exceptions[0]
+    return _first_leaf(first) if isinstance(first, BaseExceptionGroup) else first

@@ -20,7 +20,8 @@ certificate from a throw-away CA (``trustme``):
   {"prompt_tokens", "completion_tokens", "total_tokens", "cost"}}``, the text scripted for the
   input image's pixels with :meth:`FalServer.answer`, else ``default_answer``; ``usage.cost``
   is ``price_usd`` unless :meth:`FalServer.answer` sets one. ``image_urls``, ``prompt`` and
-  ``model`` are required (422 otherwise), as on fal.
+  ``model`` are required (422 otherwise), as on fal; images come as PNG, JPEG or WebP data URIs
+  (the first one is the "input image" a scripted answer is keyed by).
 - ``GET /files/<name>`` serves output images; ``/_fake/stats`` and ``/_fake/reset`` let a
   process that runs the server elsewhere (the benchmark) read and reset its counters.
 
@@ -735,15 +736,20 @@ def _encode_png(pixels: np.ndarray) -> bytes:
     return buffer.getvalue()
 
 
+#: the data URIs fal takes an image in, by header, and the format their bytes must have
+_DATA_URI_FORMATS = {"data:image/png;base64": "PNG", "data:image/jpeg;base64": "JPEG", "data:image/webp;base64": "WEBP"}
+
+
 def _decode_data_uri(uri: str) -> np.ndarray:
     from PIL import Image
 
     header, _, data = uri.partition(",")
-    if not header.startswith("data:image/png;base64"):
-        raise ValueError(f"expected a PNG data URI, received {header[:40]!r}")
+    expected = _DATA_URI_FORMATS.get(header)
+    if expected is None:
+        raise ValueError(f"expected a PNG, JPEG or WebP data URI, received {header[:40]!r}")
     with Image.open(io.BytesIO(base64.b64decode(data))) as image:
-        if image.format != "PNG":
-            raise ValueError(f"expected PNG bytes, received {image.format}")
+        if image.format != expected:
+            raise ValueError(f"expected {expected} bytes, received {image.format}")
         return np.asarray(image.convert("RGB"), dtype=np.uint8).copy()
 
 

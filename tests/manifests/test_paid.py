@@ -5,6 +5,8 @@ retries of transport errors, each result journaled when it returns and read back
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
 
 import pytest
 
@@ -113,3 +115,31 @@ def test_the_spend_cap_reserves_what_is_in_flight():
                 pass
     with cap.reserve(journal, 0.6):  # released: room again
         pass
+
+
+class SlowJournal(MemoryJournal):
+    """A journal whose writes take 20 ms each, noting the thread each ran on."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.threads: set[str] = set()
+
+    def save(self, key: str, data, *, cost_usd: float = 0.0) -> None:
+        self.threads.add(threading.current_thread().name)
+        time.sleep(0.02)
+        super().save(key, data, cost_usd=cost_usd)
+
+
+def test_journal_writes_run_on_one_writer_thread_while_the_loop_keeps_sending():
+    server, journal = Server(delay_s=0.02), SlowJournal()
+
+    async def run() -> tuple[str, list]:
+        answers = await client(server, concurrency=4).arun_many(calls(*"abcdefghijkl"), read, journal)
+        return threading.current_thread().name, answers
+
+    loop_thread, answers = asyncio.run(run())
+    assert [a.status for a in answers] == ["ok"] * 12 and len(journal.threads) == 1
+    assert loop_thread not in journal.threads
+    # a slot is freed when its answer returns, not when it is written: with writes slower than
+    # the requests, the bound is still reached, never passed
+    assert server.most_in_flight == 4 and journal.spent_usd() == pytest.approx(6.0)

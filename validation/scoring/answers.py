@@ -4,7 +4,9 @@ An answer's id hashes the trial (its id and prompt file sha256), the model's lin
 model name, base URL's host-free identity and any revision) and the decoding settings, and the
 sample index: asked again with the same settings it is the same answer, so ``ask`` never pays
 twice. Each answer is committed in its own short transaction the moment it returns (WAL
-journal), so a SIGKILL loses only the requests in flight. Answers also read from and write to
+journal), so a SIGKILL loses only the requests in flight. A backend whose requests can be
+fetched later (fal's queue) journals each request id in the ``requests`` table before it
+waits, so those are fetched on resume, not paid again; the answer's commit settles that row. Answers also read from and write to
 JSON lines (one answer object a line) for other tools.
 """
 
@@ -17,7 +19,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import JSON, DateTime, Float, Integer, String, Text, create_engine, event, select
+from sqlalchemy import JSON, DateTime, Float, Integer, String, Text, create_engine, delete, event, select
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
@@ -71,6 +73,19 @@ class JudgementRow(_Base):
     judge: Mapped[dict[str, Any]] = mapped_column(JSON)
     reply: Mapped[str | None] = mapped_column(Text, nullable=True)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+
+
+class RequestRow(_Base):
+    """A paid request of ``ask`` not yet answered: its client's journal row (for fal, the
+    request id, written before the wait), so a run killed mid-wait fetches it instead of paying
+    again. The answer's commit deletes it in the same transaction."""
+
+    __tablename__ = "requests"
+
+    key: Mapped[str] = mapped_column(String(64), primary_key=True)
+    data: Mapped[dict[str, Any]] = mapped_column(JSON)
+    cost_usd: Mapped[float] = mapped_column(Float, default=0.0)
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
 
 
 #: the fields of a judgement as JSON
@@ -149,7 +164,13 @@ class AnswersLedger:
             return set(s.scalars(select(AnswerRow.answer_id)))
 
     def add(self, row: dict[str, Any]) -> None:
-        """Commit one answer now (its own transaction); an id already there is kept as it was.
+        """Commit one answer now (its own transaction); an id already there is kept as it was."""
+        self.commit_answer(row)
+
+    def commit_answer(self, row: dict[str, Any], *, settles: str | None = None) -> None:
+        """Commit one answer now, in its own transaction (an id already there is kept as it was),
+        and in the same transaction drop the journaled request ``settles`` (the answer's key,
+        when its request was journaled).
 
         One ``INSERT ... ON CONFLICT DO NOTHING`` statement (SQLAlchemy Core, not an ORM session:
         ``ask`` commits every answer as it returns, and the ORM's unit of work cost it a
@@ -157,6 +178,38 @@ class AnswersLedger:
         values = {k: row.get(k) for k in ANSWER_FIELDS} | {"created_at": datetime.now(UTC)}
         with self.engine.begin() as conn:
             conn.execute(sqlite_insert(AnswerRow).values(**values).on_conflict_do_nothing())
+            if settles is not None:
+                conn.execute(delete(RequestRow).where(RequestRow.key == settles))
+
+    def commit_judgement(self, row: dict[str, Any], *, settles: str | None = None) -> None:
+        """Commit one judgement now (its own transaction), dropping the request row ``settles``."""
+        values = {k: row.get(k) for k in JUDGEMENT_FIELDS} | {"created_at": datetime.now(UTC)}
+        with self.engine.begin() as conn:
+            conn.execute(sqlite_insert(JudgementRow).values(**values).on_conflict_do_nothing())
+            if settles is not None:
+                conn.execute(delete(RequestRow).where(RequestRow.key == settles))
+
+    def requests(self, keys: Iterable[str] | None = None) -> dict[str, tuple[dict[str, Any], float]]:
+        """Journaled requests not yet answered: key -> (journal row, USD), of ``keys`` only when given."""
+        wanted = None if keys is None else set(keys)
+        with self.engine.connect() as conn:
+            found = conn.execute(select(RequestRow.key, RequestRow.data, RequestRow.cost_usd)).all()
+        return {k: (dict(d or {}), float(c or 0.0)) for k, d, c in found if wanted is None or k in wanted}
+
+    def save_request(self, key: str, data: dict[str, Any], cost_usd: float) -> None:
+        """Insert or replace one request's journal row (its own transaction)."""
+        values = {"key": key, "data": dict(data), "cost_usd": float(cost_usd), "updated_at": datetime.now(UTC)}
+        stmt = sqlite_insert(RequestRow).values(**values)
+        stmt = stmt.on_conflict_do_update(
+            index_elements=[RequestRow.key],
+            set_={
+                "data": stmt.excluded.data,
+                "cost_usd": stmt.excluded.cost_usd,
+                "updated_at": stmt.excluded.updated_at,
+            },
+        )
+        with self.engine.begin() as conn:
+            conn.execute(stmt)
 
     def rows(self) -> list[dict[str, Any]]:
         """Every answer as a dict of :data:`ANSWER_FIELDS`, by trial then model then sample."""
@@ -170,9 +223,7 @@ class AnswersLedger:
 
     def add_judgement(self, row: dict[str, Any]) -> None:
         """Commit one judgement now (its own transaction)."""
-        with Session(self.engine) as s, s.begin():
-            if s.get(JudgementRow, row["judgement_id"]) is None:
-                s.add(JudgementRow(**{k: row.get(k) for k in JUDGEMENT_FIELDS}, created_at=datetime.now(UTC)))
+        self.commit_judgement(row)
 
     def judgements(self) -> list[dict[str, Any]]:
         with Session(self.engine) as s:

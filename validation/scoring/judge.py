@@ -19,7 +19,7 @@ from typing import Any
 from counterfactory.manifests.registry import ANSWER_BACKENDS
 from counterfactory.manifests.trials import judge_rubric
 from counterfactory.validation.scoring.answers import AnswersLedger, ledger_path
-from counterfactory.validation.scoring.ask import AskError, AskSummary, run_requests
+from counterfactory.validation.scoring.ask import AskError, AskSummary, Question, answer_backend, ask_questions
 from counterfactory.validation.scoring.score import load_release
 
 #: the judge's decoding: deterministic, room for C.5's JSON with spans
@@ -60,8 +60,12 @@ def judge_npdp(
     if not answers:
         store.close()
         raise AskError(f"--judge npdp --of {of_model}: no disability_context answers of {of_model} in {store.path}")
-    plugin = ANSWER_BACKENDS.get(backend)
-    client = plugin.factory(plugin.options.model_validate(options))
+    client = answer_backend(backend, options)
+    if getattr(client, "needs_images", False):
+        store.close()
+        raise AskError(
+            f"--judge npdp --backend {backend}: this backend answers questions about images; judge with openai"
+        )
     lineage = client.lineage()
     units: dict[str, dict[str, dict[str, Any]]] = defaultdict(dict)
     for a in answers:
@@ -98,39 +102,32 @@ def judge_npdp(
                 by_id[b["trial_id"]]["prompt"],
                 b["reply"] or "",
             )
-            todo.append((jid, sha, neutral, b, prompt))
-
-    def request(item: tuple) -> tuple[str, list, dict[str, Any], int]:
-        return item[4], [], JUDGE_DECODING, 0
-
-    def commit(item: tuple, got: dict[str, Any], seconds: float) -> None:
-        jid, sha, a, b, _ = item
-        store.add_judgement(
-            {
+            row = {
                 "judgement_id": jid,
                 "rubric": "npdp_c5",
                 "rubric_sha256": sha,
-                "answer_a": a["answer_id"],
+                "answer_a": neutral["answer_id"],
                 "answer_b": b["answer_id"],
                 "trial_b": b["trial_id"],
                 "judged_model": of_model,
                 "judge": lineage,
-                "reply": got.get("reply"),
             }
-        )
+            todo.append(Question(jid, b["trial_id"], prompt, (), JUDGE_DECODING, 0, row))
+
+    def commit(question: Question, got: dict[str, Any], seconds: float, settles: str | None) -> None:
+        store.commit_judgement({**question.row, "reply": got.get("reply")}, settles=settles)
 
     try:
-        run_requests(
+        ask_questions(
             client,
             todo,
-            request,
+            store,
             commit,
             summary,
             concurrency=concurrency,
             retries=retries,
             max_spend=max_spend,
-            spent=0.0,
-            name=lambda item: item[3]["trial_id"],
+            spent_before=0.0,
         )
     finally:
         store.close()
