@@ -70,6 +70,8 @@ every exception class of the package (name, module, base), so it cannot drift::
     │                                     pass --allow-incomplete to seal what there is.
     ├── ReleaseExistsError (RuntimeError)  manifests.release: the version exists with other
     │                                     content. Raise release.version.
+    ├── NotAReleaseError (FileNotFoundError)  manifests.release: a folder given as a release is
+    │                                     not one (no items.jsonl). Pass DIR/releases/NAME/VERSION.
     ├── ReleaseIntegrityError (RuntimeError)  manifests.release: a file for a release does not
     │                                     have its sha256. Re-run; the store may be damaged.
     ├── ReleaseSourceMissingError (FileNotFoundError)  manifests.release: a file a release is

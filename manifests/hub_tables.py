@@ -251,7 +251,9 @@ def release_tables(release: Path) -> dict[str, list[dict[str, Any]]]:
         if path is not None:
             tables[name] = read_jsonl(path)
         elif name == "items":
-            raise FileNotFoundError(
+            from counterfactory.manifests.release import NotAReleaseError
+
+            raise NotAReleaseError(
                 f"{release / files[0]}: missing; a release always has items.jsonl (is this a release folder?)"
             )
     return tables

@@ -70,6 +70,10 @@ class ReleaseSourceMissingError(CounterfactoryError, FileNotFoundError):
     """A file a release is built from (a store image, a source photo) is gone since the run."""
 
 
+class NotAReleaseError(CounterfactoryError, FileNotFoundError):
+    """A folder given as a release is not one (no ``items.jsonl``), or a stage has no manifest yet."""
+
+
 class ReleaseIntegrityError(CounterfactoryError, RuntimeError):
     """A file that should go into a release does not have the sha256 it is addressed by."""
 
@@ -308,7 +312,7 @@ class ReleaseStage:
         """Write checksums, make everything world-readable and move the folder into place."""
         manifest = self.dir / MANIFEST
         if not manifest.exists():
-            raise FileNotFoundError(f"{manifest}: a release needs a manifest before it is sealed")
+            raise NotAReleaseError(f"{manifest}: a release needs a manifest before it is sealed")
         manifest_sha = sha256_file(manifest)
         record_files(self.dir, self.name, self.version)
         lines = [

@@ -100,7 +100,9 @@ def number_error(line: int | None, written: str, field: str | None = None) -> Ya
     ``line`` (1-based; None: unknown) at ``field`` (dotted; None: unknown); the message shows
     at most 24 characters of it."""
     shown = f"{written[:12]}...{written[-6:]}" if len(written) > 24 else written
-    where = " ".join(x for x in (f"line {line}" if line is not None else "", f"(field `{field}`)" if field else "") if x)
+    where = " ".join(
+        x for x in (f"line {line}" if line is not None else "", f"(field `{field}`)" if field else "") if x
+    )
     return YamlLimitError(
         f"{where + ': ' if where else ''}the number {shown} is {len(written):,} characters long, over the limit "
         f"of {MAX_NUMBER_CHARS}; no field takes a number that large: write the value the field needs"

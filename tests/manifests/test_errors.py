@@ -173,3 +173,30 @@ def test_the_root_documents_every_exception_class_with_its_module_and_bases():
 def test_each_class_keeps_the_builtin_base_its_callers_catch(module, name, builtin):
     cls = getattr(importlib.import_module(module), name)
     assert issubclass(cls, CounterfactoryError) and issubclass(cls, builtin)
+
+
+def test_no_module_raises_a_bare_file_not_found_error():
+    """What a user can cause (a folder that is not a release, a missing file) raises a class of
+    the tree, which the CLI turns into one ``error:`` line; a bare ``FileNotFoundError`` would be
+    a traceback (``release_tables`` and ``ReleaseStage.seal`` raised one)."""
+    import ast
+
+    from tests.conftest import REPO
+
+    bare = []
+    for folder in ("flows", "generation", "validation", "manifests"):
+        for path in (REPO / folder).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text())):
+                call = node.exc if isinstance(node, ast.Raise) else None
+                func = call.func if isinstance(call, ast.Call) else call
+                if isinstance(func, ast.Name) and func.id == "FileNotFoundError":
+                    bare.append(f"{path.relative_to(REPO)}:{node.lineno}")
+    assert not bare, bare
+
+
+def test_a_folder_that_is_not_a_release_is_named_in_one_error(tmp_path):
+    from counterfactory.manifests.hub_tables import release_tables
+    from counterfactory.manifests.release import NotAReleaseError
+
+    with pytest.raises(NotAReleaseError, match="items.jsonl"):
+        release_tables(tmp_path)
