@@ -547,7 +547,9 @@ def store_image(site: ReviewSite, sha256: str, cache_control: str) -> Response:
         return JSONResponse({"error": f"no image {sha256[:12]}… in this run's store"}, status_code=404)
     except UnsafeBlobError:
         return JSONResponse(
-            {"error": f"image {sha256[:12]}… is not served: its store entry is not a regular file inside the store (a symlink?)"},
+            {
+                "error": f"image {sha256[:12]}… is not served: its store entry is not a regular file inside the store (a symlink?)"
+            },
             status_code=404,
         )
     except DamagedBlobError:

@@ -33,8 +33,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from counterfactory.generation.images import scale_16bit_to_8bit
 from counterfactory.generation.records import RLE, FileMask, PolygonMask, RLEMask, SamMask, sam_mask_file
 from counterfactory.manifests.errors import CounterfactoryError
-from counterfactory.manifests.safefiles import InputFileError, decoder_problem, read_regular
 from counterfactory.manifests.registry import SPEC_SECTIONS
+from counterfactory.manifests.safefiles import InputFileError, decoder_problem, read_regular
 
 
 class MaskError(CounterfactoryError, ValueError):
@@ -222,7 +222,9 @@ def load_mask_file(path: str | Path, shape: Sequence[int]) -> np.ndarray:
     except MaskError:
         raise
     except UnidentifiedImageError:
-        raise MaskError(f"{path}: cannot read the mask image (not an image PIL can read); save it as a PNG image") from None
+        raise MaskError(
+            f"{path}: cannot read the mask image (not an image PIL can read); save it as a PNG image"
+        ) from None
     except Exception as exc:  # noqa: BLE001 - PIL raises OSError, SyntaxError, ValueError...
         raise MaskError(f"{path}: cannot read the mask image ({decoder_problem(exc, data)})") from None
     if grey.shape != (h, w):
