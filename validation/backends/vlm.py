@@ -60,6 +60,16 @@ DEFAULT_ESTIMATE_USD = 0.01
 _FENCE = re.compile(r"^\s*```(?:json)?\s*(.*?)\s*```\s*$", re.DOTALL)
 
 
+def current_endpoint(value: str) -> str:
+    """``value``, or a ``ValueError`` naming its replacement when fal has deprecated it."""
+    if value in DEPRECATED_ENDPOINTS:
+        raise ValueError(
+            f"fal has deprecated {value!r}; set endpoint: {DEPRECATED_ENDPOINTS[value]} "
+            "(the same image_urls, prompt and model inputs)"
+        )
+    return value
+
+
 @dataclass(frozen=True)
 class VisionAnswer:
     """One question's outcome.
@@ -152,12 +162,7 @@ class FalVisionOptions(FalQueueOptions):
     @field_validator("endpoint")
     @classmethod
     def _not_deprecated(cls, value: str) -> str:
-        if value in DEPRECATED_ENDPOINTS:
-            raise ValueError(
-                f"fal has deprecated {value!r}; set endpoint: {DEPRECATED_ENDPOINTS[value]} "
-                "(the same image_urls, prompt and model inputs)"
-            )
-        return value
+        return current_endpoint(value)
 
 
 class FalVisionClient:

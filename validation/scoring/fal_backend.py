@@ -32,7 +32,7 @@ from pydantic import Field, field_validator
 from counterfactory.manifests.paid import PaidCallFailed, PaidClient
 from counterfactory.manifests.paid.fal import FalQueue, FalQueueOptions
 from counterfactory.manifests.registry import ANSWER_BACKENDS
-from counterfactory.validation.backends.vlm import DEFAULT_ENDPOINT, DEFAULT_ESTIMATE_USD, DEPRECATED_ENDPOINTS
+from counterfactory.validation.backends.vlm import DEFAULT_ENDPOINT, DEFAULT_ESTIMATE_USD, current_endpoint
 from counterfactory.validation.scoring.backends import AnswerBackend, data_url
 
 
@@ -57,12 +57,7 @@ class FalAnswerOptions(FalQueueOptions):
     @field_validator("endpoint")
     @classmethod
     def _not_deprecated(cls, value: str) -> str:
-        if value in DEPRECATED_ENDPOINTS:
-            raise ValueError(
-                f"fal has deprecated {value!r}; set endpoint: {DEPRECATED_ENDPOINTS[value]} "
-                "(the same image_urls, prompt and model inputs)"
-            )
-        return value
+        return current_endpoint(value)
 
 
 class FalVisionRouter(AnswerBackend):
