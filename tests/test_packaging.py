@@ -49,9 +49,10 @@ def test_every_package_folder_is_listed_in_pyproject():
 def wheel(tmp_path_factory) -> zipfile.ZipFile:
     from setuptools import build_meta
 
-    # build from a copy, so the checkout gets no build/ or egg-info folders
+    # build from a copy, so the checkout gets no build/ or egg-info folders; every environment
+    # folder left out (.venv-harness, lmms-eval's, is 3.7 GB: copying it filled a disk)
     src = tmp_path_factory.mktemp("src") / "counterfactory"
-    ignore = shutil.ignore_patterns(".venv", ".git", "build", "out", "*.egg-info", "__pycache__", "tests")
+    ignore = shutil.ignore_patterns(".venv*", ".git", "build", "out", "*.egg-info", "__pycache__", "tests")
     shutil.copytree(REPO, src, ignore=ignore)
     dist = tmp_path_factory.mktemp("dist")
     import os

@@ -106,7 +106,8 @@ def test_the_bundled_taef2_graphs_have_the_documented_layout():
 @pytest.mark.slow
 def test_a_taef2_round_trip_of_grace_hopper_is_close_but_re_synthesised(grace):
     """The issue's known figures for one round trip of grace_hopper.jpg: diff_nonface 0.0176
-    and global shift 0.0039 (one grey level), with the face untouched by any edit."""
+    and a global shift of the whole region of 0.0039 (one grey level; two in one lightness third),
+    with the face untouched by any edit."""
     from counterfactory.generation.rerender import rerender_like
     from counterfactory.validation.metrics.floor import locality_metrics
     from counterfactory.validation.metrics.pixels import global_change
@@ -118,8 +119,13 @@ def test_a_taef2_round_trip_of_grace_hopper_is_close_but_re_synthesised(grace):
     m = locality_metrics(grace, out, oval)
     assert m["diff_nonface"] == pytest.approx(0.0176, abs=0.0015)
     assert 0.010 < m["diff_all"] < 0.025  # PSNR 31-32 dB: close, not a copy
+    away = oval == 0
+    whole = max(abs(float(np.median(out[..., c][away].astype(int) - grace[..., c][away]))) for c in range(3))
+    assert whole / 255 == pytest.approx(1 / 255, abs=0.5 / 255)  # the issue's figure: one grey level
+    # the gate's shift is the largest median of the whole region and of its thirds by lightness:
+    # the decoder moves one third by up to two levels, the metric's resolution
     shift, _ = global_change(grace, out, np.where(oval > 0, 0, 255).astype(np.uint8))
-    assert shift == pytest.approx(1 / 255, abs=0.5 / 255)
+    assert whole / 255 - 0.5 / 255 <= shift <= 2 / 255 + 1e-9
     # re-synthesised: unlike a copy or a JPEG re-encode, most pixels move by more than 2 levels
     within_2 = float(np.mean(np.abs(out.astype(int) - grace).max(axis=2) <= 2))
     assert within_2 < 0.4

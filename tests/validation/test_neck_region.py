@@ -75,7 +75,9 @@ def _edits(name: str):
     width = float(np.ptp(lm[:, 0]))
     skin = _skin(source, face)
     ys, xs = np.mgrid[: source.shape[0], : source.shape[1]]
-    face_part = skin & (ys <= chin[1])
+    # the face from the top of the forehead (the mesh's point 10, at the hairline) to the chin:
+    # 140's grey hair lies within the skin mask's tolerance, and lightening it is a hair change
+    face_part = skin & (ys <= chin[1]) & (ys >= lm[FOREHEAD_TOP][1])
     # the neck as a person sees it here: below the chin, no wider than the face, down to the
     # clothing line (the skin mask stops there) but not past the notch between the collarbones
     neck = (
