@@ -251,7 +251,11 @@ def test_measure_with_the_editors_noise_floor(tmp_path):
     assert set(floor) >= {"changed_share", "global_shift", "global_gain_change"}
     for key in ("changed_share", "global_shift", "global_gain_change"):
         assert m[f"floor_{key}"] == pytest.approx(floor[key])
+    for key in ("changed_share", "global_gain_change"):
         assert m[f"{key}_above_floor"] == pytest.approx(m[key] - floor[key])
+    # a global shift is measured against the floor output itself, not as a difference of two
+    # unsigned shifts: a small share of the frame moved, a few grey levels at most
+    assert 0 <= m["global_shift_above_floor"] < 0.02
     # the object stands above the re-rendering: rejected either way
     assert m["changed_share_above_floor"] > 0.01
     # and pixel by pixel against the floor output: about the object's own area stays

@@ -228,8 +228,9 @@ def test_each_editor_is_a_view_and_one_editor_specs_hash_as_before(tmp_path):
     # name it); the shipped thresholds are part of the study, so a new calibration changes it
     # (2026-12-05: issue 34's calibration on three judging paths, with locality.cohort and
     # locality.no_floor; a spec that leaves those unset hashes as it did before they existed;
-    # the default trial bank is trial_prompts_v3, so a spec naming none asks v3's wording)
-    assert one.spec_hash() == "a9a77715b461d2029f85cf0f81aa1eeb419f013a0e94162a3ce3e9d0ca3ca54d"
+    # the default trial bank is trial_prompts_v3, so a spec naming none asks v3's wording;
+    # the second round: the hair measure's limits and a global shift resolved to two levels)
+    assert one.spec_hash() == "296a736849f8ccc200913e53b22ca019b837a92353427c209844489e41e097e5"
 
 
 def test_editors_are_refused_on_ray_before_anything_runs(tmp_path):
