@@ -64,8 +64,8 @@ def _run(python: str, *args: str, timeout: float = 900) -> subprocess.CompletedP
     """``python`` running ``args`` with this environment's packages after its own (the harness
     environment has torch and torchvision but not counterfactory's other dependencies)."""
     env = cli_env()
-    if python != sys.executable:
-        env["PYTHONPATH"] = os.pathsep.join([str(REPO), *site.getsitepackages()])
+    if python != sys.executable:  # after its own site folder (PYTHONPATH would come before it)
+        env["CF_SITE_AFTER"] = os.pathsep.join(site.getsitepackages())
     return subprocess.run([python, *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
 
 
@@ -73,7 +73,7 @@ def _run(python: str, *args: str, timeout: float = 900) -> subprocess.CompletedP
 #: (their .pth files: the editable install) added after the interpreter's own
 BOOT = (
     "import os, site, sys\n"
-    "for d in os.environ.get('PYTHONPATH', '').split(os.pathsep)[1:]: site.addsitedir(d)\n"
+    "for d in filter(None, os.environ.get('CF_SITE_AFTER', '').split(os.pathsep)): site.addsitedir(d)\n"
     "from counterfactory.flows.cli import main\n"
     "sys.argv[0] = 'counterfactory'\n"
     "main()\n"
