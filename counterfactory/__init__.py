@@ -24,7 +24,11 @@ BUILT_IN_MODULES: dict[str, tuple[str, ...]] = {
     "gate": ("counterfactory.validation.gates",),
     "trial_protocol": ("counterfactory.manifests.protocols",),
     "release_file": ("counterfactory.manifests.release_files",),
-    "answer_backend": ("counterfactory.validation.scoring.backends", "counterfactory.validation.scoring.fal_backend"),
+    "answer_backend": (
+        "counterfactory.validation.scoring.backends",
+        "counterfactory.validation.scoring.fal_backend",
+        "counterfactory.validation.scoring.transformers_backend",
+    ),
     # each module owning a spec section's model registers it (SPEC_SECTIONS)
     "spec_section": (
         "counterfactory.generation.sources",

@@ -600,7 +600,8 @@ def verify(release: Path, expect: str | None) -> None:
     "--backend",
     default="openai",
     show_default=True,
-    help="A registered answer backend: openai (an OpenAI-compatible endpoint), fal (fal's vision router, FAL_KEY).",
+    help="A registered answer backend: openai (an OpenAI-compatible endpoint), fal (fal's vision router, FAL_KEY), "
+    "transformers (a local Qwen2-VL class model: --model is its folder; --concurrency is the batch size).",
 )
 @click.option("--base-url", help="An OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000/v1 (vLLM, Ollama).")
 @click.option("--api-key-env", default="OPENAI_API_KEY", show_default=True, help="Environment variable with the key.")

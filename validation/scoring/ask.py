@@ -195,7 +195,12 @@ def ask_questions(
 
     def arguments(question: Question) -> dict[str, Any]:
         journal.started[question.key] = time.monotonic()
-        return backend.arguments(question.prompt, _read_images(question), dict(question.decoding), question.sample)
+        # a backend that seeds its own sampling (transformers) takes the answer id: two trials
+        # asking the same prompt of the same image (a noise repeat) must not draw the same sample
+        extra = {"answer_id": question.key} if getattr(backend, "takes_answer_id", False) else {}
+        return backend.arguments(
+            question.prompt, _read_images(question), dict(question.decoding), question.sample, **extra
+        )
 
     async def read(call: PaidCall, result: dict[str, Any], transfer: Any) -> PaidReading:
         got = backend.read(result)
