@@ -158,6 +158,7 @@ def test_img_serves_only_a_verified_store_file(run_copy):
         assert r.status_code == 409 and "do not hash to its name" in r.json()["error"]
 
 
+@pytest.mark.slow
 def test_img_serves_nothing_through_a_store_folder_symlinked_out_of_the_store(run_copy, tmp_path):
     """The bytes behind the symlinked folder hash to their names, but they lie outside the store
     (whoever can write the store and knows a file's sha256 could read it), so they are not served."""
