@@ -32,7 +32,7 @@ from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
-from counterfactory.manifests.errors import CounterfactoryError
+from counterfactory.manifests.errors import CounterfactoryError, SetupError
 
 CallStatus = Literal["ok", "refused", "failed"]
 
@@ -241,3 +241,15 @@ def run_sync(coroutine: Any) -> Any:
         return asyncio.run(coroutine)
     with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
         return pool.submit(asyncio.run, coroutine).result()
+
+
+def reraise_setup_error(errors: BaseExceptionGroup) -> None:
+    """Raise the first :class:`~counterfactory.manifests.errors.SetupError` inside a task
+    group's errors as itself (a missing key or package is one ``error:`` line, not a group of
+    tracebacks); return when there is none, for the caller to re-raise the group."""
+    setup = errors.subgroup(SetupError)
+    if setup is not None:
+        leaf: BaseException = setup
+        while isinstance(leaf, BaseExceptionGroup):
+            leaf = leaf.exceptions[0]
+        raise leaf from None

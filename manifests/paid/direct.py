@@ -39,6 +39,7 @@ from counterfactory.manifests.paid.base import (
     Reader,
     SpendCap,
     backoff_delay,
+    reraise_setup_error,
     run_sync,
 )
 
@@ -132,9 +133,7 @@ class DirectClient:
                 for _ in range(min(2 * self.concurrency, len(unique))):
                     group.create_task(worker())
         except BaseExceptionGroup as errors:
-            setup = errors.subgroup(SetupError)
-            if setup is not None:
-                raise _first_leaf(setup) from None
+            reraise_setup_error(errors)
             raise
         finally:
             writer.shutdown(wait=True)
@@ -230,8 +229,3 @@ class DirectClient:
                         f"{type(exc).__name__}: {exc}",
                     ) from None
                 await asyncio.sleep(backoff_delay(tries[0], self.backoff_s))
-
-
-def _first_leaf(group: BaseExceptionGroup) -> BaseException:
-    first = group.exceptions[0]
-    return _first_leaf(first) if isinstance(first, BaseExceptionGroup) else first

@@ -89,6 +89,7 @@ from counterfactory.manifests.paid.base import (
     Reader,
     SpendCap,
     backoff_delay,
+    reraise_setup_error,
     run_sync,
 )
 
@@ -364,9 +365,7 @@ class FalQueue:
                 for key, call in unique.items():
                     tasks[key] = group.create_task(self._one(call, batch))
         except BaseExceptionGroup as errors:
-            setup = errors.subgroup(SetupError)
-            if setup is not None:
-                raise _first_leaf(setup) from None
+            reraise_setup_error(errors)
             raise
         finally:
             await _close_clients(batch.fal, batch.http)
@@ -958,11 +957,6 @@ def _key_message(exc: Exception) -> str:
         f"fal rejected the key in FAL_KEY (HTTP {code}: {_detail(exc)}); check it at "
         "https://fal.ai/dashboard/keys and `export FAL_KEY=<key_id>:<key_secret>`"
     )
-
-
-def _first_leaf(group: BaseExceptionGroup) -> BaseException:
-    first = group.exceptions[0]
-    return _first_leaf(first) if isinstance(first, BaseExceptionGroup) else first
 
 
 async def _close_clients(fal: Any, http: Any) -> None:
