@@ -70,6 +70,16 @@ def current_endpoint(value: str) -> str:
     return value
 
 
+def router_usage(payload: Mapping[str, Any], estimate_usd: float) -> tuple[dict[str, Any], float, bool]:
+    """``(usage, cost_usd, measured)`` of one vision-router answer: its ``usage`` mapping, the
+    USD it cost (``usage.cost`` when that is a non-negative number, else ``estimate_usd``), and
+    whether the cost was the router's own figure."""
+    usage = payload.get("usage") if isinstance(payload.get("usage"), Mapping) else {}
+    cost = usage.get("cost")
+    measured = isinstance(cost, (int, float)) and not isinstance(cost, bool) and cost >= 0
+    return dict(usage), (float(cost) if measured else estimate_usd), measured
+
+
 @dataclass(frozen=True)
 class VisionAnswer:
     """One question's outcome.
@@ -261,14 +271,12 @@ class FalVisionClient:
 
     async def _read(self, call: PaidCall, payload: dict[str, Any], transfer: FalTransfer) -> PaidReading:
         """The router's answer -> (its text, ``usage.cost`` in USD)."""
-        usage = payload.get("usage") if isinstance(payload.get("usage"), Mapping) else {}
-        cost = usage.get("cost")
-        measured = isinstance(cost, (int, float)) and not isinstance(cost, bool) and cost >= 0
+        usage, cost, measured = router_usage(payload, self.options.estimated_usd_per_question)
         text = payload.get("output")
         return PaidReading(
             None if text is None else str(text),
-            float(cost) if measured else self.options.estimated_usd_per_question,
-            {"usage": dict(usage), "cost_source": "usage" if measured else "estimate"},
+            cost,
+            {"usage": usage, "cost_source": "usage" if measured else "estimate"},
         )
 
 

@@ -24,7 +24,6 @@ answer with no reply and ``finish_reason`` ``content_filter``.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 from pydantic import Field, field_validator
@@ -32,7 +31,12 @@ from pydantic import Field, field_validator
 from counterfactory.manifests.paid import PaidCallFailed, PaidClient
 from counterfactory.manifests.paid.fal import FalQueue, FalQueueOptions
 from counterfactory.manifests.registry import ANSWER_BACKENDS
-from counterfactory.validation.backends.vlm import DEFAULT_ENDPOINT, DEFAULT_ESTIMATE_USD, current_endpoint
+from counterfactory.validation.backends.vlm import (
+    DEFAULT_ENDPOINT,
+    DEFAULT_ESTIMATE_USD,
+    current_endpoint,
+    router_usage,
+)
 from counterfactory.validation.scoring.backends import AnswerBackend, data_url
 
 
@@ -110,16 +114,14 @@ class FalVisionRouter(AnswerBackend):
         return body
 
     def read(self, result: dict[str, Any]) -> dict[str, Any]:
-        usage = result.get("usage") if isinstance(result.get("usage"), Mapping) else {}
-        cost = usage.get("cost")
-        measured = isinstance(cost, (int, float)) and not isinstance(cost, bool) and cost >= 0
+        usage, cost, _ = router_usage(result, self.options.estimated_usd_per_question)
         text = result.get("output")
         return {
             "reply": None if text is None else str(text),
             "finish_reason": result.get("finish_reason"),
             "tokens_in": usage.get("prompt_tokens"),
             "tokens_out": usage.get("completion_tokens"),
-            "cost_usd": float(cost) if measured else self.options.estimated_usd_per_question,
+            "cost_usd": cost,
         }
 
 
