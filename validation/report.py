@@ -18,6 +18,7 @@ from PIL import Image, ImageDraw, ImageFont
 
 from counterfactory.validation.editor_stats import editors_html
 from counterfactory.validation.gates.base import FILLING_VERDICTS, VERDICTS
+from counterfactory.validation.gates.locality import FLOOR_RELATIVE
 from counterfactory.validation.review_stats import review_html
 from counterfactory.validation.target_stats import focus_html, target_html
 
@@ -219,14 +220,7 @@ def report_html(header: ReportHeader, items: Sequence[Mapping[str, Any]], stats:
     def num(value: Any) -> str:
         return f"{value:.4g}" if isinstance(value, (int, float)) else "-"
 
-    floor_keys = (
-        "changed_share",
-        "global_shift",
-        "global_gain_change",
-        "body_skin_delta_e",
-        "face_change",
-        "diff_nonface",
-    )
+    floor_keys = (*FLOOR_RELATIVE, "diff_nonface")
     floor_rows = (
         "".join(
             f"<tr><td>{html.escape(tid)}</td>"
@@ -301,10 +295,10 @@ spec sha256 <code>{html.escape(stats["spec_hash"][:16])}</code>.</p>
 <th>unfilled (rejected, failed)</th></tr>{group_rows}</table>
 {editors_html(stats.get("editors"))}<h2>Editor noise floor</h2>
 <p>Per template, the editor's output for "return this photo unchanged", measured like a candidate:
-its re-rendering of the photo. The cells' changed share, global shift, gain, body-skin change and
+its re-rendering of the photo. The cells' changed share, gain, body-skin change, hair change and
 face change (a cell whose face changed no more than here is a copy, sent to review) are judged above these values (each item's <code>floor_*</code> and <code>*_above_floor</code> fields),
-and each cell's output is compared with this output pixel by pixel: <code>excess_share</code> is the share
-away from the edit region that the cell alone changed.</p>
+and each cell's output is compared with this output itself: its global shift is measured against it, and
+pixel by pixel, <code>excess_share</code> is the share away from the edit region that the cell alone changed.</p>
 <table id="noise-floor"><tr><th>template</th>{floor_head}<th>attempt</th></tr>{floor_rows}</table>
 <h3>What each verdict was judged against</h3>
 <p>Items by the floor that judged them (each item's <code>floor_path</code>): <em>request</em>, the editor's output
