@@ -13,8 +13,10 @@ stage (alignment, gates, review, release) runs for real on a laptop with no GPU 
   "Color Transfer between Images", 2001), and its chroma half-way toward the donor's (the set's
   studio white balance is not the photo's), feathered at the region's edge. Features, shape
   and expression are the source's: the face stays recognisable, and only its tone follows the
-  condition. The donor is a person of the requested race and gender (race alone, then
-  everyone, when the set has none), the seed-th in the set's order;
+  condition. The donor is a person of the requested race and gender (race alone when the set
+  has none of both), the seed-th in the set's order; a race the set does not hold (FOCUS's
+  "Latino") takes a person of the requested gender at an offset fixed by its label, and the
+  item's ``donor_match`` says so (:func:`pick_donor`);
 - limb cells: OpenCV inpainting (Telea 2004) inside the limb mask.
 
 Then, for face cells (``rerender``, on by default), the whole image goes through a real
@@ -31,6 +33,7 @@ datasets use the ``qwen`` (local GPU) or ``fal`` (Nano Banana) backends.
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 from typing import Any, ClassVar
 
@@ -94,20 +97,54 @@ def _key(value: str) -> str:
 
 _GENDERS = {"man": "male", "woman": "female", "men": "male", "women": "female"}
 
+#: study labels that name one of the London set's groups under another name: FOCUS's "Asian"
+#: (its examples are East Asian faces) and "Middle Eastern" (the set's ``west_asian``: Arab,
+#: Persian, Turkish and Levantine people), and the usual synonyms. A label neither here nor in
+#: the set (FOCUS's "Latino", "South Asian") has no donor of its own: see :func:`pick_donor`.
+RACE_ALIASES = {
+    "asian": "east_asian",
+    "middle_eastern": "west_asian",
+    "arab": "west_asian",
+    "mena": "west_asian",
+    "african": "black",
+    "african_american": "black",
+    "caucasian": "white",
+    "european": "white",
+}
+
+
+def _pool_offset(label: str) -> int:
+    """A fixed offset into a shared donor pool for a group label with no donors of its own, so
+    that two such groups (or such a group and everyone) do not get the same donor for a seed."""
+    return int.from_bytes(hashlib.sha256(label.encode()).digest()[:4], "big")
+
 
 def pick_donor(condition: dict[str, str], seed: int) -> dict[str, Any]:
     """The donor for ``condition`` (axes ``race`` and ``gender``, matched case- and
-    space-insensitively to the set's labels) and ``seed``: of the group (race and gender, else
-    race, else everyone), the seed-th in the set's order."""
+    space-insensitively to the set's labels, through :data:`RACE_ALIASES`) and ``seed``, with
+    ``match``: how it was found.
+
+    Of the group (race and gender: ``match`` ``"race+gender"``; else race: ``"race"``), the
+    seed-th in the set's order. A race the set does not hold takes a donor of the requested
+    gender (``"gender"``; everyone: ``"any"``), at an offset fixed by the race's label, so that
+    two such races, or two genders, never share every donor: before, they all fell back to the
+    same person, and several conditions of one source came back as one image.
+    """
     donors = donor_tones()
     race = _key(condition.get("race", ""))
+    race = RACE_ALIASES.get(race, race)
     gender = _key(condition.get("gender", ""))
     gender = _GENDERS.get(gender, gender)
-    pool = [d for d in donors if d["race"] == race and d["gender"] == gender] or [
-        d for d in donors if d["race"] == race
-    ]
-    pool = sorted(pool or donors, key=lambda d: d["id"])
-    return pool[seed % len(pool)]
+    by_id = functools.partial(sorted, key=lambda d: d["id"])
+    for match, pool, offset in (
+        ("race+gender", [d for d in donors if d["race"] == race and d["gender"] == gender], 0),
+        ("race", [d for d in donors if d["race"] == race], 0),
+        ("gender", [d for d in donors if d["gender"] == gender], _pool_offset(race)),
+        ("any", list(donors), _pool_offset(f"{race}/{gender}")),
+    ):
+        if pool:
+            return {**by_id(pool)[(seed + offset) % len(pool)], "match": match}
+    raise ValueError("the donor set is empty")  # pragma: no cover - the bundled set has 82
 
 
 def _skin_weight(lab: np.ndarray, inside: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -151,7 +188,7 @@ def donor_tone_shift(
     untouched = alpha <= 0
     out[untouched] = image[untouched]
     shift = [float(t_med[0] - med[0]), *(float(x) for x in chroma)]
-    facts = {"donor": donor["id"], "lab_shift": [round(x, 2) for x in shift]}
+    facts = {"donor": donor["id"], "donor_match": donor["match"], "lab_shift": [round(x, 2) for x in shift]}
     return out, facts
 
 
@@ -187,7 +224,8 @@ class ClassicalEditor(SequentialEditor):
         return self._rerenderer(image)
 
     def lineage(self) -> dict[str, Any]:
-        return {"backend": self.name, "version": 2, **self.options.model_dump()}
+        # version 3: a race the donor set lacks no longer falls back to one shared donor
+        return {"backend": self.name, "version": 3, **self.options.model_dump()}
 
     def consumes(self, kind: str) -> frozenset[str]:
         """The tint comes from the condition and seed, inside the mask; the prompt is not read."""

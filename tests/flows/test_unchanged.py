@@ -8,6 +8,8 @@ meant to change results re-records with ``python -m tests.flows.unchanged record
 
 from __future__ import annotations
 
+import sqlite3
+
 import pytest
 
 from tests.flows.unchanged import (
@@ -46,6 +48,17 @@ def test_a_run_gives_the_recorded_fingerprint(name, tmp_path):
     _assert_unchanged(fingerprint(out, scenario), name, f"`counterfactory run {scenario.spec.name}`")
     recorded = load_record(scenario)["editor_calls"]
     assert editor_calls(out, scenario) == recorded, f"editor calls: recorded {recorded}; {RE_RECORD} if intended"
+    # two conditions of one source never come back as one image (the classical editor once gave
+    # FOCUS's Asian, Latino and Middle Eastern cells, of both genders, one shared donor's tone)
+    with sqlite3.connect(f"file:{out / 'ledger.sqlite'}?mode=ro", uri=True) as db:
+        outputs = db.execute(
+            "select cell_id, seed, output_sha256 from attempts where output_sha256 is not null"
+        ).fetchall()
+    seen: dict[tuple[str, int, str], str] = {}
+    for cell, seed, sha in outputs:
+        source = cell.split("|", 1)[0]
+        other = seen.setdefault((source, seed, sha), cell)
+        assert other == cell, f"{other} and {cell} (seed {seed}) returned the same image {sha[:12]}"
 
 
 def test_a_run_killed_half_way_and_resumed_gives_the_uninterrupted_fingerprint(tmp_path):

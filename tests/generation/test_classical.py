@@ -180,6 +180,27 @@ def test_donors_are_real_people_of_the_requested_group():
     assert black < white - 15
 
 
+def test_focus_groups_the_donor_set_lacks_get_their_own_donors():
+    """FOCUS's five races x two genders (assets/specs/focus.yaml): "Asian" and "Middle Eastern"
+    are the London set's east_asian and west_asian people; "Latino", which the set lacks, takes a
+    person of the requested gender. Ten conditions, ten donors, for every seed."""
+    from counterfactory.generation.editors.classical import pick_donor
+
+    conditions = [
+        {"race": race, "gender": gender}
+        for race in ("White", "Black", "Asian", "Latino", "Middle Eastern")
+        for gender in ("male", "female")
+    ]
+    for seed in range(8):
+        picked = [pick_donor(c, seed) for c in conditions]
+        assert len({d["id"] for d in picked}) == len(conditions), seed
+        by = {(c["race"], c["gender"]): d for c, d in zip(conditions, picked, strict=True)}
+        assert by["Asian", "female"]["race"] == "east_asian" and by["Asian", "female"]["match"] == "race+gender"
+        assert by["Middle Eastern", "male"]["race"] == "west_asian"
+        assert by["Latino", "male"]["match"] == "gender" and by["Latino", "male"]["gender"] == "male"
+        assert by["Latino", "female"]["gender"] == "female"
+
+
 def test_the_face_skin_moves_to_the_donors_lightness(grace, grace_mask):
     from counterfactory.generation.editors.classical import donor_tone_shift, pick_donor
     from counterfactory.validation.skin import face_skin_mask
