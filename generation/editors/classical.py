@@ -16,7 +16,7 @@ stage (alignment, gates, review, release) runs for real on a laptop with no GPU 
   condition. The donor is a person of the requested race and gender (race alone when the set
   has none of both), the seed-th in the set's order; a race the set does not hold (FOCUS's
   "Latino") takes a person of the requested gender at an offset fixed by its label, and the
-  item's ``donor_match`` says so (:func:`pick_donor`);
+  attempt's metadata (``donor_match``) says so (:func:`pick_donor`);
 - limb cells: OpenCV inpainting (Telea 2004) inside the limb mask.
 
 Then, for face cells (``rerender``, on by default), the whole image goes through a real
