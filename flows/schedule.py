@@ -225,7 +225,8 @@ def publish_if_changed(spec, out: str | Path, *, allow_incomplete: bool = False)
 
     ws = open_workspace(spec, out)
     try:
-        prepared, failed = prepare_sources(spec, ws.ledger)
+        # with the store, each source check the run just kept is read back, not redone
+        prepared, failed = prepare_sources(spec, ws.ledger, ws.store)
         grid = plan_grid(spec, prepared)
         outcomes = collect_outcomes(spec, ws, prepared, grid)
         previous = latest_release(ws.releases, spec.release.name)

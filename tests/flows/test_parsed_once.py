@@ -79,10 +79,20 @@ def test_counterfactory_run_parses_the_spec_once_and_checks_the_version_once(cou
     assert counted == {"spec parses": 1, "version checks": 1}
 
 
-def test_one_scheduled_run_parses_the_spec_once_and_checks_the_version_once(counted, tmp_path):
+def test_one_scheduled_run_parses_the_spec_once_and_checks_the_version_once(counted, tmp_path, monkeypatch):
+    import counterfactory.flows.engine.sources as sources
     from counterfactory.flows.engine.run_folder import SCHEDULE_LOG
     from counterfactory.flows.schedule import regenerate_flow
 
+    # and checks each source once: the publish step reads back the checks the run kept
+    checked: Counter = Counter()
+    check = sources._check_source
+
+    def counting_check(spec, item, landmarker):
+        checked[item.record.id] += 1
+        return check(spec, item, landmarker)
+
+    monkeypatch.setattr(sources, "_check_source", counting_check)
     spec = write_spec(tmp_path)
     out = tmp_path / "out"
     result = regenerate_flow.fn(str(spec), str(out), allow_incomplete=True)
@@ -90,3 +100,4 @@ def test_one_scheduled_run_parses_the_spec_once_and_checks_the_version_once(coun
     (line,) = [json.loads(x) for x in Path(out, SCHEDULE_LOG).read_text().splitlines()]
     assert line["published"] == "0.1.0"
     assert counted == {"spec parses": 1, "version checks": 1}
+    assert checked and set(checked.values()) == {1}, checked
