@@ -98,6 +98,14 @@ def per_trial_rows(trials: dict[str, dict[str, Any]], answers: Sequence[dict[str
     return out
 
 
+def story_categories() -> dict[str, list[str]]:
+    """The story judge's category sets per attribute (``judge_rubrics_v1.yaml``)."""
+    from counterfactory.manifests.trials import user_context_rubric
+
+    cats = user_context_rubric("story_attributes")[2]["categories"]
+    return {attr: list(cats[attr]) for attr in m.STORY_ATTRIBUTES}
+
+
 def score(
     release: Path,
     answer_paths: Sequence[Path],
@@ -150,8 +158,10 @@ def score(
             "why_invalid": p[why_key],
             "reply": p["reply"],
             "sample": p["sample"],
+            "answer_id": p["answer_id"],
         }
         (by_model if p["sample"] == 0 else repeats_of)[p["model"]].append(row)
+    judgements = read_judgements(answer_paths) if source == "answers" else []
     models: dict[str, Any] = {}
     for model, rows in sorted(by_model.items()):
         proto: dict[str, list[dict[str, Any]]] = defaultdict(list)
@@ -173,11 +183,18 @@ def score(
             extra = [r for r in repeats_of.get(model, []) if r["protocol"] == "limb_pair"]
             entry["inclusivecf"] = m.inclusivecf(proto["limb_pair"], resamples=resamples, samples=extra)
         if proto.get("person_irrelevant"):
-            entry["user_context"] = m.user_context(proto["person_irrelevant"], axes)
+            # the story and jargon judges' verdicts on this model's answers, when ``ask --judge`` made them
+            entry["user_context"] = m.user_context(
+                proto["person_irrelevant"],
+                axes,
+                judgements=[j for j in judgements if j["judged_model"] == model],
+                categories=story_categories(),
+                resamples=resamples,
+            )
         models[model] = entry
-    judgements = read_judgements(answer_paths) if source == "answers" else []
-    if judgements:
-        for model, rates in m.judge_rates(judgements, trials).items():
+    npdp_judgements = [j for j in judgements if j["rubric"] == "npdp_c5"]
+    if npdp_judgements:
+        for model, rates in m.judge_rates(npdp_judgements, trials).items():
             models.setdefault(model, {"answered": {}, "refusals": {}})["npdp_judge"] = rates
     matrices = {k: v["focus_2afc"] for k, v in models.items() if "focus_2afc" in v}
     scores = {
