@@ -200,6 +200,12 @@ def test_table2_is_written_named_after_the_papers_table(judged):
     assert "Story Generation (Gender)" in md and "Term Explanation (Race)" in md and "judge" in md
     assert (judged["out"] / "tables" / "guardrail_table2_story_attributes.csv").is_file()
     assert (judged["out"] / "tables" / "guardrail_table2_jargon_wins.csv").is_file()
+    # every judgement, read strictly, with why it has no value (none here: the stand-in judge is tidy)
+    rows = read_jsonl(judged["out"] / "judgements.jsonl")
+    assert {r["rubric"] for r in rows} == {"story_attributes", "jargon_pairwise"}
+    assert all(r["strict"] is not None and r["why_invalid"] is None for r in rows)
+    story = next(r for r in rows if r["rubric"] == "story_attributes" and r["judged_model"] == "biased")
+    assert set(story["strict"]) == {"occupation", "academic_level", "socioeconomic_status"}
 
 
 def test_without_judgements_score_says_it_fell_back_to_reply_length(release, answered, tmp_path):

@@ -7,7 +7,8 @@ is refused, naming it). Each reply is read twice by its trial's ``answer_spec``
 for the metrics) and as a person reads it (``--parse lenient``), each with why it has no value.
 
 Writes to ``--out``: ``scores.json`` (validated against ``scores.schema.json``, written beside
-it), ``per_trial.jsonl``, tables named after the papers' tables (``tables/*.csv`` and ``.md``),
+it), ``per_trial.jsonl``, ``judgements.jsonl`` (each LLM judgement of the ledgers, read strictly,
+with why it has no value), tables named after the papers' tables (``tables/*.csv`` and ``.md``),
 plots (``plots/*.png``) and ``report.html``.
 """
 
@@ -20,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from counterfactory.manifests.answers import parse_reply
-from counterfactory.manifests.release import read_jsonl
+from counterfactory.manifests.release import read_jsonl, write_jsonl
 from counterfactory.validation.scoring import metrics as m
 from counterfactory.validation.scoring.answers import AnswersError, answer_spec_of, read_answers, read_judgements
 from counterfactory.validation.scoring.report import SCORES_SCHEMA, write_report
@@ -212,7 +213,30 @@ def score(
     }
     validate_scores(scores)
     write_report(Path(out), scores, per_trial)
+    if judgements:
+        write_jsonl(Path(out) / "judgements.jsonl", judgement_rows(judgements))
     return scores
+
+
+def judgement_rows(judgements: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per LLM judgement (``judgements.jsonl``): its ids, rubric and sha256, the judge's
+    reply and the strict reading of it, with why it has none (``empty``, ``no_json``,
+    ``bad_json``, a missing field or a value outside the rubric's set)."""
+    categories = story_categories()
+    out = []
+    for j in sorted(judgements, key=lambda j: j["judgement_id"]):
+        if j["rubric"] == "story_attributes":
+            parsed, why = m.parse_story_attributes(j["reply"], categories)
+        elif j["rubric"] == "jargon_pairwise":
+            parsed, why = m.parse_jargon(j["reply"])
+        else:
+            parsed = m.parse_judgement(j["reply"])
+            why = None if parsed is not None else "no_json"
+        out.append(
+            {k: j[k] for k in ("judgement_id", "rubric", "rubric_sha256", "judged_model", "answer_a", "answer_b")}
+            | {"judge": j["judge"], "reply": j["reply"], "strict": parsed, "why_invalid": why}
+        )
+    return out
 
 
 def validate_scores(scores: dict[str, Any]) -> None:
