@@ -627,8 +627,10 @@ def verify(release: Path, expect: str | None) -> None:
 )
 @click.option(
     "--judge",
-    type=click.Choice(["npdp"]),
-    help="Instead of the trials, judge --of's disability-context answers with NP/DP's rubric (C.5).",
+    type=click.Choice(["npdp", "story", "jargon"]),
+    help="Instead of the trials, judge --of's answers: npdp (disability-context pairs, NP/DP's C.5 rubric), "
+    "story (the protagonist's occupation, academic level and socioeconomic status of each story) or jargon "
+    "(which of two term explanations has more jargon, both orders) of the guardrail paper's user context.",
 )
 @click.option("--of", "of_model", help="With --judge: the model whose answers are judged.")
 def ask(
@@ -650,12 +652,13 @@ def ask(
     of_model: str | None,
 ) -> None:
     """Ask a vision-language model every trial of RELEASE; answers go to the answers ledger beside
-    it, committed as they return; a re-run asks only what is missing. With --judge npdp --of M,
-    the model judges M's disability-context answers instead (the rubric's sha256 on each)."""
+    it, committed as they return; a re-run asks only what is missing. With --judge npdp|story|jargon
+    --of M, the model judges M's disability-context, story or term-explanation answers instead (the
+    rubric's sha256 on each)."""
     import yaml
 
     from counterfactory.validation.scoring.ask import ask as run_ask
-    from counterfactory.validation.scoring.judge import judge_npdp
+    from counterfactory.validation.scoring.judge import JUDGES
 
     options = {
         "model": model,
@@ -676,7 +679,7 @@ def ask(
     if judge is not None:
         if not of_model:
             _fail("--judge needs --of MODEL: the model whose answers are judged")
-        summary = judge_npdp(
+        summary = JUDGES[judge](
             release,
             backend=backend,
             options=options,

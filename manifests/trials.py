@@ -251,6 +251,29 @@ def judge_rubric(prompt_file: str) -> tuple[str, str] | None:
     return rubric, hashlib.sha256(rubric.encode("utf-8")).hexdigest()
 
 
+#: the LLM-judge rubrics of the user-context tasks (``ask --judge story|jargon``), apart from the
+#: trial banks: a release pins its bank's bytes, so a rubric added there would orphan its answers
+JUDGE_RUBRICS = "judge_rubrics_v1"
+
+
+def user_context_rubric(name: str, file: str = JUDGE_RUBRICS) -> tuple[str, str, dict[str, Any]]:
+    """``(rubric text, sha256 of the text, its entry)`` of ``name`` (``story_attributes`` or
+    ``jargon_pairwise``) in ``assets/trials/<file>.yaml``: the guardrail-agnostic paper's story
+    attribute extraction and blind pairwise jargon test, in our wording (the paper prints none).
+
+    Raises:
+        TrialError: no such file or rubric.
+    """
+    path = TRIALS_DIR / f"{file}.yaml"
+    if not path.is_file():
+        raise TrialError(f"no judge rubric file {path.name} in {TRIALS_DIR}")
+    entry = (yaml.safe_load(path.read_bytes()) or {}).get(name)
+    if not isinstance(entry, dict) or not entry.get("text"):
+        raise TrialError(f"{path.name} has no rubric {name!r}")
+    text = entry["text"]
+    return text, hashlib.sha256(text.encode("utf-8")).hexdigest(), entry
+
+
 def trial_input_files(config: TrialsConfig) -> dict[str, Path]:
     """The files that decide a trial bank, by the spec field naming them: the prompt bank, and
     the biographies when the spec names them. A release hashes them into ``inputs_sha256`` and

@@ -70,7 +70,7 @@ def _images(release: Path) -> dict[str, dict]:
         elif t["protocol"] == "limb_pair":
             conds = [{"variant": t["variant"]}]
         else:
-            conds = [g["condition"]]
+            conds = [g.get("condition") or {}]  # a no-image trial has neither
         for path, cond in zip(t["image_paths"], conds):
             images[hashlib.sha256((release / path).read_bytes()).hexdigest()] = cond
     return images

@@ -51,3 +51,38 @@ def test_the_openai_backend_is_a_registered_plug_in():
     assert "openai" in ANSWER_BACKENDS
     rows = [r for r in plugin_listing() if r["kind"] == "answer_backend"]
     assert "openai" in [r["name"] for r in rows] and all("built-in" in r["origin"] for r in rows)
+
+
+def test_the_user_context_judges_refuse_a_release_without_its_trials_and_pair_one_axis_both_orders(tmp_path, server):
+    from counterfactory.validation.scoring.judge import jargon_pairs, judge_jargon, judge_story
+
+    release = synthetic_release(tmp_path, 2)
+    for judge, flag in ((judge_story, "story"), (judge_jargon, "jargon")):
+        with pytest.raises(AskError, match=f"--judge {flag}: this release has no person_irrelevant trials"):
+            judge(release, backend="openai", options={"model": "judge", "base_url": server.base_url}, of_model="m")
+
+    # the jargon judge's pairs: one template, concept and sample; conditions one axis apart; both orders
+    conds = {
+        "wm": {"race": "White", "gender": "male"},
+        "wf": {"race": "White", "gender": "female"},
+        "bf": {"race": "Black", "gender": "female"},
+    }
+    by_id, answers = {}, []
+    for template in ("t1", "t2"):
+        for key, cond in conds.items():
+            for concept in ("entropy", "recursion"):
+                tid = f"{template}-{key}-{concept}"
+                by_id[tid] = {
+                    "question": "term_explanation",
+                    "category": concept,
+                    "group": {"template_id": template, "condition": cond},
+                }
+                answers.append({"trial_id": tid, "answer_id": "a" + tid, "sample": 0, "reply": "text"})
+    by_id["none"] = {"question": "term_explanation", "category": "entropy", "group": {"template_id": None}}
+    answers.append({"trial_id": "none", "answer_id": "anone", "sample": 0, "reply": "text"})
+    pairs = [(a["trial_id"], b["trial_id"]) for a, b in jargon_pairs(answers, by_id)]
+    # per template and concept: (wm, wf) a gender pair, (wf, bf) a race pair; (wm, bf) differs in both
+    assert len(pairs) == 2 * 2 * 2 * 2
+    assert ("t1-wm-entropy", "t1-wf-entropy") in pairs and ("t1-wf-entropy", "t1-wm-entropy") in pairs
+    assert ("t1-wm-entropy", "t1-bf-entropy") not in pairs
+    assert all(a.split("-")[0] == b.split("-")[0] and a.split("-")[2] == b.split("-")[2] for a, b in pairs)

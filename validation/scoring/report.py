@@ -186,8 +186,56 @@ def tables(scores: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
                 )
         uc = e.get("user_context")
         if uc:
+            # the guardrail paper's Table 2: "Story Generation (Gender / Race)", "Term Explanation
+            # (Gender / Race)", TVD x 100, with the measure each came from (its judge, or length)
+            row: dict[str, Any] = {"model": model}
+            for task, title in (("story_generation", "Story Generation"), ("term_explanation", "Term Explanation")):
+                for axis, cell in uc["table2"][task].items():
+                    row[f"{title} ({axis.capitalize()})"] = cell["score"]
+                    row[f"{title} ({axis.capitalize()}) CI"] = cell["ci"]
+                row[f"{title} measure"] = uc["measure"][task]
+            t.setdefault("guardrail_table2_user_context", []).append(row)
+            story = uc.get("story_judge")
+            for axis, a in ((story or {}).get("axes") or {}).items():
+                for attr, r in a["attributes"].items():
+                    for g, d in r["by_group"].items():
+                        top = max(d["distribution"], key=lambda k: d["distribution"][k]) if d["n"] else None
+                        t.setdefault("guardrail_table2_story_attributes", []).append(
+                            {
+                                "model": model,
+                                "axis": axis,
+                                "attribute": attr,
+                                "group": g,
+                                "n": d["n"],
+                                "most common": top,
+                                "share": d["distribution"].get(top) if top else None,
+                                "TVD x 100": r["score"],
+                                "CI": r["ci"],
+                                "permutation p": r["p_value"],
+                                "rubric sha256": ", ".join(x[:12] for x in story["rubric_sha256"]),
+                            }
+                        )
+            jargon = uc.get("jargon_judge")
+            for axis, a in ((jargon or {}).get("axes") or {}).items():
+                for g, w in a["win_share"].items():
+                    t.setdefault("guardrail_table2_jargon_wins", []).append(
+                        {
+                            "model": model,
+                            "axis": axis,
+                            "group": g,
+                            "appearances": w["n"],
+                            "more-jargon win share": w["share"],
+                            "CI": w["ci"],
+                            "TVD x 100": a["score"],
+                            "TVD CI": a["ci"],
+                            "judge first-position rate": jargon["first_position"]["rate"],
+                            "rubric sha256": ", ".join(x[:12] for x in jargon["rubric_sha256"]),
+                        }
+                    )
             for prompt, s in uc["per_prompt"].items():
-                t.setdefault("guardrail_tvd_scores", []).append({"model": model, "prompt": prompt, "S_q": s})
+                t.setdefault("guardrail_tvd_scores", []).append(
+                    {"model": model, "prompt": prompt, "S_q (reply length)": s}
+                )
         for protocol, r in e["refusals"].items():
             for g, w in r["by_group"].items():
                 t.setdefault("refusal_rates", []).append(

@@ -7,7 +7,8 @@ is refused, naming it). Each reply is read twice by its trial's ``answer_spec``
 for the metrics) and as a person reads it (``--parse lenient``), each with why it has no value.
 
 Writes to ``--out``: ``scores.json`` (validated against ``scores.schema.json``, written beside
-it), ``per_trial.jsonl``, tables named after the papers' tables (``tables/*.csv`` and ``.md``),
+it), ``per_trial.jsonl``, ``judgements.jsonl`` (each LLM judgement of the ledgers, read strictly,
+with why it has no value), tables named after the papers' tables (``tables/*.csv`` and ``.md``),
 plots (``plots/*.png``) and ``report.html``.
 """
 
@@ -20,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from counterfactory.manifests.answers import parse_reply
-from counterfactory.manifests.release import read_jsonl
+from counterfactory.manifests.release import read_jsonl, write_jsonl
 from counterfactory.validation.scoring import metrics as m
 from counterfactory.validation.scoring.answers import AnswersError, answer_spec_of, read_answers, read_judgements
 from counterfactory.validation.scoring.report import SCORES_SCHEMA, write_report
@@ -98,6 +99,14 @@ def per_trial_rows(trials: dict[str, dict[str, Any]], answers: Sequence[dict[str
     return out
 
 
+def story_categories() -> dict[str, list[str]]:
+    """The story judge's category sets per attribute (``judge_rubrics_v1.yaml``)."""
+    from counterfactory.manifests.trials import user_context_rubric
+
+    cats = user_context_rubric("story_attributes")[2]["categories"]
+    return {attr: list(cats[attr]) for attr in m.STORY_ATTRIBUTES}
+
+
 def score(
     release: Path,
     answer_paths: Sequence[Path],
@@ -150,8 +159,10 @@ def score(
             "why_invalid": p[why_key],
             "reply": p["reply"],
             "sample": p["sample"],
+            "answer_id": p["answer_id"],
         }
         (by_model if p["sample"] == 0 else repeats_of)[p["model"]].append(row)
+    judgements = read_judgements(answer_paths) if source == "answers" else []
     models: dict[str, Any] = {}
     for model, rows in sorted(by_model.items()):
         proto: dict[str, list[dict[str, Any]]] = defaultdict(list)
@@ -173,11 +184,18 @@ def score(
             extra = [r for r in repeats_of.get(model, []) if r["protocol"] == "limb_pair"]
             entry["inclusivecf"] = m.inclusivecf(proto["limb_pair"], resamples=resamples, samples=extra)
         if proto.get("person_irrelevant"):
-            entry["user_context"] = m.user_context(proto["person_irrelevant"], axes)
+            # the story and jargon judges' verdicts on this model's answers, when ``ask --judge`` made them
+            entry["user_context"] = m.user_context(
+                proto["person_irrelevant"],
+                axes,
+                judgements=[j for j in judgements if j["judged_model"] == model],
+                categories=story_categories(),
+                resamples=resamples,
+            )
         models[model] = entry
-    judgements = read_judgements(answer_paths) if source == "answers" else []
-    if judgements:
-        for model, rates in m.judge_rates(judgements, trials).items():
+    npdp_judgements = [j for j in judgements if j["rubric"] == "npdp_c5"]
+    if npdp_judgements:
+        for model, rates in m.judge_rates(npdp_judgements, trials).items():
             models.setdefault(model, {"answered": {}, "refusals": {}})["npdp_judge"] = rates
     matrices = {k: v["focus_2afc"] for k, v in models.items() if "focus_2afc" in v}
     scores = {
@@ -195,7 +213,30 @@ def score(
     }
     validate_scores(scores)
     write_report(Path(out), scores, per_trial)
+    if judgements:
+        write_jsonl(Path(out) / "judgements.jsonl", judgement_rows(judgements))
     return scores
+
+
+def judgement_rows(judgements: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per LLM judgement (``judgements.jsonl``): its ids, rubric and sha256, the judge's
+    reply and the strict reading of it, with why it has none (``empty``, ``no_json``,
+    ``bad_json``, a missing field or a value outside the rubric's set)."""
+    categories = story_categories()
+    out = []
+    for j in sorted(judgements, key=lambda j: j["judgement_id"]):
+        if j["rubric"] == "story_attributes":
+            parsed, why = m.parse_story_attributes(j["reply"], categories)
+        elif j["rubric"] == "jargon_pairwise":
+            parsed, why = m.parse_jargon(j["reply"])
+        else:
+            parsed = m.parse_judgement(j["reply"])
+            why = None if parsed is not None else "no_json"
+        out.append(
+            {k: j[k] for k in ("judgement_id", "rubric", "rubric_sha256", "judged_model", "answer_a", "answer_b")}
+            | {"judge": j["judge"], "reply": j["reply"], "strict": parsed, "why_invalid": why}
+        )
+    return out
 
 
 def validate_scores(scores: dict[str, Any]) -> None:

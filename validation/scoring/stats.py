@@ -6,6 +6,8 @@
   "stratified template-cluster bootstrap confidence intervals");
 - :func:`sign_test`: the two-sided sign test (``scipy.stats.binomtest`` on the non-zero shifts;
   InclusiveCF "two-sided sign test significance");
+- :func:`permutation_p`: a statistic's one-sided p-value under exchangeable group labels
+  (``scipy.stats.permutation_test``, ``permutation_type="independent"``);
 - :func:`anova_and_d`: one-way ANOVA (``scipy.stats.f_oneway``) and Cohen's d of two samples
   (NP/DP D.3 "ANOVA statistics (F-values), p-values and effect sizes (Cohen's d)").
 """
@@ -88,6 +90,43 @@ def template_bootstrap(
     if math.isnan(low) or math.isnan(high):
         return None
     return [float(low), float(high)]
+
+
+def permutation_p(
+    samples: Sequence[Sequence[Any]],
+    statistic: Callable[..., float | None],
+    *,
+    resamples: int = 999,
+    seed: int = 0,
+) -> float | None:
+    """The p-value of ``statistic(*samples)`` (larger is more extreme) when the observations are
+    exchangeable between the samples (groups): ``scipy.stats.permutation_test`` with
+    ``permutation_type="independent"``, ``alternative="greater"`` (exact when the partitions
+    number fewer than ``resamples``). None with fewer than two non-empty samples or an undefined
+    statistic."""
+    arrays = [np.asarray(list(s)) for s in samples if len(s)]
+    if len(arrays) < 2 or statistic(*arrays) is None:
+        return None
+    import warnings
+
+    from scipy.stats import permutation_test
+
+    def stat(*resampled: np.ndarray) -> float:
+        value = statistic(*resampled)
+        return float("nan") if value is None else float(value)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        res = permutation_test(
+            tuple(arrays),
+            stat,
+            permutation_type="independent",
+            vectorized=False,
+            n_resamples=resamples,
+            alternative="greater",
+            random_state=np.random.default_rng(seed),
+        )
+    return None if math.isnan(res.pvalue) else float(res.pvalue)
 
 
 def sign_test(diffs: Sequence[float]) -> dict[str, Any]:
