@@ -199,6 +199,7 @@ def test_a_global_shift_bound_is_never_finer_than_two_grey_levels():
         metrics.update(
             {"locality.global_gain_change": 0.01, "locality.body_skin_delta_e": 0.5, "locality.hair_delta_e": 1.0}
         )
+        metrics["locality.largest_change_share"] = 0.0
         records.append({"label": GOOD, "metrics": metrics, "paths": {p: {"metrics": metrics} for p in PATH_LOCALITY}})
     two_levels = 2 / 255
     assert corpus_thresholds(records, target=0.95)["locality"]["max_global_shift"] == pytest.approx(0.0079)
