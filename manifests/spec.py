@@ -487,6 +487,11 @@ class Spec(BaseModel):
             for key in getattr(type(getattr(kind_gates, gate, None)), "canonical_unset", ()):
                 if isinstance(settings, dict) and key in settings and settings[key] is None:
                     settings.pop(key)
+                # and inside a gate's per-path sets (locality's cohort / no_floor), which
+                # carry the same thresholds
+                for nested in settings.values() if isinstance(settings, dict) else ():
+                    if isinstance(nested, dict) and key in nested and nested[key] is None:
+                        nested.pop(key)
         data.pop("ledger_url", None)
         data.pop("run", None)
         data.pop("store_dir", None)

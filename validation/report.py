@@ -295,8 +295,8 @@ spec sha256 <code>{html.escape(stats["spec_hash"][:16])}</code>.</p>
 <th>unfilled (rejected, failed)</th></tr>{group_rows}</table>
 {editors_html(stats.get("editors"))}<h2>Editor noise floor</h2>
 <p>Per template, the editor's output for "return this photo unchanged", measured like a candidate:
-its re-rendering of the photo. The cells' changed share, gain, body-skin change, hair change and
-face change (a cell whose face changed no more than here is a copy, sent to review) are judged above these values (each item's <code>floor_*</code> and <code>*_above_floor</code> fields),
+its re-rendering of the photo. The cells' changed share, gain, body-skin change, hair change,
+largest area of change and face change (a cell whose face changed no more than here is a copy, sent to review) are judged above these values (each item's <code>floor_*</code> and <code>*_above_floor</code> fields),
 and each cell's output is compared with this output itself: its global shift is measured against it, and
 pixel by pixel, <code>excess_share</code> is the share away from the edit region that the cell alone changed.</p>
 <table id="noise-floor"><tr><th>template</th>{floor_head}<th>attempt</th></tr>{floor_rows}</table>

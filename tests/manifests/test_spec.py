@@ -244,18 +244,30 @@ def test_thresholds_added_since_a_spec_was_written_leave_its_hash_when_unset(spe
     """A spec that sets the newer thresholds to null (as one written before they existed
     judged without them) hashes without them: its canonical form has no such keys, and
     setting one changes the hash."""
+    from counterfactory.validation.gates.locality import LocalityPathConfig
+
     spec = load_spec(specs_dir / "demo-face.yaml")
     face = spec.gates.face
     unset = face.model_copy(
         update={
             "expression": face.expression.model_copy(update={"max_mouth_corner_shift_iod": None}),
-            "locality": face.locality.model_copy(update={"max_excess_share": None}),
+            "locality": face.locality.model_copy(
+                update={
+                    "max_excess_share": None,
+                    "max_largest_change_share": None,
+                    "no_floor": LocalityPathConfig(max_changed_share=0.03),
+                }
+            ),
         }
     )
     old = spec.model_copy(update={"gates": spec.gates.model_copy(update={"face": unset})})
     canonical = old.canonical()["gates"]["face"]
     assert "max_mouth_corner_shift_iod" not in canonical["expression"]
     assert "max_excess_share" not in canonical["locality"]
+    assert "max_largest_change_share" not in canonical["locality"]
+    # a path's own set written before the measure existed hashes without it too
+    assert canonical["locality"]["no_floor"]["max_changed_share"] == 0.03
+    assert "max_largest_change_share" not in canonical["locality"]["no_floor"]
     assert "max_mouth_corner_shift_iod" in spec.canonical()["gates"]["face"]["expression"]
     assert old.spec_hash() != spec.spec_hash()
 

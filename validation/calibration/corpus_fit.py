@@ -50,6 +50,7 @@ CORPUS_THRESHOLDS: tuple[tuple[str, str, str, str], ...] = (
     ("locality", "max_global_gain_change", "locality.global_gain_change_above_floor", "max"),
     ("locality", "max_body_skin_delta_e", "locality.body_skin_delta_e_above_floor", "max"),
     ("locality", "max_hair_delta_e", "locality.hair_delta_e_above_floor", "max"),
+    ("locality", "max_largest_change_share", "locality.largest_change_share_above_floor", "max"),
     # per pixel against the floor output itself: what the editor's re-rendering never changes
     ("locality", "max_excess_share", "locality.excess_share", "max"),
     # a copy re-rendered is still a copy: its band-limited face change is no more than the
@@ -77,6 +78,7 @@ PATH_LOCALITY: dict[str, tuple[tuple[str, str, str, str], ...]] = {
         ("locality", "max_global_gain_change", "locality.global_gain_change", "max"),
         ("locality", "max_body_skin_delta_e", "locality.body_skin_delta_e", "max"),
         ("locality", "max_hair_delta_e", "locality.hair_delta_e", "max"),
+        ("locality", "max_largest_change_share", "locality.largest_change_share", "max"),
         ("locality", "min_face_change", "locality.face_change", "min"),
     ),
 }
@@ -99,11 +101,16 @@ CORPUS_MARGIN = 1.5
 #: against the floor output, where the corpus's smallest colour cast is 0.0098); a share of coherent areas is 0 or at least one smallest area
 #: (:data:`~counterfactory.validation.metrics.pixels.MIN_CHANGE_AREA_FRAC`), so a bound at one
 #: area rejects any area at all (zero tolerance, not a fitted limit): its bound is never below
-#: two areas.
+#: two areas. The largest area of per-pixel change is resolved to one smallest coherent area: the
+#: training split's good edits reach a few dozen pixels at most (0.0004 of the region: specks a
+#: decoder leaves on a patterned shirt or a plant), which a bound fitted that fine would call an
+#: object as soon as another variant of the same photo left a few more.
 METRIC_RESOLUTION = {
     "locality.global_shift_above_floor": 2.0 / 255.0,
     "locality.global_shift": 2.0 / 255.0,
     "locality.excess_share": 2 * MIN_CHANGE_AREA_FRAC,
+    "locality.largest_change_share": MIN_CHANGE_AREA_FRAC,
+    "locality.largest_change_share_above_floor": MIN_CHANGE_AREA_FRAC,
 }
 
 #: The rule, in words, written into ``calibration.json`` and the README.
@@ -112,7 +119,7 @@ CORPUS_RULE = (
     "(1 - target) / m of the good edits outside it (m = the number of corpus thresholds, so that together they "
     f"keep good-edit acceptance >= target), widened by a factor {CORPUS_MARGIN} (upper bounds multiplied, lower "
     "bounds divided) and never finer than the metric's resolution (two grey levels for global_shift, two smallest "
-    "areas for excess_share), rounded "
+    "areas for excess_share, one smallest area for largest_change_share), rounded "
     "outward to 2 significant digits, fitted on each photo set's good edits alone and the loosest of those "
     "kept (a study's photos may be like any of the sets), each judging path (floor request, cohort floor, none) "
     "fitted on its own measures; identity.min_cosine is fitted the same way with OpenCV's documented SFace "
@@ -131,6 +138,7 @@ CORPUS_METRICS = tuple(m for _, _, m, _ in CORPUS_THRESHOLDS) + (
     "locality.global_gain_change",
     "locality.body_skin_delta_e",
     "locality.hair_delta_e",
+    "locality.largest_change_share",
     "locality.focus_diff_face",
     "locality.focus_diff_nonface",
     "locality.focus_ratio",

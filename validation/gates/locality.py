@@ -27,6 +27,13 @@ Means over a large area hide local and global failures, so face edits are also j
   whose source colour is close to the face's skin): skin lightened on neck and hands.
 - ``hair_delta_e``: the same over the person's pixels around the head above the eyes, outside
   the edit region and not skin: hair (or a hat, a headscarf) recoloured.
+- ``largest_change_share``: the share of the pixels away from the face (and
+  :data:`~counterfactory.validation.metrics.pixels.LARGEST_CHANGE_BORDER_FRAC` in from the image
+  edge) changed in the largest connected area where the candidate differs from the source by
+  more than 20 grey levels per pixel
+  (:func:`~counterfactory.validation.metrics.pixels.largest_change_share`): a re-rendering
+  changes texture a little everywhere, a pasted object, text or an erased patch changes one
+  place a lot. It tells a lone pair's local failures (no floor) where every total overlaps.
 
 - ``excess_share`` (with the editor's noise-floor output, ``pair.extras[FLOOR_IMAGE]``): the
   share of pixels away from the face, in connected areas, where the candidate differs from
@@ -65,6 +72,7 @@ from counterfactory.validation.metrics.floor import (
 from counterfactory.validation.metrics.pixels import (
     BAND_FRAC,
     EXCESS_LEVEL,
+    LARGEST_CHANGE_LEVEL,
     LOCAL_CHANGE_LEVEL,
     MIN_CHANGE_AREA_FRAC,
     RATIO_FLOOR,
@@ -82,7 +90,13 @@ class LocalityGateConfig(BaseModel):
 
     #: settings added after specs were first hashed: left out of a spec's canonical form while
     #: unset, so a spec hashes as before they existed (``Spec.canonical``)
-    canonical_unset: ClassVar[tuple[str, ...]] = ("max_excess_share", "cohort", "no_floor", "max_hair_delta_e")
+    canonical_unset: ClassVar[tuple[str, ...]] = (
+        "max_excess_share",
+        "cohort",
+        "no_floor",
+        "max_hair_delta_e",
+        "max_largest_change_share",
+    )
 
     model_config = ConfigDict(extra="forbid")
 
@@ -117,6 +131,15 @@ class LocalityGateConfig(BaseModel):
     )
     max_hair_delta_e: float | None = Field(
         None, ge=0.0, description="face edits: CIELAB change of the person's pixels around the head above the eyes"
+    )
+    max_largest_change_share: float | None = Field(
+        None,
+        ge=0.0,
+        le=1.0,
+        description=(
+            "face edits: share of the pixels away from the face changed by more than 20 grey levels in the "
+            "largest connected area (an object, text, an erased patch)"
+        ),
     )
     min_face_change: float | None = Field(
         None,
@@ -158,6 +181,7 @@ PATH_THRESHOLDS = (
     "min_face_change",
     "max_excess_share",
     "max_hair_delta_e",
+    "max_largest_change_share",
 )
 #: The three ways a verdict knows what the editor alone did (``floor_path`` on every item):
 #: the run's "return this photo unchanged" request, the other candidates of the same source
@@ -186,6 +210,7 @@ class LocalityPathConfig(BaseModel):
     min_face_change: float | None = Field(None, ge=0.0, le=1.0)
     max_excess_share: float | None = Field(None, ge=0.0, le=1.0)
     max_hair_delta_e: float | None = Field(None, ge=0.0)
+    max_largest_change_share: float | None = Field(None, ge=0.0, le=1.0)
 
 
 #: The measures judged relative to the editor's noise floor (:func:`noise_floor_of`): the
@@ -197,6 +222,7 @@ FLOOR_RELATIVE = (
     "body_skin_delta_e",
     "face_change",
     "hair_delta_e",
+    "largest_change_share",
 )
 
 
@@ -265,6 +291,7 @@ def locality_gate(
     min_band_ratio: float | None = None,
     max_excess_share: float | None = None,
     max_hair_delta_e: float | None = None,
+    max_largest_change_share: float | None = None,
     cohort: Mapping[str, Any] | None = None,
     no_floor: Mapping[str, Any] | None = None,
 ) -> GateResult:
@@ -278,6 +305,8 @@ def locality_gate(
     ``locality_global_shift_above_max`` / ``locality_global_gain_above_max`` (colour cast,
     white balance, contrast), ``locality_body_skin_above_max`` (skin recoloured outside the
     head), ``locality_hair_above_max`` (the hair around the head recoloured, ``max_hair_delta_e``),
+    ``locality_largest_change_above_max`` (one compact place changed far beyond re-rendering:
+    an object pasted or erased, text written; ``max_largest_change_share``),
     ``locality_no_face_mask``; a face that did not change beyond ``min_diff_face``
     (judged only without a noise floor) or whose band-limited change stays under
     ``min_face_change`` (above the floor's, with one) goes to review as
@@ -311,6 +340,7 @@ def locality_gate(
         max_global_shift, max_global_gain_change = values["max_global_shift"], values["max_global_gain_change"]
         max_body_skin_delta_e, min_face_change = values["max_body_skin_delta_e"], values["min_face_change"]
         max_excess_share, max_hair_delta_e = values["max_excess_share"], values["max_hair_delta_e"]
+        max_largest_change_share = values["max_largest_change_share"]
     thresholds = {
         "max_diff_nonface": max_diff_nonface,
         "min_diff_face": min_diff_face,
@@ -326,11 +356,13 @@ def locality_gate(
         "min_band_ratio": min_band_ratio,
         "max_excess_share": max_excess_share,
         "max_hair_delta_e": max_hair_delta_e,
+        "max_largest_change_share": max_largest_change_share,
         "ratio_floor": RATIO_FLOOR,
         "local_change_level": LOCAL_CHANGE_LEVEL,
         "band_frac": BAND_FRAC,
         "min_change_area_frac": MIN_CHANGE_AREA_FRAC,
         "excess_level": EXCESS_LEVEL,
+        "largest_change_level": LARGEST_CHANGE_LEVEL,
     }
     reasons: list[str] = []
     review: list[str] = []
@@ -404,6 +436,7 @@ def locality_gate(
             min_band_ratio,
             max_excess_share,
             max_hair_delta_e,
+            max_largest_change_share,
         )
     )
     if face_judged:
@@ -418,6 +451,7 @@ def locality_gate(
                 ("global_gain_change", max_global_gain_change, "locality_global_gain_above_max"),
                 ("body_skin_delta_e", max_body_skin_delta_e, "locality_body_skin_above_max"),
                 ("hair_delta_e", max_hair_delta_e, "locality_hair_above_max"),
+                ("largest_change_share", max_largest_change_share, "locality_largest_change_above_max"),
             ):
                 value = metrics.get(key)
                 base = None if floor is None else finite_or_none(floor.get(key))

@@ -26,13 +26,17 @@ from counterfactory.validation.metrics.body_skin import (
 from counterfactory.validation.metrics.pixels import (
     CHANNEL_MEAN,
     FACE_MARGIN_FRAC,
+    LARGEST_CHANGE_BORDER_FRAC,
     RATIO_FLOOR,
     STRATA_MARGIN_FRAC,
     RegionSample,
+    _padded,
     away_from_face,
     coherent_share,
     finite_or_none,
     global_change_at,
+    inset,
+    largest_change_share,
     lowpass,
     mean_abs_diff,
     mean_of,
@@ -131,6 +135,11 @@ class LocalitySource:
         hair: the person's pixels around the head above the eyes, outside the region
             (:func:`~counterfactory.validation.metrics.body_skin.hair_reference`), or None
             without a person segmentation.
+        padded: the working-grid source padded for per-pixel matching
+            (:func:`~counterfactory.validation.metrics.pixels.largest_change_share`), or None.
+        inner_region: ``work_region`` without the image's rim
+            (:data:`~counterfactory.validation.metrics.pixels.LARGEST_CHANGE_BORDER_FRAC`): where
+            the largest area of change is read; None: not measured.
     """
 
     oval: np.ndarray
@@ -141,6 +150,8 @@ class LocalitySource:
     work_oval: np.ndarray | None = None
     source_low: np.ndarray | None = None
     hair: BodySkin | None = None
+    padded: np.ndarray | None = None
+    inner_region: np.ndarray | None = None
 
 
 def prepare_locality_source(
@@ -175,7 +186,10 @@ def prepare_locality_source(
     low = lowpass(work_source)
     far = away_from_face(work_edit, work_source.shape[:2], size * STRATA_MARGIN_FRAC / FACE_MARGIN_FRAC)
     hair = hair_reference(work_source, work_oval, person, size, work_edit, body) if person is not None else None
-    return LocalitySource(oval, stride, away, sample_region(low, away, far), body, work_oval, low, hair)
+    inner = inset(away, LARGEST_CHANGE_BORDER_FRAC)
+    return LocalitySource(
+        oval, stride, away, sample_region(low, away, far), body, work_oval, low, hair, _padded(work_source), inner
+    )
 
 
 def face_measures(
@@ -216,6 +230,13 @@ def face_measures(
     if prepared.hair is not None:
         hair, _ = body_skin_change(prepared.hair, work_candidate, work_covered, MIN_HAIR_FRAC)
     out[f"{prefix}hair_delta_e"] = finite_or_none(hair)
+    largest = None
+    if prepared.inner_region is not None:
+        inner = prepared.inner_region
+        if work_covered is not None:
+            inner = np.where(work_covered, inner, np.uint8(0))
+        largest = largest_change_share(work_source, work_candidate, inner, padded=prepared.padded)
+    out[f"{prefix}largest_change_share"] = finite_or_none(largest)
     if not prefix:
         out["body_skin_area_frac"] = frac
     return out

@@ -4,7 +4,8 @@ What the locality gate (:mod:`counterfactory.validation.gates.locality`) judges 
 here: mean absolute differences over regions, the band-limited difference (:func:`band_diff`)
 and the share of coherent change away from the face (:func:`coherent_share`,
 :func:`changed_share`), the excess over an editor's own "return this photo unchanged" output
-(:func:`excess_change`), and the global shift and spread change of a region (:func:`global_change`).
+(:func:`excess_change`), the largest connected area of per-pixel change of a lone pair
+(:func:`largest_change_share`), and the global shift and spread change of a region (:func:`global_change`).
 No thresholds and no verdicts: the constants below say how a measure is taken, not what passes.
 """
 
@@ -55,6 +56,20 @@ EXCESS_GROW_PX = 3
 #: grown floor's by this, in [0, 1] (14 grey levels), in connected areas of at least
 #: :data:`MIN_CHANGE_AREA_FRAC` of the region.
 EXCESS_LEVEL = 14.0 / 255.0
+#: ``largest_change_share`` (a lone pair: nothing to compare with but the source): a pixel is
+#: changed where its per-pixel difference from the source (:func:`_diff_to`: matched within
+#: :data:`EXCESS_SHIFT_PX`, smoothed over a pixel's neighbours) exceeds this, in [0, 1] (20 grey
+#: levels): a re-rendering decoder moves texture by less at nearly every pixel, and where it
+#: moves more (a sharp edge) the changed pixels are specks and thin lines ...
+LARGEST_CHANGE_LEVEL = 20.0 / 255.0
+#: ... changed pixels within this many working-grid pixels of each other are one area (the
+#: letters of a word, a pasted patch broken by a plain stretch of it) ...
+LARGEST_CHANGE_JOIN_PX = 2
+#: ... and a band this fraction of the shorter side along the image edge is left out: an
+#: editor's 0.5-2 % zoom about the centre and its shift move the frame's rim by up to 1 % of the
+#: side, and registration fills what the output does not cover with reflected pixels (the
+#: largest areas of the corpus's good edits lay there, one to three pixels thin).
+LARGEST_CHANGE_BORDER_FRAC = 0.04
 #: The face region grown by this fraction of the face size before measuring outside it:
 #: face edits are feathered across the oval's edge.
 FACE_MARGIN_FRAC = 0.10
@@ -305,6 +320,52 @@ def excess_share(
     :func:`coherent_share`); None for an empty region. ``source``, ``candidate`` and ``region``
     on one grid, ``floor`` full size with that grid its every ``stride``-th pixel."""
     return coherent_share(excess_change(source, candidate, floor, stride), region, EXCESS_LEVEL)
+
+
+def inset(region: np.ndarray, frac: float) -> np.ndarray:
+    """``region`` ({0, 255}) without a band ``frac`` of the shorter side along the image edge."""
+    h, w = region.shape[:2]
+    b = int(math.ceil(frac * min(h, w)))
+    out = region.copy()
+    if b > 0:
+        out[:b] = 0
+        out[-b:] = 0
+        out[:, :b] = 0
+        out[:, -b:] = 0
+    return out
+
+
+def largest_change_share(
+    source: np.ndarray, candidate: np.ndarray, region: np.ndarray, *, padded: np.ndarray | None = None
+) -> float | None:
+    """Share in [0, 1] of ``region``'s pixels changed in the largest connected area of change:
+    where ``candidate`` differs from ``source`` at each pixel (:func:`_diff_to`) by more than
+    :data:`LARGEST_CHANGE_LEVEL`, areas within :data:`LARGEST_CHANGE_JOIN_PX` of each other
+    joined, the changed pixels of the largest counted (not the gaps); None for an empty region.
+
+    ``source`` and ``candidate`` uint8 on one grid, ``region`` ({0, 255}, same grid) what is
+    judged (the caller leaves out the image's rim, :data:`LARGEST_CHANGE_BORDER_FRAC`);
+    ``padded``: :func:`_padded` of ``source`` when the caller has it.
+
+    A lone pair has no floor output to tell the editor's re-rendering from what it changed.
+    The total share of band-limited change (:func:`coherent_share`) overlaps there: a
+    re-rendered patterned shirt or plant spreads as much as a small object or thin text. At
+    full per-pixel contrast, re-rendering changes little and diffusely (specks, edges moved a
+    pixel), while a pasted object, text or an erased patch changes one compact place by far
+    more than the level: the largest such area tells them apart where the sum does not.
+    """
+    n = cv2.countNonZero(region)
+    if n == 0:
+        return None
+    if padded is None:
+        padded = _padded(source)
+    changed = ((_diff_to(padded, candidate) > LARGEST_CHANGE_LEVEL) & (region > 0)).astype(np.uint8)
+    if not changed.any():
+        return 0.0
+    joined = cv2.dilate(changed, _square(LARGEST_CHANGE_JOIN_PX)) if LARGEST_CHANGE_JOIN_PX > 0 else changed
+    count, labels, _, _ = cv2.connectedComponentsWithStats(joined, connectivity=8)
+    sizes = np.bincount(labels[changed > 0], minlength=count)[1:]
+    return float(sizes.max() / n)
 
 
 def _square(radius: int) -> np.ndarray:
