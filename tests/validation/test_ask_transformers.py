@@ -1,11 +1,11 @@
-"""``counterfactory ask --backend transformers``: a tiny, randomly initialised Qwen2-VL model, built
-locally and saved with ``save_pretrained`` (:mod:`tests.validation.tiny_vlm`), answers the demo
-release's 2AFC and MCQ trials (one and two images, greedy decoding) through the command line.
+"""``counterfactory ask --backend transformers``: tiny, randomly initialised Qwen2-VL and Qwen2.5-VL
+models, built locally and saved with ``save_pretrained`` (:mod:`tests.validation.tiny_vlm`), answer
+the demo release's 2AFC and MCQ trials (one and two images, greedy decoding) through the command line.
 
 Every trial gets an answer row with the model's text; the replies of a run batched four at a time
 are those of ``model.generate`` called on each trial alone (the reference is computed here, not
-by the backend); a re-run asks nothing; the answer ids change when the weights in the model's
-folder do. The Qwen2-VL processor needs torchvision, which the main environment lacks (no build
+by the backend), for either family; with Qwen2-VL, a re-run asks nothing and the answer ids change
+when the weights in the model's folder do. The Qwen2-VL processor needs torchvision, which the main environment lacks (no build
 matches its CPU torch): the model runs in the environment that has it (this one, ``$VLM_PYTHON``,
 or the repository's ``.venv-harness``, which ``.ci/run`` creates), with this environment's packages
 after its own on the path; without one the test is skipped and says how to make it.
@@ -85,9 +85,22 @@ def _ask(python: str, release: Path, model: Path, ledger: Path, *extra: str) -> 
     return _run(python, "-c", BOOT, *args)
 
 
-def _build(python: str, folder: Path, seed: int) -> None:
-    done = _run(python, str(TINY), "build", str(folder), str(seed))
+def _build(python: str, folder: Path, seed: int, family: str = "qwen2_vl") -> None:
+    done = _run(python, str(TINY), "build", str(folder), str(seed), "--family", family)
     assert done.returncode == 0, done.stderr[-3000:]
+
+
+def _reference(python: str, release: Path, trials: list[dict], model: Path, root: Path) -> dict[str, str]:
+    """Each trial's reply from ``model.generate`` on that trial alone, greedy, outside the backend."""
+    questions = [
+        {"prompt": t["prompt"], "images": [str(release / p) for p in t["image_paths"]],
+         "max_tokens": int(t["decoding"]["max_tokens"])}
+        for t in trials
+    ]  # fmt: skip
+    (root / "questions.json").write_text(json.dumps(questions))
+    reference = _run(python, str(TINY), "generate", str(model), str(root / "questions.json"))
+    assert reference.returncode == 0, reference.stderr[-3000:]
+    return dict(zip([t["trial_id"] for t in trials], json.loads(reference.stdout.splitlines()[-1]), strict=True))
 
 
 def _rows(ledger: Path) -> list[dict]:
@@ -109,15 +122,7 @@ def asked(python, demo_run, tmp_path_factory) -> dict:
     again = _ask(python, release, model, ledger, "--concurrency", str(BATCH))
     assert again.returncode == 0, again.stderr[-3000:]
     trials = read_jsonl(release / "trials.jsonl")
-    # the reference: model.generate on each trial alone, greedy, outside the backend
-    questions = [
-        {"prompt": t["prompt"], "images": [str(release / p) for p in t["image_paths"]],
-         "max_tokens": int(t["decoding"]["max_tokens"])}
-        for t in trials
-    ]  # fmt: skip
-    (root / "questions.json").write_text(json.dumps(questions))
-    reference = _run(python, str(TINY), "generate", str(model), str(root / "questions.json"))
-    assert reference.returncode == 0, reference.stderr[-3000:]
+    reference = _reference(python, release, trials, model, root)
     # new weights in the same folder (same names, same sizes): new answer ids
     _build(python, model, seed=1)
     changed = _ask(python, release, model, ledger, "--concurrency", str(BATCH))
@@ -128,7 +133,7 @@ def asked(python, demo_run, tmp_path_factory) -> dict:
         "rows": rows,
         "first": first.stdout,
         "again": again.stdout,
-        "reference": dict(zip([t["trial_id"] for t in trials], json.loads(reference.stdout.splitlines()[-1]))),
+        "reference": reference,
         "changed": changed.stdout,
         "all_rows": _rows(ledger),
     }
@@ -145,6 +150,27 @@ def test_every_trial_gets_the_models_reply_batched_as_generate_alone(asked):
         assert r["finish_reason"] in ("stop", "length") and r["tokens_in"] > 0
         assert r["reply"] == asked["reference"][r["trial_id"]], r["trial_id"]
     assert len({r["reply"] for r in rows}) > 1  # the replies depend on the images and prompts
+
+
+def test_qwen2_5_vl_replies_batched_as_generate_alone(python, demo_run, tmp_path):
+    """The second family the backend serves: a tiny Qwen2.5-VL (window attention in its vision
+    tower, its own processor class), loaded through the same Auto classes, batched the same way."""
+    release = demo_run.with_trials
+    model = tmp_path / "tiny-qwen2.5-vl"
+    _build(python, model, seed=0, family="qwen2_5_vl")
+    assert json.loads((model / "config.json").read_text())["architectures"] == ["Qwen2_5_VLForConditionalGeneration"]
+    ledger = tmp_path / "answers.sqlite"
+    done = _ask(python, release, model, ledger, "--concurrency", str(BATCH))
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    trials = read_jsonl(release / "trials.jsonl")
+    assert f"{len(trials)} asked, 0 already answered, 0 failed" in done.stdout
+    reference = _reference(python, release, trials, model, tmp_path)
+    rows = _rows(ledger)
+    assert sorted(r["trial_id"] for r in rows) == sorted(reference)
+    for r in rows:
+        assert r["backend"] == "transformers" and r["finish_reason"] in ("stop", "length"), r["trial_id"]
+        assert r["reply"] == reference[r["trial_id"]], r["trial_id"]
+    assert len({r["reply"] for r in rows}) > 1
 
 
 def test_a_rerun_asks_nothing(asked):
