@@ -229,8 +229,9 @@ def test_each_editor_is_a_view_and_one_editor_specs_hash_as_before(tmp_path):
     # (2026-12-05: issue 34's calibration on three judging paths, with locality.cohort and
     # locality.no_floor; a spec that leaves those unset hashes as it did before they existed;
     # the default trial bank is trial_prompts_v3, so a spec naming none asks v3's wording;
-    # the second round: the hair measure's limits and a global shift resolved to two levels)
-    assert one.spec_hash() == "296a736849f8ccc200913e53b22ca019b837a92353427c209844489e41e097e5"
+    # the second round: the hair measure's limits and a global shift resolved to two levels;
+    # the third: the largest area of change, max_largest_change_share on every path)
+    assert one.spec_hash() == "a0d965652e45712df3ab93f29cd0f76936c0649fe848f26f440f17be558a5f08"
 
 
 def test_editors_are_refused_on_ray_before_anything_runs(tmp_path):
