@@ -72,6 +72,7 @@ from counterfactory.validation.metrics.floor import (
 from counterfactory.validation.metrics.pixels import (
     BAND_FRAC,
     EXCESS_LEVEL,
+    EXCESS_SHIFT_PX,
     LARGEST_CHANGE_LEVEL,
     LOCAL_CHANGE_LEVEL,
     MIN_CHANGE_AREA_FRAC,
@@ -402,8 +403,16 @@ def locality_gate(
             region = prepared.work_region
             if pair.work_covered is not None:
                 region = np.where(pair.work_covered, region, np.uint8(0))
+            # the source padded once per source: the candidate's per-pixel difference from it is
+            # then the one its largest area of change took (same arrays, computed once)
+            padded = prepared.padded
+            if padded is not None and padded.shape[:2] != (
+                pair.work_source.shape[0] + 2 * EXCESS_SHIFT_PX,
+                pair.work_source.shape[1] + 2 * EXCESS_SHIFT_PX,
+            ):
+                padded = None
             metrics["excess_share"] = finite_or_none(
-                excess_share(pair.work_source, pair.work_candidate, floor_image, region, stride)
+                excess_share(pair.work_source, pair.work_candidate, floor_image, region, stride, padded=padded)
             )
     raw = pair.raw_candidate
     if raw is not None and raw.shape == pair.source.shape:

@@ -245,7 +245,31 @@ def _padded(work_source: np.ndarray) -> np.ndarray:
     return cv2.copyMakeBorder(work_source.astype(np.float32), r, r, r, r, cv2.BORDER_REPLICATE)
 
 
+#: the last few :func:`_diff_to` results, by the identity of both arrays (weak references, so an
+#: entry dies with its arrays): a candidate's difference from its source is taken once for its
+#: largest area of change and once for its excess over the floor output
+_DIFF_MEMO: dict[tuple[int, int], tuple[Any, Any, np.ndarray]] = {}
+_DIFF_MEMO_SIZE = 4
+
+
 def _diff_to(padded: np.ndarray, image: np.ndarray) -> np.ndarray:
+    """:func:`_diff_of`, kept for the same two arrays (:data:`_DIFF_MEMO`); read-only: callers
+    must not write into the result."""
+    key = (id(padded), id(image))
+    hit = _DIFF_MEMO.get(key)
+    if hit is not None and hit[0]() is padded and hit[1]() is image:
+        return hit[2]
+    diff = _diff_of(padded, image)
+    diff.flags.writeable = False
+    for old in [k for k, v in _DIFF_MEMO.items() if v[0]() is None or v[1]() is None]:
+        del _DIFF_MEMO[old]
+    while len(_DIFF_MEMO) >= _DIFF_MEMO_SIZE:
+        del _DIFF_MEMO[next(iter(_DIFF_MEMO))]
+    _DIFF_MEMO[key] = (weakref.ref(padded), weakref.ref(image), diff)
+    return diff
+
+
+def _diff_of(padded: np.ndarray, image: np.ndarray) -> np.ndarray:
     """``(h, w)`` float32 in [0, 1]: at each pixel of ``image`` (uint8 ``(h, w, 3)``), the
     smallest channel mean of ``|image - source|`` over the source's pixels within
     :data:`EXCESS_SHIFT_PX` of it (``padded``: :func:`_padded` source, same grid), smoothed
@@ -275,12 +299,14 @@ class _FloorSide:
     _cache: dict[tuple[int, int, int], tuple[Any, Any, np.ndarray, np.ndarray]] = {}
 
     @classmethod
-    def of(cls, source: np.ndarray, floor: np.ndarray, stride: int) -> tuple[np.ndarray, np.ndarray]:
+    def of(
+        cls, source: np.ndarray, floor: np.ndarray, stride: int, padded: np.ndarray | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
         key = (id(source), id(floor), stride)
         hit = cls._cache.get(key)
         if hit is not None and hit[0]() is source and hit[1]() is floor:
             return hit[2], hit[3]
-        padded = _padded(source)
+        padded = _padded(source) if padded is None else padded
         on_grid = floor if stride == 1 else np.ascontiguousarray(floor[::stride, ::stride])
         grown = cv2.dilate(_diff_to(padded, on_grid), _square(EXCESS_GROW_PX))
         # dead entries, then the oldest, go first
@@ -292,7 +318,9 @@ class _FloorSide:
         return padded, grown
 
 
-def excess_change(source: np.ndarray, candidate: np.ndarray, floor: np.ndarray, stride: int = 1) -> np.ndarray:
+def excess_change(
+    source: np.ndarray, candidate: np.ndarray, floor: np.ndarray, stride: int = 1, *, padded: np.ndarray | None = None
+) -> np.ndarray:
     """``(h, w)`` float32: how much more ``candidate`` differs from ``source`` at each pixel
     than the editor's floor output ``floor`` does within :data:`EXCESS_GROW_PX` (both
     differences :func:`_diff_to`). ``source`` and ``candidate`` are uint8 on one grid;
@@ -306,20 +334,27 @@ def excess_change(source: np.ndarray, candidate: np.ndarray, floor: np.ndarray, 
     :func:`band_diff` would spread below its level when the change is thin or small. Where
     the floor output did not cover the frame its pixels are black, its difference large, and
     nothing there counts. The padded source and the floor's grown difference are made once
-    per template (:class:`_FloorSide`).
+    per template (:class:`_FloorSide`); ``padded``: :func:`_padded` of ``source`` when the caller
+    has it (then the candidate's difference is the one its largest area of change took).
     """
-    padded, grown = _FloorSide.of(source, floor, stride)
+    padded, grown = _FloorSide.of(source, floor, stride, padded)
     return _diff_to(padded, candidate) - grown
 
 
 def excess_share(
-    source: np.ndarray, candidate: np.ndarray, floor: np.ndarray, region: np.ndarray, stride: int = 1
+    source: np.ndarray,
+    candidate: np.ndarray,
+    floor: np.ndarray,
+    region: np.ndarray,
+    stride: int = 1,
+    *,
+    padded: np.ndarray | None = None,
 ) -> float | None:
     """Share in [0, 1] of ``region``'s pixels in connected areas where :func:`excess_change`
     exceeds :data:`EXCESS_LEVEL` (at least :data:`MIN_CHANGE_AREA_FRAC` of the region each,
     :func:`coherent_share`); None for an empty region. ``source``, ``candidate`` and ``region``
     on one grid, ``floor`` full size with that grid its every ``stride``-th pixel."""
-    return coherent_share(excess_change(source, candidate, floor, stride), region, EXCESS_LEVEL)
+    return coherent_share(excess_change(source, candidate, floor, stride, padded=padded), region, EXCESS_LEVEL)
 
 
 def inset(region: np.ndarray, frac: float) -> np.ndarray:
