@@ -118,25 +118,7 @@ def judge_npdp(
                 "judge": lineage,
             }
             todo.append(Question(jid, b["trial_id"], prompt, (), JUDGE_DECODING, 0, row))
-
-    def commit(question: Question, got: dict[str, Any], seconds: float, settles: str | None) -> None:
-        store.commit_judgement({**question.row, "reply": got.get("reply")}, settles=settles)
-
-    try:
-        ask_questions(
-            client,
-            todo,
-            store,
-            commit,
-            summary,
-            concurrency=concurrency,
-            retries=retries,
-            max_spend=max_spend,
-            spent_before=0.0,
-        )
-    finally:
-        store.close()
-    return summary
+    return _run_judgements(client, store, todo, summary, concurrency=concurrency, retries=retries, max_spend=max_spend)
 
 
 # ---------------------------------------------------------------- guardrail-agnostic user context
