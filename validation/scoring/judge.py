@@ -41,6 +41,29 @@ def judge_prompt(rubric: str, question_a: str, response_a: str, question_b: str,
     )
 
 
+def _judgement_id(sha: str, answer_a: str, answer_b: str, lineage: Any) -> str:
+    """A judgement's id: the rubric's sha256, the two answers judged, the judge's lineage and decoding."""
+    return hashlib.sha256(
+        json.dumps([sha, answer_a, answer_b, lineage, JUDGE_DECODING], sort_keys=True).encode()
+    ).hexdigest()
+
+
+def _judgement_row(
+    jid: str, rubric: str, sha: str, a: dict[str, Any], b: dict[str, Any], of_model: str, lineage: Any
+) -> dict[str, Any]:
+    """The ``judgements`` row of one judgement of answers ``a`` (shown first) and ``b``."""
+    return {
+        "judgement_id": jid,
+        "rubric": rubric,
+        "rubric_sha256": sha,
+        "answer_a": a["answer_id"],
+        "answer_b": b["answer_id"],
+        "trial_b": b["trial_id"],
+        "judged_model": of_model,
+        "judge": lineage,
+    }
+
+
 def judge_npdp(
     release: Path,
     *,
@@ -53,25 +76,9 @@ def judge_npdp(
     ledger: Path | None = None,
 ) -> AskSummary:
     """Judge every (neutral, context) pair of ``of_model``'s disability-context answers not yet judged."""
-    release = Path(release)
-    _, trials = load_release(release)
-    by_id = {t["trial_id"]: t for t in trials if t["protocol"] == "disability_context"}
-    if not by_id:
-        raise AskError("--judge npdp: this release has no disability_context trials")
-    if backend not in ANSWER_BACKENDS:
-        raise AskError(f"--backend {backend}: one of {', '.join(ANSWER_BACKENDS.names())}")
-    store = AnswersLedger(ledger or ledger_path(release))
-    answers = [a for a in store.rows() if a["model"] == of_model and a["sample"] == 0 and a["trial_id"] in by_id]
-    if not answers:
-        store.close()
-        raise AskError(f"--judge npdp --of {of_model}: no disability_context answers of {of_model} in {store.path}")
-    client = answer_backend(backend, options)
-    if getattr(client, "needs_images", False):
-        store.close()
-        raise AskError(
-            f"--judge npdp --backend {backend}: this backend answers questions about images; judge with openai"
-        )
-    lineage = client.lineage()
+    by_id, store, answers, client, lineage = _judge_setup(
+        release, backend, options, of_model, ledger, "npdp", "disability_context"
+    )
     units: dict[str, dict[str, dict[str, Any]]] = defaultdict(dict)
     for a in answers:
         t = by_id[a["trial_id"]]
@@ -92,11 +99,7 @@ def judge_npdp(
                 raise AskError(f"{by_id[b['trial_id']]['prompt_file']} has no judge rubric; use trial_prompts_v3")
             rubric, sha = found
             summary.wanted += 1
-            jid = hashlib.sha256(
-                json.dumps(
-                    [sha, neutral["answer_id"], b["answer_id"], lineage, JUDGE_DECODING], sort_keys=True
-                ).encode()
-            ).hexdigest()
+            jid = _judgement_id(sha, neutral["answer_id"], b["answer_id"], lineage)
             if jid in known:
                 summary.already += 1
                 continue
@@ -107,16 +110,7 @@ def judge_npdp(
                 by_id[b["trial_id"]]["prompt"],
                 b["reply"] or "",
             )
-            row = {
-                "judgement_id": jid,
-                "rubric": "npdp_c5",
-                "rubric_sha256": sha,
-                "answer_a": neutral["answer_id"],
-                "answer_b": b["answer_id"],
-                "trial_b": b["trial_id"],
-                "judged_model": of_model,
-                "judge": lineage,
-            }
+            row = _judgement_row(jid, "npdp_c5", sha, neutral, b, of_model, lineage)
             todo.append(Question(jid, b["trial_id"], prompt, (), JUDGE_DECODING, 0, row))
     return _run_judgements(client, store, todo, summary, concurrency=concurrency, retries=retries, max_spend=max_spend)
 
@@ -125,23 +119,29 @@ def judge_npdp(
 
 
 def _judge_setup(
-    release: Path, backend: str, options: dict[str, Any], of_model: str, ledger: Path | None, flag: str
+    release: Path,
+    backend: str,
+    options: dict[str, Any],
+    of_model: str,
+    ledger: Path | None,
+    flag: str,
+    protocol: str = "person_irrelevant",
 ) -> tuple[dict[str, dict[str, Any]], AnswersLedger, list[dict[str, Any]], Any, dict[str, Any]]:
-    """The release's person_irrelevant trials, the ledger, ``of_model``'s sample-0 answers to
-    them, the judge's client and its lineage (the checks ``--judge npdp`` makes, for the user-context
-    judges)."""
+    """The release's ``protocol`` trials, the ledger, ``of_model``'s sample-0 answers to them,
+    the judge's client and its lineage, for ``--judge flag``: every judge's checks, each a
+    one-line error."""
     release = Path(release)
     _, trials = load_release(release)
-    by_id = {t["trial_id"]: t for t in trials if t["protocol"] == "person_irrelevant"}
+    by_id = {t["trial_id"]: t for t in trials if t["protocol"] == protocol}
     if not by_id:
-        raise AskError(f"--judge {flag}: this release has no person_irrelevant trials")
+        raise AskError(f"--judge {flag}: this release has no {protocol} trials")
     if backend not in ANSWER_BACKENDS:
         raise AskError(f"--backend {backend}: one of {', '.join(ANSWER_BACKENDS.names())}")
     store = AnswersLedger(ledger or ledger_path(release))
     answers = [a for a in store.rows() if a["model"] == of_model and a["sample"] == 0 and a["trial_id"] in by_id]
     if not answers:
         store.close()
-        raise AskError(f"--judge {flag} --of {of_model}: no person_irrelevant answers of {of_model} in {store.path}")
+        raise AskError(f"--judge {flag} --of {of_model}: no {protocol} answers of {of_model} in {store.path}")
     client = answer_backend(backend, options)
     if getattr(client, "needs_images", False):
         store.close()
@@ -181,12 +181,6 @@ def _run_judgements(
     return summary
 
 
-def _judgement_id(sha: str, answer_a: str, answer_b: str, lineage: Any) -> str:
-    return hashlib.sha256(
-        json.dumps([sha, answer_a, answer_b, lineage, JUDGE_DECODING], sort_keys=True).encode()
-    ).hexdigest()
-
-
 def judge_story(
     release: Path,
     *,
@@ -222,16 +216,7 @@ def judge_story(
         if jid in known:
             summary.already += 1
             continue
-        row = {
-            "judgement_id": jid,
-            "rubric": "story_attributes",
-            "rubric_sha256": sha,
-            "answer_a": a["answer_id"],
-            "answer_b": a["answer_id"],
-            "trial_b": a["trial_id"],
-            "judged_model": of_model,
-            "judge": lineage,
-        }
+        row = _judgement_row(jid, "story_attributes", sha, a, a, of_model, lineage)
         todo.append(Question(jid, a["trial_id"], text.replace("##Story##", a["reply"]), (), JUDGE_DECODING, 0, row))
     return _run_judgements(client, store, todo, summary, concurrency=concurrency, retries=retries, max_spend=max_spend)
 
@@ -298,16 +283,7 @@ def judge_jargon(
             .replace("##Explanation A##", a["reply"])
             .replace("##Explanation B##", b["reply"])
         )
-        row = {
-            "judgement_id": jid,
-            "rubric": "jargon_pairwise",
-            "rubric_sha256": sha,
-            "answer_a": a["answer_id"],
-            "answer_b": b["answer_id"],
-            "trial_b": b["trial_id"],
-            "judged_model": of_model,
-            "judge": lineage,
-        }
+        row = _judgement_row(jid, "jargon_pairwise", sha, a, b, of_model, lineage)
         todo.append(Question(jid, b["trial_id"], prompt, (), JUDGE_DECODING, 0, row))
     return _run_judgements(client, store, todo, summary, concurrency=concurrency, retries=retries, max_spend=max_spend)
 
