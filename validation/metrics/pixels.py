@@ -245,27 +245,40 @@ def _padded(work_source: np.ndarray) -> np.ndarray:
     return cv2.copyMakeBorder(work_source.astype(np.float32), r, r, r, r, cv2.BORDER_REPLICATE)
 
 
-#: the last few :func:`_diff_to` results, by the identity of both arrays (weak references, so an
-#: entry dies with its arrays): a candidate's difference from its source is taken once for its
-#: largest area of change and once for its excess over the floor output
-_DIFF_MEMO: dict[tuple[int, int], tuple[Any, Any, np.ndarray]] = {}
-_DIFF_MEMO_SIZE = 4
+class _PairMemo:
+    """Values kept for a pair of live arrays, by their identity (weak references: an entry dies
+    with either array), the oldest dropped past ``size`` entries."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._entries: dict[tuple[Any, ...], tuple[Any, Any, Any]] = {}
+
+    def get(self, a: np.ndarray, b: np.ndarray, *extra: Any) -> Any:
+        hit = self._entries.get((id(a), id(b), *extra))
+        return hit[2] if hit is not None and hit[0]() is a and hit[1]() is b else None
+
+    def put(self, a: np.ndarray, b: np.ndarray, value: Any, *extra: Any) -> None:
+        # dead entries, then the oldest, go first
+        for old in [k for k, v in self._entries.items() if v[0]() is None or v[1]() is None]:
+            del self._entries[old]
+        while len(self._entries) >= self.size:
+            del self._entries[next(iter(self._entries))]
+        self._entries[(id(a), id(b), *extra)] = (weakref.ref(a), weakref.ref(b), value)
+
+
+#: the last few :func:`_diff_to` results: a candidate's difference from its source is taken once
+#: for its largest area of change and once for its excess over the floor output
+_DIFFS = _PairMemo(4)
 
 
 def _diff_to(padded: np.ndarray, image: np.ndarray) -> np.ndarray:
-    """:func:`_diff_of`, kept for the same two arrays (:data:`_DIFF_MEMO`); read-only: callers
-    must not write into the result."""
-    key = (id(padded), id(image))
-    hit = _DIFF_MEMO.get(key)
-    if hit is not None and hit[0]() is padded and hit[1]() is image:
-        return hit[2]
-    diff = _diff_of(padded, image)
-    diff.flags.writeable = False
-    for old in [k for k, v in _DIFF_MEMO.items() if v[0]() is None or v[1]() is None]:
-        del _DIFF_MEMO[old]
-    while len(_DIFF_MEMO) >= _DIFF_MEMO_SIZE:
-        del _DIFF_MEMO[next(iter(_DIFF_MEMO))]
-    _DIFF_MEMO[key] = (weakref.ref(padded), weakref.ref(image), diff)
+    """:func:`_diff_of`, kept for the same two arrays (:data:`_DIFFS`); read-only: callers must
+    not write into the result."""
+    diff = _DIFFS.get(padded, image)
+    if diff is None:
+        diff = _diff_of(padded, image)
+        diff.flags.writeable = False
+        _DIFFS.put(padded, image, diff)
     return diff
 
 
@@ -290,32 +303,24 @@ def _diff_of(padded: np.ndarray, image: np.ndarray) -> np.ndarray:
     return cv2.GaussianBlur(best, (0, 0), sigmaX=EXCESS_SMOOTH_PX)
 
 
-class _FloorSide:
-    """What :func:`excess_change` needs of a source and its floor output, made once per pair
-    of arrays (every cell of a template is compared with the same two): the padded source and
-    the floor's grown difference on the source's grid. Kept while both arrays live (weak
-    references), a handful of templates at a time."""
+#: what :func:`excess_change` needs of a source and its floor output, made once per pair of
+#: arrays (every cell of a template is compared with the same two): the padded source and the
+#: floor's grown difference on the source's grid, a handful of templates at a time
+_FLOOR_SIDES = _PairMemo(8)
 
-    _cache: dict[tuple[int, int, int], tuple[Any, Any, np.ndarray, np.ndarray]] = {}
 
-    @classmethod
-    def of(
-        cls, source: np.ndarray, floor: np.ndarray, stride: int, padded: np.ndarray | None = None
-    ) -> tuple[np.ndarray, np.ndarray]:
-        key = (id(source), id(floor), stride)
-        hit = cls._cache.get(key)
-        if hit is not None and hit[0]() is source and hit[1]() is floor:
-            return hit[2], hit[3]
-        padded = _padded(source) if padded is None else padded
-        on_grid = floor if stride == 1 else np.ascontiguousarray(floor[::stride, ::stride])
-        grown = cv2.dilate(_diff_to(padded, on_grid), _square(EXCESS_GROW_PX))
-        # dead entries, then the oldest, go first
-        for old in [k for k, v in cls._cache.items() if v[0]() is None or v[1]() is None]:
-            del cls._cache[old]
-        while len(cls._cache) >= 8:
-            del cls._cache[next(iter(cls._cache))]
-        cls._cache[key] = (weakref.ref(source), weakref.ref(floor), padded, grown)
-        return padded, grown
+def _floor_side(
+    source: np.ndarray, floor: np.ndarray, stride: int, padded: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """``(padded source, the floor's grown difference)``, from :data:`_FLOOR_SIDES` when kept."""
+    hit = _FLOOR_SIDES.get(source, floor, stride)
+    if hit is not None:
+        return hit
+    padded = _padded(source) if padded is None else padded
+    on_grid = floor if stride == 1 else np.ascontiguousarray(floor[::stride, ::stride])
+    grown = cv2.dilate(_diff_to(padded, on_grid), _square(EXCESS_GROW_PX))
+    _FLOOR_SIDES.put(source, floor, (padded, grown), stride)
+    return padded, grown
 
 
 def excess_change(
@@ -334,10 +339,10 @@ def excess_change(
     :func:`band_diff` would spread below its level when the change is thin or small. Where
     the floor output did not cover the frame its pixels are black, its difference large, and
     nothing there counts. The padded source and the floor's grown difference are made once
-    per template (:class:`_FloorSide`); ``padded``: :func:`_padded` of ``source`` when the caller
+    per template (:func:`_floor_side`); ``padded``: :func:`_padded` of ``source`` when the caller
     has it (then the candidate's difference is the one its largest area of change took).
     """
-    padded, grown = _FloorSide.of(source, floor, stride, padded)
+    padded, grown = _floor_side(source, floor, stride, padded)
     return _diff_to(padded, candidate) - grown
 
 
