@@ -130,12 +130,11 @@ def pick_donor(condition: dict[str, str], seed: int) -> dict[str, Any]:
     two such races, or two genders, never share every donor: before, they all fell back to the
     same person, and several conditions of one source came back as one image.
     """
-    donors = donor_tones()
+    donors = sorted(donor_tones(), key=lambda d: d["id"])  # each pool in the set's order
     race = _key(condition.get("race", ""))
     race = RACE_ALIASES.get(race, race)
     gender = _key(condition.get("gender", ""))
     gender = _GENDERS.get(gender, gender)
-    by_id = functools.partial(sorted, key=lambda d: d["id"])
     for match, pool, offset in (
         ("race+gender", [d for d in donors if d["race"] == race and d["gender"] == gender], 0),
         ("race", [d for d in donors if d["race"] == race], 0),
@@ -143,7 +142,7 @@ def pick_donor(condition: dict[str, str], seed: int) -> dict[str, Any]:
         ("any", list(donors), _pool_offset(f"{race}/{gender}")),
     ):
         if pool:
-            return {**by_id(pool)[(seed + offset) % len(pool)], "match": match}
+            return {**pool[(seed + offset) % len(pool)], "match": match}
     raise ValueError("the donor set is empty")  # pragma: no cover - the bundled set has 82
 
 
