@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import importlib.util
 import math
 import re
 import secrets
@@ -45,6 +46,13 @@ try:
     from fastapi.templating import Jinja2Templates
 except ImportError as exc:  # the review extra is optional
     raise SetupError(f"the review site needs the review extra ({exc}); pip install 'counterfactory[review]'") from exc
+# Prefect brings FastAPI, uvicorn and Jinja2 with the base install, but not python-multipart,
+# which FastAPI needs for the site's forms (it raises a bare RuntimeError when a route is made)
+if importlib.util.find_spec("python_multipart") is None and importlib.util.find_spec("multipart") is None:
+    raise SetupError(
+        "the review site needs the review extra (python-multipart, for its sign-in and decision forms, is not "
+        "installed); pip install 'counterfactory[review]'"
+    )
 
 from counterfactory.flows.engine.run_folder import RunFolder
 from counterfactory.flows.engine.sources import prepare_source

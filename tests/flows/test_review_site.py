@@ -611,3 +611,27 @@ def test_kill_9_during_a_burst_of_decisions_loses_no_recorded_decision(run_copy)
     finally:
         ledger.close()
     assert set(answered) <= set(rows) and len(rows) == len(set(rows))
+
+
+def test_review_serve_without_python_multipart_says_which_extra(run_copy):
+    """The base install has FastAPI (Prefect brings it) but not python-multipart, which the
+    site's forms need: ``review serve`` after README command 1 alone must say to install the
+    review extra, not end in FastAPI's traceback. Run here with python-multipart hidden."""
+    _, out = run_copy
+    hide = (  # a None entry in sys.modules is a module that cannot be imported or found
+        "import sys\n"
+        "sys.modules['python_multipart'] = sys.modules['multipart'] = None\n"
+        "from counterfactory.flows.cli import main\n"
+        "sys.argv[0] = 'counterfactory'\n"
+        "main()\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", hide, "review", "serve", str(out), "--port", str(free_port())],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "Traceback" not in done.stderr
+    assert "pip install 'counterfactory[review]'" in done.stderr and "python-multipart" in done.stderr
