@@ -77,10 +77,16 @@ from counterfactory.validation.metrics.pixels import (
     LOCAL_CHANGE_LEVEL,
     MIN_CHANGE_AREA_FRAC,
     RATIO_FLOOR,
+    _PairMemo,
     binary_mask,
     excess_share,
+    lowpass,
     resize_to,
 )
+
+#: the floor output's low-pass on the working grid, for the last few (floor, source) pairs: every
+#: cell of a template is compared with the same floor
+_FLOOR_LOWS = _PairMemo(8)
 
 
 class LocalityGateConfig(BaseModel):
@@ -385,7 +391,13 @@ def locality_gate(
     metrics: dict = {"mask_mode": pair.face_mask_mode, **({"floor_path": path} if pair.kind == "face" else {}), **m}
     against: dict[str, float | None] | None = None
     if prepared is not None:
-        metrics.update(face_measures(prepared, pair.work_source, pair.work_candidate, work_covered=pair.work_covered))
+        # the candidate's low-pass serves its face measures and its shift against the floor
+        cand_low = lowpass(pair.work_candidate)
+        metrics.update(
+            face_measures(
+                prepared, pair.work_source, pair.work_candidate, work_covered=pair.work_covered, candidate_low=cand_low
+            )
+        )
         floor_image, stride = floor_image_of(pair), pair.stride
         work_floor = floor_work_image_of(pair)
         if floor_image is None and work_floor is not None:
@@ -399,7 +411,18 @@ def locality_gate(
         if floor_image is not None:
             k = stride
             work_floor_image = floor_image if k == 1 else np.ascontiguousarray(floor_image[::k, ::k])
-            against = against_floor(prepared, work_floor_image, pair.work_candidate, pair.work_covered)
+            floor_low = _FLOOR_LOWS.get(floor_image, pair.work_source, k)
+            if floor_low is None:
+                floor_low = lowpass(work_floor_image)
+                _FLOOR_LOWS.put(floor_image, pair.work_source, floor_low, k)
+            against = against_floor(
+                prepared,
+                work_floor_image,
+                pair.work_candidate,
+                pair.work_covered,
+                candidate_low=cand_low,
+                floor_low=floor_low,
+            )
             region = prepared.work_region
             if pair.work_covered is not None:
                 region = np.where(pair.work_covered, region, np.uint8(0))

@@ -198,14 +198,18 @@ def face_measures(
     work_candidate: np.ndarray,
     prefix: str = "",
     work_covered: np.ndarray | None = None,
+    candidate_low: np.ndarray | None = None,
 ) -> dict[str, float | None]:
+    """The face measures of ``work_candidate`` against the source (prefix ``prefix``);
+    ``candidate_low``: its :func:`lowpass` when the caller has it (the gate takes it once per
+    pair for these and :func:`against_floor`)."""
     region = prepared.work_region
     oval = prepared.work_oval
     if work_covered is not None:
         region = np.where(work_covered, region, np.uint8(0))
         oval = None if oval is None else np.where(work_covered, oval, np.uint8(0))
     source_low = prepared.source_low if prepared.source_low is not None else lowpass(work_source)
-    cand_low = lowpass(work_candidate)
+    cand_low = lowpass(work_candidate) if candidate_low is None else candidate_low
     band = cv2.transform(cv2.absdiff(cand_low, source_low), CHANNEL_MEAN)
     shift, gain = global_change_at(prepared.sample.covered_by(work_covered), cand_low)
     share = coherent_share(band, region)
@@ -247,6 +251,9 @@ def against_floor(
     work_floor: np.ndarray,
     work_candidate: np.ndarray,
     work_covered: np.ndarray | None = None,
+    *,
+    candidate_low: np.ndarray | None = None,
+    floor_low: np.ndarray | None = None,
 ) -> dict[str, float | None]:
     """The :data:`AGAINST_FLOOR` measures of ``work_candidate`` against the floor output itself
     (``work_floor``, the editor's rendition of the unchanged photo on the working grid), not
@@ -255,12 +262,15 @@ def against_floor(
     Subtracting two shifts measured against the source (``|c - s| - |f - s|``) loses their
     signs: a cast opposite to the decoder's own colour bias came out below the floor
     (London 022's cast, -0.0039). Here ``global_shift`` is the medians of ``c - f`` over the
-    region away from the face (:func:`global_change`)."""
+    region away from the face (:func:`global_change`). ``candidate_low`` and ``floor_low``:
+    the two images' :func:`lowpass` when the caller has them (the floor's is the same for
+    every cell of a template)."""
     sample = prepared.sample.covered_by(work_covered)
-    floor_low = lowpass(work_floor)
+    floor_low = lowpass(work_floor) if floor_low is None else floor_low
     floor_values = floor_low[sample.rows, sample.cols].astype(np.float32)
     floor_sample = RegionSample(sample.rows, sample.cols, floor_values, sample.far)
-    shift, _ = global_change_at(floor_sample, lowpass(work_candidate))
+    cand_low = lowpass(work_candidate) if candidate_low is None else candidate_low
+    shift, _ = global_change_at(floor_sample, cand_low)
     return {"global_shift": finite_or_none(shift)}
 
 
