@@ -38,6 +38,9 @@ Failure classes, each on top of a good edit (``CLASSES`` describes them):
 - the three local failures are made only where they are visible (a mean CIELAB change of at
   least :data:`MIN_VISIBLE_DELTA_E` over their own pixels, a few placements tried); a photo
   with nothing visible to erase, or only patches like its wall, gets none of that class;
+- "away from the face" means outside the edit region too (the visible neck down to the
+  clothing line, grown by :data:`LOCAL_FAILURE_REGION_MARGIN` face sizes): a change inside it
+  is one the prompt allows, not a locality failure;
 - ``body_skin``: the good edit's skin change applied to the person's skin outside the edit
   region too (chest, shoulders, hands, arms): the body skin the locality gate measures, found
   on the unedited photo; photos with less than 0.4 % of it (a portrait in a T-shirt, whose
@@ -217,13 +220,27 @@ def _iod(face: FaceObservation) -> float:
     return float(np.hypot(*(k[1] - k[0])))
 
 
-def _region_away_from_face(oval: np.ndarray, size: float) -> np.ndarray:
+def _region_away_from_face(oval: np.ndarray, size: float, edit_region: np.ndarray | None = None) -> np.ndarray:
+    """Where a local failure may be placed: away from the face (the oval grown by 0.35 face
+    sizes), outside the edit region grown by :data:`LOCAL_FAILURE_REGION_MARGIN` face sizes and
+    off the image's edge band. The edit region is where the prompt allows change (the face and
+    the visible neck down to the clothing line): an object erased there is inside what the
+    locality gate leaves to the editor, so it could not be a failure the gate is asked to catch
+    (London 105 and 140's "erased" V-neck lines were, and were counted as misses)."""
     away = dilate(oval, int(round(0.35 * size))) == 0
+    if edit_region is not None:
+        away &= dilate(edit_region, int(round(LOCAL_FAILURE_REGION_MARGIN * size))) == 0
     h, w = oval.shape
     b = max(4, int(0.05 * min(h, w)))
     away[:b] = away[-b:] = False
     away[:, :b] = away[:, -b:] = False
     return away
+
+
+#: How far (face sizes) a local failure keeps from the edit region: past the locality gate's
+#: own margin (:data:`~counterfactory.validation.metrics.pixels.FACE_MARGIN_FRAC`, 0.10) with
+#: room for the editor's jitter and the failure's feathered edge.
+LOCAL_FAILURE_REGION_MARGIN = 0.15
 
 
 def _place_box(rng: np.random.Generator, allowed: np.ndarray, bw: int, bh: int, tries: int = 200):
@@ -428,13 +445,13 @@ def visible_delta_e(before: np.ndarray, after: np.ndarray, where: np.ndarray) ->
     return float(np.linalg.norm((b - a).reshape(-1, 3), axis=1).mean())
 
 
-def _object_added(image, face, oval, rng, donor_image) -> tuple[np.ndarray, dict]:
+def _object_added(image, face, oval, rng, donor_image, edit_region=None) -> tuple[np.ndarray, dict]:
     h, w = image.shape[:2]
     share = float(rng.uniform(0.02, 0.05))
     aspect = float(rng.uniform(0.6, 1.6))
     bw = int(math.sqrt(share * h * w * aspect))
     bh = int(share * h * w / max(bw, 1))
-    allowed = _region_away_from_face(oval, face.size_px)
+    allowed = _region_away_from_face(oval, face.size_px, edit_region)
     dh, dw = donor_image.shape[:2]
     for _ in range(VISIBLE_TRIES):
         at = _place_box(rng, allowed, bw, bh)
@@ -461,7 +478,7 @@ def _object_added(image, face, oval, rng, donor_image) -> tuple[np.ndarray, dict
 _WORDS = ("SALE", "OPEN", "HELLO", "CAFE", "EXIT", "NEWS", "2026", "VOTE", "TAXI", "HOTEL")
 
 
-def _text_added(image, face, oval, rng) -> tuple[np.ndarray, dict]:
+def _text_added(image, face, oval, rng, edit_region=None) -> tuple[np.ndarray, dict]:
     h, w = image.shape[:2]
     text = " ".join(str(rng.choice(_WORDS)) for _ in range(int(rng.integers(1, 3))))
     share = float(rng.uniform(0.01, 0.03))
@@ -469,7 +486,7 @@ def _text_added(image, face, oval, rng) -> tuple[np.ndarray, dict]:
     scale = math.sqrt(share * h * w / max(tw * (th + base), 1))
     thick = max(1, int(round(2 * scale)))
     (tw, th), base = cv2.getTextSize(text, cv2.FONT_HERSHEY_DUPLEX, scale, thick)
-    allowed = _region_away_from_face(oval, face.size_px)
+    allowed = _region_away_from_face(oval, face.size_px, edit_region)
     for _ in range(VISIBLE_TRIES):
         at = _place_box(rng, allowed, tw, th + base)
         if at is None:
@@ -486,11 +503,11 @@ def _text_added(image, face, oval, rng) -> tuple[np.ndarray, dict]:
     return None, {}
 
 
-def _object_removed(image, face, oval, rng) -> tuple[np.ndarray, dict]:
+def _object_removed(image, face, oval, rng, edit_region=None) -> tuple[np.ndarray, dict]:
     h, w = image.shape[:2]
     share = float(rng.uniform(0.02, 0.05))
     side = int(math.sqrt(share * h * w))
-    allowed = _region_away_from_face(oval, face.size_px)
+    allowed = _region_away_from_face(oval, face.size_px, edit_region)
     grey = cv2.cvtColor(image, cv2.COLOR_RGB2GRAY).astype(np.float32)
     energy = np.abs(cv2.Laplacian(cv2.GaussianBlur(grey, (0, 0), 1.5), cv2.CV_32F))
     boxes: list[tuple[float, tuple[int, int]]] = []
@@ -918,11 +935,11 @@ def _make_case(
             failure = _identity_swap(edited, face, oval, rng, (donor.image, donor.face, donor.name))
         elif label == "object_added":
             pool = donor.image if donor is not None else image[::-1, ::-1]
-            failure = _object_added(edited, face, oval, rng, pool)
+            failure = _object_added(edited, face, oval, rng, pool, photo.region)
         elif label == "text_added":
-            failure = _text_added(edited, face, oval, rng)
+            failure = _text_added(edited, face, oval, rng, photo.region)
         elif label == "object_removed":
-            failure = _object_removed(edited, face, oval, rng)
+            failure = _object_removed(edited, face, oval, rng, photo.region)
         elif label == "body_skin":
             failure = _body_skin(edited, face, oval, rng, params, photo.region, image)
         elif label == "global_colour":
