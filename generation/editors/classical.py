@@ -17,13 +17,24 @@ stage (alignment, gates, review, release) runs for real on a laptop with no GPU 
   has none of both), the seed-th in the set's order; a race the set does not hold (FOCUS's
   "Latino") takes a person of the requested gender at an offset fixed by its label, and the
   attempt's metadata (``donor_match``) says so (:func:`pick_donor`);
-- limb cells: OpenCV inpainting (Telea 2004) inside the limb mask.
+- limb cells, by the cue (InclusiveCFImageBias): a treatment (``cue=removed``, any cue but a
+  control's) is OpenCV inpainting (Telea 2004) inside the limb mask, the cue erased; the
+  same-cue control (``cue=kept``, :data:`LIMB_CONTROL_CUES`: "re-inpainted with the cue kept
+  visible", the paper's check against inpainting residue) is the image through the re-render
+  below, the cue's pixels re-synthesised as a real inpainting editor returns a region it was
+  asked to keep. Before lineage version 4 a control was inpainted as well: it was the
+  treatment's image, cue erased. With ``rerender`` off a control comes back as the source
+  (the CPU editor has no other way to re-synthesise a region it must keep; Telea would erase
+  the cue), so its mask region is unchanged (the locality gate sends such a control to review:
+  a copy carries none of the treatment's inpainting). The attempt's ``limb_fill`` says which
+  (``telea``, ``rerender`` or ``copy``).
 
 Then, for face cells (``rerender``, on by default), the whole image goes through a real
 pretrained latent autoencoder (TAEF2, :mod:`counterfactory.generation.rerender`), as every
 diffusion editor's decoder does: the pixels it was told to keep come back re-synthesised, so
 the gates meet what real editors return. Limb cells are composited by the factory (every
-pixel outside the mask copied back), so they are not re-rendered.
+pixel outside the mask copied back): a treatment is not re-rendered, and of a control only the
+mask's re-rendered pixels are kept.
 
 Like the diffusers pipelines, it returns its output resized to a multiple of
 ``output_multiple`` pixels, so the factory's alignment has real work to undo. For real
@@ -191,6 +202,11 @@ def donor_tone_shift(
     return out, facts
 
 
+#: limb cells: the cue values of a same-cue control (the mask's content re-synthesised with the
+#: cue kept); every other cue is a treatment, inpainted away
+LIMB_CONTROL_CUES = frozenset({"kept"})
+
+
 def _resize_multiple(image: np.ndarray, multiple: int) -> np.ndarray:
     if multiple <= 0:
         return image
@@ -223,11 +239,15 @@ class ClassicalEditor(SequentialEditor):
         return self._rerenderer(image)
 
     def lineage(self) -> dict[str, Any]:
-        # version 3: a race the donor set lacks no longer falls back to one shared donor
-        return {"backend": self.name, "version": 3, **self.options.model_dump()}
+        # version 4: a limb cell's same-cue control (cue=kept) is re-rendered, no longer
+        # inpainted like its treatment (it was the treatment's image); version 3: a race the
+        # donor set lacks no longer falls back to one shared donor
+        return {"backend": self.name, "version": 4, **self.options.model_dump()}
 
     def consumes(self, kind: str) -> frozenset[str]:
-        """The tint comes from the condition and seed, inside the mask; the prompt is not read."""
+        """The tint comes from the condition and seed, inside the mask; the prompt is not read.
+        A limb cell's output comes from its cue (the condition, which every attempt id hashes)
+        and the mask: Telea and the re-render draw no random numbers, so no seed."""
         return frozenset({"seed", "mask"}) if kind == "face" else frozenset({"mask"})
 
     def edit(self, request: EditRequest) -> EditResult:
@@ -239,12 +259,7 @@ class ClassicalEditor(SequentialEditor):
                 reason="classical_no_mask: the classical editor edits only inside the cell's mask",
             )
         if request.kind == "limb":
-            out = cv2.inpaint(
-                image,
-                (request.mask > 0).astype(np.uint8) * 255,
-                self.options.inpaint_radius_px,
-                cv2.INPAINT_TELEA,
-            )
+            out, facts = self._limb(request)
         elif not request.condition:
             # a request without a condition asks for the photo unchanged (the noise-floor
             # request): what comes back is the re-rendering alone, as from a real editor
@@ -264,9 +279,23 @@ class ClassicalEditor(SequentialEditor):
                 out = self.rerender(out)
         out = _resize_multiple(out, self.options.output_multiple)
         metadata: dict[str, Any] = {"output_size": [int(out.shape[1]), int(out.shape[0])]}
+        metadata.update(facts)
         if request.kind != "limb":
-            metadata.update(facts, rerendered=self.options.rerender)
+            metadata["rerendered"] = self.options.rerender
         return EditResult(request.attempt_id, "ok", image=out, metadata=metadata)
+
+    def _limb(self, request: EditRequest) -> tuple[np.ndarray, dict[str, Any]]:
+        """A limb cell's image and facts (module docstring): the cue inpainted away, or, for the
+        same-cue control, the image re-rendered (the source with ``rerender`` off)."""
+        image = request.image
+        if str((request.condition or {}).get("cue", "")) in LIMB_CONTROL_CUES:
+            # the factory keeps only the mask's pixels: the cue re-synthesised, not removed
+            if self.options.rerender:
+                return self.rerender(image), {"limb_fill": "rerender"}
+            return image.copy(), {"limb_fill": "copy"}
+        mask = (request.mask > 0).astype(np.uint8) * 255
+        out = cv2.inpaint(image, mask, self.options.inpaint_radius_px, cv2.INPAINT_TELEA)
+        return out, {"limb_fill": "telea"}
 
 
 EDITORS.register("classical", ClassicalOptions, ClassicalEditor)

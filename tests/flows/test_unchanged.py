@@ -57,14 +57,10 @@ def test_a_run_gives_the_recorded_fingerprint(name, tmp_path):
     cells: dict[tuple[str, int, str], set[str]] = {}
     for cell, seed, sha in outputs:
         cells.setdefault((cell.split("|", 1)[0], seed, sha), set()).add(cell)
+    # (the classical editor also inpainted a limb cell's same-cue control, cue=kept, like its
+    # treatment, until it re-rendered the control instead: lineage version 4)
     shared = sorted(sorted(c) for c in cells.values() if len(c) > 1)
-    # KNOWN, pinned so that a fix (or anything worse) must change this line: the classical
-    # editor inpaints a limb cell's mask with OpenCV whatever its cue, so the same-cue control
-    # (cue=kept) is the treatment's image (see the closing note of 2026-12-05)
-    known = (
-        [[f"{s}|cue=kept", f"{s}|cue=removed"] for s in ("astronaut", "biden_blue_room")] if name == "demo-limb" else []
-    )
-    assert shared == known, f"conditions of one source returned one image: {shared}"
+    assert shared == [], f"conditions of one source returned one image: {shared}"
 
 
 def test_a_run_killed_half_way_and_resumed_gives_the_uninterrupted_fingerprint(tmp_path):

@@ -62,6 +62,78 @@ def test_limb_inpainting_touches_only_the_mask(grace):
     assert not np.array_equal(out[mask > 0], grace[mask > 0])
 
 
+def _astronaut_glove(astronaut):
+    """The astronaut's limb mask (``assets/photos/limb-metadata.yaml``: her gloved hand)."""
+    mask = np.zeros(astronaut.shape[:2], np.uint8)
+    cv2.fillPoly(mask, [np.array([[118, 456], [182, 456], [186, 512], [116, 512]], np.int32)], 255)
+    return mask
+
+
+def _grey_corr(a, b, mask):
+    def grey(x):
+        return cv2.cvtColor(x, cv2.COLOR_RGB2GRAY).astype(float)[mask > 0]
+
+    return float(np.corrcoef(grey(a), grey(b))[0, 1])
+
+
+def test_a_limb_control_keeps_its_cue_re_rendered_and_the_treatment_erases_it(astronaut):
+    # InclusiveCFImageBias's same-cue control is "re-inpainted with the cue kept visible"; the
+    # editor once inpainted it like the treatment, so the control was the treatment's image
+    mask = _astronaut_glove(astronaut)
+    editor = ClassicalEditor(ClassicalOptions(output_multiple=0))
+    kept = editor.edit(_request(astronaut, mask, {"cue": "kept"}, kind="limb"))
+    removed = editor.edit(_request(astronaut, mask, {"cue": "removed"}, kind="limb"))
+    assert kept.metadata["limb_fill"] == "rerender" and removed.metadata["limb_fill"] == "telea"
+    assert kept.image.shape == removed.image.shape == astronaut.shape
+    assert not np.array_equal(kept.image[mask > 0], removed.image[mask > 0])
+    # the control is a re-rendering: a small mean change, the glove's structure kept ...
+    change = np.abs(kept.image.astype(int) - astronaut)[mask > 0].mean() / 255
+    assert 0.005 < change < 0.05
+    assert _grey_corr(kept.image, astronaut, mask) > 0.95
+    # ... while the treatment's region is painted over from its border
+    assert _grey_corr(removed.image, astronaut, mask) < 0.5
+    assert np.abs(removed.image.astype(int) - astronaut)[mask > 0].mean() / 255 > 0.1
+    # the same request gives the same pixels again (the attempt ledger relies on it)
+    assert np.array_equal(editor.edit(_request(astronaut, mask, {"cue": "kept"}, kind="limb")).image, kept.image)
+
+
+def test_a_limb_control_without_re_rendering_is_the_source(astronaut):
+    mask = _astronaut_glove(astronaut)
+    result = ClassicalEditor(ClassicalOptions(output_multiple=0, rerender=False)).edit(
+        _request(astronaut, mask, {"cue": "kept"}, kind="limb")
+    )
+    assert result.metadata["limb_fill"] == "copy" and np.array_equal(result.image, astronaut)
+
+
+def test_a_limb_cells_attempt_id_names_its_cue_and_the_version_that_reads_it():
+    from counterfactory.generation.attempts import attempt_id, editor_inputs
+    from counterfactory.generation.prompts import RenderedPrompt
+    from counterfactory.generation.sampling import Cell
+
+    editor = ClassicalEditor()
+    inputs = editor_inputs(editor, "limb")
+    # Telea and the re-render draw no random numbers: the cue (the condition, hashed into every
+    # attempt id) and the mask decide a limb cell's output, nothing else
+    assert inputs == {"mask"}
+    assert editor.lineage()["version"] == 4
+
+    def aid(cue):
+        cell = Cell("astronaut", {"cue": cue}, f"astronaut|cue={cue}", None)
+        return attempt_id(
+            source_sha256="s",
+            cell=cell,
+            kind="limb",
+            lineage=editor.lineage(),
+            prompt=RenderedPrompt("t", "t" * 64, "p"),
+            negative_prompt=None,
+            seed=0,
+            region_sha256="r",
+            inputs=inputs,
+        )
+
+    assert aid("kept") != aid("removed")
+
+
 def test_no_mask_is_a_failed_result_not_a_crash(grace):
     result = ClassicalEditor().edit(_request(grace, None, {"race": "Black"}))
     assert result.status == "failed" and result.reason.startswith("classical_no_mask")

@@ -214,6 +214,56 @@ def test_a_limb_candidate_identical_to_its_source_is_not_an_edit(grace_and_mask)
     assert result.passed, result.metrics
 
 
+def _pair_asking(source, candidate, *, fmask, edit_mask, condition):
+    pair = _pair(source, candidate, fmask=fmask, edit_mask=edit_mask, kind="limb")
+    pair.extras["condition"] = condition
+    return pair
+
+
+def test_a_same_cue_control_barely_changed_inside_the_mask_is_not_rejected_as_unchanged(grace_and_mask):
+    # InclusiveCFImageBias's control (cue=kept) is the limb region re-synthesised with its cue
+    # kept: its interior barely changing is what a control is
+    source, fmask = grace_and_mask
+    h, w = source.shape[:2]
+    limb = np.zeros((h, w), np.uint8)
+    limb[int(0.75 * h) :, : w // 3] = 255
+    thresholds = {
+        k: calibrated_gates("limb")["locality"][k]
+        for k in ("max_diff_outside_edit", "max_diff_face_drift", "min_diff_inside_edit")
+    }
+    # a faithful re-rendering of the region: a faint grain, composited inside the mask only
+    rng = np.random.default_rng(0)
+    rendered = np.clip(source.astype(int) + rng.integers(-4, 5, size=source.shape), 0, 255).astype(np.uint8)
+    control = source.copy()
+    control[limb > 0] = rendered[limb > 0]
+    assert locality_metrics(source, control, fmask, limb)["diff_inside_edit"] < thresholds["min_diff_inside_edit"]
+    result = locality_gate(
+        _pair_asking(source, control, fmask=fmask, edit_mask=limb, condition={"cue": "kept"}), **thresholds
+    )
+    # below the no-op ceiling a faithful re-synthesis and a copy look alike: a person decides
+    assert result.passed and result.review == ("locality_limb_unchanged",), result.reasons
+    # the same image asked as a treatment, or a treatment that copies its source, is no edit
+    for candidate in (control, source):
+        result = locality_gate(
+            _pair_asking(source, candidate, fmask=fmask, edit_mask=limb, condition={"cue": "removed"}), **thresholds
+        )
+        assert result.reasons == ("locality_limb_unchanged",)
+    # a spec that names no controls judges every cue as a treatment
+    result = locality_gate(
+        _pair_asking(source, control, fmask=fmask, edit_mask=limb, condition={"cue": "kept"}),
+        **thresholds,
+        control_conditions=[],
+    )
+    assert result.reasons == ("locality_limb_unchanged",)
+    # a control that changes the region more passes unremarked, as a treatment does
+    painted = source.copy()
+    painted[limb > 0] = (196, 160, 140)
+    result = locality_gate(
+        _pair_asking(source, painted, fmask=fmask, edit_mask=limb, condition={"cue": "kept"}), **thresholds
+    )
+    assert result.passed and not result.review
+
+
 def _textured_renders(source: np.ndarray, seeds: tuple[int, ...]) -> list[np.ndarray]:
     """Re-renders of ``source`` as a decoder makes them: its own zero-mean grain (+-12 grey
     levels) drawn afresh for every request, and every edge moved by up to a pixel."""

@@ -61,6 +61,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from counterfactory.manifests.registry import GATES
 from counterfactory.validation.faces import face_mask as draw_face_mask
 from counterfactory.validation.gates.base import GateResult, PairContext, SourceAnalysis, finite_or_none
+from counterfactory.validation.gates.skin import is_control
 from counterfactory.validation.metrics.floor import (
     AGAINST_FLOOR,
     LocalitySource,
@@ -103,6 +104,7 @@ class LocalityGateConfig(BaseModel):
         "no_floor",
         "max_hair_delta_e",
         "max_largest_change_share",
+        "control_conditions",
     )
 
     model_config = ConfigDict(extra="forbid")
@@ -123,6 +125,13 @@ class LocalityGateConfig(BaseModel):
     )
     min_diff_inside_edit: float | None = Field(
         None, ge=0.0, le=1.0, description="limb edits: below this the limb region is unchanged (not an edit)"
+    )
+    control_conditions: list[dict[str, str]] | None = Field(
+        None,
+        description=(
+            "limb edits: the conditions of a same-cue control, whose unchanged limb region goes to review "
+            "instead of being rejected (None: the default, [{cue: kept}]; []: none)"
+        ),
     )
     max_changed_share: float | None = Field(
         None, ge=0.0, le=1.0, description="face edits: share of pixels away from the face changed visibly"
@@ -194,6 +203,9 @@ PATH_THRESHOLDS = (
 #: the run's "return this photo unchanged" request, the other candidates of the same source
 #: (:func:`~counterfactory.validation.cohort.cohort_floors`), or nothing (a lone pair).
 FLOOR_PATHS = ("request", "cohort", "none")
+#: limb designs' same-cue controls when ``control_conditions`` is unset, as the skin gate's
+#: (:class:`~counterfactory.validation.gates.skin.SkinGateConfig`)
+CONTROL_CONDITIONS: tuple[dict[str, str], ...] = ({"cue": "kept"},)
 
 
 class LocalityPathConfig(BaseModel):
@@ -301,6 +313,7 @@ def locality_gate(
     max_largest_change_share: float | None = None,
     cohort: Mapping[str, Any] | None = None,
     no_floor: Mapping[str, Any] | None = None,
+    control_conditions: list[dict[str, str]] | None = None,
 ) -> GateResult:
     """Judge where ``pair.candidate`` differs from ``pair.source``.
 
@@ -322,8 +335,18 @@ def locality_gate(
     ``locality_no_edit_mask``, ``locality_edit_mask_shape_mismatch``,
     ``locality_outside_edit_diff_above_max``, ``locality_face_drift_above_max`` (judged only
     when the source shows a face), and ``locality_limb_unchanged`` when the limb region changed
-    less than ``min_diff_inside_edit`` (a candidate that copies its source there is not an edit,
-    whichever cue it was asked for).
+    less than ``min_diff_inside_edit`` (a treatment that copies its source there is not an edit).
+
+    A same-cue control (``pair.extras["condition"]`` one of ``control_conditions``, default
+    ``[{cue: kept}]``, as the skin gate reads it) asks for the region re-synthesised with its cue
+    kept: its interior barely changing is what a control is, so ``min_diff_inside_edit`` does
+    not reject it. Nor is it skipped: that threshold is the no-op ceiling (a region changed no
+    more than a re-encode changes it), so below it the gate cannot tell a faithful
+    re-synthesis from a copy the editor returned untouched, and a copy does not serve the
+    control's purpose (InclusiveCFImageBias's control carries the same inpainting as its
+    treatment, to rule out inpainting residue). Such a control goes to review with
+    ``locality_limb_unchanged``, and a person decides; above the ceiling it passes as before.
+    Every other limb threshold judges a control as a treatment.
 
     Metrics: :func:`locality_metrics` plus ``mask_mode``; with a source face also
     ``changed_share``, ``global_shift``, ``global_gain_change``, ``body_skin_delta_e``,
@@ -532,8 +555,13 @@ def locality_gate(
             if max_diff_face_drift is not None and drift is not None and drift > max_diff_face_drift:
                 reasons.append("locality_face_drift_above_max")
             inside = m.get("diff_inside_edit")
+            controls = CONTROL_CONDITIONS if control_conditions is None else control_conditions
+            control = is_control(
+                pair.extras.get("condition"), None, source_fields={}, control_conditions=list(controls)
+            )
             if min_diff_inside_edit is not None and (inside is None or inside < min_diff_inside_edit):
-                reasons.append("locality_limb_unchanged")
+                # a control is asked to keep its cue: review (docstring), never rejected
+                (review if control and inside is not None else reasons).append("locality_limb_unchanged")
     return GateResult("locality", not reasons, metrics, tuple(reasons), tuple(review), thresholds)
 
 
