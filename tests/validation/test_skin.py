@@ -255,3 +255,35 @@ def test_stack_passes_condition_through_to_the_skin_gate(face_stack, portrait):
     judgement = face_stack.evaluate(image, lighter, extras=CONTROL)
     assert "skin_tone_shift" in judgement.reasons
     assert judgement.to_dict()["gates"]["skin"]["metrics"]["control"] is True
+
+
+@pytest.mark.slow
+def test_a_same_cue_control_keeps_what_the_mask_showed_and_is_not_judged_as_inpainted_skin():
+    """The inpaint-match rule is a treatment's (skin painted where the cue was). A same-cue
+    control keeps what the mask showed: the demo's astronaut's mask is her white glove, whose
+    ITA (near-neutral colours: b* about 0) swings by tens of degrees under the classical
+    editor's re-rendering (-17 to -41). Labelled a treatment, the same pixels are a mismatch."""
+    from counterfactory.generation.editors.base import EditRequest
+    from counterfactory.generation.editors.classical import ClassicalEditor, ClassicalOptions
+    from counterfactory.validation.gate_stack import KindGatesConfig
+
+    image = load_rgb(PHOTOS_DIR / "astronaut.png")
+    face = get_face_landmarker().detect(image)[0]
+    mask = np.zeros(image.shape[:2], np.uint8)
+    # assets/photos/limb-metadata.yaml: the astronaut's limb mask (her gloved hand)
+    cv2.fillPoly(mask, [np.array([[118, 456], [182, 456], [186, 512], [116, 512]], np.int32)], 255)
+    editor = ClassicalEditor(ClassicalOptions(output_multiple=0))
+    request = EditRequest("a", image, "", seed=0, condition={"cue": "kept"}, mask=mask, kind="limb")
+    out = editor.edit(request).image
+    # the factory composites a limb cell: every pixel outside the mask is the source's
+    kept = np.where(mask[..., None] > 0, out, image)
+    limb_gate = SkinGate(KindGatesConfig(kind="limb").skin)
+    control = limb_gate(_pair(image, kept, face, kind="limb", edit_mask=mask, extras={"condition": {"cue": "kept"}}))
+    growth = control.metrics["inpaint_gap_growth_deg"]
+    assert growth > limb_gate.config.max_inpaint_gap_deg  # the glove's ITA moved that far
+    assert control.metrics["control"] is True
+    assert "skin_inpaint_mismatch" not in control.reasons and control.passed, control
+    treatment = limb_gate(
+        _pair(image, kept, face, kind="limb", edit_mask=mask, extras={"condition": {"cue": "removed"}})
+    )
+    assert "skin_inpaint_mismatch" in treatment.reasons

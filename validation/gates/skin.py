@@ -22,7 +22,12 @@ on the same body pixels. Then, by the kind of pair:
 - limb edit: the skin the editor painted inside the mask must match the person's skin
   outside it (face skin, else body skin): when its |ITA gap| to that skin exceeds the
   source's gap there (zero when the source showed no skin inside) by more than
-  ``max_inpaint_gap_deg``, ``skin_inpaint_mismatch``.
+  ``max_inpaint_gap_deg``, ``skin_inpaint_mismatch``. That is a treatment's rule (skin painted
+  where the cue was): a same-cue control (``cue: kept``) keeps what the mask showed (a glove, a
+  prosthesis, a sleeve), which need not look like skin, and on such near-neutral colours ITA
+  swings by tens of degrees with a re-rendering's few levels (the demo's gloved hand: -17 to
+  -41 degrees); its gap is recorded, not judged. Its tone is held by ``skin_tone_shift`` as
+  every limb pair's is.
 
 ``lightened`` (candidate face ITA above the source's by more than ``max_ita_shift_deg``) is
 recorded for every face pair: the release stats count it per source group (Seo et al. 2026
@@ -245,7 +250,7 @@ class SkinGate:
             metrics["source_inpaint_gap_deg"] = finite_or_none(before)
             metrics["inpaint_gap_growth_deg"] = finite_or_none(growth)
             metrics["inpaint_skin_px"] = cand.inpaint_pixels
-            if growth is not None and growth > c.max_inpaint_gap_deg:
+            if growth is not None and growth > c.max_inpaint_gap_deg and control is not True:
                 reasons.append("skin_inpaint_mismatch")
         body_limit = c.max_body_ita_shift_deg if c.max_body_ita_shift_deg is not None else 2 * c.max_ita_shift_deg
         must_hold = pair.kind == "limb" or control is True
