@@ -72,7 +72,7 @@ class PersonSegmenter:
         if image.ndim != 3 or image.shape[2] != 3 or image.dtype != np.uint8:
             raise ValueError(f"expected (H, W, 3) uint8 RGB, got {image.shape} {image.dtype}")
         result = self._task.run("segment", image)
-        prob = np.asarray(result.confidence_masks[0].numpy_view(), dtype=np.float32).reshape(image.shape[:2])
+        prob = _owned(result.confidence_masks[0], image.shape[:2])
         return np.where(prob >= threshold, np.uint8(255), np.uint8(0))
 
     def segment(self, image: np.ndarray) -> np.ndarray:
@@ -89,10 +89,20 @@ class PersonSegmenter:
             else cv2.resize(image, (max(round(w * scale), 1), max(round(h * scale), 1)), interpolation=cv2.INTER_AREA)
         )
         result = self._task.run("segment", small)
-        prob = np.asarray(result.confidence_masks[0].numpy_view(), dtype=np.float32).reshape(small.shape[:2])
+        prob = _owned(result.confidence_masks[0], small.shape[:2])
         if prob.shape != (h, w):
             prob = cv2.resize(prob, (w, h), interpolation=cv2.INTER_LINEAR)
         return prob
+
+
+def _owned(mask, shape: tuple[int, int]) -> np.ndarray:
+    """A MediaPipe confidence mask as a float32 array that owns its pixels. ``numpy_view()`` is
+    a view into the task's output buffer, which MediaPipe frees and reuses once the result is
+    gone: a kept view (a source's person probability, read again for every candidate) then
+    holds whatever the next call wrote there. A source small enough to be segmented at its own
+    size (no resize to copy it) got a different body-skin mask per cell, run to run (the
+    demo-limb astronaut's control: 0, 621 or 1851 body pixels)."""
+    return np.array(mask.numpy_view(), dtype=np.float32, copy=True).reshape(shape)
 
 
 _shared: dict[str, PersonSegmenter] = {}

@@ -287,3 +287,28 @@ def test_a_same_cue_control_keeps_what_the_mask_showed_and_is_not_judged_as_inpa
         _pair(image, kept, face, kind="limb", edit_mask=mask, extras={"condition": {"cue": "removed"}})
     )
     assert "skin_inpaint_mismatch" in treatment.reasons
+
+
+def test_a_kept_person_probability_is_not_overwritten_by_later_segmentations():
+    """The source's person probability is kept for every candidate of that source (a limb
+    cell redraws its body skin from it). MediaPipe's ``numpy_view()`` is a view into a buffer
+    it frees and reuses: a 512 px working grid, segmented at its own size with no resize to
+    copy it, once came back holding later calls' numbers (the demo-limb astronaut's control
+    had 0, 621 or 1851 body-skin pixels, run to run)."""
+    import gc
+
+    from counterfactory.validation.segment import SEGMENT_SIDE
+
+    segmenter = get_person_segmenter()
+    astronaut = load_rgb(PHOTOS_DIR / "astronaut.png")
+    assert max(astronaut.shape[:2]) <= SEGMENT_SIDE  # the path without a resize
+    kept = segmenter.segment(astronaut)
+    assert kept.flags.owndata or (kept.base is not None and kept.base.flags.owndata)
+    first = kept.copy()
+    other = np.ascontiguousarray(load_rgb(PHOTOS_DIR / "biden_blue_room.jpg")[:512, :512])
+    for _ in range(5):
+        segmenter.segment(other)
+        segmenter.person_mask(other)
+        gc.collect()
+    assert np.array_equal(kept, first)
+    assert 0.0 <= float(kept.min()) and float(kept.max()) <= 1.0
