@@ -103,17 +103,6 @@ def test_shipped_calibration_meets_the_issue_on_its_held_out_split():
     assert {r["split"] for r in corpus["cases"]} == {"train", "heldout"}
 
 
-#: What the shipped calibration of 2026-12-05 (issue 34's corpus: face-and-neck tone changes
-#: both ways, the neck to the clothing line; the hair measure; a global shift resolved to two
-#: grey levels; the largest area of per-pixel change, which judges a lone pair's local failures)
-#: still misses, held out: a strict xfail that turns into a failure the day it is met, so the
-#: target stays in the suite.
-_SHORT_CLASSES = (
-    "every path: object_removed 93.8 % (15 of 16: London 140's erased patch has excess_share and "
-    "largest_change_share 0, no pixel of the region read changed by more than their levels)"
-)
-
-
 @pytest.mark.parametrize("path", ["request", "cohort", "none"])
 def test_shipped_calibration_accepts_good_edits_alike_for_every_group_and_direction(path):
     """Issue 34: held out by person, on each judging path (floor request, cohort floor, none),
@@ -145,13 +134,17 @@ def test_shipped_calibration_catches_swaps_and_smiles_by_their_own_gates(path):
         assert face["locality"][key] == corpus["thresholds"]["paths"][path]
 
 
-@pytest.mark.xfail(strict=True, reason=_SHORT_CLASSES)
 def test_shipped_calibration_catches_every_failure_class_on_every_path():
-    """Issues 19 and 34: every failure class caught >= 95 % of its held-out cases, on each path."""
-    for path, fig in load_calibration()["failures"]["heldout_by_path"].items():
+    """Issues 19 and 34: every failure class caught >= 95 % of its held-out cases, on each path,
+    each class with at least 10 held-out cases (erased patches are the fewest: a studio photo
+    has little to erase outside the edit region, 12 in the run of 2026-12-05)."""
+    paths = load_calibration()["failures"]["heldout_by_path"]
+    assert set(paths) == {"request", "cohort", "none"}
+    for path, fig in paths.items():
+        assert set(fig["classes"]) == set(CLASSES), path
         for label, rates in fig["classes"].items():
             if label != GOOD:
-                assert rates["caught"] >= 0.95, (path, label, rates)
+                assert rates["n"] >= 10 and rates["caught"] >= 0.95, (path, label, rates)
 
 
 def test_each_photo_set_keeps_its_own_good_edits_inside_the_thresholds():
