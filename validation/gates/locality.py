@@ -61,7 +61,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from counterfactory.manifests.registry import GATES
 from counterfactory.validation.faces import face_mask as draw_face_mask
 from counterfactory.validation.gates.base import GateResult, PairContext, SourceAnalysis, finite_or_none
-from counterfactory.validation.gates.skin import is_control
+from counterfactory.validation.gates.skin import CONTROL_CONDITIONS, is_control
 from counterfactory.validation.metrics.floor import (
     AGAINST_FLOOR,
     LocalitySource,
@@ -203,9 +203,6 @@ PATH_THRESHOLDS = (
 #: the run's "return this photo unchanged" request, the other candidates of the same source
 #: (:func:`~counterfactory.validation.cohort.cohort_floors`), or nothing (a lone pair).
 FLOOR_PATHS = ("request", "cohort", "none")
-#: limb designs' same-cue controls when ``control_conditions`` is unset, as the skin gate's
-#: (:class:`~counterfactory.validation.gates.skin.SkinGateConfig`)
-CONTROL_CONDITIONS: tuple[dict[str, str], ...] = ({"cue": "kept"},)
 
 
 class LocalityPathConfig(BaseModel):
@@ -433,14 +430,13 @@ def locality_gate(
             metrics["floor_members"] = floor.get("members")
         if floor_image is not None:
             k = stride
-            work_floor_image = floor_image if k == 1 else np.ascontiguousarray(floor_image[::k, ::k])
             floor_low = _FLOOR_LOWS.get(floor_image, pair.work_source, k)
             if floor_low is None:
-                floor_low = lowpass(work_floor_image)
+                floor_low = lowpass(floor_image if k == 1 else np.ascontiguousarray(floor_image[::k, ::k]))
                 _FLOOR_LOWS.put(floor_image, pair.work_source, floor_low, k)
             against = against_floor(
                 prepared,
-                work_floor_image,
+                None,
                 pair.work_candidate,
                 pair.work_covered,
                 candidate_low=cand_low,

@@ -55,6 +55,11 @@ from counterfactory.validation.skin import SourceSkin, measure_candidate_skin, p
 BACKEND_THRESHOLDS: tuple[str, ...] = ()
 
 
+#: the conditions that are controls whatever the source when a gate's ``control_conditions`` is
+#: unset: a limb design's same-cue control (the skin and locality gates read the same default)
+CONTROL_CONDITIONS: tuple[dict[str, str], ...] = ({"cue": "kept"},)
+
+
 class SkinGateConfig(BaseModel):
     """``gates.<kind>.skin`` in the spec; thresholds in ITA degrees.
 
@@ -94,7 +99,7 @@ class SkinGateConfig(BaseModel):
     source_fields: dict[str, str] = Field(
         default_factory=lambda: {"race": "race", "gender": "presented_gender", "skin_tone": "skin_tone"}
     )
-    control_conditions: list[dict[str, str]] = Field(default_factory=lambda: [{"cue": "kept"}])
+    control_conditions: list[dict[str, str]] = Field(default_factory=lambda: [dict(c) for c in CONTROL_CONDITIONS])
 
 
 def is_control(

@@ -248,7 +248,7 @@ def face_measures(
 
 def against_floor(
     prepared: LocalitySource,
-    work_floor: np.ndarray,
+    work_floor: np.ndarray | None,
     work_candidate: np.ndarray,
     work_covered: np.ndarray | None = None,
     *,
@@ -264,7 +264,7 @@ def against_floor(
     (London 022's cast, -0.0039). Here ``global_shift`` is the medians of ``c - f`` over the
     region away from the face (:func:`global_change`). ``candidate_low`` and ``floor_low``:
     the two images' :func:`lowpass` when the caller has them (the floor's is the same for
-    every cell of a template)."""
+    every cell of a template; ``work_floor`` may then be None)."""
     sample = prepared.sample.covered_by(work_covered)
     floor_low = lowpass(work_floor) if floor_low is None else floor_low
     floor_values = floor_low[sample.rows, sample.cols].astype(np.float32)
