@@ -203,7 +203,8 @@ def donor_tone_shift(
 
 
 #: limb cells: the cue values of a same-cue control (the mask's content re-synthesised with the
-#: cue kept); every other cue is a treatment, inpainted away
+#: cue kept); every other cue is a treatment, inpainted away. The gates' default control condition
+#: is the same cue (``validation.gates.skin.CONTROL_CONDITIONS``); generation does not import the gates
 LIMB_CONTROL_CUES = frozenset({"kept"})
 
 
