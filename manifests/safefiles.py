@@ -87,16 +87,21 @@ def inside(
 
 
 @contextmanager
-def open_regular(path: str | Path, max_bytes: int, *, limit_field: str = LIMIT_FIELD) -> Iterator[tuple[BinaryIO, int]]:
+def open_regular(
+    path: str | Path, max_bytes: int, *, limit_field: str = LIMIT_FIELD, single_link: bool = False
+) -> Iterator[tuple[BinaryIO, int]]:
     """``(file, size)`` of ``path`` opened for reading, when it is a regular file of at most
     ``max_bytes`` bytes (checked on the open descriptor: a FIFO is opened without blocking and
     never read, a device never read, a link swapped in after :func:`inside` refused).
-    ``limit_field`` is the setting a message names for raising the limit.
+    ``limit_field`` is the setting a message names for raising the limit. With ``single_link``
+    a file with more than one hard link is refused too: :func:`inside` cannot see where a hard
+    link's other names lie, so a file inside a folder may be the same bytes as one outside it.
 
     Raises:
         FileNotFoundError: no such file.
         IsADirectoryError: a folder.
-        InputFileError: a FIFO, device or socket, a symbolic link, or larger than ``max_bytes``.
+        InputFileError: a FIFO, device or socket, a symbolic link, larger than ``max_bytes``, or
+            (``single_link``) hard-linked.
         OSError: any other failure to open (permissions, ...).
     """
     path = Path(path)
@@ -122,6 +127,11 @@ def open_regular(path: str | Path, max_bytes: int, *, limit_field: str = LIMIT_F
                 else "a special file"
             )
             raise InputFileError(f"{path.name!r} is {kind}, not a regular file; name an image file")
+        if single_link and info.st_nlink > 1:
+            raise InputFileError(
+                f"{path.name!r} is hard-linked ({info.st_nlink} links), so its bytes may be a file outside the "
+                "folder; copy the file in (cp, not cp -l or ln)"
+            )
         if info.st_size > max_bytes:
             raise InputFileError(
                 f"{path.name!r} is {info.st_size:,} bytes, over the limit of {max_bytes:,}; it is not a file "
@@ -137,14 +147,16 @@ def open_regular(path: str | Path, max_bytes: int, *, limit_field: str = LIMIT_F
         yield file, info.st_size
 
 
-def read_regular(path: str | Path, max_bytes: int, *, limit_field: str = LIMIT_FIELD) -> bytes:
+def read_regular(
+    path: str | Path, max_bytes: int, *, limit_field: str = LIMIT_FIELD, single_link: bool = False
+) -> bytes:
     """The bytes of a regular file of at most ``max_bytes`` (:func:`open_regular`); never more
     than ``max_bytes`` are read, even from a file that grows while it is read.
 
     Raises:
         see :func:`open_regular`.
     """
-    with open_regular(path, max_bytes, limit_field=limit_field) as (file, size):
+    with open_regular(path, max_bytes, limit_field=limit_field, single_link=single_link) as (file, size):
         data = file.read(size)  # at most max_bytes: a read sized by the limit would allocate it
         grew = file.read(1)
     if grew:
@@ -152,12 +164,13 @@ def read_regular(path: str | Path, max_bytes: int, *, limit_field: str = LIMIT_F
     return data
 
 
-def sha256_file(path: str | Path, max_bytes: int | None = None) -> str:
+def sha256_file(path: str | Path, max_bytes: int | None = None, *, single_link: bool = False) -> str:
     """The hex sha256 of a file's bytes, read as a stream: the one file hash of the package.
 
     With ``max_bytes`` (a file an untrusted table or metadata names) only a regular file of at
     most that many bytes is read (:func:`open_regular`); without it (the package's own files: a
-    store image, a release file, a model's weights) any file that opens.
+    store image, a release file, a model's weights) any file that opens. ``single_link`` (with
+    ``max_bytes``) refuses a hard-linked file (:func:`open_regular`).
 
     Raises:
         FileNotFoundError: no such file; with ``max_bytes``, see :func:`open_regular`.
@@ -169,7 +182,7 @@ def sha256_file(path: str | Path, max_bytes: int | None = None) -> str:
                 digest.update(chunk)
         return digest.hexdigest()
     read = 0
-    with open_regular(path, max_bytes) as (file, _):
+    with open_regular(path, max_bytes, single_link=single_link) as (file, _):
         while chunk := file.read(_CHUNK):
             read += len(chunk)
             if read > max_bytes:

@@ -150,16 +150,19 @@ class ImportRow:
         }
 
 
-def _file_sha256(path: Path, max_bytes: int = DEFAULT_MAX_FILE_BYTES) -> tuple[str | None, str | None]:
+def _file_sha256(
+    path: Path, max_bytes: int = DEFAULT_MAX_FILE_BYTES, *, single_link: bool = True
+) -> tuple[str | None, str | None]:
     """``(sha256, None)`` of the file's bytes (read as a stream), or ``(None, why it cannot be
-    read)``.
+    read)``. A file the table names must have one link (``single_link``): a hard link's other
+    name may lie outside the table's folder, where :func:`inside` cannot see it.
 
     Raises:
-        InputFileError: not a regular file (a FIFO, a device), or over ``max_bytes``: the
-            caller refuses the row, naming it.
+        InputFileError: not a regular file (a FIFO, a device), hard-linked, or over
+            ``max_bytes``: the caller refuses the row, naming it.
     """
     try:
-        return sha256_file(path, max_bytes), None
+        return sha256_file(path, max_bytes, single_link=single_link), None
     except FileNotFoundError:
         return None, "file not found"
     except IsADirectoryError:
@@ -436,7 +439,8 @@ class _SourceResolver:
             self._by_sha = {}
             for photo, sid in self.by_path.items():
                 try:
-                    photo_sha, _ = _file_sha256(photo, self.max_bytes)
+                    # the spec's own photos, not files the table names: a hard link there is the user's
+                    photo_sha, _ = _file_sha256(photo, self.max_bytes, single_link=False)
                 except InputFileError:
                     continue  # the run fails this source itself (load_image refuses it)
                 if photo_sha is not None:

@@ -125,6 +125,14 @@ def test_a_symbolic_link_out_of_the_tables_folder_is_refused(study):
     assert "row 1 (id 'p1'), column 'candidate': 'link.png' leads outside" in line
 
 
+def test_a_hard_link_to_a_file_outside_the_tables_folder_is_refused(study):
+    # a hard link is a second name of the same file: inside() sees only the name in the folder
+    os.link(study / "outside" / "face.png", study / "set" / "linked.png")
+    _table(study, "p1,hopper,linked.png,Black,female,")
+    line = _refused(study)
+    assert "row 1 (id 'p1'), column 'candidate': 'linked.png' is hard-linked (2 links)" in line
+
+
 def test_a_symbolic_link_in_a_folder_layout_is_refused_naming_the_file(study):
     edits = study / "edits"
     edits.mkdir()
