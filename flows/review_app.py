@@ -148,7 +148,7 @@ def source_edit_mask(spec: Spec, store: ImageStore, row: Any, pixels: np.ndarray
     again as the run computes it (a folder made without a store, a limb design)."""
     check = (row.meta or {}).get("check")
     sha = check.get("region_sha256") if isinstance(check, dict) else None
-    if isinstance(sha, str) and SHA256.match(sha) and store.has(sha):
+    if isinstance(sha, str) and SHA256.fullmatch(sha) and store.has(sha):
         region = store.get(sha)
         if region.shape == pixels.shape[:2]:
             return region
@@ -584,7 +584,7 @@ def _file_routes(site: ReviewSite) -> APIRouter:
 
     @router.get("/img/{sha256}")
     def image(sha256: str):
-        if not SHA256.match(sha256):
+        if not SHA256.fullmatch(sha256):
             return JSONResponse(
                 {"error": "images are addressed by their sha256 (64 lowercase hex digits), nothing else"},
                 status_code=400,

@@ -98,7 +98,7 @@ def make_schedule(*, cron: str | None = None, interval: float | None = None, tim
 
 
 def _version_key(version: str) -> tuple[int, int, int] | None:
-    match = _VERSION.match(version)
+    match = _VERSION.fullmatch(version)
     return tuple(int(g) for g in match.groups()) if match else None  # type: ignore[return-value]
 
 

@@ -118,7 +118,7 @@ class RenderedPrompt:
 
 def load_template(name: str, directory: Path | None = None) -> tuple[str, str]:
     """``(text, sha256)`` of the template called ``name``."""
-    if not _NAME.match(name):
+    if not _NAME.fullmatch(name):
         raise ValueError(f"prompt template name {name!r} may hold only letters, digits, '_', '-', '.'")
     for folder in [d for d in (directory, PROMPTS_DIR) if d is not None]:
         path = Path(folder) / f"{name}.txt"

@@ -228,7 +228,7 @@ class SourceRecord(BaseModel):
     @field_validator("id")
     @classmethod
     def _id(cls, value: str) -> str:
-        if not _ID_PATTERN.match(value):
+        if not _ID_PATTERN.fullmatch(value):
             raise ValueError(
                 "an id of 1-128 letters, digits, '.', '_' or '-', starting with a letter or "
                 "digit (it becomes part of file names and cell ids)"

@@ -104,7 +104,7 @@ class DesignConfig(BaseModel):
         if not axes:
             raise ValueError("at least one axis, e.g. {'cue': ['removed', 'kept']}")
         for name, values in axes.items():
-            if not _AXIS_NAME.match(name):
+            if not _AXIS_NAME.fullmatch(name):
                 raise ValueError(f"axis names that are identifiers (letters, digits, '_'), got {name!r}")
             if not values:
                 raise ValueError(f"axis {name!r} to have at least one value")

@@ -79,7 +79,7 @@ def check_name(name: str) -> str:
     Raises:
         ValueError: not a top-level ``.jsonl`` name.
     """
-    if not _NAME.match(name):
+    if not _NAME.fullmatch(name):
         raise ValueError(f"release file {name!r}: a plug-in adds a top-level JSON-lines table, named like 'mine.jsonl'")
     return name
 

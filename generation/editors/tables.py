@@ -154,7 +154,9 @@ def _embedded(value: dict[str, Any], cache: Callable[[], Path], max_bytes: int) 
         sha = hashlib.sha256(data).hexdigest()
         given = Path(str(value.get("path") or "").replace("\x00", "")).suffix.lower()
         suffix = (
-            given if _SUFFIX.match(given) else next((ext for magic, ext in _MAGIC if data.startswith(magic)), ".img")
+            given
+            if _SUFFIX.fullmatch(given)
+            else next((ext for magic, ext in _MAGIC if data.startswith(magic)), ".img")
         )
         folder = cache()
         target = folder / f"{sha}{suffix}"

@@ -296,7 +296,7 @@ class FalQueue:
                 "FAL_KEY is not set: create a key at https://fal.ai/dashboard/keys and run "
                 "`export FAL_KEY=<key_id>:<key_secret>` (or set FAL_KEY_ID and FAL_KEY_SECRET)"
             )
-        if self.endpoint not in self.known_endpoints and not ENDPOINT_SHAPE.match(self.endpoint):
+        if self.endpoint not in self.known_endpoints and not ENDPOINT_SHAPE.fullmatch(self.endpoint):
             known = f"; known endpoints: {', '.join(self.known_endpoints)}" if self.known_endpoints else ""
             raise SetupError(
                 f"unknown fal endpoint {self.endpoint!r} in {self.client_name}.endpoint: "
