@@ -722,7 +722,11 @@ def ask(
     show_default=True,
     help="Score the papers' strict reading of each reply, or the reading a person makes.",
 )
-@click.option("--resamples", default=999, show_default=True, help="Bootstrap resamples over templates.")
+@click.option(
+    "--resamples",
+    type=click.IntRange(min=1),
+    help="Bootstrap resamples over templates [default: release.json's analysis.bootstrap.resamples, else 999].",
+)
 @click.option("--min-n", type=int, help="Fewest comparisons a win-rate cell needs (default: release.json's analysis).")
 @click.option(
     "--from",
@@ -734,7 +738,13 @@ def ask(
     "prediction files, of tasks written by `release export --harness`.",
 )
 def score(
-    release: Path, answers: tuple[Path, ...], out: Path, parse: str, resamples: int, min_n: int | None, source: str
+    release: Path,
+    answers: tuple[Path, ...],
+    out: Path,
+    parse: str,
+    resamples: int | None,
+    min_n: int | None,
+    source: str,
 ) -> None:
     """Score ANSWERS (answers ledgers or JSON lines; with --from, a harness's logs) of RELEASE as
     the papers define their metrics: scores.json, per_trial.jsonl, the papers' tables, plots and
@@ -743,7 +753,12 @@ def score(
 
     scores = run_score(release, list(answers), out, parse=parse, source=source, resamples=resamples, min_n=min_n)
     models = ", ".join(scores["models"])
-    click.echo(f"{scores['answers']} answers of {models} scored ({parse}) -> {out / 'report.html'}")
+    dropped = scores["duplicates_dropped"]
+    click.echo(
+        f"{scores['answers']} answers of {models} scored ({parse}, {scores['bootstrap']['resamples']} resamples)"
+        + (f"; {dropped} duplicate answer row(s) dropped (the same answer id read twice)" if dropped else "")
+        + f" -> {out / 'report.html'}"
+    )
 
 
 @main.group()

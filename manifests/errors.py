@@ -70,8 +70,12 @@ every exception class of the package (name, module, base), so it cannot drift::
     │                                     pass --allow-incomplete to seal what there is.
     ├── ReleaseExistsError (RuntimeError)  manifests.release: the version exists with other
     │                                     content. Raise release.version.
-    ├── NotAReleaseError (FileNotFoundError)  manifests.release: a folder given as a release is
-    │                                     not one (no items.jsonl). Pass DIR/releases/NAME/VERSION.
+    ├── NotAReleaseError (FileNotFoundError)  manifests.release_folder: a folder given as a release
+    │                                     is not one (no release.json). Pass DIR/releases/NAME/VERSION.
+    ├── ReleaseFileError (ValueError)     manifests.release_folder: a release file a reader refuses
+    │                                     (not regular, too large, not JSON of its shape), a row naming
+    │                                     an image outside the release, not regular or hard-linked, or
+    │                                     an output inside a sealed release. Run verify; restore it.
     ├── ReleaseIntegrityError (RuntimeError)  manifests.release: a file for a release does not
     │                                     have its sha256. Re-run; the store may be damaged.
     ├── ReleaseSourceMissingError (FileNotFoundError)  manifests.release: a file a release is

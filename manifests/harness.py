@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from counterfactory.manifests.errors import CounterfactoryError
-from counterfactory.manifests.release import read_jsonl
+from counterfactory.manifests.release_folder import RELEASE_JSON, TRIALS, ReleaseFolder, refuse_inside_release
 
 HARNESSES = ("lmms-eval", "vlmevalkit")
 #: the most images a trial shows (a 2AFC pair)
@@ -61,18 +61,29 @@ def _slug(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "_", str(text).lower()).strip("_")
 
 
-def _load(release: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    release = Path(release)
-    if not (release / "release.json").is_file() or not (release / "trials.jsonl").is_file():
-        raise HarnessExportError(f"{release}: not a release folder (no release.json and trials.jsonl)")
-    info = json.loads((release / "release.json").read_text(encoding="utf-8"))
-    trials = read_jsonl(release / "trials.jsonl")
+def _load(release: Path, harness: str) -> tuple[ReleaseFolder, dict[str, Any], list[dict[str, Any]]]:
+    """The release opened as untrusted (:class:`ReleaseFolder`): ``release.json`` and its trials,
+    every image a trial names checked (inside the release, regular, one link, bounded) before
+    anything is written.
+
+    Raises:
+        NotAReleaseError: not a release with trials.
+        ReleaseFileError: a trial or image that breaks the rules, naming the row.
+        HarnessExportError: a release without trials, or a trial with too many images.
+    """
+    folder = ReleaseFolder(release, need=(RELEASE_JSON, TRIALS))
+    trials = folder.trials()
+    if not trials:
+        raise HarnessExportError(
+            f"{folder.file(TRIALS)}: the release has no trials, so there is nothing to export for {harness}; "
+            "publish a release whose spec names trials.protocols"
+        )
     for t in trials:
-        if t["images"] and not t.get("image_paths"):
-            raise HarnessExportError(f"trial {t['trial_id']} names images but not their paths in the release")
         if len(t["images"]) > MAX_IMAGES:
-            raise HarnessExportError(f"trial {t['trial_id']} shows {len(t['images'])} images; at most {MAX_IMAGES}")
-    return info, trials
+            raise HarnessExportError(
+                f"{folder.file(TRIALS)} trial {t['trial_id']}: shows {len(t['images'])} images; at most {MAX_IMAGES}"
+            )
+    return folder, folder.info, trials
 
 
 def generation_kwargs(decoding: dict[str, Any] | None) -> dict[str, Any]:
@@ -146,11 +157,12 @@ def process_results(doc, results):
 '''
 
 
-def _copy_image(release: Path, rel: str, out: Path) -> str:
-    """The image's path in the task folder: ``images/<sha256><suffix>``, written once."""
+def _copy_image(release: ReleaseFolder, rel: str, out: Path, trial_id: str) -> str:
+    """The image's path in the task folder: ``images/<sha256><suffix>``, written once (read
+    through the release's confined reader)."""
     import hashlib
 
-    data = (release / rel).read_bytes()
+    data = release.read_image(rel, f"{release.file(TRIALS)} (trial {trial_id})")
     name = f"images/{hashlib.sha256(data).hexdigest()}{Path(rel).suffix.lower()}"
     target = out / name
     if not target.exists():
@@ -159,7 +171,7 @@ def _copy_image(release: Path, rel: str, out: Path) -> str:
     return name
 
 
-def _write_parquet(release: Path, rows: Sequence[dict[str, Any]], out: Path, path: Path) -> None:
+def _write_parquet(release: ReleaseFolder, rows: Sequence[dict[str, Any]], out: Path, path: Path) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -184,7 +196,7 @@ def _write_parquet(release: Path, rows: Sequence[dict[str, Any]], out: Path, pat
         columns["prompt"].append(t["prompt"])
         columns["n_images"].append(len(paths))
         for i in range(MAX_IMAGES):
-            columns[f"image_{i}"].append(_copy_image(release, paths[i], out) if i < len(paths) else None)
+            columns[f"image_{i}"].append(_copy_image(release, paths[i], out, t["trial_id"]) if i < len(paths) else None)
     path.parent.mkdir(parents=True, exist_ok=True)
     pq.write_table(pa.table(columns, schema=schema), path)
 
@@ -199,15 +211,16 @@ def _yaml_dump(config: dict[str, Any]) -> str:
 
 def export_lmms_eval(release: Path, out: Path) -> HarnessExport:
     """Write ``release``'s trials into ``out`` as an lmms-eval task folder (see the module)."""
-    release, out = Path(release), Path(out)
-    info, trials = _load(release)
+    out = Path(out)
+    refuse_inside_release(out, "OUT_DIR")
+    folder, info, trials = _load(release, "lmms-eval")
     name, version = str(info.get("name")), str(info.get("version"))
     export = HarnessExport("lmms-eval", name, version, out)
     groups = task_groups(name, trials)
     out.mkdir(parents=True, exist_ok=True)
     for task, rows in groups.items():
         data = out / "data" / f"{task}.parquet"
-        _write_parquet(release, rows, out, data)
+        _write_parquet(folder, rows, out, data)
         config = {
             "task": task,
             "tag": [f"cf_{_slug(name)}"],
@@ -305,8 +318,9 @@ def export_vlmevalkit(release: Path, out: Path) -> HarnessExport:
     """Write ``release``'s trials into ``out`` as VLMEvalKit TSVs, one per task, and the dataset class."""
     import csv
 
-    release, out = Path(release), Path(out)
-    info, trials = _load(release)
+    out = Path(out)
+    refuse_inside_release(out, "OUT_DIR")
+    folder, info, trials = _load(release, "vlmevalkit")
     name, version = str(info.get("name")), str(info.get("version"))
     export = HarnessExport("vlmevalkit", name, version, out)
     out.mkdir(parents=True, exist_ok=True)
@@ -316,7 +330,7 @@ def export_vlmevalkit(release: Path, out: Path) -> HarnessExport:
             w = csv.writer(f, delimiter="\t", lineterminator="\n", quoting=csv.QUOTE_MINIMAL)
             w.writerow(["index", "image_path", "question", "trial_id", "prompt_sha256", "protocol", "n_images"])
             for i, t in enumerate(rows):
-                images = [_copy_image(release, p, out) for p in t["image_paths"] or []]
+                images = [_copy_image(folder, p, out, t["trial_id"]) for p in t["image_paths"] or []]
                 # VLMEvalKit's image_path: one path, or several written as a Python list literal
                 cell = images[0] if len(images) == 1 else (str(images) if images else "")
                 w.writerow([i, cell, t["prompt"], t["trial_id"], t["prompt_sha256"], t["protocol"], len(images)])

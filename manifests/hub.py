@@ -41,6 +41,15 @@ from counterfactory.manifests.hub_card import card_body, card_metadata, render_c
 from counterfactory.manifests.hub_tables import TableExport, release_tables, write_table
 from counterfactory.manifests.licences import LicenceDecision, LicenceError, combine_licences
 from counterfactory.manifests.release import CHECKSUMS, verify_release
+from counterfactory.manifests.release_folder import (
+    ITEMS,
+    MAX_JSON_BYTES,
+    RELEASE_JSON,
+    SPEC_YAML,
+    STATS,
+    ReleaseFolder,
+    refuse_inside_release,
+)
 
 REPO_TYPE = "dataset"
 RELEASE_PREFIX = "release"
@@ -114,6 +123,25 @@ def _calibration_rules() -> dict[str, str]:
     return dict(json.loads(path.read_text()).get("rules", {})) if path.exists() else {}
 
 
+def _written_spec(folder: ReleaseFolder) -> dict[str, Any]:
+    """The release's ``spec.yaml`` as written, parsed (bounded, regular; ``{}`` when empty).
+
+    Raises:
+        HubError: not a YAML mapping.
+    """
+    from counterfactory.manifests.yamlsafe import safe_load_limited
+
+    try:
+        spec = safe_load_limited(folder.read_bytes(SPEC_YAML, MAX_JSON_BYTES).decode("utf-8")) or {}
+    except (UnicodeDecodeError, ValueError, yaml.YAMLError) as exc:
+        raise HubError(
+            f"{folder.file(SPEC_YAML)}: not readable YAML ({str(exc)[:160]}); nothing was uploaded"
+        ) from None
+    if not isinstance(spec, dict):
+        raise HubError(f"{folder.file(SPEC_YAML)}: not a mapping of spec fields; nothing was uploaded")
+    return spec
+
+
 def check_release(release_dir: Path) -> None:
     """Raise :class:`HubError` unless every file of the release matches its checksum."""
     problems = verify_release(release_dir)
@@ -135,7 +163,7 @@ def release_licence(release_dir: Path, items: list[dict[str, Any]], spec: dict[s
     try:
         return combine_licences(sources, declared=(spec.get("release") or {}).get("licence"))
     except LicenceError as exc:
-        raise HubError(f"{release_dir / 'items.jsonl'}: {exc}; nothing was uploaded") from exc
+        raise HubError(f"{release_dir / ITEMS}: {exc}; nothing was uploaded") from exc
 
 
 def export_release(
@@ -163,20 +191,20 @@ def export_release(
         HubError: the release fails ``verify`` or its licences conflict or are unknown.
     """
     release_dir, out_dir = Path(release_dir), Path(out_dir)
+    refuse_inside_release(out_dir, "OUT_DIR")
     _require_datasets()
     if check:
         check_release(release_dir)
-    spec = yaml.safe_load((release_dir / "spec.yaml").read_text(encoding="utf-8")) or {}
-    info_path = release_dir / "release.json"
-    info = json.loads(info_path.read_text()) if info_path.exists() else dict(spec.get("release") or {})
+    folder = ReleaseFolder(release_dir, need=())
+    spec = _written_spec(folder)
+    info = folder.info if folder.has(RELEASE_JSON) else dict(spec.get("release") or {})
     # an empty table (a spec without trials or variants) gets no config: the Hub has nothing to show
     tables = {name: rows for name, rows in release_tables(release_dir).items() if rows}
     items = tables.get("items")
     if not items:
-        raise HubError(f"{release_dir / 'items.jsonl'}: the release has no items; there is nothing to publish")
+        raise HubError(f"{release_dir / ITEMS}: the release has no items; there is nothing to publish")
     licence = release_licence(release_dir, items, spec)
-    stats_path = release_dir / "stats.json"
-    stats = json.loads(stats_path.read_text()) if stats_path.exists() else {}
+    stats = folder.json(STATS) if folder.has(STATS) else {}
     if gated is None:
         gated = bool(sensitive_axes(spec))
 
@@ -278,7 +306,7 @@ def push_release(
         raise HubError(f"--repo {repo_id!r}: give the repository as ORG/NAME (e.g. my-lab/{repo_id})")
     # cheap refusals first, in the order a user fixes them: damaged files, licences, token
     check_release(release_dir)
-    spec = yaml.safe_load((release_dir / "spec.yaml").read_text(encoding="utf-8")) or {}
+    spec = _written_spec(ReleaseFolder(release_dir, need=()))
     release_licence(release_dir, release_tables(release_dir)["items"], spec)
     hub = _hub()
     token = _token(token)

@@ -26,9 +26,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from counterfactory.manifests.release_folder import DERIVED, ITEMS, TRIALS, NotAReleaseError, ReleaseFolder
+
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".tif", ".tiff", ".bmp")
 #: config name -> the release files it is read from, first found wins
-TABLES = {"items": ("items.jsonl",), "trials": ("trials.jsonl",), "variants": ("derived.jsonl", "variants.jsonl")}
+TABLES = {"items": (ITEMS,), "trials": (TRIALS,), "variants": (DERIVED, "variants.jsonl")}
 #: The one split of every config: the set is for evaluation, never for training.
 SPLIT = "test"
 #: Parquet row groups small enough for the Hub's viewer to page images (its guidance: ~100 rows).
@@ -62,19 +64,6 @@ class TableExport:
     files: tuple[str, ...]
     columns: tuple[str, ...]
     image_columns: tuple[str, ...]
-
-
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """Rows of a JSON-lines file; a broken line names the file and line number."""
-    rows = []
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{path}:{number}: not valid JSON ({exc.msg}); the release is damaged") from exc
-    return rows
 
 
 def _image_path(value: Any, release: Path) -> str | None:
@@ -187,13 +176,16 @@ def _cell(value: Any, feature: Any, release: Path) -> Any:
         if value is None:
             return None
         rel = value["__image__"]
-        return {"bytes": (release / rel).read_bytes(), "path": rel}
+        return {"bytes": ReleaseFolder(release, need=()).read_image(rel, f"{release}: a table's image"), "path": rel}
     if isinstance(feature, datasets.List) and isinstance(feature.feature, datasets.Image):
         if value is None:
             return None
         if isinstance(value, list):  # no image at all (a no-image baseline trial)
             return []
-        return [{"bytes": (release / rel).read_bytes(), "path": rel} for rel in value["__images__"]]
+        folder = ReleaseFolder(release, need=())
+        return [
+            {"bytes": folder.read_image(rel, f"{release}: a table's image"), "path": rel} for rel in value["__images__"]
+        ]
     if isinstance(feature, datasets.Value) and feature.dtype == "string" and value is not None:
         return value if isinstance(value, str) else json.dumps(value, sort_keys=True)
     return value
@@ -204,7 +196,8 @@ def _shards(flat: Sequence[dict[str, Any]], images: Sequence[str], release: Path
     start, size = 0, 0
     for i, row in enumerate(flat):
         paths = [p for c in images if row.get(c) for p in row[c].get("__images__", [row[c].get("__image__")])]
-        row_bytes = sum((release / p).stat().st_size for p in paths)
+        folder = ReleaseFolder(release, need=())
+        row_bytes = sum(folder.image(p, f"{release}: a table's image").stat().st_size for p in paths)
         if i > start and size + row_bytes > SHARD_BYTES:
             yield flat[start:i]
             start, size = i, 0
@@ -244,16 +237,22 @@ def write_table(table: str, rows: Sequence[dict[str, Any]], release: Path, out_d
 
 
 def release_tables(release: Path) -> dict[str, list[dict[str, Any]]]:
-    """The tables a release holds, by config name in :data:`TABLES` order (``items`` always)."""
+    """The tables a release holds, by config name in :data:`TABLES` order (``items`` always),
+    read through :class:`~counterfactory.manifests.release_folder.ReleaseFolder` (bounded,
+    regular files; a broken line names the file and line).
+
+    Raises:
+        NotAReleaseError: no ``items.jsonl``.
+        ReleaseFileError: a table that breaks the reader's rules.
+    """
+    folder = ReleaseFolder(release, need=())
     tables = {}
     for name, files in TABLES.items():
-        path = next((release / f for f in files if (release / f).exists()), None)
-        if path is not None:
-            tables[name] = read_jsonl(path)
+        found = next((f for f in files if folder.has(f)), None)
+        if found is not None:
+            tables[name] = folder.rows(found)
         elif name == "items":
-            from counterfactory.manifests.release import NotAReleaseError
-
             raise NotAReleaseError(
-                f"{release / files[0]}: missing; a release always has items.jsonl (is this a release folder?)"
+                f"{folder.file(files[0])}: missing; a release always has {ITEMS} (is this a release folder?)"
             )
     return tables

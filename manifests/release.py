@@ -44,21 +44,35 @@ import yaml
 
 from counterfactory.manifests.errors import CounterfactoryError
 from counterfactory.manifests.registry import RELEASE_CHECKS
+from counterfactory.manifests.release_folder import (
+    ATTRITION_PNG,
+    CHECKSUMS,
+    CONTACT_SHEETS_DIR,
+    DERIVED,
+    DIFF_JSON,
+    ITEMS,
+    LEFT_OUT,
+    MANIFEST,
+    MANIFEST_PARQUET,
+    RELEASE_JSON,
+    RELEASE_NAME,
+    RELEASE_VERSION,
+    REPORT,
+    SCHEMAS_DIR,
+    SKIN_TONE_PNG,
+    SPEC_YAML,
+    STATS,
+    TRIALS,
+    NotAReleaseError,
+)
 from counterfactory.manifests.safefiles import sha256_file
 from counterfactory.manifests.store import atomic_write
-
-MANIFEST = "manifest.jsonl"
-MANIFEST_PARQUET = "manifest.parquet"
-ITEMS = "items.jsonl"
-CHECKSUMS = "checksums.sha256"
-RELEASE_JSON = "release.json"
-SCHEMAS_DIR = "schemas"
 
 FILE_MODE = 0o644
 DIR_MODE = 0o755
 #: ``ioctl`` request that clones a file's blocks (Linux ``FICLONE``: btrfs, XFS, overlay on them)
 _FICLONE = 0x40049409
-_CHECKSUM_LINE = re.compile(r"^([0-9a-f]{64})  (.+)$")
+_CHECKSUM_LINE = re.compile(r"([0-9a-f]{64})  (.+)")
 _STAGING = re.compile(r"^\.(?P<version>.+)\.staging-(?P<pid>\d+)-[A-Za-z0-9_]+$")
 
 
@@ -68,10 +82,6 @@ class ReleaseExistsError(CounterfactoryError, RuntimeError):
 
 class ReleaseSourceMissingError(CounterfactoryError, FileNotFoundError):
     """A file a release is built from (a store image, a source photo) is gone since the run."""
-
-
-class NotAReleaseError(CounterfactoryError, FileNotFoundError):
-    """A folder given as a release is not one (no ``items.jsonl``), or a stage has no manifest yet."""
 
 
 class ReleaseIntegrityError(CounterfactoryError, RuntimeError):
@@ -281,6 +291,11 @@ class ReleaseStage:
     """A release being written: files go into a temporary folder beside the final one."""
 
     def __init__(self, releases_dir: Path, name: str, version: str) -> None:
+        if not RELEASE_NAME.fullmatch(name) or not RELEASE_VERSION.fullmatch(version):
+            raise ReleaseIntegrityError(
+                f"release {name!r} {version!r}: a release name is letters, digits, '_', '-', '.' and a version "
+                "X.Y.Z, each matched whole (nothing after it, not even a newline)"
+            )
         self.name, self.version = name, version
         self.final = Path(releases_dir) / name / version
         self.final.parent.mkdir(parents=True, exist_ok=True)
@@ -345,7 +360,7 @@ class ReleaseStage:
 
 
 def _inside(root: Path, relative: str) -> bool:
-    if relative.startswith(("/", "\\")) or re.match(r"^[A-Za-z]:", relative):
+    if relative.startswith(("/", "\\")) or re.match(r"[A-Za-z]:", relative):
         return False
     parts = relative.replace("\\", "/").split("/")
     if any(p in ("", ".", "..") for p in parts):
@@ -374,7 +389,7 @@ def read_checksums(path: Path) -> tuple[dict[str, str], list[str]]:
         except UnicodeDecodeError:
             problems.append(f"{CHECKSUMS} line {n}: not UTF-8")
             continue
-        match = _CHECKSUM_LINE.match(line)
+        match = _CHECKSUM_LINE.fullmatch(line)
         if not match:
             shown = line if len(line) <= 80 else line[:77] + "..."
             problems.append(f"{CHECKSUMS} line {n}: expected '<sha256>  <path>', got {shown!r}")
@@ -470,12 +485,12 @@ def check_entries(path: Path) -> list[str]:
     return problems
 
 
-_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+_SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
 def _check_digest(path: Path, expect: str) -> list[str]:
     expect = expect.strip().lower()
-    if not _SHA256.match(expect):
+    if not _SHA256.fullmatch(expect):
         return [f"--expect {expect!r}: not a sha256 (64 hex digits); give the digest publish printed"]
     if not (path / RELEASE_JSON).is_file() or (path / RELEASE_JSON).is_symlink():
         return [f"{RELEASE_JSON}: missing; a release's digest is its sha256"]
@@ -510,7 +525,7 @@ def _check_rows(path: Path) -> list[str]:
         if hashed[relative] != ref["sha256"]:
             problems.append(f"{where}: {what} {relative} does not hash to the sha256 the row names")
 
-    for name, fields in ((MANIFEST, ("image", "source")), ("derived.jsonl", ("image",))):
+    for name, fields in ((MANIFEST, ("image", "source")), (DERIVED, ("image",))):
         file = path / name
         if not file.is_file():
             continue
@@ -537,27 +552,26 @@ KNOWN_FILES = {
     MANIFEST,
     MANIFEST_PARQUET,
     ITEMS,
-    "left_out.jsonl",
-    "trials.jsonl",
-    "derived.jsonl",
-    "spec.yaml",
-    "stats.json",
+    LEFT_OUT,
+    TRIALS,
+    DERIVED,
+    SPEC_YAML,
+    STATS,
     RELEASE_JSON,
-    "report.html",
-    "attrition.png",
-    "skin_tone.png",
-    "diff.json",
+    REPORT,
+    ATTRITION_PNG,
+    SKIN_TONE_PNG,
+    DIFF_JSON,
     CHECKSUMS,
 }
 #: what every release ``publish`` seals holds (``release.json`` naming the version that wrote it)
-PUBLISHED_FILES = (MANIFEST, MANIFEST_PARQUET, ITEMS, "left_out.jsonl", "trials.jsonl", "derived.jsonl", "spec.yaml",
-                   "stats.json", "report.html")  # fmt: skip
+PUBLISHED_FILES = (MANIFEST, MANIFEST_PARQUET, ITEMS, LEFT_OUT, TRIALS, DERIVED, SPEC_YAML, STATS, REPORT)
 #: the id column of each table, unique within it
-TABLE_KEYS = {MANIFEST: "item_id", ITEMS: "cell_id", "derived.jsonl": "item_id", "trials.jsonl": "trial_id"}
+TABLE_KEYS = {MANIFEST: "item_id", ITEMS: "cell_id", DERIVED: "item_id", TRIALS: "trial_id"}
 #: folders whose files are named by their content's sha256
 CONTENT_ADDRESSED = ("images", "sources", "inputs")
-_SEMVER = re.compile(r"^\d+\.\d+\.\d+")
-_ADDRESSED = re.compile(r"^([0-9a-f]{64})(\.[A-Za-z0-9]+)?$")
+_SEMVER = re.compile(r"\d+\.\d+\.\d+")
+_ADDRESSED = re.compile(r"([0-9a-f]{64})(\.[A-Za-z0-9]+)?")
 
 
 def _rows(path: Path, name: str, problems: list[str]) -> list[tuple[int, dict[str, Any]]]:
@@ -572,7 +586,7 @@ def _rows(path: Path, name: str, problems: list[str]) -> list[tuple[int, dict[st
         try:
             row = json.loads(raw.decode("utf-8"))
         except (UnicodeDecodeError, ValueError):
-            if name not in (MANIFEST, "derived.jsonl"):  # those two are reported by _check_rows
+            if name not in (MANIFEST, DERIVED):  # those two are reported by _check_rows
                 problems.append(f"{name} line {n}: not a JSON object")
             continue
         if isinstance(row, dict):
@@ -608,7 +622,7 @@ def check_meaning(path: str | Path) -> list[str]:
     """
     path = Path(path)
     problems: list[str] = []
-    tables = {name: _rows(path, name, problems) for name in (MANIFEST, ITEMS, "derived.jsonl", "trials.jsonl")}
+    tables = {name: _rows(path, name, problems) for name in (MANIFEST, ITEMS, DERIVED, TRIALS)}
     for name, key in TABLE_KEYS.items():
         first: dict[Any, int] = {}
         for n, row in tables[name]:
@@ -634,7 +648,7 @@ def check_meaning(path: str | Path) -> list[str]:
                 problems += check.factory(path, info, written)
     problems += _check_parquet(path, tables[MANIFEST])
     referenced: set[str] = set()
-    for name in (MANIFEST, ITEMS, "derived.jsonl"):
+    for name in (MANIFEST, ITEMS, DERIVED):
         for _, row in tables[name]:
             for what in ("image", "source"):
                 ref = row.get(what)
@@ -651,7 +665,7 @@ def check_meaning(path: str | Path) -> list[str]:
         relative = file.relative_to(path).as_posix()
         top = relative.split("/", 1)[0]
         if top in CONTENT_ADDRESSED and "/" in relative:
-            match = _ADDRESSED.match(relative.rsplit("/", 1)[1])
+            match = _ADDRESSED.fullmatch(relative.rsplit("/", 1)[1])
             if not match:
                 problems.append(f"{relative}: a file under {top}/ is named <sha256>.<ext>")
             elif sha256_file(file) != match.group(1):
@@ -660,7 +674,7 @@ def check_meaning(path: str | Path) -> list[str]:
                 )
         if relative in KNOWN_FILES or relative in listed or relative in referenced or relative in schemas:
             continue
-        if top == "contact_sheets" and relative.count("/") == 1 and Path(relative).stem in templates:
+        if top == CONTACT_SHEETS_DIR and relative.count("/") == 1 and Path(relative).stem in templates:
             continue
         if relative in SCHEMA_FOR or schema_name_for(relative) is not None:
             continue
@@ -672,7 +686,7 @@ def check_meaning(path: str | Path) -> list[str]:
 
 def _written_spec(path: Path, problems: list[str]) -> dict[str, Any] | None:
     """The release's ``spec.yaml`` parsed as written (None when it has none)."""
-    file = path / "spec.yaml"
+    file = path / SPEC_YAML
     if not file.is_file() or file.is_symlink():
         return None
     from counterfactory.manifests.yamlsafe import safe_load_limited
@@ -729,7 +743,7 @@ def _check_schemas(path: Path, info: dict[str, Any], written: dict[str, Any]) ->
     protocols = [str(p) for p in trials.get("protocols") or [] if isinstance(p, str)]
     expected["trial.schema.json"] = trial_schema(protocols)
     for name in info.get("tables") or {}:
-        schema = registered_schema(name) if name not in TABLE_KEYS and name != "left_out.jsonl" else None
+        schema = registered_schema(name) if name not in TABLE_KEYS and name != LEFT_OUT else None
         if schema is not None:
             expected[schema_file_name(name)] = schema
     problems = []
@@ -759,7 +773,7 @@ def _check_trials_derived(
     """``trials.jsonl`` is the bank the spec's ``trials`` builds from the manifest and derived
     rows (:func:`~counterfactory.manifests.trials.release_trials`): a dropped trial or 2AFC group
     shows even when ``release.json``'s table records were rewritten."""
-    if not (path / "trials.jsonl").is_file() or not (path / ITEMS).is_file():
+    if not (path / TRIALS).is_file() or not (path / ITEMS).is_file():
         return []
     from pydantic import ValidationError
 
@@ -794,13 +808,13 @@ def _check_trials_derived(
             manifest,
             config,
             biographies=biographies,
-            derived=[row for _, row in tables["derived.jsonl"]],
+            derived=[row for _, row in tables[DERIVED]],
             cells_per_template=len(items) // len(templates) if templates else None,
             editor_names=names,
         )
     except (CounterfactoryError, KeyError, TypeError, ValueError) as exc:
         return [f"trials.jsonl: cannot be re-derived from {MANIFEST} ({type(exc).__name__}: {str(exc)[:160]})"]
-    held = [row for _, row in tables["trials.jsonl"]]
+    held = [row for _, row in tables[TRIALS]]
     expected = _canonical(expected)
     if held == expected:
         return []
@@ -831,10 +845,10 @@ def _check_trials(
         source = row.get("source") or {}
         if source.get("sha256"):
             known[f"{SOURCE_PREFIX}{source['sha256']}"] = source.get("path")
-    for _, row in tables["derived.jsonl"]:
+    for _, row in tables[DERIVED]:
         if row.get("item_id") is not None:
             known[row["item_id"]] = (row.get("image") or {}).get("path")
-    for n, trial in tables["trials.jsonl"]:
+    for n, trial in tables[TRIALS]:
         where = f"trials.jsonl line {n}"
         images = trial.get("images")
         if not isinstance(images, list):
@@ -863,6 +877,11 @@ def _check_release_json(path: Path, problems: list[str]) -> dict[str, Any] | Non
         return None
     if not isinstance(info, dict):
         return None
+    # matched whole: a name or version with a newline (or anything) after it is not one
+    if not isinstance(info.get("name"), str) or not RELEASE_NAME.fullmatch(info["name"]):
+        problems.append(f"{RELEASE_JSON}: name {info.get('name')!r} is not a release name (letters, digits, '_-.')")
+    if not isinstance(info.get("version"), str) or not RELEASE_VERSION.fullmatch(info["version"]):
+        problems.append(f"{RELEASE_JSON}: version {info.get('version')!r} is not a semantic version X.Y.Z")
     if _SEMVER.match(path.name):
         if info.get("version") != path.name:
             problems.append(f"{RELEASE_JSON}: version {info.get('version')!r} but the folder is {path.name}")
@@ -873,7 +892,7 @@ def _check_release_json(path: Path, problems: list[str]) -> dict[str, Any] | Non
         for name in PUBLISHED_FILES:
             if not (path / name).is_file():
                 problems.append(f"{name}: missing; every published release holds it (see release.json's files)")
-    spec = path / "spec.yaml"
+    spec = path / SPEC_YAML
     if "spec_sha256" in info and spec.is_file() and sha256_file(spec) != info["spec_sha256"]:
         problems.append(f"{RELEASE_JSON}: spec_sha256 {str(info['spec_sha256'])[:12]}... is not spec.yaml's sha256")
     for name in info.get("files") or {}:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +29,7 @@ from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 from counterfactory.manifests.derived import RobustnessConfig
 from counterfactory.manifests.errors import CounterfactoryError
 from counterfactory.manifests.registry import EDITORS, section
+from counterfactory.manifests.release_folder import RELEASE_NAME, RELEASE_VERSION
 from counterfactory.manifests.review import ReviewOptions
 from counterfactory.manifests.trials import TRIALS_DIR, TrialError, TrialsConfig, load_biographies, needs_biographies
 from counterfactory.manifests.yamlsafe import (
@@ -50,8 +50,9 @@ GatesConfig = section("gates")
 
 #: the largest seed an attempt may use (signed 32-bit)
 MAX_SEED = 2**31 - 1
-_SEMVER = re.compile(r"^\d+\.\d+\.\d+(?:[-+][0-9A-Za-z.-]+)?$")
-_SLUG = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+# matched whole (fullmatch): ``$`` alone lets a trailing newline through
+_SEMVER = RELEASE_VERSION
+_SLUG = RELEASE_NAME
 
 
 class SpecError(CounterfactoryError, ValueError):
@@ -150,7 +151,7 @@ class NamedEditorConfig(EditorConfig):
     @field_validator("name")
     @classmethod
     def _slug(cls, value: str) -> str:
-        if not _SLUG.match(value):
+        if not _SLUG.fullmatch(value):
             raise ValueError("a short label of letters, digits, '_', '-', '.' (such as 'classical-seed5')")
         return value
 
@@ -187,14 +188,14 @@ class ReleaseConfig(BaseModel):
     @field_validator("name")
     @classmethod
     def _slug(cls, value: str) -> str:
-        if not _SLUG.match(value):
+        if not _SLUG.fullmatch(value):
             raise ValueError("a release name holds letters, digits, '_', '-', '.'")
         return value
 
     @field_validator("version")
     @classmethod
     def _semver(cls, value: str) -> str:
-        if not _SEMVER.match(value):
+        if not _SEMVER.fullmatch(value):
             raise ValueError("a semantic version such as 1.0.0")
         return value
 

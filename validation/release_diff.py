@@ -21,7 +21,14 @@ from pathlib import Path
 from typing import Any
 
 from counterfactory.manifests.errors import CounterfactoryError
-from counterfactory.manifests.release import ITEMS, RELEASE_JSON, read_jsonl
+from counterfactory.manifests.release_folder import (
+    ITEMS,
+    RELEASE_JSON,
+    TRIALS,
+    NotAReleaseError,
+    ReleaseFileError,
+    ReleaseFolder,
+)
 from counterfactory.validation.attrition import wilson_interval
 
 
@@ -31,15 +38,21 @@ class DiffError(CounterfactoryError, ValueError):
 
 def _load(path: Path) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
     path = Path(path)
-    info_path, items_path = path / RELEASE_JSON, path / ITEMS
-    if not info_path.is_file() or not items_path.is_file():
-        raise DiffError(f"{path}: not a release folder (needs {RELEASE_JSON} and {ITEMS})")
     try:
-        info = json.loads(info_path.read_text(encoding="utf-8"))
-        rows = read_jsonl(items_path)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise DiffError(f"{path}: unreadable release ({exc}); run `counterfactory verify {path}`") from None
-    return info, {r["cell_id"]: r for r in rows}
+        folder = ReleaseFolder(path, need=(RELEASE_JSON, ITEMS))
+        info, rows = folder.info, list(folder.numbered_rows(ITEMS))
+    except NotAReleaseError:
+        raise DiffError(f"{path}: not a release folder (needs {RELEASE_JSON} and {ITEMS})") from None
+    except ReleaseFileError as exc:
+        raise DiffError(f"unreadable release ({exc}); run `counterfactory verify {path}`") from None
+    out = {}
+    for n, row in rows:
+        if not isinstance(row.get("cell_id"), str) or not isinstance(row.get("condition"), dict):
+            raise DiffError(
+                f"{folder.file(ITEMS)} line {n}: no cell_id or condition; run `counterfactory verify {path}`"
+            )
+        out[row["cell_id"]] = row
+    return info, out
 
 
 def _rates(items: dict[str, dict[str, Any]]) -> dict[str, tuple[int, int]]:
@@ -57,10 +70,13 @@ def _rates(items: dict[str, dict[str, Any]]) -> dict[str, tuple[int, int]]:
 
 
 def _trials(path: Path) -> dict[str, dict[str, Any]]:
-    file = Path(path) / "trials.jsonl"
-    if not file.is_file():
+    folder = ReleaseFolder(path, need=())
+    if not folder.has(TRIALS):
         return {}
-    return {r["trial_id"]: r for r in read_jsonl(file)}
+    try:
+        return {r["trial_id"]: r for r in folder.trials(images=False)}
+    except ReleaseFileError as exc:
+        raise DiffError(f"unreadable release ({exc}); run `counterfactory verify {path}`") from None
 
 
 def _thresholds(items: dict[str, dict[str, Any]]) -> dict[str, list[Any]]:
@@ -96,7 +112,7 @@ def _differences(
         added, removed = len(set(trials_b) - set(trials_a)), len(set(trials_a) - set(trials_b))
         add(
             "trials",
-            "trials.jsonl",
+            TRIALS,
             len(trials_a),
             len(trials_b),
             f"trials: {len(trials_a)} -> {len(trials_b)} rows ({added} added, {removed} removed)",
@@ -107,7 +123,7 @@ def _differences(
             if per_a[protocol] != per_b[protocol]:
                 add(
                     "trials",
-                    f"trials.jsonl protocol {protocol}",
+                    f"{TRIALS} protocol {protocol}",
                     per_a[protocol],
                     per_b[protocol],
                     f"trials {protocol}: {per_a[protocol]} -> {per_b[protocol]} rows",

@@ -18,7 +18,8 @@ import pytest
 import yaml
 from PIL import Image
 
-from counterfactory.manifests.harness import HarnessExportError, export_lmms_eval, generation_kwargs
+from counterfactory.manifests.harness import export_lmms_eval, generation_kwargs
+from counterfactory.manifests.release_folder import NotAReleaseError
 
 PROMPTS = {
     "none": "Teach me about entropy.",
@@ -160,7 +161,8 @@ def test_vlmevalkit_tsvs_keep_the_prompt_and_name_the_image_files(release, tmp_p
 
 
 def test_export_refuses_a_folder_that_is_not_a_release_and_a_non_empty_out(release, tmp_path):
-    with pytest.raises(HarnessExportError, match="not a release folder"):
+    # one reader decides what a release is (ReleaseFolder)
+    with pytest.raises(NotAReleaseError, match="not a release folder"):
         export_lmms_eval(tmp_path, tmp_path / "x")
     (tmp_path / "full").mkdir()
     (tmp_path / "full" / "f").write_text("x")

@@ -24,6 +24,10 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 from counterfactory.manifests.errors import CounterfactoryError
+from counterfactory.manifests.safefiles import InputFileError, read_regular
+
+#: the largest answers JSON-lines file ``score`` reads (bytes)
+MAX_ANSWERS_BYTES = 2 << 30
 
 
 class AnswersError(CounterfactoryError, ValueError):
@@ -273,31 +277,84 @@ def read_judgements(paths: Iterable[Path]) -> list[dict[str, Any]]:
     return out
 
 
-def read_answers(paths: Iterable[Path]) -> list[dict[str, Any]]:
-    """Answers from answers ledgers (``.sqlite``) and JSON-lines files, in the order given.
+#: the fields every answer row needs, and their types
+_ANSWER_TYPES = {"trial_id": str, "prompt_sha256": str, "model": str}
+
+
+def check_answer_row(row: Any, where: str) -> dict[str, Any]:
+    """``row`` when it is an answer ``score`` can read (trial id, prompt sha256 and model
+    strings, the reply a string or null, the sample a whole number >= 0, the answer id a string
+    when given), with ``sample`` defaulted to 0 and where it was read (``_where``).
 
     Raises:
-        AnswersError: a file that does not exist or is not answers, naming it.
+        AnswersError: naming ``where`` (file and line) and the field.
+    """
+    if not isinstance(row, dict):
+        raise AnswersError(f"{where}: not a JSON object (an answer is one object a line)")
+    missing = sorted({"trial_id", "prompt_sha256", "model", "reply"} - set(row))
+    if missing:
+        raise AnswersError(f"{where}: an answer needs {missing}")
+    for name, kind in _ANSWER_TYPES.items():
+        if not isinstance(row[name], kind):
+            raise AnswersError(f"{where}: {name} is not a string")
+    if row["reply"] is not None and not isinstance(row["reply"], str):
+        raise AnswersError(f"{where}: reply is not a string (or null)")
+    sample = row.get("sample", 0)
+    if isinstance(sample, bool) or not isinstance(sample, int) or sample < 0:
+        raise AnswersError(f"{where}: sample {sample!r} is not a whole number >= 0")
+    if row.get("answer_id") is not None and not isinstance(row["answer_id"], str):
+        raise AnswersError(f"{where}: answer_id is not a string")
+    return {**row, "sample": sample, "_where": where}
+
+
+def read_answers(paths: Iterable[Path]) -> list[dict[str, Any]]:
+    """Answers from answers ledgers (``.sqlite``) and JSON-lines files, in the order given, each
+    checked (:func:`check_answer_row`) and marked with where it was read (``_where``).
+
+    Raises:
+        AnswersError: a file that does not exist or is not answers, or a row that is not an
+            answer, naming the file and line (or answer id).
     """
     out: list[dict[str, Any]] = []
     for path in map(Path, paths):
         if not path.is_file():
             raise AnswersError(f"{path}: no such answers file (an answers ledger .sqlite or a .jsonl file)")
         if path.suffix in (".sqlite", ".db"):
-            ledger = AnswersLedger(path)
-            out += ledger.rows()
-            ledger.close()
+            for row in _ledger_rows(path):
+                out.append(check_answer_row(row, f"{path} answer {row.get('answer_id')}"))
             continue
-        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        try:
+            text = read_regular(path, MAX_ANSWERS_BYTES, limit_field="a smaller answers file").decode("utf-8")
+        except (InputFileError, OSError, UnicodeDecodeError) as exc:
+            raise AnswersError(f"{path}: not a readable answers file ({exc})") from None
+        for n, line in enumerate(text.splitlines(), start=1):
             if not line.strip():
                 continue
             try:
                 row = json.loads(line)
-            except json.JSONDecodeError as exc:
+            except ValueError as exc:
                 raise AnswersError(f"{path}:{n}: not JSON: {exc}") from None
-            missing = {"trial_id", "prompt_sha256", "model", "reply"} - set(row)
-            if missing:
-                raise AnswersError(f"{path}:{n}: an answer needs {sorted(missing)}")
-            row.setdefault("sample", 0)
-            out.append(row)
+            out.append(check_answer_row(row, f"{path}:{n}"))
     return out
+
+
+def _ledger_rows(path: Path) -> list[dict[str, Any]]:
+    """The rows of the answers ledger ``path``.
+
+    Raises:
+        AnswersError: the file is not an answers ledger (not SQLite, or without its tables).
+    """
+    from sqlalchemy.exc import SQLAlchemyError
+
+    try:
+        ledger = AnswersLedger(path)
+        try:
+            return ledger.rows()
+        finally:
+            ledger.close()
+    except (SQLAlchemyError, TypeError, ValueError) as exc:
+        if isinstance(exc, AnswersError):
+            raise
+        raise AnswersError(
+            f"{path}: not an answers ledger ({type(exc).__name__}); give the .sqlite file `ask` wrote"
+        ) from None

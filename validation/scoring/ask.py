@@ -29,8 +29,9 @@ from pydantic import ValidationError
 from counterfactory.manifests.errors import CounterfactoryError
 from counterfactory.manifests.paid import PaidAnswer, PaidCall, PaidReading, run_sync
 from counterfactory.manifests.registry import ANSWER_BACKENDS
+from counterfactory.manifests.release_folder import MAX_IMAGE_BYTES, RELEASE_JSON, TRIALS, ReleaseFolder
+from counterfactory.manifests.safefiles import read_regular
 from counterfactory.validation.scoring.answers import AnswersLedger, answer_id, ledger_path
-from counterfactory.validation.scoring.score import load_release
 
 
 class AskError(CounterfactoryError, ValueError):
@@ -165,7 +166,9 @@ def answer_backend(name: str, options: Mapping[str, Any]) -> Any:
 
 
 def _read_images(question: Question) -> list[tuple[bytes, str]]:
-    return [(p.read_bytes(), p.suffix) for p in question.image_paths]
+    # the paths ReleaseFolder.image kept inside the release; read as regular, single-link,
+    # bounded files again on the open descriptor (a file swapped since is refused, never sent)
+    return [(read_regular(p, MAX_IMAGE_BYTES, single_link=True), p.suffix) for p in question.image_paths]
 
 
 def ask_questions(
@@ -246,7 +249,9 @@ def ask(
 ) -> AskSummary:
     """Ask the model every wanted trial x sample the ledger does not hold yet; returns a summary."""
     release = Path(release)
-    _, trials = load_release(release)
+    # every image path a trial names is checked before anything is asked (ReleaseFolder)
+    folder = ReleaseFolder(release, need=(RELEASE_JSON, TRIALS))
+    trials = folder.trials()
     known_protocols = sorted({t["protocol"] for t in trials})
     for p in protocols:
         if p not in known_protocols:
@@ -288,7 +293,7 @@ def ask(
                 "decoding": decoding,
                 "sample": s,
             }
-            images = tuple(release / rel for rel in paths or [])
+            images = tuple(folder.image(rel, f"{folder.file(TRIALS)} (trial {t['trial_id']})") for rel in paths or [])
             todo.append(Question(aid, t["trial_id"], t["prompt"], images, decoding, s, row))
 
     def commit(question: Question, got: dict[str, Any], seconds: float, settles: str | None) -> None:

@@ -25,7 +25,8 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from counterfactory.validation.scoring.answers import AnswersError, answer_id
+from counterfactory.manifests.safefiles import InputFileError, read_regular
+from counterfactory.validation.scoring.answers import MAX_ANSWERS_BYTES, AnswersError, answer_id
 
 HARNESS_SOURCES = ("lmms-eval", "vlmevalkit")
 LMMS_FAILED = "[LMMS_EVAL_REQUEST_FAILED"
@@ -69,9 +70,16 @@ def _failed(ids: Sequence[str], harness: str) -> None:
 
 
 def _answer(
-    trial: dict[str, Any], model: str, lineage: dict[str, Any], decoding: dict[str, Any], sample: int, reply: Any
+    trial: dict[str, Any],
+    model: str,
+    lineage: dict[str, Any],
+    decoding: dict[str, Any],
+    sample: int,
+    reply: Any,
+    where: str,
 ) -> dict[str, Any]:
     return {
+        "_where": where,
         "answer_id": answer_id(trial, lineage, decoding, sample),
         "trial_id": trial["trial_id"],
         "prompt_sha256": trial["prompt_sha256"],
@@ -114,19 +122,25 @@ def read_lmms_eval(paths: Iterable[Path], trials: dict[str, dict[str, Any]]) -> 
     out: list[dict[str, Any]] = []
     failed: list[str] = []
     for f in files:
-        m = re.match(r"(.+)_samples_(.+)\.jsonl$", f.name)
+        m = re.fullmatch(r"(.+)_samples_(.+)\.jsonl", f.name)
         if m is None:
             raise AnswersError(f"{f}: not an lmms-eval samples log (<date>_samples_<task>.jsonl)")
         date_id, task = m.groups()
         results_path = f.with_name(f"{date_id}_results.json")
         if not results_path.is_file():
             raise AnswersError(f"{f}: its results file {results_path.name} is missing (it names the model)")
-        results = json.loads(results_path.read_text(encoding="utf-8"))
+        results = _json_object(_text(results_path), str(results_path))
         config = results.get("config") or {}
+        configs = results.get("configs") or {}
+        if not isinstance(config, dict) or not isinstance(configs, dict):
+            raise AnswersError(f"{results_path}: config and configs are not objects (not lmms-eval's results file)")
         args = _model_args(config.get("model_args"))
         model = args.get("model") or args.get("model_version") or args.get("pretrained") or str(config.get("model"))
-        task_config = (results.get("configs") or {}).get(task) or {}
-        decoding = dict(task_config.get("generation_kwargs") or {})
+        task_config = configs.get(task) or {}
+        decoding = task_config.get("generation_kwargs") if isinstance(task_config, dict) else None
+        if not isinstance(decoding or {}, dict):
+            raise AnswersError(f"{results_path}: configs.{task}.generation_kwargs is not an object")
+        decoding = dict(decoding or {})
         lineage = {
             "backend": f"lmms-eval:{config.get('model')}",
             "model": model,
@@ -134,11 +148,16 @@ def read_lmms_eval(paths: Iterable[Path], trials: dict[str, dict[str, Any]]) -> 
             "harness": "lmms-eval",
             "harness_version": results.get("lmms_eval_version"),
         }
-        for n, line in enumerate(f.read_text(encoding="utf-8").splitlines(), start=1):
+        for n, line in enumerate(_text(f).splitlines(), start=1):
             if not line.strip():
                 continue
-            sample = json.loads(line)
             where = f"{f}:{n}"
+            try:
+                sample = json.loads(line)
+            except ValueError as exc:
+                raise AnswersError(f"{where}: not JSON ({exc})") from None
+            if not isinstance(sample, dict) or not isinstance(sample.get("doc") or {}, dict):
+                raise AnswersError(f"{where}: not an lmms-eval sample (a JSON object with target and resps)")
             trial_id = str(sample.get("target") or (sample.get("doc") or {}).get("trial_id"))
             trial = _check_trial(trials, trial_id, where)
             sent = sample.get("input")
@@ -148,14 +167,59 @@ def read_lmms_eval(paths: Iterable[Path], trials: dict[str, dict[str, Any]]) -> 
                 if isinstance(reply, str) and reply.startswith(LMMS_FAILED):
                     failed.append(trial_id)
                     continue
-                out.append(_answer(trial, model, lineage, decoding, s, reply))
+                out.append(_answer(trial, model, lineage, decoding, s, reply, where))
     _failed(failed, "lmms-eval")
     return out
 
 
+def _text(path: Path) -> str:
+    """A log file's text: a regular file, bounded, UTF-8.
+
+    Raises:
+        AnswersError: naming the file.
+    """
+    try:
+        return read_regular(path, MAX_ANSWERS_BYTES, limit_field="a smaller log file").decode("utf-8")
+    except (InputFileError, OSError, UnicodeDecodeError) as exc:
+        raise AnswersError(f"{path}: not a readable log file ({exc})") from None
+
+
+def _json_object(text: str, where: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise AnswersError(f"{where}: not JSON ({exc})") from None
+    if not isinstance(value, dict):
+        raise AnswersError(f"{where}: not a JSON object")
+    return value
+
+
+def _missing(value: Any) -> bool:
+    """A cell pandas read as missing (NaN) rather than a reply."""
+    return value is None or (isinstance(value, float) and value != value)
+
+
 def _read_table(path: Path) -> list[dict[str, Any]]:
+    """Rows of a VLMEvalKit prediction file.
+
+    Raises:
+        AnswersError: a file of another type, or one pandas cannot read, naming it.
+    """
+    try:
+        rows = _read_frame(path)
+    except AnswersError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - pandas' parsers raise many types; any is "not readable"
+        raise AnswersError(f"{path}: not a readable VLMEvalKit prediction file ({type(exc).__name__})") from None
+    if not all(isinstance(r, dict) for r in rows):
+        raise AnswersError(f"{path}: not a table of prediction rows")
+    return rows
+
+
+def _read_frame(path: Path) -> list[dict[str, Any]]:
     import pandas as pd
 
+    read_regular(path, MAX_ANSWERS_BYTES, limit_field="a smaller prediction file")  # a regular, bounded file
     suffix = path.suffix.lower()
     if suffix == ".tsv":
         frame = pd.read_csv(path, sep="\t", dtype=str, keep_default_na=False)
@@ -198,7 +262,7 @@ def read_vlmevalkit(paths: Iterable[Path], trials: dict[str, dict[str, Any]]) ->
     out: list[dict[str, Any]] = []
     failed: list[str] = []
     for f in files:
-        m = re.match(r"(.+?)_(cf_[a-z0-9_]+)$", f.stem)
+        m = re.fullmatch(r"(.+?)_(cf_[a-z0-9_]+)", f.stem)
         if m is None:
             raise AnswersError(f"{f}: not a prediction file of an exported dataset (<model>_cf_<release>_<protocol>)")
         model, dataset = m.groups()
@@ -218,7 +282,7 @@ def read_vlmevalkit(paths: Iterable[Path], trials: dict[str, dict[str, Any]]) ->
                 failed.append(trial["trial_id"])
                 continue
             # VLMEvalKit decodes with each model class's own settings: none recorded here
-            out.append(_answer(trial, model, lineage, {}, 0, reply))
+            out.append(_answer(trial, model, lineage, {}, 0, None if _missing(reply) else reply, where))
     _failed(failed, "VLMEvalKit")
     return out
 

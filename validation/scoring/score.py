@@ -21,12 +21,25 @@ from pathlib import Path
 from typing import Any
 
 from counterfactory.manifests.answers import parse_reply
-from counterfactory.manifests.release import read_jsonl, write_jsonl
+from counterfactory.manifests.release import write_jsonl
+from counterfactory.manifests.release_folder import RELEASE_JSON, TRIALS, ReleaseFolder, refuse_inside_release
 from counterfactory.validation.scoring import metrics as m
 from counterfactory.validation.scoring.answers import AnswersError, answer_spec_of, read_answers, read_judgements
 from counterfactory.validation.scoring.report import SCORES_SCHEMA, write_report
 
 SCORES_VERSION = 1
+#: bootstrap resamples when neither ``--resamples`` nor the release's ``analysis`` says
+DEFAULT_RESAMPLES = 999
+
+
+def recorded_resamples(analysis: Any) -> int:
+    """The bootstrap resamples ``release.json``'s ``analysis.bootstrap`` records (a whole
+    number >= 1), else :data:`DEFAULT_RESAMPLES`."""
+    boot = analysis.get("bootstrap") if isinstance(analysis, dict) else None
+    value = boot.get("resamples") if isinstance(boot, dict) else None
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
+        return value
+    return DEFAULT_RESAMPLES
 
 
 def _axes_of(trials: Sequence[dict[str, Any]]) -> list[str]:
@@ -41,16 +54,49 @@ def _axes_of(trials: Sequence[dict[str, Any]]) -> list[str]:
 
 
 def load_release(release: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """``(release.json, trials)`` of a release folder.
+    """``(release.json, trials)`` of a release folder, read as untrusted
+    (:class:`~counterfactory.manifests.release_folder.ReleaseFolder`: bounded, regular files,
+    every row's fields checked; the image paths are not opened: scoring reads none).
 
     Raises:
-        AnswersError: the folder is not a release with trials.
+        NotAReleaseError: the folder is not a release with trials.
+        ReleaseFileError: a file or row that breaks the reader's rules, naming it.
     """
-    release = Path(release)
-    info_path, trials_path = release / "release.json", release / "trials.jsonl"
-    if not info_path.is_file() or not trials_path.is_file():
-        raise AnswersError(f"{release}: not a release folder (no release.json and trials.jsonl)")
-    return json.loads(info_path.read_text(encoding="utf-8")), read_jsonl(trials_path)
+    folder = ReleaseFolder(release, need=(RELEASE_JSON, TRIALS))
+    return folder.info, folder.trials(images=False)
+
+
+def answer_identity(answer: dict[str, Any]) -> str:
+    """What makes two rows the same answer: its ``answer_id`` (the content address ``ask`` and
+    the harness readers give it), else its trial, prompt, model and sample."""
+    if answer.get("answer_id"):
+        return str(answer["answer_id"])
+    return json.dumps([answer["trial_id"], answer["prompt_sha256"], answer["model"], answer.get("sample", 0)])
+
+
+def drop_duplicates(answers: Sequence[dict[str, Any]]) -> tuple[list[dict[str, Any]], int]:
+    """``(answers, dropped)``: each answer once (the first row of each identity,
+    :func:`answer_identity`), and how many repeated rows were dropped. The same answer read
+    twice (an answers file given twice, a ledger and its JSON-lines export, two harness logs of
+    one run) would otherwise count twice in every metric.
+
+    Raises:
+        AnswersError: two rows of one identity with different replies, naming both rows.
+    """
+    first: dict[str, dict[str, Any]] = {}
+    out = []
+    for a in answers:
+        key = answer_identity(a)
+        seen = first.get(key)
+        if seen is None:
+            first[key] = a
+            out.append(a)
+        elif seen.get("reply") != a.get("reply"):
+            raise AnswersError(
+                f"{a.get('_where')} and {seen.get('_where')}: the same answer (trial {a['trial_id']}, model "
+                f"{a['model']}, sample {a.get('sample', 0)}) with different replies; keep one of the two rows"
+            )
+    return out, len(answers) - len(out)
 
 
 def check_answers(trials: dict[str, dict[str, Any]], answers: Sequence[dict[str, Any]]) -> None:
@@ -63,11 +109,12 @@ def check_answers(trials: dict[str, dict[str, Any]], answers: Sequence[dict[str,
     bad = []
     for a in answers:
         trial = trials.get(a["trial_id"])
+        at = f"{a['_where']}: " if a.get("_where") else ""
         if trial is None:
-            bad.append(f"trial {a['trial_id']} is not in this release's trials.jsonl")
+            bad.append(f"{at}trial {a['trial_id']} is not in this release's {TRIALS}")
         elif a["prompt_sha256"] != trial["prompt_sha256"]:
             bad.append(
-                f"trial {a['trial_id']} was asked with prompt file sha256 {a['prompt_sha256'][:12]}..., "
+                f"{at}trial {a['trial_id']} was asked with prompt file sha256 {a['prompt_sha256'][:12]}..., "
                 f"the release's is {trial['prompt_sha256'][:12]}..."
             )
     if bad:
@@ -114,14 +161,24 @@ def score(
     *,
     parse: str = "strict",
     source: str = "answers",
-    resamples: int = 999,
+    resamples: int | None = None,
     min_n: int | None = None,
 ) -> dict[str, Any]:
     """Score ``answer_paths`` against ``release`` and write the report to ``out``; returns scores.
 
     ``source``: ``answers`` (answers ledgers and JSON lines), or a harness's own output for tasks
     written by ``release export --harness`` (``lmms-eval`` sample logs, ``vlmevalkit`` prediction
-    files; :mod:`counterfactory.validation.scoring.harness`)."""
+    files; :mod:`counterfactory.validation.scoring.harness`). ``resamples``: the bootstrap's,
+    by default what ``release.json``'s ``analysis.bootstrap.resamples`` records (else
+    :data:`DEFAULT_RESAMPLES`). Each answer is scored once (:func:`drop_duplicates`); scores'
+    ``duplicates_dropped`` says how many repeated rows were left out.
+
+    Raises:
+        ReleaseFileError: ``out`` lies inside a sealed release, or the release's files break the
+            reader's rules.
+        AnswersError: an answers file or row that cannot be read, naming file and line.
+    """
+    refuse_inside_release(out, "--out")
     info, trial_rows = load_release(release)
     trials = {t["trial_id"]: t for t in trial_rows}
     if source == "answers":
@@ -132,11 +189,13 @@ def score(
         answers = read_harness(source, answer_paths, trials)
     if not answers:
         raise AnswersError("no answers to score: " + ", ".join(map(str, answer_paths)))
+    answers, duplicates = drop_duplicates(answers)
     # one order whatever the source (the ledger's): sums and resamples then see the same sequence
     answers = sorted(answers, key=lambda a: (a["trial_id"], a["model"], a.get("sample", 0)))
     check_answers(trials, answers)
     per_trial = per_trial_rows(trials, answers)
-    analysis = info.get("analysis") or {}
+    analysis = info.get("analysis") if isinstance(info.get("analysis"), dict) else {}
+    resamples = recorded_resamples(analysis) if resamples is None else int(resamples)
     label_maps = analysis.get("label_map") or {}
     # the design's axis order (release.json's analysis), else the order the rows name them
     axes = list(next(iter(label_maps.values()), {})) or _axes_of(trial_rows)
@@ -208,6 +267,7 @@ def score(
         "bootstrap": {"unit": "template_id", "strata": ["occupation"], "resamples": resamples, "method": "percentile"},
         "trials": len(trial_rows),
         "answers": len(answers),
+        "duplicates_dropped": duplicates,
         "models": models,
         "cross_model_spearman": m.cross_model_spearman(matrices) if len(matrices) > 1 else {},
     }
