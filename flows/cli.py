@@ -563,6 +563,22 @@ def path_lines(by_path: dict) -> list[str]:
     return lines
 
 
+def _refuse_a_folder_that_is_not_a_release(folder: Path) -> None:
+    """One line, not a problem per file, for a folder that is not a release (a run folder, a
+    releases/ folder): the releases inside it, which are what verify takes."""
+    from counterfactory.manifests.release_folder import CHECKSUMS, RELEASE_JSON, releases_under
+
+    if (folder / RELEASE_JSON).exists() or (folder / CHECKSUMS).exists():
+        return
+    found = releases_under(folder, limit=6)
+    if found:
+        shown = ", ".join(str(p) for p in found[:5]) + (" and more" if len(found) > 5 else "")
+        _fail(
+            f"{folder}: not a release but a folder holding release(s): {shown}; verify one: counterfactory verify {found[-1]}"
+        )
+    _fail(f"{folder}: not a release folder (no {RELEASE_JSON}, no {CHECKSUMS}); pass DIR/releases/NAME/VERSION")
+
+
 @main.command()
 @click.argument("release", type=click.Path(path_type=Path, exists=True, file_okay=False))
 @click.option(
@@ -583,6 +599,7 @@ def verify(release: Path, expect: str | None) -> None:
 
     if expect is not None and not re.fullmatch(r"[0-9a-fA-F]{64}", expect.strip()):
         _fail(f"--expect {expect!r}: not a sha256 (64 hex digits); give the digest publish printed")
+    _refuse_a_folder_that_is_not_a_release(release)
     problems = verify_release(release, expect=expect)
     if problems:
         for p in problems:
@@ -767,9 +784,17 @@ def review() -> None:
 
 
 def _review_setup(out: Path, spec_path: Path | None):
-    from counterfactory.flows.engine.run_folder import RunFolder
+    from counterfactory.flows.engine.run_folder import LEDGER_FILE, RunFolder
+    from counterfactory.manifests.release_folder import releases_under
 
-    spec = RunFolder(out).spec_of_run(spec_path)
+    folder = RunFolder(out)
+    if spec_path is None and not folder.ledger_file.exists() and not folder.recorded_spec_file.exists():
+        if not releases_under(folder.releases, limit=1):
+            _fail(
+                f"{out}: no run here (no {LEDGER_FILE}, no recorded spec, no release); pass the folder a "
+                "`counterfactory run SPEC --out DIR` wrote"
+            )
+    spec = folder.spec_of_run(spec_path)
     return spec, RunFolder(out).ledger_url(spec)
 
 

@@ -48,6 +48,7 @@ from counterfactory.flows.artifacts import artifact_key  # noqa: E402
 from counterfactory.flows.engine.run_folder import RunFolder  # noqa: E402
 from counterfactory.flows.retries import RETRIES, RETRY_DELAYS_S, retry_transient  # noqa: E402
 from counterfactory.manifests.errors import CounterfactoryError
+from counterfactory.manifests.release_folder import is_release
 
 DIFF = "diff.json"
 _VERSION = re.compile(r"^(\d+)\.(\d+)\.(\d+)(?:[-+].*)?$")
@@ -110,7 +111,7 @@ def latest_release(releases_dir: Path, name: str) -> Path | None:
     versions = [
         (key, p)
         for p in folder.iterdir()
-        if p.is_dir() and not p.name.startswith(".") and (p / "release.json").is_file()
+        if p.is_dir() and not p.name.startswith(".") and is_release(p)
         for key in [_version_key(p.name)]
         if key is not None
     ]
@@ -168,14 +169,15 @@ def release_changes(
     """
     from counterfactory.flows.engine.outcomes import cell_rows, completeness
     from counterfactory.flows.engine.release import build_items
-    from counterfactory.manifests.release import ITEMS, RELEASE_JSON, read_jsonl
+    from counterfactory.manifests.release_folder import ITEMS, LEFT_OUT, RELEASE_JSON, ReleaseFolder
 
     changes = []
-    info = json.loads((previous / RELEASE_JSON).read_text(encoding="utf-8"))
+    sealed = ReleaseFolder(previous, need=(RELEASE_JSON, ITEMS))
+    info = sealed.info
     if info.get("spec_sha256") != spec.as_written()[1]:
         changes.append("the spec file changed")
     new_rows = {r["cell_id"]: _comparable(r) for r in build_items(spec, ws, prepared, outcomes, _DryStage())}
-    old_rows = {r["cell_id"]: _comparable(r) for r in read_jsonl(previous / ITEMS)}
+    old_rows = {r["cell_id"]: _comparable(r) for r in sealed.rows(ITEMS)}
     added = sorted(set(new_rows) - set(old_rows))
     removed = sorted(set(old_rows) - set(new_rows))
     changed = sorted(c for c in set(new_rows) & set(old_rows) if new_rows[c] != old_rows[c])
@@ -183,11 +185,10 @@ def release_changes(
         changes.append(f"items: {len(added)} added, {len(removed)} removed, {len(changed)} changed")
     _, left_out = completeness(cell_rows(ws, spec, outcomes), failed, grid)
     new_left = sorted(json.dumps(r, sort_keys=True) for r in left_out if r["what"] != "cell")
-    old_path = previous / "left_out.jsonl"
     old_left = sorted(
         json.dumps(r, sort_keys=True)
-        for r in (read_jsonl(old_path) if old_path.is_file() else [])
-        if r["what"] != "cell"
+        for r in (sealed.rows(LEFT_OUT) if sealed.has(LEFT_OUT) else [])
+        if r.get("what") != "cell"
     )
     if new_left != old_left:
         changes.append("the sources or strata left out changed")

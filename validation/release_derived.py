@@ -28,11 +28,19 @@ from typing import Any
 from pydantic import BaseModel
 
 from counterfactory.manifests.registry import RELEASE_CHECKS
+from counterfactory.manifests.release_folder import (
+    CONTACT_SHEETS_DIR,
+    ITEMS,
+    MAX_IMAGE_BYTES,
+    REPORT,
+    ReleaseFileError,
+    ReleaseFolder,
+)
 from counterfactory.validation.attrition import attrition_table, wilson_interval
 from counterfactory.validation.editor_stats import editor_stats
 from counterfactory.validation.expression_audit import drift_rates
 from counterfactory.validation.gates.base import FILLING_VERDICTS, VERDICTS
-from counterfactory.validation.report import ReportHeader, report_html
+from counterfactory.validation.report import ReportHeader, contact_sheet_jpeg, contact_sheet_name, report_html
 from counterfactory.validation.target_stats import label_consistency
 
 #: the ``stats.json`` sections that are functions of ``items.jsonl`` (and, for ``completeness``,
@@ -300,13 +308,59 @@ def check_derived(release: str | Path, info: Mapping[str, Any], written: Mapping
     ]
     if failed != listed:
         problems.append("stats.json: failed_sources are not the failed sources left_out.jsonl lists")
-    report = release / "report.html"
+    problems += check_contact_sheets(release, items, header.axes, published=made_by is not None, other=other)
+    report = release / REPORT
     if report.is_file():
         expected_html = report_html(header, items, stats)
         if report.read_bytes() != expected_html.encode("utf-8"):
             problems.append(
                 "report.html: not the report this package derives from items.jsonl, stats.json and spec.yaml "
                 f"(edited, or a script added, after sealing{other}); re-publish the release from its run folder"
+            )
+    return problems
+
+
+def check_contact_sheets(
+    release: Path, items: Sequence[Mapping[str, Any]], axes: Sequence[str], *, published: bool, other: str = ""
+) -> list[str]:
+    """Each template's contact sheet is the JPEG this package derives from ``items.jsonl`` and
+    the release's images (:func:`~counterfactory.validation.report.contact_sheet_jpeg`, the
+    function ``publish`` writes them with): an edited sheet shows even when ``checksums.sha256``
+    and ``release.json`` were regenerated to match. A published release (``published``) holds
+    one per template; the images a row names are read through the release's confined reader
+    (:class:`~counterfactory.manifests.release_folder.ReleaseFolder`) before any is decoded."""
+    folder = ReleaseFolder(release, need=())
+    sheets = release / CONTACT_SHEETS_DIR
+    if not published and not sheets.is_dir():
+        return []
+    by_template: dict[str, list[dict[str, Any]]] = {}
+    for row in items:
+        if isinstance(row.get("template_id"), str):
+            by_template.setdefault(row["template_id"], []).append(dict(row))
+    problems = []
+    for template_id, rows in sorted(by_template.items()):
+        relative = f"{CONTACT_SHEETS_DIR}/{contact_sheet_name(template_id)}"
+        if not folder.has(relative):
+            problems.append(f"{relative}: missing; a release holds one contact sheet per template of {ITEMS}")
+            continue
+        try:
+            for row in rows:
+                for what in ("source", "image"):
+                    ref = row.get(what)
+                    if isinstance(ref, Mapping):
+                        folder.image(ref.get("path"), f"{ITEMS} cell {row.get('cell_id')} ({what})")
+            expected = contact_sheet_jpeg(release, template_id, rows, list(axes))
+            held = folder.read_bytes(relative, MAX_IMAGE_BYTES)
+        except ReleaseFileError as exc:
+            problems.append(f"{relative}: cannot be re-derived: {exc}")
+            continue
+        except (KeyError, TypeError, AttributeError, ValueError, OSError) as exc:
+            problems.append(f"{relative}: cannot be re-derived from {ITEMS} ({type(exc).__name__}); see the row checks")
+            continue
+        if held != expected:
+            problems.append(
+                f"{relative}: not the contact sheet this package derives from {ITEMS} and the images (edited after "
+                f"sealing{other}, or drawn by another Pillow version); re-publish the release from its run folder"
             )
     return problems
 

@@ -16,6 +16,7 @@ from typing import Any
 
 from PIL import Image, ImageDraw, ImageFont
 
+from counterfactory.manifests.release_folder import CONTACT_SHEETS_DIR, REPORT
 from counterfactory.validation.editor_stats import editors_html
 from counterfactory.validation.gates.base import FILLING_VERDICTS, VERDICTS
 from counterfactory.validation.gates.locality import FLOOR_RELATIVE
@@ -95,6 +96,24 @@ def contact_sheet(
     return sheet
 
 
+def contact_sheet_name(template_id: str) -> str:
+    """A template's contact sheet's file name under ``contact_sheets/``."""
+    return f"{template_id}.jpg"
+
+
+def contact_sheet_jpeg(
+    release_dir: Path, template_id: str, rows: Sequence[dict[str, Any]], axes: Sequence[str] = ()
+) -> bytes:
+    """A template's contact sheet (:func:`contact_sheet`) as the JPEG bytes a release holds:
+    ``publish`` writes these, and ``verify`` derives them again from ``items.jsonl`` and the
+    images and compares (an edited sheet shows even when the checksums were regenerated)."""
+    import io
+
+    buffer = io.BytesIO()
+    contact_sheet(release_dir, template_id, rows, axes).save(buffer, format="JPEG", quality=88)
+    return buffer.getvalue()
+
+
 @dataclass(frozen=True)
 class ReportHeader:
     """What ``report.html`` shows of the spec: the release's name and version (as published,
@@ -148,13 +167,13 @@ def write_report(release_dir: Path, *, spec: Any, items: Sequence[dict[str, Any]
     by_template: dict[str, list[dict[str, Any]]] = {}
     for row in items:
         by_template.setdefault(row["template_id"], []).append(row)
-    sheets_dir = release_dir / "contact_sheets"
+    sheets_dir = release_dir / CONTACT_SHEETS_DIR
     sheets_dir.mkdir(exist_ok=True)
     for template_id, rows in sorted(by_template.items()):
-        contact_sheet(release_dir, template_id, rows, list(spec.design.axes)).save(
-            sheets_dir / f"{template_id}.jpg", quality=88
+        (sheets_dir / contact_sheet_name(template_id)).write_bytes(
+            contact_sheet_jpeg(release_dir, template_id, rows, list(spec.design.axes))
         )
-    path = release_dir / "report.html"
+    path = release_dir / REPORT
     path.write_text(report_html(ReportHeader.of_spec(spec), items, stats), encoding="utf-8")
     return path
 
@@ -167,7 +186,7 @@ def report_html(header: ReportHeader, items: Sequence[Mapping[str, Any]], stats:
         by_template.setdefault(row["template_id"], []).append(row)
     sheet_html = []
     for template_id, rows in sorted(by_template.items()):
-        name = f"{template_id}.jpg"
+        name = contact_sheet_name(template_id)
         filled = sum(r["status"] in FILLING_VERDICTS for r in rows)
         sheet_html.append(
             f"<section><h3>{html.escape(template_id)} <small>{filled}/{len(rows)} cells filled</small></h3>"

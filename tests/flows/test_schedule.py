@@ -51,6 +51,7 @@ def test_latest_release_is_the_newest_sealed_version(tmp_path):
         (tmp_path / "study" / version).mkdir(parents=True)
     for version in ("0.1.2", "0.1.10", "0.1.9"):
         (tmp_path / "study" / version / "release.json").write_text(json.dumps({"version": version}))
+        (tmp_path / "study" / version / "checksums.sha256").write_text("")  # sealed: both files (is_release)
     assert latest_release(tmp_path, "study").name == "0.1.10"
     assert latest_release(tmp_path, "other") is None
 

@@ -276,3 +276,28 @@ def test_derived_files_deleted_and_unrecorded(demo_run, tmp_path):
     text = _problems(release)
     assert "stats.json: missing; every published release holds it" in text
     assert "report.html: missing; every published release holds it" in text
+
+
+def test_a_contact_sheet_edited(demo_run, tmp_path):
+    release = _copy(demo_run.release, tmp_path)
+    sheet = sorted((release / "contact_sheets").glob("*.jpg"))[0]
+    from PIL import Image
+
+    with Image.open(sheet) as im:
+        edited = im.convert("RGB")
+    edited.paste((46, 160, 67), (0, 0, 60, 60))  # a frame repainted the accepted green
+    edited.save(sheet, quality=88)
+    relative = f"contact_sheets/{sheet.name}"
+    assert any(
+        p.startswith(f"{relative}: not the contact sheet this package derives") for p in _problems(release).splitlines()
+    )
+
+
+def test_stats_json_given_a_key_its_schema_does_not_know(demo_run, tmp_path):
+    release = _copy(demo_run.release, tmp_path)
+    stats = json.loads((release / "stats.json").read_text())
+    stats["certified"] = "bias-free"
+    (release / "stats.json").write_text(json.dumps(stats, indent=2, sort_keys=True) + "\n")
+    assert any(
+        "('certified' was unexpected)" in p and p.startswith("stats.json") for p in _problems(release).splitlines()
+    )
