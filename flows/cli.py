@@ -563,22 +563,6 @@ def path_lines(by_path: dict) -> list[str]:
     return lines
 
 
-def _refuse_a_folder_that_is_not_a_release(folder: Path) -> None:
-    """One line, not a problem per file, for a folder that is not a release (a run folder, a
-    releases/ folder): the releases inside it, which are what verify takes."""
-    from counterfactory.manifests.release_folder import CHECKSUMS, RELEASE_JSON, releases_under
-
-    if (folder / RELEASE_JSON).exists() or (folder / CHECKSUMS).exists():
-        return
-    found = releases_under(folder, limit=6)
-    if found:
-        shown = ", ".join(str(p) for p in found[:5]) + (" and more" if len(found) > 5 else "")
-        _fail(
-            f"{folder}: not a release but a folder holding release(s): {shown}; verify one: counterfactory verify {found[-1]}"
-        )
-    _fail(f"{folder}: not a release folder (no {RELEASE_JSON}, no {CHECKSUMS}); pass DIR/releases/NAME/VERSION")
-
-
 @main.command()
 @click.argument("release", type=click.Path(path_type=Path, exists=True, file_okay=False))
 @click.option(
@@ -596,10 +580,13 @@ def verify(release: Path, expect: str | None) -> None:
     import re
 
     from counterfactory.manifests.release import release_digest, verify_release
+    from counterfactory.manifests.release_folder import not_a_release
 
     if expect is not None and not re.fullmatch(r"[0-9a-fA-F]{64}", expect.strip()):
         _fail(f"--expect {expect!r}: not a sha256 (64 hex digits); give the digest publish printed")
-    _refuse_a_folder_that_is_not_a_release(release)
+    why = not_a_release(release)  # a run folder: its releases in one line, not a problem per file
+    if why is not None:
+        _fail(why)
     problems = verify_release(release, expect=expect)
     if problems:
         for p in problems:

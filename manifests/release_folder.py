@@ -123,6 +123,20 @@ def releases_under(folder: str | Path, limit: int = 50) -> list[Path]:
     return found
 
 
+def not_a_release(folder: str | Path) -> str | None:
+    """Why ``folder`` is not a release (neither ``release.json`` nor ``checksums.sha256`` in
+    it), naming the releases under it (a run folder) and how to verify one; None when it holds
+    either (``verify`` then says what is wrong with it)."""
+    folder = Path(folder)
+    if (folder / RELEASE_JSON).exists() or (folder / CHECKSUMS).exists():
+        return None
+    found = releases_under(folder, limit=6)
+    if found:
+        shown = ", ".join(str(p) for p in found[:5]) + (" and more" if len(found) > 5 else "")
+        return f"{folder}: not a release but a folder holding release(s): {shown}; verify one: counterfactory verify {found[-1]}"
+    return f"{folder}: not a release folder (no {RELEASE_JSON}, no {CHECKSUMS}); pass DIR/releases/NAME/VERSION"
+
+
 def _json_object(data: bytes, where: str) -> dict[str, Any]:
     try:
         value = json.loads(data.decode("utf-8"))
