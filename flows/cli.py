@@ -655,11 +655,21 @@ def ask(
     it, committed as they return; a re-run asks only what is missing. With --judge npdp|story|jargon
     --of M, the model judges M's disability-context, story or term-explanation answers instead (the
     rubric's sha256 on each)."""
+    import math
+
     import yaml
 
     from counterfactory.validation.scoring.ask import ask as run_ask
     from counterfactory.validation.scoring.judge import JUDGES
 
+    for flag, usd in (
+        ("--max-spend", max_spend),
+        ("--usd-per-mtok-in", usd_per_mtok_in),
+        ("--usd-per-mtok-out", usd_per_mtok_out),
+        ("--estimated-usd-per-question", estimated_usd_per_question),
+    ):
+        if usd is not None and not (math.isfinite(usd) and usd >= 0):
+            _fail(f"{flag} {usd}: not a finite number of USD >= 0; give an amount such as {flag} 5")
     options = {
         "model": model,
         "base_url": base_url,
@@ -700,15 +710,24 @@ def ask(
             ledger=ledger,
         )
     click.echo(
-        f"{summary.asked} asked, {summary.already} already answered, {summary.failed} failed "
+        f"{summary.asked} asked, {summary.already} already answered, {summary.failed} failed, "
+        f"{summary.invalid} unreadable "
         f"({summary.retries} retries), ${summary.spent_usd:.4f} spent, {summary.seconds:.1f} s -> {summary.ledger}"
     )
     if summary.stopped_at_cap:
         click.echo(f"stopped at the spend cap (${max_spend}); run again with a higher --max-spend to go on")
-    if summary.failed:
+    if summary.failed or summary.invalid:
         for e in summary.errors[:5]:
             click.echo(e, err=True)
-        _fail(f"{summary.failed} trials got no answer; run the same command again to ask them", code=1)
+        problems = []
+        if summary.invalid:
+            problems.append(
+                f"{summary.invalid} replies could not be read as answers (error rows in {summary.ledger}: "
+                "paid for, not asked again, not scored)"
+            )
+        if summary.failed:
+            problems.append(f"{summary.failed} trials got no answer; run the same command again to ask them")
+        _fail("; ".join(problems), code=1)
 
 
 @main.command()
