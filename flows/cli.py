@@ -603,10 +603,14 @@ def verify(release: Path, expect: str | None) -> None:
     help="A registered answer backend: openai (an OpenAI-compatible endpoint), fal (fal's vision router, FAL_KEY), "
     "transformers (a local Qwen2-VL class model: --model is its folder; --concurrency is the batch size).",
 )
-@click.option("--base-url", help="An OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000/v1 (vLLM, Ollama).")
+@click.option(
+    "--base-url",
+    help="An OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000/v1 (vLLM, Ollama); no credentials in it "
+    "(the key goes in --api-key-env's variable), and no redirect to another host is followed.",
+)
 @click.option("--api-key-env", default="OPENAI_API_KEY", show_default=True, help="Environment variable with the key.")
 @click.option("--protocol", "protocols", multiple=True, help="Only this protocol's trials (repeatable).")
-@click.option("--samples", default=1, show_default=True, help="Answers per trial (sample index in the answer id).")
+@click.option("--samples", default=1, show_default=True, help="Answers per trial (at most 10,000; index in the id).")
 @click.option("--concurrency", default=4, show_default=True, help="Requests in flight at most.")
 @click.option("--max-spend", type=float, help="Stop sending once this model's answers cost this many USD.")
 @click.option("--usd-per-mtok-in", type=float, default=0.0, help="Price per million prompt tokens (for --max-spend).")
@@ -616,7 +620,9 @@ def verify(release: Path, expect: str | None) -> None:
     type=float,
     help="USD held against --max-spend while a question is in flight (default: openai 0, fal 0.01).",
 )
-@click.option("--ledger", type=click.Path(path_type=Path), help="Answers ledger (default: <release>.answers.sqlite).")
+@click.option(
+    "--ledger", type=click.Path(path_type=Path), help="Answers ledger, outside the release (default: beside it)."
+)
 @click.option(
     "--backend-option",
     "backend_options",
@@ -655,21 +661,20 @@ def ask(
     it, committed as they return; a re-run asks only what is missing. With --judge npdp|story|jargon
     --of M, the model judges M's disability-context, story or term-explanation answers instead (the
     rubric's sha256 on each)."""
-    import math
-
     import yaml
 
     from counterfactory.validation.scoring.ask import ask as run_ask
+    from counterfactory.validation.scoring.ask import check_amounts
     from counterfactory.validation.scoring.judge import JUDGES
 
-    for flag, usd in (
-        ("--max-spend", max_spend),
-        ("--usd-per-mtok-in", usd_per_mtok_in),
-        ("--usd-per-mtok-out", usd_per_mtok_out),
-        ("--estimated-usd-per-question", estimated_usd_per_question),
-    ):
-        if usd is not None and not (math.isfinite(usd) and usd >= 0):
-            _fail(f"{flag} {usd}: not a finite number of USD >= 0; give an amount such as {flag} 5")
+    check_amounts(
+        {
+            "--max-spend": max_spend,
+            "--usd-per-mtok-in": usd_per_mtok_in,
+            "--usd-per-mtok-out": usd_per_mtok_out,
+            "--estimated-usd-per-question": estimated_usd_per_question,
+        }
+    )
     options = {
         "model": model,
         "base_url": base_url,

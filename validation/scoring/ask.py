@@ -13,6 +13,12 @@ requests in flight, and a fal request in flight is fetched by its journaled requ
 resume, not paid twice; at most ``concurrency`` requests are in flight; transport errors are
 retried with backoff; a spend cap refuses a new request once the model's answers, plus what is
 in flight at its estimated price, would pass it; refusals are answers like any other reply.
+
+Nothing a server sends is trusted: a reply the backend cannot read as an answer (a shape it does
+not know, token counts that are not counts, a body over its bound) is an error row for that
+answer (:func:`checked_reply`: paid for once, never asked again, not scored). The questions are
+built lazily, a chunk at a time, so ``--samples`` (at most :data:`MAX_SAMPLES`) of a large bank
+sends its first request at once; the ledger must lie outside the sealed release.
 """
 
 from __future__ import annotations
@@ -175,6 +181,17 @@ def _usd(value: Any) -> float:
     return usd if usd > 0 else 0.0  # NaN > 0 is False
 
 
+def check_amounts(amounts: Mapping[str, float | None]) -> None:
+    """Each of ``amounts`` (option -> USD, ``None`` when not given) a finite number >= 0.
+
+    Raises:
+        AskError: the first that is NaN, an infinity or negative, naming its option.
+    """
+    for flag, usd in amounts.items():
+        if usd is not None and not (isinstance(usd, (int, float)) and math.isfinite(usd) and usd >= 0):
+            raise AskError(f"{flag} {usd}: not a finite number of USD >= 0; give an amount such as {flag} 5")
+
+
 def check_max_spend(max_spend: float | None) -> float | None:
     """``--max-spend`` when it is a finite number of USD >= 0.
 
@@ -314,7 +331,7 @@ def ask_questions(
                 journal.questions = {q.key: q for q in chunk}
                 calls = [PaidCall(q.key, lambda q=q: arguments(q)) for q in chunk]
                 got = await client.arun_many(calls, read, journal)
-                _tally(got, {q.key: q.name for q in chunk}, summary)
+                _tally(got, {q.key: q.name for q in chunk}, summary, secrets)
                 if summary.stopped_at_cap:
                     break
         finally:
@@ -328,8 +345,11 @@ def ask_questions(
     summary.seconds = time.monotonic() - start
 
 
-def _tally(answers: Sequence[PaidAnswer], names: Mapping[str, str], summary: AskSummary) -> None:
-    """The retries, the failures and the cap's refusals of one chunk's answers, into ``summary``."""
+def _tally(
+    answers: Sequence[PaidAnswer], names: Mapping[str, str], summary: AskSummary, secrets: Sequence[str]
+) -> None:
+    """The retries, the failures (their reasons redacted, whichever client wrote them) and the
+    cap's refusals of one chunk's answers, into ``summary``."""
     for a in answers:
         summary.retries += max(a.submit_tries - 1, 0)
         if a.status != "failed":
@@ -338,7 +358,7 @@ def _tally(answers: Sequence[PaidAnswer], names: Mapping[str, str], summary: Ask
             summary.stopped_at_cap = True
         else:
             summary.failed += 1
-            summary.errors.append(f"{names[a.key]}: {a.reason}")
+            summary.errors.append(redact(f"{names[a.key]}: {a.reason}", secrets))
 
 
 def ask(

@@ -262,6 +262,7 @@ class OpenAIChat(AnswerBackend):
 
     async def _bound_response(self, response: Any) -> None:
         """Reads a reply's body through a counter that stops at ``max_reply_bytes``."""
+        self._refused = 0  # something answers there
         limit = self.options.max_reply_bytes
         declared = response.headers.get("content-length", "")
         if declared.isdigit() and int(declared) > limit:
@@ -341,7 +342,6 @@ class OpenAIChat(AnswerBackend):
             # still raises its typed errors on a non-2xx status)
             raw = await self.http.post("/chat/completions", body=body, cast_to=self._raw)
         except ReplyError as exc:
-            self._refused = 0
             return {"counterfactory_reply_error": str(exc)}
         except (o.AuthenticationError, o.PermissionDeniedError) as exc:
             raise SetupError(
@@ -365,14 +365,11 @@ class OpenAIChat(AnswerBackend):
                         )
                     ) from None
             raise
-        self._refused = 0
         try:
             resp = raw.json()
             resp["choices"][0]["message"]  # noqa: B018 - the shape of a chat completion
         except (ValueError, KeyError, IndexError, TypeError) as exc:
             raise TransportError(redact(f"not a chat completion: {raw.text[:200]!r}", self.secrets)) from exc
-        except ReplyError as exc:
-            return {"counterfactory_reply_error": str(exc)}
         return resp
 
     def read(self, result: dict[str, Any]) -> dict[str, Any]:
