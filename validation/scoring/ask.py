@@ -45,7 +45,7 @@ from counterfactory.validation.scoring.score import load_release
 MAX_SAMPLES = 10_000
 #: questions handed to the paid client at a time (at least, and per request slot): the rest are
 #: not built until these are done, so ``--samples 10000`` of a large bank starts at once
-CHUNK_QUESTIONS = 256
+CHUNK_QUESTIONS = 1024
 
 
 class AskError(CounterfactoryError, ValueError):
@@ -276,7 +276,7 @@ def ask_questions(
     """Send ``questions`` through ``backend``'s paid client with the answers ledger as its
     journal, each answer committed by ``commit`` as it returns; fills ``summary``.
 
-    ``questions`` is read lazily, a chunk at a time (:data:`CHUNK_QUESTIONS`, or 16 per request
+    ``questions`` is read lazily, a chunk at a time (:data:`CHUNK_QUESTIONS`, or 64 per request
     slot when more): the first requests go out before the rest are built, and at most a chunk
     of them is in memory. Once the spend cap refuses a question no further chunk is built. A
     reply the backend cannot read, or whose reading is not an answer (:func:`checked_reply`),
@@ -322,7 +322,7 @@ def ask_questions(
         journal.read[call.key] = got
         return PaidReading(got, got["cost_usd"])
 
-    size = max(CHUNK_QUESTIONS, 16 * concurrency)
+    size = max(CHUNK_QUESTIONS, 64 * concurrency)
     pending = iter(questions)
 
     async def run() -> None:
