@@ -607,10 +607,14 @@ def verify(release: Path, expect: str | None) -> None:
     help="A registered answer backend: openai (an OpenAI-compatible endpoint), fal (fal's vision router, FAL_KEY), "
     "transformers (a local Qwen2-VL class model: --model is its folder; --concurrency is the batch size).",
 )
-@click.option("--base-url", help="An OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000/v1 (vLLM, Ollama).")
+@click.option(
+    "--base-url",
+    help="An OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000/v1 (vLLM, Ollama); no credentials in it "
+    "(the key goes in --api-key-env's variable), and no redirect to another host is followed.",
+)
 @click.option("--api-key-env", default="OPENAI_API_KEY", show_default=True, help="Environment variable with the key.")
 @click.option("--protocol", "protocols", multiple=True, help="Only this protocol's trials (repeatable).")
-@click.option("--samples", default=1, show_default=True, help="Answers per trial (sample index in the answer id).")
+@click.option("--samples", default=1, show_default=True, help="Answers per trial (at most 10,000; index in the id).")
 @click.option("--concurrency", default=4, show_default=True, help="Requests in flight at most.")
 @click.option("--max-spend", type=float, help="Stop sending once this model's answers cost this many USD.")
 @click.option("--usd-per-mtok-in", type=float, default=0.0, help="Price per million prompt tokens (for --max-spend).")
@@ -620,7 +624,9 @@ def verify(release: Path, expect: str | None) -> None:
     type=float,
     help="USD held against --max-spend while a question is in flight (default: openai 0, fal 0.01).",
 )
-@click.option("--ledger", type=click.Path(path_type=Path), help="Answers ledger (default: <release>.answers.sqlite).")
+@click.option(
+    "--ledger", type=click.Path(path_type=Path), help="Answers ledger, outside the release (default: beside it)."
+)
 @click.option(
     "--backend-option",
     "backend_options",
@@ -662,8 +668,17 @@ def ask(
     import yaml
 
     from counterfactory.validation.scoring.ask import ask as run_ask
+    from counterfactory.validation.scoring.ask import check_amounts
     from counterfactory.validation.scoring.judge import JUDGES
 
+    check_amounts(
+        {
+            "--max-spend": max_spend,
+            "--usd-per-mtok-in": usd_per_mtok_in,
+            "--usd-per-mtok-out": usd_per_mtok_out,
+            "--estimated-usd-per-question": estimated_usd_per_question,
+        }
+    )
     options = {
         "model": model,
         "base_url": base_url,
@@ -704,15 +719,24 @@ def ask(
             ledger=ledger,
         )
     click.echo(
-        f"{summary.asked} asked, {summary.already} already answered, {summary.failed} failed "
+        f"{summary.asked} asked, {summary.already} already answered, {summary.failed} failed, "
+        f"{summary.invalid} unreadable "
         f"({summary.retries} retries), ${summary.spent_usd:.4f} spent, {summary.seconds:.1f} s -> {summary.ledger}"
     )
     if summary.stopped_at_cap:
         click.echo(f"stopped at the spend cap (${max_spend}); run again with a higher --max-spend to go on")
-    if summary.failed:
+    if summary.failed or summary.invalid:
         for e in summary.errors[:5]:
             click.echo(e, err=True)
-        _fail(f"{summary.failed} trials got no answer; run the same command again to ask them", code=1)
+        problems = []
+        if summary.invalid:
+            problems.append(
+                f"{summary.invalid} replies could not be read as answers (error rows in {summary.ledger}: "
+                "paid for, not asked again, not scored)"
+            )
+        if summary.failed:
+            problems.append(f"{summary.failed} trials got no answer; run the same command again to ask them")
+        _fail("; ".join(problems), code=1)
 
 
 @main.command()

@@ -111,6 +111,11 @@ every exception class of the package (name, module, base), so it cannot drift::
     │                                     client retries it (as it does the openai client's
     │                                     connection, time-out, 429 and 5xx errors), and a re-run
     │                                     asks what still failed.
+    ├── ReplyError (ValueError)           validation.scoring.backends: a reply ``ask`` cannot record
+    │                                     as an answer (a shape it does not know, token counts
+    │                                     that are not counts, a body over max_reply_bytes):
+    │                                     recorded as an error row for that answer, paid once,
+    │                                     never asked again, not scored.
     │   internal signals, caught where they are raised and never shown to a user:
     ├── PaidCallFailed                    manifests.paid.base: one paid call ends with a non-ok
     │                                     answer (the paid client turns it into that answer).

@@ -21,7 +21,9 @@ from counterfactory.manifests.paid.base import (
     PaidReading,
     Reader,
     SpendCap,
+    SpendHold,
     backoff_delay,
+    redact,
     run_sync,
 )
 
@@ -36,6 +38,8 @@ __all__ = [
     "PaidReading",
     "Reader",
     "SpendCap",
+    "SpendHold",
     "backoff_delay",
+    "redact",
     "run_sync",
 ]

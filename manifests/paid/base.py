@@ -26,7 +26,9 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import math
 import random
+import re
 import threading
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -186,45 +188,79 @@ class PaidClient(Protocol):
     ) -> list[PaidAnswer]: ...
 
 
+class SpendHold:
+    """What one request holds against a :class:`SpendCap` while it is in flight: its estimate,
+    then (``settle``) what its reader says it cost, until the journal row that records it lands."""
+
+    def __init__(self, cap: SpendCap, price_usd: float) -> None:
+        self._cap, self.usd = cap, price_usd
+
+    def settle(self, cost_usd: float) -> None:
+        """Hold ``cost_usd`` (the answer's real cost, once read) instead of the estimate, so a
+        request sent before its journal row lands sees it (never less than nothing)."""
+        cost = cost_usd if math.isfinite(cost_usd) and cost_usd > 0 else 0.0
+        with self._cap._lock:
+            self._cap._reserved_usd += cost - self.usd
+            self.usd = cost
+
+
 class SpendCap:
     """A spend cap shared by every batch of one client, whatever thread or loop it runs in.
+
+    A new request is refused when the spend so far (the journal's, plus what requests being
+    sent or read hold: their estimate until read, their real cost until journaled) has reached
+    the cap, or would pass it at the request's estimated price. With an estimate of 0, the
+    requests paid beyond the cap are at most those in flight when it was reached: at most
+    ``concurrency - 1`` more than the answer that reached it.
 
     Args:
         cap_usd: no new request once the journal's spend plus what is being sent would pass
             this many US dollars; ``None`` for no cap.
         code: the reason code of a refused request, e.g. ``fal_spend_cap_reached``.
+
+    Raises:
+        ValueError: a cap that is not a finite number >= 0.
     """
 
     def __init__(self, cap_usd: float | None, *, code: str = "spend_cap_reached") -> None:
+        if cap_usd is not None and not (isinstance(cap_usd, (int, float)) and math.isfinite(cap_usd) and cap_usd >= 0):
+            raise ValueError(f"{code}: a spend cap is a finite number of USD >= 0, got {cap_usd!r}")
         self.cap_usd = cap_usd
         self.code = code
         self._lock = threading.Lock()
         self._reserved_usd = 0.0
 
     @contextlib.contextmanager
-    def reserve(self, journal: PaidJournal, price_usd: float) -> Iterator[None]:
+    def reserve(self, journal: PaidJournal, price_usd: float) -> Iterator[SpendHold]:
         """Holds ``price_usd`` against the cap while one request is being sent; the journal
-        row written inside the block (at the estimated price) takes it over.
+        row written inside the block (at the estimated price) takes it over. The hold it yields
+        can be settled at the request's real cost once read.
 
         Raises:
-            PaidCallFailed: ``<code>: ...`` when the request would pass the cap; nothing is sent.
+            PaidCallFailed: ``<code>: ...`` when the cap is reached or the request would pass
+                it; nothing is sent.
         """
         cap = self.cap_usd
+        price_usd = price_usd if math.isfinite(price_usd) and price_usd > 0 else 0.0
         # Check and reserve under one lock: no call of this or another batch can slip in.
         with self._lock:
             committed = journal.spent_usd() + self._reserved_usd
-            if cap is not None and committed + price_usd > cap + 1e-9:
+            if cap is not None and (
+                # a spend that is not a number (a journal row of NaN) counts as the cap reached
+                not committed == committed or committed >= cap - 1e-9 or committed + price_usd > cap + 1e-9
+            ):
                 raise PaidCallFailed(
                     "failed",
                     f"{self.code}: ${committed:.4f} spent or committed, ${price_usd:.4f} more "
-                    f"would exceed spend_cap_usd=${cap:.4f}; no new submissions",
+                    f"would reach or exceed spend_cap_usd=${cap:.4f}; no new submissions",
                 )
             self._reserved_usd += price_usd
+        hold = SpendHold(self, price_usd)
         try:
-            yield
+            yield hold
         finally:
             with self._lock:
-                self._reserved_usd -= price_usd
+                self._reserved_usd -= hold.usd
 
 
 def backoff_delay(failures: int, first_s: float, cap_s: float = BACKOFF_CAP_S) -> float:
@@ -253,3 +289,39 @@ def reraise_setup_error(errors: BaseExceptionGroup) -> None:
         while isinstance(leaf, BaseExceptionGroup):
             leaf = leaf.exceptions[0]
         raise leaf from None
+
+
+#: what looks like a credential in a message: an Authorization-like header's value, a bearer or
+#: basic token, an OpenAI-style ``sk-`` key, a fal ``key_id:key_secret``, a URL's ``user:password@``
+#: and a key-like query parameter's value
+_CREDENTIALS = [
+    (
+        re.compile(
+            r"(?i)((?:proxy-)?authorization|x-api-key|api-key|x-goog-api-key|cookie)"
+            r"""(["']?\s*[:=]\s*["']?)[^"'\r\n,}]+"""
+        ),
+        r"\1\2[redacted]",
+    ),
+    (re.compile(r"(?i)\b(bearer|basic)\s+[A-Za-z0-9._~+/=-]{8,}"), r"\1 [redacted]"),
+    (re.compile(r"\b(?:sk|rk|pk)-[A-Za-z0-9_-]{8,}"), "[redacted]"),
+    (re.compile(r"\b[0-9a-fA-F-]{32,36}:[0-9a-fA-F]{24,}\b"), "[redacted]"),
+    (re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/\s@]*@"), r"\1[redacted]@"),
+    (
+        re.compile(r"(?i)([?&](?:api[_-]?key|key|token|access_token|secret|password|sig|signature)=)[^&\s\"']+"),
+        r"\1[redacted]",
+    ),
+]
+
+
+def redact(text: str, secrets: Sequence[str | None] = ()) -> str:
+    """``text`` with anything that looks like a credential replaced by ``[redacted]`` (see
+    :data:`_CREDENTIALS`), and each of ``secrets`` (a configured key, of 4 characters or more)
+    wherever it appears: what an error body or exception message may echo before it is printed
+    or stored."""
+    out = str(text)
+    for secret in secrets:
+        if secret and len(secret) >= 4:
+            out = out.replace(secret, "[redacted]")
+    for pattern, replacement in _CREDENTIALS:
+        out = pattern.sub(replacement, out)
+    return out

@@ -24,6 +24,7 @@ import asyncio
 import concurrent.futures
 import functools
 import logging
+import math
 import threading
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -39,6 +40,7 @@ from counterfactory.manifests.paid.base import (
     Reader,
     SpendCap,
     backoff_delay,
+    redact,
     reraise_setup_error,
     run_sync,
 )
@@ -62,6 +64,8 @@ class DirectClient:
         max_retries: retries of one request after a transient failure.
         backoff_s: first retry delay in seconds; doubles per retry, jittered, capped at 30 s.
         transient: the exception types ``send`` raises for a transport failure.
+        secrets: strings (a configured key) cut out of every reason a call ends with, beside
+            anything else that looks like a credential (:func:`~counterfactory.manifests.paid.base.redact`).
     """
 
     def __init__(
@@ -75,6 +79,7 @@ class DirectClient:
         max_retries: int = 3,
         backoff_s: float = 1.0,
         transient: tuple[type[BaseException], ...] = (),
+        secrets: Sequence[str | None] = (),
     ) -> None:
         if concurrency < 1:
             raise ValueError(f"{name}: concurrency must be at least 1, got {concurrency}")
@@ -83,6 +88,7 @@ class DirectClient:
         self.max_retries, self.backoff_s, self.transient = max_retries, backoff_s, transient
         self._cap = SpendCap(spend_cap_usd, code=f"{name}_spend_cap_reached")
         self._in_flight = threading.BoundedSemaphore(concurrency)
+        self.secrets = tuple(secrets)
 
     def prepare(self) -> None:
         """Nothing to check before the first request: ``send`` owns its connection."""
@@ -158,12 +164,14 @@ class DirectClient:
             else:
                 reading = await self._send_and_read(call, read, journal, save, sending, tries)
         except PaidCallFailed as failure:
-            return answer(failure.status, reason=failure.reason, cost_usd=failure.cost_usd, resumed=resumed)
+            reason = redact(failure.reason, self.secrets)
+            return answer(failure.status, reason=reason, cost_usd=failure.cost_usd, resumed=resumed)
         except SetupError:
             raise
         except Exception as exc:  # a bug or a surprise must not sink the other calls
             logger.exception("%s request for %s failed", self.name, call.key)
-            return answer("failed", reason=f"{self.name}_error: {type(exc).__name__}: {exc}", resumed=resumed)
+            reason = redact(f"{self.name}_error: {type(exc).__name__}: {exc}", self.secrets)
+            return answer("failed", reason=reason, resumed=resumed)
         return answer("ok", value=reading.value, cost_usd=reading.cost_usd, resumed=resumed, metadata=reading.metadata)
 
     async def _send_and_read(
@@ -175,11 +183,13 @@ class DirectClient:
         sending: asyncio.Semaphore,
         tries: list[int],
     ) -> Any:
-        """Sends one call in a slot, then reads and journals its result with the slot freed.
+        """Sends one call in a slot and reads its result, then journals it with the slot freed.
 
         The slot (this batch's ``sending`` and the client's own, shared with other batches) is
-        held from the spend cap's check to the result's return: that is a request in flight.
-        The spend reservation is held until the journal row lands."""
+        held from the spend cap's check until the result is read: that is a request in flight.
+        The spend reservation is held until the journal row lands, at the reader's cost once
+        read (a cost that is not a finite USD amount >= 0 fails the call, journaled at the
+        estimate)."""
         await sending.acquire()
         while not self._in_flight.acquire(blocking=False):  # another batch holds the slots
             await asyncio.sleep(0.005)  # polling keeps the wait cancellable
@@ -194,23 +204,34 @@ class DirectClient:
 
         try:
             # the cap first: a call it refuses builds no input and sends nothing
-            with self._cap.reserve(journal, self.estimate_usd):
+            with self._cap.reserve(journal, self.estimate_usd) as hold:
                 try:
                     arguments = await asyncio.to_thread(call.arguments)
                     result = await self._send(arguments, tries)
+                    # read with the slot held: until its cost is known (and held against the
+                    # cap, below) a returned answer counts as in flight, so the calls paid past
+                    # the cap are at most the ones in flight when it was reached
+                    row = {"state": "completed", "result": result, "saved_at": time.time()}
+                    try:
+                        reading = await read(call, result, None)
+                        cost = reading.cost_usd
+                        if not (isinstance(cost, (int, float)) and math.isfinite(cost) and cost >= 0):
+                            raise PaidCallFailed(
+                                "failed", f"{self.name}_bad_cost: the reader's cost {cost!r} is not a USD amount >= 0"
+                            )
+                    except BaseException as exc:
+                        cost = getattr(exc, "cost_usd", 0.0) or self.estimate_usd
+                        hold.settle(cost)
+                        free()
+                        # paid for: journaled at the estimate when the reader refuses or fails it,
+                        # so a re-run reads it back instead of paying again
+                        await asyncio.shield(save(call.key, row, cost))
+                        raise
+                    hold.settle(cost)
                 finally:
                     free()
-                # paid for: journaled before the reservation ends, at the reader's cost (at the
-                # estimate when the reader refuses it or fails), so a re-run reads it back
-                # instead of paying again
-                row = {"state": "completed", "result": result, "saved_at": time.time()}
-                try:
-                    reading = await read(call, result, None)
-                except BaseException as exc:
-                    cost = getattr(exc, "cost_usd", 0.0) or self.estimate_usd
-                    await asyncio.shield(save(call.key, row, cost))
-                    raise
-                await asyncio.shield(save(call.key, row, reading.cost_usd))
+                # journaled before the hold ends, at the reader's cost
+                await asyncio.shield(save(call.key, row, cost))
                 return reading
         finally:
             free()

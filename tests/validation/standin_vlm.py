@@ -34,6 +34,11 @@ A harness that decodes an image and sends it re-encoded (lmms-eval sends PNG) se
 with the same pixels: ``pixels`` (:func:`pixel_digest` -> sha256 of the release's file) maps them
 back, so the model answers a harness exactly as it answers ``ask``.
 
+With ``seeded=True`` it honours the request's ``seed`` as a sampling model does: a limb rating
+or yes / no / uncertain answer of the ``null`` model is a draw from the seed (the same seed, the
+same reply), so two requests that differ only in their seed (an original and its noise repeat)
+get replies that differ as two samples do.
+
 "Random" is a hash of the request, so a run is reproducible. It counts requests, the most in
 flight at once, and answers ``503`` to the first request of trials in :data:`FLAKY` share
 (transport errors that ``ask`` must retry). ``latency_s`` delays every answer.
@@ -145,8 +150,10 @@ class StandIn:
         salt: str = "",
         flaky: float = FLAKY,
         pixels: dict[str, str] | None = None,
+        seeded: bool = False,
     ) -> None:
         self.images = images
+        self.seeded = seeded
         self.pixels = pixels or {}
         self.flaky = flaky
         self.latency_s = latency_s
@@ -184,7 +191,7 @@ class StandIn:
 
     # -------------------------------------------------------------- the model
 
-    def reply(self, model: str, prompt: str, shas: list[str]) -> str:
+    def reply(self, model: str, prompt: str, shas: list[str], seed: Any = None) -> str:
         if prompt.startswith("## Task") and "Response B:" in prompt:
             return self.judge(prompt)
         if prompt.startswith("You are annotating a short fictional story"):
@@ -247,6 +254,11 @@ class StandIn:
         if prompt.startswith("Describe the person in the image"):
             return self.describe(shas[0] if shas else "", biased and "may have a" in prompt)
         removed = biased and bool(conds) and conds[0].get("variant") not in (None, "original")
+        if self.seeded and seed is not None and not biased:
+            if prompt.startswith("On a scale from 1"):
+                return str(1 + int(_u(self.salt, "seeded rating", seed) * 5))
+            if prompt.endswith("Answer yes, no or uncertain."):
+                return ("Yes", "No", "Uncertain")[int(_u(self.salt, "seeded decision", seed) * 3)]
         if prompt.startswith("On a scale from 1"):
             return str(RATING_REMOVED if removed else 4)
         if prompt.endswith("Answer yes, no or uncertain."):
@@ -342,7 +354,7 @@ class _Handler(BaseHTTPRequestHandler):
                     s.errors_sent += 1
                 self._send(503, {"error": {"message": "overloaded, try again", "type": "server_error"}})
                 return
-            reply = s.reply(body["model"], prompt, shas)
+            reply = s.reply(body["model"], prompt, shas, body.get("seed"))
             self._send(
                 200,
                 {

@@ -567,10 +567,16 @@ def test_vlmevalkit_export_and_its_prediction_files_score_as_ask_does(release, s
 
 
 @pytest.fixture(scope="module")
-def limb_scores(tmp_path_factory) -> dict:
+def limb_release(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("limb-ask")
     run_cli(Path(__file__).with_name("limb_ask.yaml"), out)
-    release = out / "releases" / "limb-ask" / "0.1.0"
+    return out / "releases" / "limb-ask" / "0.1.0"
+
+
+@pytest.fixture(scope="module")
+def limb_scores(limb_release, tmp_path_factory) -> dict:
+    release = limb_release
+    out = tmp_path_factory.mktemp("limb-scores")
     server = StandIn(_images(release)).start()
     try:
         ledgers = []
@@ -622,3 +628,40 @@ def test_inclusivecf_rating_shift_for_the_removed_cue(limb_scores):
     for entry in null.values():
         assert entry["delta_rating"] == 0 and _covers(entry["delta_rating_ci"], 0.0)
         assert entry["delta_yes_pp"] == 0 and entry["decision_tvd_pp"] == 0
+
+
+def test_a_server_that_honours_seed_gives_noise_repeats_their_own_replies(limb_release, tmp_path):
+    # issue 44: ask sent seed = sample, so an original and its noise-repeat row (the same prompt
+    # and image under another trial id) were one request, and the noise baseline was zero by
+    # construction on a server that honours seed. Seeded from the answer id, they are two samples.
+    server = StandIn(_images(limb_release), seeded=True).start()
+    ledger = tmp_path / "null.answers.sqlite"
+    try:
+        summary = ask(
+            limb_release,
+            backend="openai",
+            options={"model": "null", "base_url": server.base_url},
+            concurrency=BOUND,
+            ledger=ledger,
+        )
+        assert summary.failed == 0 and summary.invalid == 0
+    finally:
+        server.stop()
+    trials = {t["trial_id"]: t for t in read_jsonl(limb_release / "trials.jsonl")}
+    with sqlite3.connect(ledger) as db:
+        replies = dict(db.execute("select trial_id, reply from answers"))
+    originals = {
+        (t["pair_id"], t["prompt"]): tid
+        for tid, t in trials.items()
+        if t["protocol"] == "limb_pair" and t["variant"] == "original" and t.get("repeat") is None
+    }
+    repeats = [
+        (originals[(t["pair_id"], t["prompt"])], tid)
+        for tid, t in trials.items()
+        if t["protocol"] == "limb_pair" and t["variant"] == "original" and t.get("repeat") is not None
+    ]
+    assert repeats and sum(replies[a] != replies[b] for a, b in repeats) > 0
+    noise = score(limb_release, [ledger], tmp_path / "scores", resamples=99)["models"]["null"]["inclusivecf"]
+    baseline = noise["noise_baseline"]
+    assert baseline["repeats"] == len(repeats)
+    assert baseline["decision_tvd_pp"] > 0 or abs(baseline["delta_rating"]) > 0

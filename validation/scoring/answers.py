@@ -1,8 +1,8 @@
 """The answers ledger: one row per trial x model x sample, beside the release (SQLite by SQLAlchemy).
 
 An answer's id hashes the trial (its id and prompt file sha256), the model's lineage (backend,
-model name, base URL's host-free identity and any revision) and the decoding settings, and the
-sample index: asked again with the same settings it is the same answer, so ``ask`` never pays
+model name, endpoint, with no credentials: a base URL holding them is refused, and any revision)
+and the decoding settings, and the sample index: asked again with the same settings it is the same answer, so ``ask`` never pays
 twice. Each answer is committed in its own short transaction the moment it returns (WAL
 journal), so a SIGKILL loses only the requests in flight. A backend whose requests can be
 fetched later (fal's queue) journals each request id in the ``requests`` table before it
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from collections.abc import Iterable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -59,6 +60,9 @@ class AnswerRow(_Base):
     cost_usd: Mapped[float] = mapped_column(Float, default=0.0)
     seconds: Mapped[float] = mapped_column(Float, default=0.0)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    #: why the reply could not be recorded as an answer (``ask`` recorded an error row: paid
+    #: for, not asked again, not scored); ``None`` for an answer
+    error: Mapped[str | None] = mapped_column(Text, nullable=True)
 
 
 class JudgementRow(_Base):
@@ -133,6 +137,22 @@ def answer_id(trial: dict[str, Any], lineage: dict[str, Any], decoding: dict[str
     return hashlib.sha256(key.encode()).hexdigest()
 
 
+def check_ledger_place(release: Path, ledger: Path) -> Path:
+    """``ledger`` when it lies outside the release folder.
+
+    Raises:
+        AnswersError: a ledger inside the release (symbolic links resolved): the release is
+            sealed, and a file written there fails ``verify``.
+    """
+    folder, where = Path(release).resolve(), Path(ledger).resolve()
+    if where == folder or folder in where.parents:
+        raise AnswersError(
+            f"--ledger {ledger}: inside the release folder {release}, which is sealed (a file written there "
+            f"fails `counterfactory verify`); put the ledger outside it, e.g. the default {ledger_path(release)}"
+        )
+    return Path(ledger)
+
+
 def ledger_path(release: Path) -> Path:
     """The default answers ledger of a release: ``<release folder>.answers.sqlite`` beside it
     (the release folder itself is sealed)."""
@@ -161,6 +181,10 @@ class AnswersLedger:
         self.engine = create_engine(f"sqlite:///{self.path}", connect_args={"check_same_thread": False})
         event.listen(self.engine, "connect", _pragmas)
         _Base.metadata.create_all(self.engine)
+        with self.engine.begin() as conn:  # a ledger from before error rows: add their column
+            columns = {row[1] for row in conn.exec_driver_sql("PRAGMA table_info(answers)")}
+            if "error" not in columns:
+                conn.exec_driver_sql("ALTER TABLE answers ADD COLUMN error TEXT")
 
     def known(self) -> set[str]:
         """Every answer id already committed."""
@@ -179,7 +203,10 @@ class AnswersLedger:
         One ``INSERT ... ON CONFLICT DO NOTHING`` statement (SQLAlchemy Core, not an ORM session:
         ``ask`` commits every answer as it returns, and the ORM's unit of work cost it a
         third of its CPU per answer)."""
-        values = {k: row.get(k) for k in ANSWER_FIELDS} | {"created_at": datetime.now(UTC)}
+        values = {k: row.get(k) for k in ANSWER_FIELDS} | {"created_at": datetime.now(UTC), "error": row.get("error")}
+        cost = values.get("cost_usd")
+        if cost is not None and not (isinstance(cost, (int, float)) and math.isfinite(cost) and cost >= 0):
+            raise AnswersError(f"answer {row.get('answer_id')}: cost_usd {cost!r} is not a USD amount >= 0")
         with self.engine.begin() as conn:
             conn.execute(sqlite_insert(AnswerRow).values(**values).on_conflict_do_nothing())
             if settles is not None:
@@ -216,10 +243,18 @@ class AnswersLedger:
             conn.execute(stmt)
 
     def rows(self) -> list[dict[str, Any]]:
-        """Every answer as a dict of :data:`ANSWER_FIELDS`, by trial then model then sample."""
+        """Every answer as a dict of :data:`ANSWER_FIELDS`, by trial then model then sample
+        (not the error rows: no reply was recorded for those)."""
         with Session(self.engine) as s:
-            out = [{k: getattr(r, k) for k in ANSWER_FIELDS} for r in s.scalars(select(AnswerRow))]
+            found = s.scalars(select(AnswerRow).where(AnswerRow.error.is_(None)))
+            out = [{k: getattr(r, k) for k in ANSWER_FIELDS} for r in found]
         return sorted(out, key=lambda r: (r["trial_id"], r["model"], r["sample"]))
+
+    def errors(self) -> list[dict[str, Any]]:
+        """The error rows: ``answer_id``, ``trial_id``, ``model``, ``sample`` and ``error``."""
+        with Session(self.engine) as s:
+            found = s.scalars(select(AnswerRow).where(AnswerRow.error.is_not(None)))
+            return [{k: getattr(r, k) for k in ("answer_id", "trial_id", "model", "sample", "error")} for r in found]
 
     def known_judgements(self) -> set[str]:
         with Session(self.engine) as s:
@@ -234,8 +269,11 @@ class AnswersLedger:
             return [{k: getattr(r, k) for k in JUDGEMENT_FIELDS} for r in s.scalars(select(JudgementRow))]
 
     def spent_usd(self, model: str) -> float:
+        """What ``model``'s answers cost: a negative or unknown row counts as nothing (a ledger
+        written before costs were checked must not lift the spend cap)."""
         with Session(self.engine) as s:
-            return float(sum(s.scalars(select(AnswerRow.cost_usd).where(AnswerRow.model == model))))
+            costs = s.scalars(select(AnswerRow.cost_usd).where(AnswerRow.model == model))
+            return float(sum(c for c in costs if isinstance(c, (int, float)) and c > 0))
 
     def close(self) -> None:
         self.engine.dispose()

@@ -55,7 +55,7 @@ class FalAnswerOptions(FalQueueOptions):
 
     model: str
     endpoint: str = DEFAULT_ENDPOINT
-    estimated_usd_per_question: float = Field(DEFAULT_ESTIMATE_USD, ge=0)
+    estimated_usd_per_question: float = Field(DEFAULT_ESTIMATE_USD, ge=0, allow_inf_nan=False)
     system_prompt: str | None = None
 
     @field_validator("endpoint")

@@ -23,8 +23,15 @@ from typing import Any
 
 from counterfactory.manifests.registry import ANSWER_BACKENDS
 from counterfactory.manifests.trials import judge_rubric, user_context_rubric
-from counterfactory.validation.scoring.answers import AnswersLedger, ledger_path
-from counterfactory.validation.scoring.ask import AskError, AskSummary, Question, answer_backend, ask_questions
+from counterfactory.validation.scoring.answers import AnswersLedger, check_ledger_place, ledger_path
+from counterfactory.validation.scoring.ask import (
+    AskError,
+    AskSummary,
+    Question,
+    answer_backend,
+    ask_questions,
+    check_max_spend,
+)
 from counterfactory.validation.scoring.score import load_release
 
 #: the judge's decoding: deterministic, room for C.5's JSON with spans
@@ -131,13 +138,14 @@ def _judge_setup(
     the judge's client and its lineage, for ``--judge flag``: every judge's checks, each a
     one-line error."""
     release = Path(release)
+    store_path = check_ledger_place(release, ledger or ledger_path(release))
     _, trials = load_release(release)
     by_id = {t["trial_id"]: t for t in trials if t["protocol"] == protocol}
     if not by_id:
         raise AskError(f"--judge {flag}: this release has no {protocol} trials")
     if backend not in ANSWER_BACKENDS:
         raise AskError(f"--backend {backend}: one of {', '.join(ANSWER_BACKENDS.names())}")
-    store = AnswersLedger(ledger or ledger_path(release))
+    store = AnswersLedger(store_path)
     answers = [a for a in store.rows() if a["model"] == of_model and a["sample"] == 0 and a["trial_id"] in by_id]
     if not answers:
         store.close()
@@ -173,7 +181,7 @@ def _run_judgements(
             summary,
             concurrency=concurrency,
             retries=retries,
-            max_spend=max_spend,
+            max_spend=check_max_spend(max_spend),
             spent_before=0.0,
         )
     finally:
