@@ -37,7 +37,7 @@ def read_rgb(name: str) -> np.ndarray:
 #: Session fixtures that run a whole flow, and the pytest-xdist group of the tests that use them:
 #: under ``-n 2 --dist loadgroup`` (the README's test command) each group runs in one worker, so each
 #: flow runs once per session, not once per worker that happens to get one of its tests.
-SHARED_RUNS = {"demo_run": "demo", "killed_demo": "demo", "review_run": "review-run"}
+SHARED_RUNS = {"demo_run": "demo", "killed_demo": "demo", "review_run": "review-run", "limb_ask_release": "limb-ask"}
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist's worker reads the groups into the test ids

@@ -567,10 +567,9 @@ def test_vlmevalkit_export_and_its_prediction_files_score_as_ask_does(release, s
 
 
 @pytest.fixture(scope="module")
-def limb_scores(tmp_path_factory) -> dict:
-    out = tmp_path_factory.mktemp("limb-ask")
-    run_cli(Path(__file__).with_name("limb_ask.yaml"), out)
-    release = out / "releases" / "limb-ask" / "0.1.0"
+def limb_scores(limb_ask_release, tmp_path_factory) -> dict:
+    release = limb_ask_release  # the session's: answers and scores go to a folder of this module's
+    out = tmp_path_factory.mktemp("limb-ask-scores")
     server = StandIn(_images(release)).start()
     try:
         ledgers = []
