@@ -189,14 +189,6 @@ def kill_half_way(scenario: Scenario, out: Path, *, minimum: int = 6, timeout: f
     return Killed(finished_attempts(out), ok_calls, in_flight)
 
 
-def kill_and_resume(scenario: Scenario, out: Path, *, minimum: int = 6, timeout: float = 600) -> int:
-    """:func:`kill_half_way`, then the same command again to completion; returns how many
-    attempts were finished at the kill."""
-    killed = kill_half_way(scenario, out, minimum=minimum, timeout=timeout)
-    run_cli(scenario.spec, out)
-    return killed.finished
-
-
 def _sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
