@@ -136,7 +136,7 @@ def demo_run(tmp_path_factory) -> DemoRun:
     ran = subprocess.run(
         [sys.executable, "-m", "counterfactory", "run", str(scenario.spec), "--out", str(out),
          "--publish", "--allow-incomplete"],
-        cwd=REPO, env=user_env(), capture_output=True, text=True, timeout=900,
+        cwd=REPO, env=user_env(), capture_output=True, text=True, timeout=1800,  # ~1 min idle; 14 at load 29
     )  # fmt: skip
     assert ran.returncode == 0, ran.stdout[-2000:] + ran.stderr[-4000:]
     spec = yaml.safe_load(scenario.spec.read_text())
@@ -178,6 +178,6 @@ def killed_demo(tmp_path_factory) -> KilledRun:
     from tests.flows.unchanged import KILLED, SCENARIOS, kill_half_way, run_cli
 
     out = tmp_path_factory.mktemp("killed") / "out"
-    killed = kill_half_way(SCENARIOS[KILLED], out)
-    resumed = run_cli(SCENARIOS[KILLED].spec, out)
+    killed = kill_half_way(SCENARIOS[KILLED], out, timeout=1800)  # a loaded machine: see demo_run
+    resumed = run_cli(SCENARIOS[KILLED].spec, out, timeout=1800)
     return KilledRun(out, killed, resumed.stdout)
