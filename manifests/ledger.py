@@ -379,18 +379,27 @@ class Ledger:
         reason: str | None = None,
         meta: Mapping[str, Any] | None = None,
     ) -> None:
-        values = {
-            "source_id": source_id,
-            "path": path,
-            "sha256": sha256,
-            "status": status,
-            "reason": reason,
-            "meta": _jsonable(meta or {}),
-            "updated_at": _now(),
-        }
+        self.record_sources(
+            [{"source_id": source_id, "path": path, "sha256": sha256, "status": status, "reason": reason, "meta": meta}]
+        )
+
+    def record_sources(self, rows: Sequence[Mapping[str, Any]]) -> None:
+        """:meth:`record_source` for each of ``rows`` (its arguments by name), in one transaction:
+        a run records every source, and one commit each was most of a settled re-run's writing."""
+        now = _now()
         with self.session() as s, s.begin():
-            # workers of one study sharing a ledger record the same photos at the same moment
-            _upsert(s, SourceRow, values, key="source_id", update=tuple(k for k in values if k != "source_id"))
+            for row in rows:
+                values = {
+                    "source_id": row["source_id"],
+                    "path": row["path"],
+                    "sha256": row["sha256"],
+                    "status": row["status"],
+                    "reason": row.get("reason"),
+                    "meta": _jsonable(row.get("meta") or {}),
+                    "updated_at": now,
+                }
+                # workers of one study sharing a ledger record the same photos at the same moment
+                _upsert(s, SourceRow, values, key="source_id", update=tuple(k for k in values if k != "source_id"))
 
     def sources(self) -> list[SourceRow]:
         with self.session() as s:
