@@ -37,6 +37,7 @@ exact copy.
 
     .venv/bin/python benchmarks/gates_throughput.py --workers 2 --repeat 3
     .venv/bin/python benchmarks/gates_throughput.py --pairs PAIRS_DIR --kind limb --json out.json
+    .venv/bin/python benchmarks/gates_throughput.py --profile --repeat 1   # where the stack's time goes
 """
 
 from __future__ import annotations
@@ -254,6 +255,73 @@ def _overhead(repeat: int) -> dict:
     }
 
 
+def _profile(repeat: int, top: int) -> dict:
+    """Where the stack's time goes, per pair: explicit timers around each step of
+    :meth:`GateStack.evaluate` (the source's analysis, once per source; the candidate's landmarks;
+    each gate), then the same passes under cProfile for each function of the package's
+    ``validation`` layer (measures, gates, models), by cumulative time. The timed pass runs
+    without the profiler, so its figures are the stack's own; the profiled pass's are inflated
+    alike for every function and only rank them."""
+    import cProfile
+    import pstats
+
+    def passes(timers: dict[str, float] | None) -> int:
+        pairs = 0
+        for _ in range(repeat):
+            previous = None
+            for source, candidate, edit, digest, extras in _pairs:
+                if digest != previous:
+                    _stack.sources.clear()
+                    previous = digest
+                t = time.perf_counter()
+                analysis = _stack.analysis_for(source, key=digest)
+                t1 = time.perf_counter()
+                pair = _stack.context(source, candidate, edit_mask=edit, extras=extras, analysis=analysis)
+                t2 = time.perf_counter()
+                if timers is not None:
+                    timers["source analysis (once per source)"] += t1 - t
+                    timers["candidate landmarks"] += t2 - t1
+                for gate in _stack.gates:
+                    t = time.perf_counter()
+                    gate(pair)
+                    if timers is not None:
+                        timers[f"gate {gate.name}"] += time.perf_counter() - t
+                pairs += 1
+        return pairs
+
+    steps = ["source analysis (once per source)", "candidate landmarks"] + [f"gate {g.name}" for g in _stack.gates]
+    timers = dict.fromkeys(steps, 0.0)
+    pairs = passes(timers)
+    profiler = cProfile.Profile()
+    profiler.enable()
+    passes(None)
+    profiler.disable()
+    stats = pstats.Stats(profiler).stats
+    root = str(REPO / "validation")
+    functions = []
+    for (path, _line, name), (_, calls, _, cumulative, _) in stats.items():
+        if path.startswith(root):
+            where = Path(path).relative_to(REPO).with_suffix("").as_posix().replace("/", ".")
+            functions.append(
+                {
+                    "function": f"{where}.{name}",
+                    "calls_per_pair": calls / pairs,
+                    "ms_per_pair": 1000 * cumulative / pairs,
+                }
+            )
+    functions.sort(key=lambda f: -f["ms_per_pair"])
+    return {
+        "pairs": pairs,
+        "steps_ms_per_pair": {k: 1000 * v / pairs for k, v in timers.items()},
+        "functions": functions[:top],
+    }
+
+
+def _run_profile(pair_files, kind: str, mode: str, repeat: int, top: int) -> dict:
+    with mp.get_context("spawn").Pool(1, initializer=_init_worker, initargs=(pair_files, kind, mode)) as pool:
+        return pool.apply(_profile, (repeat, top))
+
+
 def _cohort_cost(repeat: int) -> dict:
     """The cohort floor's cost per candidate, on its own: for each source, the leave-one-out
     medians of its candidates on the working grid (:func:`~counterfactory.validation.cohort.cohort_floors`),
@@ -393,7 +461,31 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, help="also write the numbers here")
     parser.add_argument("--rerender-side", type=int, default=512, help="the re-render's long side (classical default)")
     parser.add_argument("--rerender-repeat", type=int, default=1, help="passes of the re-render timing (0: skip)")
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="print where the stack's time goes (each step and gate, then the validation layer's functions) and stop",
+    )
+    parser.add_argument("--profile-top", type=int, default=30, help="functions listed by --profile")
     args = parser.parse_args(argv)
+
+    if args.profile:
+        with tempfile.TemporaryDirectory(prefix="cf-bench-") as tmp:
+            folder = args.pairs or build_demo_pairs(Path(tmp) / "pairs", args.per_source)
+            pair_files = find_pairs(folder)
+            if not pair_files:
+                parser.error(f"no <id>_source / <id>_candidate pairs in {folder}")
+            profile = _run_profile(pair_files, args.kind, args.face_mask, args.repeat, args.profile_top)
+        print(f"{profile['pairs']} pairs ({args.repeat} passes), kind={args.kind}; ms per pair, one thread:")
+        for step, ms in profile["steps_ms_per_pair"].items():
+            print(f"  {ms:8.2f}  {step}")
+        print(f"  {sum(profile['steps_ms_per_pair'].values()):8.2f}  total")
+        print("validation functions by cumulative time (profiled pass: ranks, inflated by the profiler):")
+        for f in profile["functions"]:
+            print(f"  {f['ms_per_pair']:8.2f}  {f['calls_per_pair']:6.2f} calls  {f['function']}")
+        if args.json:
+            args.json.write_text(json.dumps({"profile": profile}, indent=1) + "\n")
+        return 0
 
     with tempfile.TemporaryDirectory(prefix="cf-bench-") as tmp:
         folder = args.pairs or build_demo_pairs(Path(tmp) / "pairs", args.per_source)

@@ -65,22 +65,22 @@ def settled_outcomes(
 
     def settle(plans: Sequence[PlannedAttempt]) -> dict[str, Settled]:
         ids = [planned.attempt_id for planned in plans]
-        attempts, candidates = ws.ledger.attempts_by_id(ids), ws.ledger.candidates_by_id(ids)
+        states = ws.ledger.settled_states(ids)  # attempts and candidates, the columns read here only
         settled = {}
         for aid in ids:
-            attempt, candidate = attempts.get(aid), candidates.get(aid)
-            if attempt is None or not attempt_finished(attempt):
+            state = states.get(aid)
+            if state is None or not attempt_finished(state):
                 raise _WorkToDo
-            if attempt.status == "failed":  # final: its backend said running it again cannot change it
-                settled[aid] = Settled("failed", [attempt.reason or "editor_failed"])
+            if state.status == "failed":  # final: its backend said running it again cannot change it
+                settled[aid] = Settled("failed", [state.reason or "editor_failed"])
                 continue
-            if attempt.status == "ok" and not ws.store.has(attempt.output_sha256):
+            if state.status == "ok" and not ws.store.has(state.output_sha256):
                 raise _WorkToDo
-            if candidate is None or candidate.judge_key != jkey:
+            if state.judge_key is None or state.judge_key != jkey:
                 raise _WorkToDo
-            if candidate.image_sha256 and not ws.store.has(candidate.image_sha256):
+            if state.image_sha256 and not ws.store.has(state.image_sha256):
                 raise _WorkToDo
-            settled[aid] = Settled(candidate.verdict, candidate.reasons)
+            settled[aid] = Settled(state.verdict, state.reasons)
         return settled
 
     try:

@@ -10,10 +10,11 @@ Pure functions over their arguments: no ledger, no store, no Prefect.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -27,7 +28,7 @@ from counterfactory.generation.sampling import Cell
 from counterfactory.manifests.lifecycle import FINISHED_ATTEMPT, attempt_finished, attempt_pending  # noqa: F401
 
 if TYPE_CHECKING:
-    from counterfactory.generation.sources import PreparedSource
+    from counterfactory.generation.sources import PreparedSource, Source
     from counterfactory.manifests.spec import Spec
 
 #: what an editor may read from an :class:`EditRequest` besides the source, kind and condition
@@ -37,13 +38,27 @@ EDITOR_INPUTS = frozenset({"prompt", "negative_prompt", "seed", "mask"})
 
 @dataclass(frozen=True)
 class PlannedAttempt:
-    """One cell's attempt number ``attempt_no``: its id, the editor request and the rendered prompt."""
+    """One cell's attempt number ``attempt_no``: its id, the editor request and the rendered prompt.
+
+    The request is built when first asked for (``build_request``, a :func:`source_request`
+    partial): its image is the source's pixels, and a caller that needs the ids alone (a settled
+    re-run, publishing from the ledger) decodes no photo.
+    """
 
     cell: Cell
     attempt_no: int
     attempt_id: str
-    request: EditRequest
+    build_request: Callable[[], EditRequest] = field(repr=False, compare=False)
     prompt: RenderedPrompt
+
+    @functools.cached_property
+    def request(self) -> EditRequest:
+        return self.build_request()
+
+
+def source_request(source: Source, **fields: Any) -> EditRequest:
+    """The :class:`EditRequest` of ``fields`` with ``source``'s pixels as its image."""
+    return EditRequest(image=source.pixels, **fields)
 
 
 def editor_inputs(editor: Editor, kind: str) -> frozenset[str]:
@@ -129,9 +144,10 @@ def plan_attempts(
             region_sha256=region_sha,
             inputs=inputs,
         )
-        request = EditRequest(
+        request = functools.partial(
+            source_request,
+            prepared.source,
             attempt_id=aid,
-            image=prepared.source.pixels,
             prompt=prompt.text,
             seed=seed,
             kind=kind,

@@ -7,8 +7,10 @@ cue state (``removed`` or the ``kept`` control).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
+import stat
 import string
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -122,13 +124,24 @@ def load_template(name: str, directory: Path | None = None) -> tuple[str, str]:
         raise ValueError(f"prompt template name {name!r} may hold only letters, digits, '_', '-', '.'")
     for folder in [d for d in (directory, PROMPTS_DIR) if d is not None]:
         path = Path(folder) / f"{name}.txt"
-        if path.is_file():
-            raw = path.read_bytes()
-            return raw.decode("utf-8").strip(), hashlib.sha256(raw).hexdigest()
+        try:
+            st = path.stat()
+        except OSError:
+            continue
+        if stat.S_ISREG(st.st_mode):
+            return _template_file(str(path), st.st_mtime_ns, st.st_size)
     known = sorted(p.stem for p in PROMPTS_DIR.glob("*.txt"))
     raise SetupError(
         f"prompt template {name!r} not found in {directory or PROMPTS_DIR}; bundled templates: {', '.join(known)}"
     )
+
+
+@functools.lru_cache(maxsize=64)
+def _template_file(path: str, mtime_ns: int, size: int) -> tuple[str, str]:
+    """``(text, sha256)`` of a template file, read once per version of it (every cell renders its
+    template: a 10,000-cell re-run read the same few files 10,000 times)."""
+    raw = Path(path).read_bytes()
+    return raw.decode("utf-8").strip(), hashlib.sha256(raw).hexdigest()
 
 
 def template_variables(text: str) -> set[str]:

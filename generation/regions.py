@@ -76,6 +76,12 @@ def get_region(name: str) -> EditRegion:
         raise ValueError(f"unknown edit region {name!r}; known regions: {', '.join(sorted(REGIONS))}") from None
 
 
+@functools.lru_cache(maxsize=64)
+def _resolved(folder: str) -> str:
+    """``folder`` resolved, once per folder (every cell's prompt asks; a resolve is a syscall per part)."""
+    return str(Path(folder).resolve())
+
+
 @functools.lru_cache(maxsize=16)
 def _region_map(folder: str) -> dict[str, str]:
     path = Path(folder) / REGIONS_FILE
@@ -99,7 +105,7 @@ def template_region(template: str, directory: Path | None = None) -> str:
     the bundled ``assets/prompts``; :data:`DEFAULT_REGION` when neither names it.
     """
     for folder in [d for d in (directory, PROMPTS_DIR) if d is not None]:
-        found = _region_map(str(Path(folder).resolve())).get(template)
+        found = _region_map(_resolved(str(folder))).get(template)
         if found is not None:
             return found
     return DEFAULT_REGION

@@ -255,6 +255,23 @@ class Candidate:
     gates: dict
 
 
+@dataclass(frozen=True)
+class SettledState:
+    """What decides whether an attempt is settled (:func:`counterfactory.flows.resume.settled_outcomes`):
+    its attempts row's status, reason, output and meta, and its candidate's judgement (None
+    fields: not judged). Read without the rows' other JSON columns (lineage, alignment, gates)."""
+
+    attempt_id: str
+    status: str
+    reason: str | None
+    output_sha256: str | None
+    meta: dict
+    judge_key: str | None
+    image_sha256: str | None
+    verdict: str | None
+    reasons: list
+
+
 def _attempt(row: AttemptRow) -> Attempt:
     return Attempt(
         row.attempt_id,
@@ -362,18 +379,27 @@ class Ledger:
         reason: str | None = None,
         meta: Mapping[str, Any] | None = None,
     ) -> None:
-        values = {
-            "source_id": source_id,
-            "path": path,
-            "sha256": sha256,
-            "status": status,
-            "reason": reason,
-            "meta": _jsonable(meta or {}),
-            "updated_at": _now(),
-        }
+        self.record_sources(
+            [{"source_id": source_id, "path": path, "sha256": sha256, "status": status, "reason": reason, "meta": meta}]
+        )
+
+    def record_sources(self, rows: Sequence[Mapping[str, Any]]) -> None:
+        """:meth:`record_source` for each of ``rows`` (its arguments by name), in one transaction:
+        a run records every source, and one commit each was most of a settled re-run's writing."""
+        now = _now()
         with self.session() as s, s.begin():
-            # workers of one study sharing a ledger record the same photos at the same moment
-            _upsert(s, SourceRow, values, key="source_id", update=tuple(k for k in values if k != "source_id"))
+            for row in rows:
+                values = {
+                    "source_id": row["source_id"],
+                    "path": row["path"],
+                    "sha256": row["sha256"],
+                    "status": row["status"],
+                    "reason": row.get("reason"),
+                    "meta": _jsonable(row.get("meta") or {}),
+                    "updated_at": now,
+                }
+                # workers of one study sharing a ledger record the same photos at the same moment
+                _upsert(s, SourceRow, values, key="source_id", update=tuple(k for k in values if k != "source_id"))
 
     def sources(self) -> list[SourceRow]:
         with self.session() as s:
@@ -405,6 +431,34 @@ class Ledger:
                 for chunk in _chunks(attempt_ids)
                 for row in s.scalars(select(AttemptRow).where(AttemptRow.attempt_id.in_(chunk)))
             }
+
+    def settled_states(self, attempt_ids: Iterable[str]) -> dict[str, SettledState]:
+        """The :class:`SettledState` of those of ``attempt_ids`` that exist, by id: attempts joined
+        with their candidates, one query per 500 ids, only the columns the settled check reads."""
+        columns = (
+            AttemptRow.attempt_id,
+            AttemptRow.status,
+            AttemptRow.reason,
+            AttemptRow.output_sha256,
+            AttemptRow.meta,
+            CandidateRow.judge_key,
+            CandidateRow.image_sha256,
+            CandidateRow.verdict,
+            CandidateRow.reasons,
+        )
+        found: dict[str, SettledState] = {}
+        with self.session() as s:
+            for chunk in _chunks(attempt_ids):
+                q = (
+                    select(*columns)
+                    .outerjoin(CandidateRow, CandidateRow.attempt_id == AttemptRow.attempt_id)
+                    .where(AttemptRow.attempt_id.in_(chunk))
+                )
+                for aid, status, reason, output, meta, jkey, image, verdict, reasons in s.execute(q):
+                    found[aid] = SettledState(
+                        aid, status, reason, output, meta or {}, jkey, image, verdict, list(reasons or [])
+                    )
+        return found
 
     def start_attempt(
         self,

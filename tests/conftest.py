@@ -13,9 +13,13 @@ import numpy as np
 import pytest
 from PIL import Image
 
-# Prefect's temporary server and its state live in a throwaway folder for the whole session.
-if "PREFECT_HOME" not in os.environ:
-    os.environ["PREFECT_HOME"] = tempfile.mkdtemp(prefix="cf-prefect-")
+# Prefect's temporary server and its state live in a throwaway folder for the whole session, one
+# per process: pytest-xdist's workers inherit the controller's environment, and two workers' flows
+# on one Prefect home would share its SQLite database (and its migrations at start-up).
+_OWN_HOME = "COUNTERFACTORY_TEST_PREFECT_HOME"
+if "PREFECT_HOME" not in os.environ or os.environ.get(_OWN_HOME) == os.environ["PREFECT_HOME"]:
+    _worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+    os.environ["PREFECT_HOME"] = os.environ[_OWN_HOME] = tempfile.mkdtemp(prefix=f"cf-prefect-{_worker}-")
     atexit.register(shutil.rmtree, os.environ["PREFECT_HOME"], ignore_errors=True)
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
@@ -28,6 +32,37 @@ REPO = Path(__file__).resolve().parents[1]
 def read_rgb(name: str) -> np.ndarray:
     with Image.open(PHOTOS_DIR / name) as im:
         return np.asarray(im.convert("RGB")).copy()
+
+
+#: Session fixtures that run a whole flow, and the pytest-xdist group of the tests that use them:
+#: under ``-n 2 --dist loadgroup`` (the README's test command) each group runs in one worker, so each
+#: flow runs once per session, not once per worker that happens to get one of its tests.
+SHARED_RUNS = {"demo_run": "demo", "killed_demo": "demo", "review_run": "review-run", "limb_ask_release": "limb-ask"}
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's worker reads the groups into the test ids
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        for group in sorted({SHARED_RUNS[f] for f in getattr(item, "fixturenames", ()) if f in SHARED_RUNS}):
+            item.add_marker(pytest.mark.xdist_group(group))
+        if getattr(config.option, "loadgroup", False):  # an xdist worker under --dist loadgroup
+            _suffix_group(item)
+
+
+def _suffix_group(item: pytest.Item) -> None:
+    """``ID@GROUP``, the test id pytest-xdist's ``loadgroup`` scheduler groups by. pytest-xdist
+    3.8 writes it to ``item._nodeid``, which pytest 9.2 no longer reads (an item's id is the
+    structured ``item._id``): every group was spread over both workers, each building its
+    session's runs. Here the id is set where this pytest keeps it (once: an older pytest reads
+    ``_nodeid`` and xdist's own hook appends the same suffix, which names the same group)."""
+    names = sorted(
+        {str(m.args[0] if m.args else m.kwargs.get("name", "default")) for m in item.iter_markers("xdist_group")}
+    )
+    if not names or not hasattr(item, "_id"):
+        return
+    from _pytest.nodeid import NodeId
+
+    item._id = NodeId.parse(f"{item.nodeid}@{'_'.join(names)}")
 
 
 @pytest.fixture(scope="session")
@@ -58,6 +93,7 @@ class DemoRun:
         out: the run folder.
         release: ``releases/demo-face/0.1.0``, sealed by the run.
         run_stdout: what ``counterfactory run`` printed.
+        run_stderr: what it printed on standard error (the progress bar; never a native library's line).
         with_trials: ``releases/demo-face/0.2.0``, published from the same run folder with a
             2AFC + MCQ trial bank (``counterfactory publish OUT --spec ... --version 0.2.0``).
         publish_stdout: what that ``counterfactory publish`` printed.
@@ -66,26 +102,43 @@ class DemoRun:
     out: Path
     release: Path
     run_stdout: str
+    run_stderr: str
     with_trials: Path
     publish_stdout: str
 
 
+def user_env() -> dict[str, str]:
+    """The environment a user's shell gives the CLI: no variable that quiets or tunes native
+    libraries (``GLOG_``, ``TF_CPP_``, ``OPENCV_``) or the package (``COUNTERFACTORY_``), and
+    Prefect kept local and quiet in a home of its own (:func:`tests.flows.unchanged.cli_env`)."""
+    from tests.flows.unchanged import cli_env
+
+    prefixes = ("GLOG_", "TF_CPP_", "OPENCV_", "COUNTERFACTORY_")
+    return {k: v for k, v in cli_env().items() if not k.startswith(prefixes)}
+
+
 @pytest.fixture(scope="session")
 def demo_run(tmp_path_factory) -> DemoRun:
-    """``counterfactory run assets/specs/demo-face.yaml --out OUT --publish --allow-incomplete``
-    (about a minute), then the same grid published again with trials (zero editor calls).
-    Tests copy the releases before changing them."""
+    """README command 1 as it is written, ``counterfactory run assets/specs/demo-face.yaml --out OUT
+    --publish --allow-incomplete`` (about a minute; the progress bar on), then the same grid
+    published again with trials (zero editor calls). Every whole-flow test that only reads a
+    finished demo run reads this one: tests copy the folder or the releases before changing them."""
     import subprocess
     import sys
 
     import yaml
 
-    from tests.flows.unchanged import SCENARIOS, cli_env, run_cli
+    from tests.flows.unchanged import SCENARIOS, cli_env
 
     root = tmp_path_factory.mktemp("demo")
     out = root / "out"
     scenario = SCENARIOS["demo-face"]
-    ran = run_cli(scenario.spec, out)
+    ran = subprocess.run(
+        [sys.executable, "-m", "counterfactory", "run", str(scenario.spec), "--out", str(out),
+         "--publish", "--allow-incomplete"],
+        cwd=REPO, env=user_env(), capture_output=True, text=True, timeout=1800,  # ~1 min idle; 14 at load 29
+    )  # fmt: skip
+    assert ran.returncode == 0, ran.stdout[-2000:] + ran.stderr[-4000:]
     spec = yaml.safe_load(scenario.spec.read_text())
     spec["sources"] = {k: str((scenario.spec.parent / v).resolve()) for k, v in spec["sources"].items()}
     spec["trials"] = {"protocols": ["2afc", "mcq"]}
@@ -98,4 +151,33 @@ def demo_run(tmp_path_factory) -> DemoRun:
     )  # fmt: skip
     assert published.returncode == 0, published.stdout[-2000:] + published.stderr[-2000:]
     releases = out / "releases" / "demo-face"
-    return DemoRun(out, releases / "0.1.0", ran.stdout, releases / "0.2.0", published.stdout)
+    return DemoRun(out, releases / "0.1.0", ran.stdout, ran.stderr, releases / "0.2.0", published.stdout)
+
+
+@dataclass(frozen=True)
+class KilledRun:
+    """The demo SIGKILLed half way and resumed, once per session (see :func:`killed_demo`).
+
+    Attributes:
+        out: the run folder, resumed to completion.
+        killed: what its ledger held at the kill.
+        resumed_stdout: what the resuming ``counterfactory run`` printed.
+    """
+
+    out: Path
+    killed: object  # tests.flows.unchanged.Killed
+    resumed_stdout: str
+
+
+@pytest.fixture(scope="session")
+def killed_demo(tmp_path_factory) -> KilledRun:
+    """The demo's run (one worker) SIGKILLed with its process group once 6 attempts are finished,
+    then the same command again to completion: what the crash tests of the ledger (nothing
+    finished runs twice), the release (byte for byte the uninterrupted one) and the fingerprint
+    (the recorded one) each check, from one kill."""
+    from tests.flows.unchanged import KILLED, SCENARIOS, kill_half_way, run_cli
+
+    out = tmp_path_factory.mktemp("killed") / "out"
+    killed = kill_half_way(SCENARIOS[KILLED], out, timeout=1800)  # a loaded machine: see demo_run
+    resumed = run_cli(SCENARIOS[KILLED].spec, out, timeout=1800)
+    return KilledRun(out, killed, resumed.stdout)

@@ -138,26 +138,33 @@ def prepare_sources(
             failed.append(FailedSource(id=item.record.id, path=item.path, reason=reason, record=item.record))
         else:
             usable.append(prepared.released())
-    for ok in usable:
-        check = {"check": checks[ok.id]} if ok.id in checks else {}
-        ledger.record_source(
-            ok.id,
-            str(ok.source.path),
-            sha256=ok.source.sha256,
-            status="ok",
-            meta={**ok.meta, "normalisation": list(ok.source.notes), **check},
-        )
-    for bad in failed:
-        check = {"check": checks[bad.id]} if bad.id in checks else {}
-        ledger.record_source(
-            bad.id,
-            str(bad.path),
-            sha256=None,
-            status="failed",
-            reason=bad.reason,
-            meta={**_record_meta(bad), **check},
-        )
+    rows = [
+        {
+            "source_id": ok.id,
+            "path": str(ok.source.path),
+            "sha256": ok.source.sha256,
+            "status": "ok",
+            "meta": {**ok.meta, "normalisation": list(ok.source.notes), **_check_of(checks, ok.id)},
+        }
+        for ok in usable
+    ]
+    rows += [
+        {
+            "source_id": bad.id,
+            "path": str(bad.path),
+            "sha256": None,
+            "status": "failed",
+            "reason": bad.reason,
+            "meta": {**_record_meta(bad), **_check_of(checks, bad.id)},
+        }
+        for bad in failed
+    ]
+    ledger.record_sources(rows)  # one transaction for every source
     return usable, failed
+
+
+def _check_of(checks: dict[str, dict[str, Any]], source_id: str) -> dict[str, Any]:
+    return {"check": checks[source_id]} if source_id in checks else {}
 
 
 #: :func:`_kept_check`'s answer when there is no usable kept check

@@ -31,8 +31,9 @@ from counterfactory.generation.attempts import (
     editor_inputs,
     plan_attempts,
     region_sha256,
+    source_request,
 )
-from counterfactory.generation.editors import Editor, EditRequest
+from counterfactory.generation.editors import Editor
 from counterfactory.generation.prompts import RenderedPrompt, load_template
 from counterfactory.generation.sampling import Cell, for_editor
 from counterfactory.generation.sources import PreparedSource, SourceError
@@ -76,9 +77,10 @@ def plan_noise_floor(spec: Spec, prepared: PreparedSource, editor: Editor, linea
         region_sha256=region_sha256(region),
         inputs=editor_inputs(editor, spec.design.kind),
     )
-    request = EditRequest(
+    request = functools.partial(
+        source_request,
+        prepared.source,
         attempt_id=aid,
-        image=prepared.source.pixels,
         prompt=prompt.text,
         seed=spec.editor.seed,
         kind=spec.design.kind,

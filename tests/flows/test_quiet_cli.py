@@ -4,7 +4,6 @@ unless ``counterfactory --verbose`` asks for them (issue 24)."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
@@ -12,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO
+from tests.conftest import REPO, user_env
 
 # What those libraries print, as seen on this machine before they were silenced: glog/absl's
 # "W0000 00:00:1796206013.485034 14657 inference_feedback_manager.cc:121] ...", TFLite's
@@ -28,24 +27,28 @@ NATIVE = re.compile(
 DEMO = ["run", "assets/specs/demo-face.yaml", "--publish", "--allow-incomplete"]
 
 
+def _lines(stdout: str, stderr: str) -> list[str]:
+    # the progress bar redraws with carriage returns: each redraw is a line of its own
+    return [line for line in re.split(r"[\r\n]+", stdout + stderr) if line.strip()]
+
+
 def _demo(out: Path, *global_options: str) -> list[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("GLOG_", "TF_CPP_", "OPENCV_", "COUNTERFACTORY_"))}
     result = subprocess.run(
         [sys.executable, "-m", "counterfactory", *global_options, *DEMO, "--out", str(out)],
         cwd=REPO,
         capture_output=True,
         text=True,
         timeout=900,
-        env=env,
+        env=user_env(),
     )
     assert result.returncode == 0, result.stdout + result.stderr
-    # the progress bar redraws with carriage returns: each redraw is a line of its own
-    return [line for line in re.split(r"[\r\n]+", result.stdout + result.stderr) if line.strip()]
+    return _lines(result.stdout, result.stderr)
 
 
 @pytest.mark.slow
-def test_demo_prints_no_native_library_line_and_verbose_brings_them_back(tmp_path):
-    quiet = _demo(tmp_path / "quiet")
+def test_demo_prints_no_native_library_line_and_verbose_brings_them_back(demo_run, tmp_path):
+    # the quiet run is the session's demo run: the README's command, in a user's environment
+    quiet = _lines(demo_run.run_stdout, demo_run.run_stderr)
     assert not [line for line in quiet if NATIVE.search(line)], "\n".join(quiet)
     # what it does print: the progress bar and the summary, nothing else
     assert any(line.startswith("release written: ") for line in quiet)
@@ -62,7 +65,7 @@ def test_demo_prints_no_native_library_line_and_verbose_brings_them_back(tmp_pat
 
     # what the demo's release holds (issue 19): at least three quarters of its cells accepted,
     # none waiting in review for face-body tone congruence, which the demo spec does not require
-    release = tmp_path / "quiet" / "releases" / "demo-face" / "0.1.0"
+    release = demo_run.release
     items = [json.loads(line) for line in (release / "items.jsonl").read_text().splitlines() if line.strip()]
     assert len(items) == 18, len(items)
     accepted = [item for item in items if item["status"] == "accepted"]

@@ -10,9 +10,9 @@ import json
 
 import pytest
 
-from tests.flows.unchanged import KILLED, SCENARIOS, kill_and_resume
+from tests.flows.unchanged import KILLED, SCENARIOS
 
-# two demo-sized runs (the session's uninterrupted one, and this killed one)
+# two demo-sized runs (the session's uninterrupted one, and its killed one)
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
 
 
@@ -20,12 +20,11 @@ def _files(folder) -> dict[str, bytes]:
     return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
-def test_a_killed_and_resumed_run_seals_the_uninterrupted_release_byte_for_byte(demo_run, tmp_path):
+def test_a_killed_and_resumed_run_seals_the_uninterrupted_release_byte_for_byte(demo_run, killed_demo):
     scenario = SCENARIOS[KILLED]
     assert scenario.spec.name == "demo-face.yaml"
-    out = tmp_path / "out"
-    finished = kill_and_resume(scenario, out)
-    assert finished > 0
+    out = killed_demo.out
+    assert killed_demo.killed.finished > 0
     resumed, whole = _files(out / scenario.release), _files(demo_run.release)
     assert sorted(resumed) == sorted(whole)
     differ = sorted(name for name in whole if resumed[name] != whole[name])

@@ -45,16 +45,8 @@ def _ledger(out: Path, *, write: bool = False) -> sqlite3.Connection:
     return sqlite3.connect(f"file:{out / 'ledger.sqlite'}?mode={mode}", uri=True)
 
 
-@pytest.fixture(scope="module")
-def demo_run(tmp_path_factory):
-    out = tmp_path_factory.mktemp("demo") / "out"
-    first = _run(["run", "assets/specs/demo-face.yaml", "--out", str(out), "--no-progress", *PUBLISH])
-    assert first.returncode == 0, first.stderr[-3000:]
-    return out, first
-
-
 def test_demo_release_has_every_file(demo_run):
-    out, first = demo_run
+    out, first = demo_run.out, demo_run.run_stdout
     release = _release(out)
     for name in ("manifest.jsonl", "items.jsonl", "spec.yaml", "stats.json", "report.html", "checksums.sha256"):
         assert (release / name).is_file(), name
@@ -91,7 +83,7 @@ def test_demo_release_has_every_file(demo_run):
     with _ledger(out) as db:
         attempts = db.execute("select count(*) from attempts").fetchone()[0]
     # one call per attempt: every cell once, plus a retry with the next seed for rejected ones
-    assert attempts >= 18 and f"editor calls: {attempts}" in first.stdout
+    assert attempts >= 18 and f"editor calls: {attempts}" in first
     # the run's own count is the run's summary's, not the release's (a release depends only on its inputs)
     assert "editor_calls_this_run" not in stats and "Editor calls" not in report
 
@@ -101,8 +93,10 @@ def _files(folder: Path) -> dict[str, tuple[bytes, int]]:
             if p.is_file()}  # fmt: skip
 
 
-def test_rerun_makes_zero_editor_calls_and_keeps_the_release(demo_run):
-    out, _ = demo_run
+def test_rerun_makes_zero_editor_calls_and_keeps_the_release(demo_run, tmp_path):
+    # the session's run is shared: re-run a copy (copytree keeps the files' mtimes)
+    out = tmp_path / "out"
+    shutil.copytree(demo_run.out, out, ignore=shutil.ignore_patterns(".run.lock"))
     before = _files(_release(out))
     again = _run(["run", "assets/specs/demo-face.yaml", "--out", str(out), "--no-progress", *PUBLISH])
     assert again.returncode == 0, again.stderr[-3000:]
@@ -119,48 +113,12 @@ def test_rerun_makes_zero_editor_calls_and_keeps_the_release(demo_run):
     assert runs[-1] == (0, "completed")
 
 
-def test_sigkill_half_way_then_resume_loses_nothing(demo_run, tmp_path):
-    reference_out, _ = demo_run
-    out = tmp_path / "out"
-    env = dict(os.environ)
-    proc = subprocess.Popen(
-        CLI + ["run", "assets/specs/demo-face.yaml", "--out", str(out), "--no-progress", "--workers", "1", *PUBLISH],
-        cwd=REPO,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-    deadline = time.time() + 600
-    finished_before_kill: dict[str, int] = {}
-    in_flight_at_kill: set[str] = set()
-    try:
-        while time.time() < deadline:
-            time.sleep(0.2)
-            if (out / "ledger.sqlite").exists():
-                try:
-                    with _ledger(out) as db:
-                        rows = db.execute("select attempt_id, calls from attempts where status='ok'").fetchall()
-                except sqlite3.OperationalError:
-                    continue
-                if len(rows) >= 6:
-                    break
-            assert proc.poll() is None, "the run ended before it could be killed"
-        os.killpg(proc.pid, signal.SIGKILL)  # the CLI and Prefect's temporary server with it
-        proc.wait(timeout=30)
-        with _ledger(out) as db:
-            finished_before_kill = dict(
-                db.execute("select attempt_id, calls from attempts where status='ok'").fetchall()
-            )
-            in_flight_at_kill = {r[0] for r in db.execute("select attempt_id from attempts where status='running'")}
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-    assert 6 <= len(finished_before_kill) < 18
-    assert not _release(out).exists()
-
-    resumed = _run(["run", "assets/specs/demo-face.yaml", "--out", str(out), "--no-progress", *PUBLISH])
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
+def test_sigkill_half_way_then_resume_loses_nothing(demo_run, killed_demo):
+    # the session's kill (tests/conftest.py::killed_demo): the demo's run with one worker,
+    # SIGKILLed with its group once 6 attempts were finished, then run again to completion
+    reference_out, out = demo_run.out, killed_demo.out
+    finished_before_kill, in_flight_at_kill = killed_demo.killed.ok_calls, killed_demo.killed.in_flight
+    assert killed_demo.killed.finished >= 6 and len(finished_before_kill) < 18
     with _ledger(out) as db:
         calls = dict(db.execute("select attempt_id, calls from attempts").fetchall())
         statuses = dict(db.execute("select attempt_id, status from attempts").fetchall())
@@ -297,7 +255,7 @@ def _demo_spec_copy(tmp_path: Path, **release) -> Path:
 
 
 def test_a_deleted_store_is_rebuilt_by_rerunning_only_those_attempts(demo_run, tmp_path):
-    reference, _ = demo_run
+    reference = demo_run.out
     out = tmp_path / "out"
     shutil.copytree(reference, out, ignore=shutil.ignore_patterns(".run.lock"))
     with _ledger(out, write=True) as db:
@@ -426,7 +384,7 @@ def test_sigterm_stops_within_seconds_and_leaves_no_server(tmp_path):
 
 @pytest.mark.timeout(1800)  # eleven demo start-ups; about 3 minutes on an idle 2-core machine
 def test_crash_loop_ten_sigkills_then_the_release_of_an_uninterrupted_run(demo_run, tmp_path):
-    reference, _ = demo_run
+    reference = demo_run.out
     out = tmp_path / "out"
     rng = random.Random(8)  # seeded kill points
     kills = 0

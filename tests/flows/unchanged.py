@@ -137,15 +137,29 @@ def finished_attempts(out: Path) -> int:
         return 0
 
 
-def kill_and_resume(scenario: Scenario, out: Path, *, minimum: int = 6, timeout: float = 600) -> int:
-    """Start ``scenario``'s run, SIGKILL its process group once ``minimum`` attempts are finished and
-    before it ends, then run the same command again to completion.
+@dataclass(frozen=True)
+class Killed:
+    """What the ledger held when :func:`kill_half_way` killed the run.
 
-    The first run has one worker, so that it is still editing when the kill comes. Returns how
-    many attempts were finished at the kill.
+    Attributes:
+        finished: attempts finished (not ``running``) at the kill.
+        ok_calls: ``attempt_id -> calls`` of the attempts finished ``ok`` at the kill.
+        in_flight: the attempts ``running`` at the kill (each may run once more on resume).
+    """
+
+    finished: int
+    ok_calls: dict[str, int]
+    in_flight: frozenset[str]
+
+
+def kill_half_way(scenario: Scenario, out: Path, *, minimum: int = 6, timeout: float = 600) -> Killed:
+    """Start ``scenario``'s run, SIGKILL its process group once ``minimum`` attempts are finished and
+    before it ends; return what its ledger held then.
+
+    The run has one worker, so that it is still editing when the kill comes.
 
     Raises:
-        AssertionError: the first run ended (or timed out) before it could be killed.
+        AssertionError: the run ended (or timed out) before it could be killed, or sealed its release.
     """
     proc = subprocess.Popen(
         command(scenario.spec, out, "--workers", "1"),
@@ -167,11 +181,12 @@ def kill_and_resume(scenario: Scenario, out: Path, *, minimum: int = 6, timeout:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=30)
-    at_kill = finished_attempts(out)
     if (out / scenario.release).exists():
         raise AssertionError("the run sealed its release before the kill: it was not interrupted")
-    run_cli(scenario.spec, out)
-    return at_kill
+    with _ledger(out) as db:
+        ok_calls = dict(db.execute("select attempt_id, calls from attempts where status = 'ok'").fetchall())
+        in_flight = frozenset(r[0] for r in db.execute("select attempt_id from attempts where status = 'running'"))
+    return Killed(finished_attempts(out), ok_calls, in_flight)
 
 
 def _sha(data: bytes) -> str:

@@ -44,3 +44,17 @@ def limb_stack(gates_config) -> GateStack:
 @pytest.fixture(scope="session")
 def landmarker(face_stack):
     return face_stack.landmarker
+
+
+@pytest.fixture(scope="session")
+def limb_ask_release(tmp_path_factory):
+    """``limb_ask.yaml``'s release, made once per session by the real command line (a demo-sized
+    limb run with trials): ``ask --backend fal`` and the InclusiveCF scores read it; each writes
+    its answers elsewhere."""
+    from pathlib import Path
+
+    from tests.flows.unchanged import run_cli
+
+    out = tmp_path_factory.mktemp("limb-ask") / "out"
+    run_cli(Path(__file__).with_name("limb_ask.yaml"), out)
+    return out / "releases" / "limb-ask" / "0.1.0"

@@ -25,7 +25,7 @@ from click.testing import CliRunner
 from PIL import Image
 
 from counterfactory.manifests.release import read_jsonl
-from tests.flows.unchanged import cli_env, run_cli
+from tests.flows.unchanged import cli_env
 
 pytest.importorskip("fal_client")
 pytest.importorskip("trustme")
@@ -41,10 +41,8 @@ FAST = ("--backend-option", "poll_interval_s=0.01", "--backend-option", "backoff
 
 
 @pytest.fixture(scope="module")
-def release(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("limb-ask-fal")
-    run_cli(Path(__file__).with_name("limb_ask.yaml"), out)
-    return out / "releases" / "limb-ask" / "0.1.0"
+def release(limb_ask_release) -> Path:
+    return limb_ask_release  # the session's (tests/validation/conftest.py)
 
 
 @pytest.fixture(scope="module")

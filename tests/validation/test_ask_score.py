@@ -567,16 +567,9 @@ def test_vlmevalkit_export_and_its_prediction_files_score_as_ask_does(release, s
 
 
 @pytest.fixture(scope="module")
-def limb_release(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("limb-ask")
-    run_cli(Path(__file__).with_name("limb_ask.yaml"), out)
-    return out / "releases" / "limb-ask" / "0.1.0"
-
-
-@pytest.fixture(scope="module")
-def limb_scores(limb_release, tmp_path_factory) -> dict:
-    release = limb_release
-    out = tmp_path_factory.mktemp("limb-scores")
+def limb_scores(limb_ask_release, tmp_path_factory) -> dict:
+    release = limb_ask_release  # the session's: answers and scores go to a folder of this module's
+    out = tmp_path_factory.mktemp("limb-ask-scores")
     server = StandIn(_images(release)).start()
     try:
         ledgers = []
@@ -630,7 +623,8 @@ def test_inclusivecf_rating_shift_for_the_removed_cue(limb_scores):
         assert entry["delta_yes_pp"] == 0 and entry["decision_tvd_pp"] == 0
 
 
-def test_a_server_that_honours_seed_gives_noise_repeats_their_own_replies(limb_release, tmp_path):
+def test_a_server_that_honours_seed_gives_noise_repeats_their_own_replies(limb_ask_release, tmp_path):
+    limb_release = limb_ask_release  # the session's; the answers and scores go to tmp_path
     # issue 44: ask sent seed = sample, so an original and its noise-repeat row (the same prompt
     # and image under another trial id) were one request, and the noise baseline was zero by
     # construction on a server that honours seed. Seeded from the answer id, they are two samples.

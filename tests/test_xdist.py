@@ -1,0 +1,60 @@
+"""The suite under pytest-xdist, as the README's test command runs it (``-n 2 --dist loadgroup``):
+each worker has its own Prefect home, and the tests sharing a session's whole-flow run
+(:data:`tests.conftest.SHARED_RUNS`) run in one worker, so that the run is made once."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import REPO
+
+pytest.importorskip("xdist")
+
+TESTS = """
+import json, os
+import pytest
+
+@pytest.fixture(scope="session")
+def review_run():  # stands in for the real one: the group comes from the fixture's name
+    return None
+
+def _note(tmp_path_factory, kind, name):
+    folder = tmp_path_factory.getbasetemp().parent.parent / "notes"
+    folder.mkdir(exist_ok=True)
+    record = {"kind": kind, "worker": os.environ["PYTEST_XDIST_WORKER"], "home": os.environ["PREFECT_HOME"]}
+    (folder / f"{kind}-{name}.json").write_text(json.dumps(record))
+
+@pytest.mark.parametrize("i", range(6))
+def test_shared(review_run, tmp_path_factory, i):
+    _note(tmp_path_factory, "shared", i)
+
+@pytest.mark.parametrize("i", range(6))
+def test_free(tmp_path_factory, i):
+    _note(tmp_path_factory, "free", i)
+"""
+
+
+@pytest.mark.slow
+def test_a_shared_runs_tests_share_one_worker_and_each_worker_has_its_own_prefect_home(tmp_path):
+    (tmp_path / "conftest.py").write_text("from tests.conftest import pytest_collection_modifyitems  # noqa: F401\n")
+    (tmp_path / "test_grouped.py").write_text(TESTS)
+    (tmp_path / "pytest.ini").write_text("[pytest]\n")  # this folder's own session, not the repository's
+    (tmp_path / "base").mkdir()
+    env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_HOME", "COUNTERFACTORY_TEST_PREFECT_HOME")}
+    env["PYTHONPATH"] = str(REPO)
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-n", "2", "--dist", "loadgroup", "-p", "no:cacheprovider", "-q",
+         "--basetemp", str(tmp_path / "base" / "t"), str(tmp_path)],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    notes = [json.loads(p.read_text()) for p in (tmp_path / "base" / "notes").glob("*.json")]
+    shared = {n["worker"] for n in notes if n["kind"] == "shared"}
+    assert len(notes) == 12 and len(shared) == 1, notes
+    homes = {n["worker"]: n["home"] for n in notes}
+    assert len(set(homes.values())) == len(homes), homes  # one Prefect home per worker
