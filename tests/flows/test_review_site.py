@@ -635,3 +635,26 @@ def test_review_serve_without_python_multipart_says_which_extra(run_copy):
     assert done.returncode == 2, done.stderr[-2000:]
     assert "Traceback" not in done.stderr
     assert "pip install 'counterfactory[review]'" in done.stderr and "python-multipart" in done.stderr
+
+
+def test_add_reviewer_prints_the_sign_in_page_to_open_and_the_token_that_opens_it(run_copy):
+    """Issue 47: ``review add-reviewer`` printed a bare token; it now names the page to open (the
+    address ``review serve`` listens on by default) and the command that serves it, then the token."""
+    from click.testing import CliRunner
+
+    from counterfactory.flows.cli import REVIEW_HOST, REVIEW_PORT, main
+
+    spec, out = run_copy
+    done = CliRunner().invoke(main, ["review", "add-reviewer", "ann", "--out", str(out), "--spec", str(spec)])
+    assert done.exit_code == 0, done.output
+    lines = done.output.splitlines()
+    assert lines[0] == (
+        f"review site: http://{REVIEW_HOST}:{REVIEW_PORT}/login once `counterfactory review serve {out}` runs"
+    )
+    token = lines[-1]
+    assert "token" in lines[1] and token not in lines[0]  # the token goes into the form, never a URL
+    with serving(out, spec) as base:
+        client = httpx.Client(base_url=base, timeout=120)
+        assert client.get("/login").status_code == 200
+        assert client.post("/login", data={"token": token}).status_code == 303
+        assert client.get("/queue").status_code == 200
