@@ -947,7 +947,9 @@ def release_diff(a: Path, b: Path, as_json: bool) -> None:
                 f"pass rate {s['group']}: {show(s['a'])} -> {show(s['b'])}" + (" (separated)" if s["separated"] else "")
             )
         for d in result["differences"]:
-            click.echo(f"{d['kind']}: {d['detail']}")
+            # a detail that starts with its kind ("trials: 30 -> 27 rows") is not prefixed twice
+            starts = d["detail"].split(" ", 1)[0].rstrip(":")
+            click.echo(d["detail"] if starts == d["kind"] else f"{d['kind']}: {d['detail']}")
         click.echo(
             "identical" if result["identical"] else
             f"{len(result['added'])} added, {len(result['removed'])} removed, {len(result['changed'])} changed, "
