@@ -151,7 +151,14 @@ def run(
     click.echo(
         f"templates complete: {summary.complete_templates}/{summary.templates}; failed sources: {summary.failed_sources}"
     )
-    click.echo(f"editor calls: {summary.editor_calls}")
+    # an import of 12 rows read "editor calls: 14" and nothing said that its two sources' noise-floor
+    # requests were two of them
+    floors = (
+        f' ({summary.floor_calls} of them noise-floor requests, "return this photo unchanged", one per source photo)'
+        if summary.floor_calls
+        else ""
+    )
+    click.echo(f"editor calls: {summary.editor_calls}{floors}")
     if summary.settled:
         click.echo("nothing to run: every cell was already settled in the ledger")
     if summary.release_path is None:
