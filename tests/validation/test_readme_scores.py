@@ -69,5 +69,7 @@ def test_the_readmes_ask_and_score_end_with_the_demo_releases_score_report(demo_
     report = (scores / "report.html").read_text()
     assert "Qwen/Qwen2.5-VL-7B-Instruct" in report
     assert "focus_table1_polarisation" in report or "focus_4_1_2afc_retention" in report
+    # blank cells are explained, and no interval bound is floating-point noise
+    assert "id='blank-cells'" in report and not re.search(r"\[-?\d\.\d+e-1\d,", report)
     data = json.loads((scores / "scores.json").read_text())
     assert set(data["models"]) == {"Qwen/Qwen2.5-VL-7B-Instruct"}
