@@ -198,7 +198,7 @@ def report_html(header: ReportHeader, items: Sequence[Mapping[str, Any]], stats:
     left_rows = (
         "".join(
             f"<tr><td>{html.escape(str(r['template_id']))}</td>"
-            f"<td>{html.escape(condition_label(r.get('condition') or {}))}</td>"
+            f"<td>{html.escape(condition_label(r.get('condition') or {}, header.axes))}</td>"
             f'<td style="color:rgb{VERDICT_COLOURS.get(r["status"], (0, 0, 0))}">{html.escape(r["status"])}</td>'
             f"<td>{html.escape(', '.join(r.get('reasons') or []))}</td></tr>"
             for r in left_out

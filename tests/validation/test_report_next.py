@@ -84,3 +84,15 @@ def test_score_tables_print_interval_noise_as_zero_and_keep_real_small_values():
     assert _fmt(2.588e-82) == "2.588e-82"  # a p-value
     assert _fmt([0.0012, 0.3]) == "[0.0012, 0.3]"
     assert _fmt(None) == "" and BLANK == "–"
+
+
+def test_the_report_is_the_same_from_items_jsonl_as_from_the_items_in_memory():
+    """verify derives report.html from items.jsonl, whose condition keys are sorted; the run wrote
+    it from its items, whose keys are in the design's axis order. The left-out table orders each
+    condition by the axes, so the two pages are one (verify refused the demo's release when it did
+    not: "male · White" against "White · male")."""
+    import json
+
+    read_back = [json.loads(json.dumps(r, sort_keys=True)) for r in ITEMS]
+    assert list(read_back[1]["condition"]) == ["gender", "race"]
+    assert report_html(HEADER, read_back, STATS) == report_html(HEADER, ITEMS, STATS)
