@@ -151,7 +151,14 @@ def run(
     click.echo(
         f"templates complete: {summary.complete_templates}/{summary.templates}; failed sources: {summary.failed_sources}"
     )
-    click.echo(f"editor calls: {summary.editor_calls}")
+    # an import of 12 rows read "editor calls: 14" and nothing said that its two sources' noise-floor
+    # requests were two of them
+    floors = (
+        f' ({summary.floor_calls} of them noise-floor requests, "return this photo unchanged", one per source photo)'
+        if summary.floor_calls
+        else ""
+    )
+    click.echo(f"editor calls: {summary.editor_calls}{floors}")
     if summary.settled:
         click.echo("nothing to run: every cell was already settled in the ledger")
     if summary.release_path is None:
@@ -794,6 +801,10 @@ def review() -> None:
     """Human review: the web queue and its reviewers."""
 
 
+#: where ``review serve`` listens unless told otherwise (``review add-reviewer`` prints its login page)
+REVIEW_HOST, REVIEW_PORT = "127.0.0.1", 8765
+
+
 def _review_setup(out: Path, spec_path: Path | None):
     from counterfactory.flows.engine.run_folder import LEDGER_FILE, RunFolder
     from counterfactory.manifests.release_folder import releases_under
@@ -814,8 +825,8 @@ def _review_setup(out: Path, spec_path: Path | None):
 @click.option(
     "--spec", "spec_path", type=click.Path(path_type=Path), help="The run's spec (default: its newest release's)."
 )
-@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
-@click.option("--port", default=8765, show_default=True, help="Port to listen on.")
+@click.option("--host", default=REVIEW_HOST, show_default=True, help="Address to listen on.")
+@click.option("--port", default=REVIEW_PORT, show_default=True, help="Port to listen on.")
 def review_serve(out: Path, spec_path: Path | None, host: str, port: int) -> None:
     """Serve the review queue over OUT's ledger and image store."""
     from counterfactory.flows.review_app import serve  # SetupError without the review extra
@@ -834,7 +845,8 @@ def review_serve(out: Path, spec_path: Path | None, host: str, port: int) -> Non
     "--spec", "spec_path", type=click.Path(path_type=Path), help="The run's spec (default: its newest release's)."
 )
 def review_add_reviewer(name: str, out: Path, spec_path: Path | None) -> None:
-    """Register NAME as a reviewer and print their token (shown once; the ledger keeps only its hash)."""
+    """Register NAME as a reviewer and print their token (shown once; the ledger keeps only its hash),
+    after the review site's sign-in page and the command that serves it. The token is the last line."""
     from counterfactory.manifests.ledger import Ledger
     from counterfactory.manifests.review import add_reviewer
 
@@ -844,6 +856,10 @@ def review_add_reviewer(name: str, out: Path, spec_path: Path | None) -> None:
         token = add_reviewer(ledger, name)
     finally:
         ledger.close()
+    # the address goes in the browser, the token into its sign-in form (never into a URL, where
+    # it would stay in the history and the server's logs)
+    click.echo(f"review site: http://{REVIEW_HOST}:{REVIEW_PORT}/login once `counterfactory review serve {out}` runs")
+    click.echo(f"{name}'s token (shown once; the ledger keeps only its sha256), to paste there:")
     click.echo(token)
 
 
@@ -989,7 +1005,9 @@ def release_diff(a: Path, b: Path, as_json: bool) -> None:
                 f"pass rate {s['group']}: {show(s['a'])} -> {show(s['b'])}" + (" (separated)" if s["separated"] else "")
             )
         for d in result["differences"]:
-            click.echo(f"{d['kind']}: {d['detail']}")
+            # a detail that starts with its kind ("trials: 30 -> 27 rows") is not prefixed twice
+            starts = d["detail"].split(" ", 1)[0].rstrip(":")
+            click.echo(d["detail"] if starts == d["kind"] else f"{d['kind']}: {d['detail']}")
         click.echo(
             "identical" if result["identical"] else
             f"{len(result['added'])} added, {len(result['removed'])} removed, {len(result['changed'])} changed, "

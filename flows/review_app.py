@@ -371,9 +371,22 @@ def _thresholds_for(metric: str, thresholds: dict[str, Any]) -> dict[str, Any]:
     return {name: t for name, t in thresholds.items() if metric in name or name.endswith(metric)}
 
 
+def _crossed(name: str, bound: Any, value: Any) -> bool:
+    """Whether ``value`` is on the wrong side of the threshold ``name`` (``max_*`` / ``min_*``)."""
+    if isinstance(bound, bool) or not isinstance(bound, int | float) or not isinstance(value, int | float):
+        return False
+    return (name.startswith("max_") and value > bound) or (name.startswith("min_") and value < bound)
+
+
 def flagged_metrics(gates: dict[str, Any]) -> list[dict[str, Any]]:
     """What a reviewer should read first: each gate that failed or asked for review, with its
-    reasons and the metrics that have a threshold, next to that threshold."""
+    reasons and the metrics that have a threshold, next to that threshold.
+
+    A measure judged above the editor's noise floor is shown as judged (``X_above_floor`` against
+    ``X``'s threshold; its raw ``X``, which was not judged, is left to the full gate record), and
+    the metrics that crossed their threshold, the ones that decided, come first (``decides``): the
+    line is cut to a few rows on a small screen, and the deciding metric must not be the part cut.
+    """
     out = []
     for name, gate in gates.items():
         if not isinstance(gate, dict):
@@ -381,13 +394,21 @@ def flagged_metrics(gates: dict[str, Any]) -> list[dict[str, Any]]:
         reasons = list(gate.get("reasons", [])) + list(gate.get("review", []))
         if gate.get("passed", True) and not reasons:
             continue
-        thresholds = gate.get("thresholds", {}) or {}
-        metrics = [
-            {"metric": m, "value": v, "thresholds": _thresholds_for(m, thresholds)}
-            for m, v in (gate.get("metrics", {}) or {}).items()
-            if _thresholds_for(m, thresholds)
-        ]
+        thresholds = {k: v for k, v in (gate.get("thresholds", {}) or {}).items() if v is not None}
+        values = gate.get("metrics", {}) or {}
+        metrics = []
+        for m, v in values.items():
+            judged_as = m.removesuffix("_above_floor")
+            if m == judged_as and f"{m}_above_floor" in values:
+                continue  # judged above the floor: that value is the one shown
+            bounds = _thresholds_for(judged_as, thresholds)
+            if bounds:
+                decides = any(_crossed(t, b, v) for t, b in bounds.items())
+                metrics.append({"metric": m, "value": v, "thresholds": bounds, "decides": decides})
+        metrics.sort(key=lambda entry: not entry["decides"])
         out.append({"gate": name, "passed": bool(gate.get("passed")), "reasons": reasons, "metrics": metrics})
+    # the gates that rejected or held the item before those that only measured
+    out.sort(key=lambda g: not any(m["decides"] for m in g["metrics"]))
     return out
 
 

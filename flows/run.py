@@ -197,6 +197,7 @@ def run_flow(
         templates=len(outcomes),
         complete_templates=sum(o.complete for o in outcomes),
         editor_calls=calls,
+        floor_calls=sum(o.floor_calls for o in outcomes),
     )
     ws.ledger.close()
     return summary

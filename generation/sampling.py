@@ -92,7 +92,9 @@ class DesignConfig(BaseModel):
     kind: Literal["face", "limb"]
     axes: dict[str, list[str]]
     strata: list[str] = Field(default_factory=lambda: ["occupation", "presented_gender"])
-    templates_per_stratum: int = Field(ge=1, le=1_000_000)
+    #: required unless the editor plans the grid itself (an import: the grid is the table);
+    #: checked when the spec loads (``Spec._consistent``) and again by :func:`expand_grid`
+    templates_per_stratum: int | None = Field(None, ge=1, le=1_000_000)
     seed: int = Field(0, ge=0, le=2**32 - 1)
     conditions_per_template: int | None = Field(None, ge=1, le=1_000_000)
     gender_balance: Literal["any", "match", "mismatch", "balanced"] = "any"
@@ -335,8 +337,11 @@ def expand_grid(sources: Sequence[Any], design: DesignConfig) -> Grid:
         cell id once.
 
     Raises:
-        ValueError: duplicate source ids, or a short stratum with ``on_short_stratum="error"``.
+        ValueError: duplicate source ids, a short stratum with ``on_short_stratum="error"``, or
+            no ``templates_per_stratum`` (only an editor that plans its own grid may leave it out).
     """
+    if design.templates_per_stratum is None:
+        raise ValueError("design.templates_per_stratum is needed to draw templates from the strata")
     excluded: list[Exclusion] = []
     records: dict[str, Any] = {}
     for item in sources:

@@ -71,6 +71,8 @@ class TemplateOutcome:
     template_id: str
     cells: list[CellOutcome]
     editor_calls: int = 0
+    #: of ``editor_calls``, the template's noise-floor request ("return this photo unchanged")
+    floor_calls: int = 0
 
     @property
     def editor(self) -> str | None:

@@ -383,6 +383,15 @@ class Spec(BaseModel):
             missing = set(self.design.axes["cue"]) - set(self.prompts.limb)
             if missing:
                 raise ValueError(f"prompts.limb has no template for cue values {sorted(missing)}")
+        if self.design.templates_per_stratum is None and not all(
+            callable(getattr(config.options(), "plan_grid", None)) for config in self.editor_configs()
+        ):
+            # an editor that plans the grid itself (an import: one cell per row of its table)
+            # needs no draw from the strata; every other one does
+            raise ValueError(
+                "design.templates_per_stratum, how many source photos to draw from each stratum "
+                "(only an import, whose grid is its table, may leave it out)"
+            )
         # every condition's prompt rendered once: a missing template or an unknown field in
         # prompts.target_group stops the spec here instead of failing every cell mid-run
         self.prompts.check_renders(self.design)

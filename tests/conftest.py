@@ -94,16 +94,18 @@ class DemoRun:
         release: ``releases/demo-face/0.1.0``, sealed by the run.
         run_stdout: what ``counterfactory run`` printed.
         run_stderr: what it printed on standard error (the progress bar; never a native library's line).
-        with_trials: ``releases/demo-face/0.2.0``, published from the same run folder with a
-            2AFC + MCQ trial bank (``counterfactory publish OUT --spec ... --version 0.2.0``).
+        republished: ``releases/demo-face/0.2.0``, sealed again from the same run folder by
+            ``counterfactory publish OUT --version 0.2.0 --allow-incomplete`` (zero editor calls).
         publish_stdout: what that ``counterfactory publish`` printed.
+
+    The demo spec publishes trials (FOCUS's 2AFC and MCQ), so both releases hold a trial bank.
     """
 
     out: Path
     release: Path
     run_stdout: str
     run_stderr: str
-    with_trials: Path
+    republished: Path
     publish_stdout: str
 
 
@@ -120,13 +122,12 @@ def user_env() -> dict[str, str]:
 @pytest.fixture(scope="session")
 def demo_run(tmp_path_factory) -> DemoRun:
     """README command 1 as it is written, ``counterfactory run assets/specs/demo-face.yaml --out OUT
-    --publish --allow-incomplete`` (about a minute; the progress bar on), then the same grid
-    published again with trials (zero editor calls). Every whole-flow test that only reads a
+    --publish --allow-incomplete`` (about a minute; the progress bar on), then ``counterfactory
+    publish OUT --version 0.2.0`` (zero editor calls; the demo spec publishes trials, so both
+    releases hold a trial bank). Every whole-flow test that only reads a
     finished demo run reads this one: tests copy the folder or the releases before changing them."""
     import subprocess
     import sys
-
-    import yaml
 
     from tests.flows.unchanged import SCENARIOS, cli_env
 
@@ -139,14 +140,8 @@ def demo_run(tmp_path_factory) -> DemoRun:
         cwd=REPO, env=user_env(), capture_output=True, text=True, timeout=1800,  # ~1 min idle; 14 at load 29
     )  # fmt: skip
     assert ran.returncode == 0, ran.stdout[-2000:] + ran.stderr[-4000:]
-    spec = yaml.safe_load(scenario.spec.read_text())
-    spec["sources"] = {k: str((scenario.spec.parent / v).resolve()) for k, v in spec["sources"].items()}
-    spec["trials"] = {"protocols": ["2afc", "mcq"]}
-    spec["release"]["version"] = "0.2.0"
-    with_trials = root / "demo-face-trials.yaml"
-    with_trials.write_text(yaml.safe_dump(spec, sort_keys=False))
     published = subprocess.run(
-        [sys.executable, "-m", "counterfactory", "publish", str(out), "--spec", str(with_trials), "--allow-incomplete"],
+        [sys.executable, "-m", "counterfactory", "publish", str(out), "--version", "0.2.0", "--allow-incomplete"],
         cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert published.returncode == 0, published.stdout[-2000:] + published.stderr[-2000:]

@@ -20,6 +20,7 @@ from counterfactory.manifests.release_folder import CONTACT_SHEETS_DIR, REPORT
 from counterfactory.validation.editor_stats import editors_html
 from counterfactory.validation.gates.base import FILLING_VERDICTS, VERDICTS
 from counterfactory.validation.gates.locality import FLOOR_RELATIVE
+from counterfactory.validation.reasons import docs_anchor, explain
 from counterfactory.validation.review_stats import review_html
 from counterfactory.validation.target_stats import focus_html, target_html
 
@@ -206,10 +207,40 @@ def report_html(header: ReportHeader, items: Sequence[Mapping[str, Any]], stats:
     )
     reason_rows = (
         "".join(
-            f"<tr><td><code>{html.escape(code)}</code></td><td>{n}</td></tr>" for code, n in stats["reasons"].items()
+            f"<tr><td><code>{html.escape(code)}</code></td><td>{n}</td><td>{html.escape(explain(code) or '')}</td>"
+            f"<td><code>{html.escape(docs_anchor(code))}</code></td></tr>"
+            for code, n in stats["reasons"].items()
         )
-        or '<tr><td colspan="2">none</td></tr>'
+        or '<tr><td colspan="4">none</td></tr>'
     )
+    left_out = [r for r in items if r["status"] != "accepted"]
+    left_rows = (
+        "".join(
+            f"<tr><td>{html.escape(str(r['template_id']))}</td>"
+            f"<td>{html.escape(condition_label(r.get('condition') or {}, header.axes))}</td>"
+            f'<td style="color:rgb{VERDICT_COLOURS.get(r["status"], (0, 0, 0))}">{html.escape(r["status"])}</td>'
+            f"<td>{html.escape(', '.join(r.get('reasons') or []))}</td></tr>"
+            for r in left_out
+        )
+        or '<tr><td colspan="4">none: every cell of the grid is in the manifest</td></tr>'
+    )
+    waiting = counts.get("needs_review", 0)
+    next_steps = [
+        f"<li><b>{waiting} item(s) wait for people.</b> From the run folder (the one holding "
+        "<code>releases/</code>): <code>counterfactory review add-reviewer YOUR_NAME --out RUN_FOLDER</code>, "
+        "then <code>counterfactory review serve RUN_FOLDER</code> and sign in at the address it prints; "
+        "the next <code>counterfactory publish RUN_FOLDER --version X.Y.Z</code> carries the decisions "
+        "(zero editor calls).</li>"
+        if waiting
+        else "<li>Nothing waits for review.</li>",
+        f"<li><b>{len(left_out)} cell(s) are not in the manifest</b>: listed below under "
+        '<a href="#left-out">Left out</a> (and in <code>left_out.jsonl</code>), each with its reasons, '
+        'explained under <a href="#reasons">Reasons</a>.</li>'
+        if left_out
+        else "<li>Every cell of the grid is in the manifest.</li>",
+        "<li>Check a copy of this release: <code>counterfactory verify RELEASE_FOLDER --expect DIGEST</code>; ask "
+        "models its trials and score them: <code>counterfactory ask</code>, <code>counterfactory score</code>.</li>",
+    ]
     grid = stats.get("grid", {})
     strata_rows = "".join(
         "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>".format(
@@ -300,6 +331,8 @@ small {{ color: #666; font-weight: normal; }}
 <p>{html.escape(header.description)}</p>
 <p>Design: {html.escape(header.kind)} edits, {editors_named},
 spec sha256 <code>{html.escape(stats["spec_hash"][:16])}</code>.</p>
+<h2>What next</h2>
+<ul id="next">{"".join(next_steps)}</ul>
 <h2>Items by status</h2>
 <table id="status-counts"><tr><th>accepted</th><th>needs review</th><th>rejected</th><th>failed</th><th>total</th></tr>
 <tr>{count_cells}<td>{counts.get("total", 0)}</td></tr></table>
@@ -337,7 +370,11 @@ a lone output judged by limits fitted on re-rendered edits without a floor.</p>
 <h2>Failed sources</h2>
 <table id="failed-sources"><tr><th>source</th><th>file</th><th>reason</th></tr>{failed_rows}</table>
 <h2>Reasons (rejected, needs review, failed)</h2>
-<table id="reasons"><tr><th>reason</th><th>items</th></tr>{reason_rows}</table>
+<table id="reasons"><tr><th>reason</th><th>items</th><th>what it means</th><th>documented at</th></tr>{
+        reason_rows
+    }</table>
+<h2>Left out</h2>
+<table id="left-out"><tr><th>template</th><th>condition</th><th>status</th><th>reasons</th></tr>{left_rows}</table>
 <h2>Pass rates by group (Wilson 95 % intervals)</h2>
 <img src="attrition.png" alt="pass rates by condition group" style="max-width: 100%">
 {target_html(stats.get("skin"), stats.get("labels"))}

@@ -349,10 +349,15 @@ def target_html(skin: Mapping[str, Any] | None, labels: Mapping[str, Any] | None
             "<h2>Skin tone (ITA°)</h2>"
             '<table id="skin-by-condition"><tr><th>condition</th><th>n</th><th>median change</th>'
             f"<th>quartiles</th></tr>{rows}</table>"
-            '<table id="skin-lightened"><tr><th>source group</th><th>lightened beyond tolerance</th></tr>'
-            f"{groups}</table>"
-            "<p>For comparison, Seo et al. (2026) found image editors lightening skin in 62-71 % of "
-            "outputs (72-75 % for Black and Indian sources, 44 % for White ones).</p>"
+            '<table id="skin-lightened"><tr><th>source group</th><th>lightened beyond tolerance (every condition)</th>'
+            f"</tr>{groups}</table>"
+            '<p id="skin-lightened-reading">This counts every edited face, whatever its condition asked for. Where the '
+            "conditions change a person's group, a face asked for a lighter-skinned group than its source is meant "
+            "to be lighter, so a high share here can be the design working, not an editor's bias: read it beside the "
+            "median change per condition above. What must not move is a same-group control's tone; the skin gate "
+            "holds those (<code>skin_tone_shift</code>). A source whose own group its metadata does not give is "
+            "counted as <em>unknown</em>. For scale, Seo et al. (2026) found image editors lightening skin in 62-71 % "
+            "of outputs (72-75 % for Black and Indian sources, 44 % for White ones).</p>"
             '<img src="skin_tone.png" alt="ITA change per condition and lightened share per source group" '
             'style="max-width: 100%">'
         )

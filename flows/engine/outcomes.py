@@ -47,6 +47,8 @@ class RunSummary:
     templates: int
     complete_templates: int
     editor_calls: int
+    #: of ``editor_calls``, the noise-floor requests (one per template the first time it runs)
+    floor_calls: int = 0
     #: finished attempts whose output image was gone from the store when the run started
     missing_outputs: int = 0
     #: True when the ledger already held every cell's outcome and Prefect was not started

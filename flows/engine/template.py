@@ -173,6 +173,7 @@ def process_template(
     # answers the request failed; the template's cells are then judged as measured
     if uses_noise_floor(spec):
         floor, calls = noise_floor(spec, ws, prepared, editor, lineage, stack, jkey, executor=executor)
+    floor_calls = calls
     # without a floor output the template's outputs are judged together, each against the
     # others (the cohort floor), after the round's edits: not one at a time as they return
     one_at_a_time = not uses_cohort_floor(spec, floor)
@@ -218,4 +219,6 @@ def process_template(
         }
 
     outcomes = fill_cells(cells, spec.editor.max_attempts, plan, settle)
-    return TemplateOutcome(template_id=prepared.id, cells=list(outcomes.values()), editor_calls=calls)
+    return TemplateOutcome(
+        template_id=prepared.id, cells=list(outcomes.values()), editor_calls=calls, floor_calls=floor_calls
+    )

@@ -244,7 +244,8 @@ def import_spec(table: str, *, version: str = "0.1.0", **editor) -> dict:
     return {
         "name": "import-test",
         "sources": {"photos": "photos", "metadata": "photos/metadata.yaml"},
-        "design": {"kind": "face", "axes": AXES, "strata": [], "templates_per_stratum": 1},
+        # no templates_per_stratum: the grid is the table
+        "design": {"kind": "face", "axes": AXES, "strata": []},
         "prompts": {"face": "face_only_v1"},
         "editor": {
             "backend": "import",

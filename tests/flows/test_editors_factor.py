@@ -231,8 +231,9 @@ def test_each_editor_is_a_view_and_one_editor_specs_hash_as_before(tmp_path):
     # the default trial bank is trial_prompts_v3, so a spec naming none asks v3's wording;
     # the second round: the hair measure's limits and a global shift resolved to two levels;
     # the third: the largest area of change, max_largest_change_share on every path; the fourth:
-    # local failures placed outside the edit region, which moved two cohort limits)
-    assert one.spec_hash() == "8dc47c6ca7f002b0335d011a1460fe5c4a7a3983f7d68d7247da414b9a28b74b"
+    # local failures placed outside the edit region, which moved two cohort limits; then the demo
+    # published FOCUS's 2AFC and MCQ, a trials section of its own)
+    assert one.spec_hash() == "dcc5d58b8be0d1627f291aaaa617aca367642f611a5242f9aba448f1f7b49c5c"
 
 
 def test_editors_are_refused_on_ray_before_anything_runs(tmp_path):

@@ -10,13 +10,14 @@
   metrics) open inside the same viewport; blinded mode never shows one photo twice in a row
   while another is left.
 
-Set COUNTERFACTORY_UPDATE_SCREENSHOT=1 to refresh docs/review-page.png, the README's screenshot.
+- The docs' screenshot (docs/review-page.png, the README's) is made by docs/screenshots.py from
+  the demo run: regenerated here, and the test fails when the page no longer fits 1366x768 with
+  both images, the decision bar and the metric that decided a needs-review item on screen.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -117,10 +118,10 @@ def served_demo(demo_run, tmp_path):
     """A copy of the session's demo run (the README's demo command), a reviewer, and ``review
     serve`` on it."""
     out = tmp_path / "demo-face"
-    # its 0.1.0 release only: the session also published 0.2.0 (with trials) there, the version
-    # this test publishes after the review
+    # its 0.1.0 release only: the session also published 0.2.0 there, the version this test
+    # publishes after the review
     shutil.copytree(demo_run.out, out, ignore=lambda folder, names: {".run.lock"} | (
-        {demo_run.with_trials.name} if Path(folder) == demo_run.with_trials.parent else set()
+        {demo_run.republished.name} if Path(folder) == demo_run.republished.parent else set()
     ))  # fmt: skip
     token = cli("review", "add-reviewer", "ann", "--out", str(out)).stdout.strip().splitlines()[-1]
     port = free_port()
@@ -256,12 +257,6 @@ def test_the_page_fits_the_screen_and_its_views_stay_in_it(browser, run_copy, tm
                 page.screenshot(path=str(shot))
                 with Image.open(shot) as im:
                     assert im.size == (width, height)
-                if os.environ.get("COUNTERFACTORY_UPDATE_SCREENSHOT") and (template, width) == (
-                    "biden_blue_room",
-                    1366,
-                ):
-                    SCREENSHOT.parent.mkdir(exist_ok=True)
-                    shutil.copyfile(shot, SCREENSHOT)
                 # every view opens in the same viewport: mask, heat map, face zoom, 1:1, all metrics
                 page.keyboard.press("m")
                 assert page.is_visible("#pane-candidate .overlay")
@@ -335,3 +330,23 @@ def test_the_page_fits_the_screen_and_its_views_stay_in_it(browser, run_copy, tm
         assert page.inner_text("#progress").startswith(f"0 of {len(queue)} items decided")
         assert "no decisions yet" in page.inner_text("#reviewers")  # ann only answered blinded trials
         assert page.inner_text("#spot").startswith(f"{len(blinded)} trials")
+
+
+def test_the_docs_screenshot_is_made_from_the_demo_and_fits_1366x768(demo_run, tmp_path):
+    """docs/screenshots.py on README command 1's run folder: a needs-review item at 1366x768 shows
+    both images, the decision bar and the metric that sent it to review (on the demo's
+    near-copies the flagged line was cut off before it), and the screenshot is that page."""
+    import importlib.util
+
+    if not Path(CHROMIUM).exists():
+        pytest.fail(f"{CHROMIUM} is missing: apt-get install chromium (Playwright's own browser download is not used)")
+    spec = importlib.util.spec_from_file_location("screenshots", REPO / "docs" / "screenshots.py")
+    screenshots = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(screenshots)
+    out = tmp_path / "demo-face"
+    shutil.copytree(demo_run.out, out)
+    dest = tmp_path / "review-page.png"
+    found = screenshots.shoot(out, dest)
+    assert found == {"images": True, "decision_bar": True, "deciding_metric": True, "no_scroll": True}
+    with Image.open(dest) as made, Image.open(SCREENSHOT) as committed:
+        assert made.size == committed.size == (1366, 768)

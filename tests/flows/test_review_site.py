@@ -635,3 +635,78 @@ def test_review_serve_without_python_multipart_says_which_extra(run_copy):
     assert done.returncode == 2, done.stderr[-2000:]
     assert "Traceback" not in done.stderr
     assert "pip install 'counterfactory[review]'" in done.stderr and "python-multipart" in done.stderr
+
+
+def test_add_reviewer_prints_the_sign_in_page_to_open_and_the_token_that_opens_it(run_copy):
+    """Issue 47: ``review add-reviewer`` printed a bare token; it now names the page to open (the
+    address ``review serve`` listens on by default) and the command that serves it, then the token."""
+    from click.testing import CliRunner
+
+    from counterfactory.flows.cli import REVIEW_HOST, REVIEW_PORT, main
+
+    spec, out = run_copy
+    done = CliRunner().invoke(main, ["review", "add-reviewer", "ann", "--out", str(out), "--spec", str(spec)])
+    assert done.exit_code == 0, done.output
+    lines = done.output.splitlines()
+    assert lines[0] == (
+        f"review site: http://{REVIEW_HOST}:{REVIEW_PORT}/login once `counterfactory review serve {out}` runs"
+    )
+    token = lines[-1]
+    assert "token" in lines[1] and token not in lines[0]  # the token goes into the form, never a URL
+    with serving(out, spec) as base:
+        client = httpx.Client(base_url=base, timeout=120)
+        assert client.get("/login").status_code == 200
+        assert client.post("/login", data={"token": token}).status_code == 303
+        assert client.get("/queue").status_code == 200
+
+
+def test_the_deciding_metric_comes_first_and_as_judged_above_the_floor():
+    """Issue 47: on the demo's near-copies (review: locality_face_unchanged) the flagged line
+    listed a dozen locality metrics in record order, the raw face_change (0.044, above its
+    0.039 bound) among the last, and the value that decided, face_change_above_floor (0.034),
+    not at all; on a 1366x768 screen the line was cut before it. The locality record below is
+    a demo item's, abridged."""
+    from counterfactory.flows.review_app import flagged_metrics
+
+    locality = {
+        "passed": True,
+        "reasons": [],
+        "review": ["locality_face_unchanged"],
+        "metrics": {
+            "band_ratio": 3.1,
+            "body_skin_delta_e": 0.4,
+            "body_skin_delta_e_above_floor": 0.1,
+            "changed_share": 0.002,
+            "changed_share_above_floor": 0.0,
+            "excess_share": 0.0,
+            "face_change": 0.04409568924081563,
+            "face_change_above_floor": 0.03387712020555486,
+            "floor_face_change": 0.010218569035260769,
+            "global_shift": 0.003,
+            "global_shift_above_floor": 0.001,
+            "hair_delta_e": 1.0,
+            "hair_delta_e_above_floor": 0.2,
+        },
+        "thresholds": {
+            "max_body_skin_delta_e": 1.4,
+            "max_changed_share": 0.033,
+            "max_excess_share": 0.0023,
+            "max_global_shift": 0.0079,
+            "max_hair_delta_e": 3.9,
+            "min_band_ratio": None,
+            "min_face_change": 0.039,
+        },
+    }
+    identity = {"passed": True, "metrics": {"cosine": 0.99}, "thresholds": {"max_cosine": 0.995}}
+    (gate,) = flagged_metrics({"identity": identity, "locality": locality})
+    first, *rest = gate["metrics"]
+    assert (first["metric"], first["thresholds"], first["decides"]) == (
+        "face_change_above_floor",
+        {"min_face_change": 0.039},
+        True,
+    )
+    assert not any(m["decides"] for m in rest)
+    shown = [m["metric"] for m in gate["metrics"]]
+    # as judged: each measure above the floor, not its raw value; no threshold that is unset
+    assert "face_change" not in shown and "global_shift_above_floor" in shown and "global_shift" not in shown
+    assert all(None not in m["thresholds"].values() for m in gate["metrics"])

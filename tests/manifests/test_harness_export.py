@@ -110,6 +110,23 @@ def test_lmms_eval_task_folder_has_a_config_per_protocol_and_doc_to_visual_for_0
     assert utils.process_results({}, ["  "]) == {"answered": 0.0}
 
 
+def test_load_dataset_on_the_task_folder_reads_the_trials_with_data_files(release, tmp_path):
+    """docs/ask-score.md: ``load_dataset(folder)`` alone would read ``images/`` (datasets' image
+    folder builder); naming a task's Parquet file with ``data_files=`` loads its trials."""
+    from tests.conftest import REPO
+
+    datasets = pytest.importorskip("datasets")
+    out = tmp_path / "tasks"
+    export_lmms_eval(release, out)
+    documented = (REPO / "docs" / "ask-score.md").read_text()
+    assert 'load_dataset("tasks/", data_files={"test": "data/cf_demo_face_2afc.parquet"}' in documented
+    loaded = datasets.load_dataset(
+        str(out), data_files={"test": "data/cf_tiny_set_2afc.parquet"}, split="test", cache_dir=str(tmp_path / "c")
+    )
+    assert loaded["trial_id"] == ["t002", "t003"]
+    assert {"prompt", "image_0", "image_1", "prompt_sha256"} <= set(loaded.column_names)
+
+
 def test_generation_kwargs_follow_the_bank():
     assert generation_kwargs({"temperature": 0.0, "max_tokens": 8}) == {
         "max_new_tokens": 8,

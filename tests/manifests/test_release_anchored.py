@@ -98,7 +98,7 @@ def _edit(path: Path, change) -> None:
 
 
 def test_the_demo_releases_verify_and_publishing_printed_their_digest(demo_run):
-    for release, printed in ((demo_run.release, demo_run.run_stdout), (demo_run.with_trials, demo_run.publish_stdout)):
+    for release, printed in ((demo_run.release, demo_run.run_stdout), (demo_run.republished, demo_run.publish_stdout)):
         assert verify_release(release) == []
         digest = hashlib.sha256((release / "release.json").read_bytes()).hexdigest()
         assert f"digest: {digest}" in printed
@@ -110,7 +110,8 @@ def test_the_demo_releases_verify_and_publishing_printed_their_digest(demo_run):
             info["file_sha256"]
         )
         assert any(name.startswith("schemas/") for name in info["file_sha256"])
-    assert len(read_jsonl(demo_run.with_trials / "trials.jsonl")) > 0
+        # the demo spec publishes FOCUS's 2AFC and MCQ over its grid
+        assert {r["protocol"] for r in read_jsonl(release / "trials.jsonl")} == {"2afc", "mcq"}
 
 
 def test_stats_json_edited_accepted_18_to_0(demo_run, tmp_path):
@@ -187,13 +188,13 @@ def test_a_status_edited_against_its_review_record_and_stats_rederived(demo_run,
 
 
 def test_a_trial_dropped(demo_run, tmp_path):
-    release = _copy(demo_run.with_trials, tmp_path)
+    release = _copy(demo_run.release, tmp_path)
     _edit(release / "trials.jsonl", lambda rows: rows.pop(3))
     assert "trials.jsonl: 1 trial(s) the manifest gives are missing" in _problems(release)
 
 
 def test_a_whole_2afc_group_dropped(demo_run, tmp_path):
-    release = _copy(demo_run.with_trials, tmp_path)
+    release = _copy(demo_run.release, tmp_path)
     rows = read_jsonl(release / "trials.jsonl")
     template = next(r["group"]["template_id"] for r in rows if r["protocol"] == "2afc")
     group = [r for r in rows if r["protocol"] == "2afc" and r["group"]["template_id"] == template]

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from counterfactory.manifests.spec import SpecError, load_spec
 
@@ -307,3 +308,25 @@ def test_a_biographies_file_enters_the_hash_as_written_so_the_study_hashes_the_s
         assert spec.canonical()["trials"]["biographies"] == "../trials/biographies_example_v2.yaml"
         hashes.append(spec.spec_hash())
     assert hashes[0] == hashes[1]
+
+
+def test_templates_per_stratum_is_asked_only_of_a_design_that_draws_templates(tmp_path, specs_dir):
+    """Issue 47: an import's spec had to say templates_per_stratum although its grid is its table
+    (one cell per row) and the number was never read. It may leave it out now; a spec whose editor
+    draws templates from the strata still needs it, and says so in one line."""
+    photos = str(specs_dir.parent / "photos")
+    common = {
+        "name": "t",
+        "sources": {"photos": photos, "metadata": f"{photos}/metadata.yaml"},
+        "design": {"kind": "face", "axes": {"race": ["Black", "White"]}, "strata": []},
+        "prompts": {"face": "face_only_v1"},
+        "release": {"name": "t", "version": "0.1.0"},
+    }
+    (tmp_path / "pairs.csv").write_text("source,candidate,race\n")
+    imported = tmp_path / "import.yaml"
+    imported.write_text(yaml.safe_dump({**common, "editor": {"backend": "import", "import": {"table": "pairs.csv"}}}))
+    assert load_spec(imported).design.templates_per_stratum is None
+    classical = tmp_path / "classical.yaml"
+    classical.write_text(yaml.safe_dump({**common, "editor": {"backend": "classical"}}))
+    with pytest.raises(SpecError, match=r"expected design\.templates_per_stratum, how many source photos"):
+        load_spec(classical)

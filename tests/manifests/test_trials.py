@@ -231,6 +231,7 @@ def test_2afc_rows_flag_an_incomplete_template():
 
 def _spec_with(tmp_path, trials: str) -> Path:
     text = (REPO / "assets/specs/demo-face.yaml").read_text().replace("../photos", str(REPO / "assets/photos"))
+    text = re.sub(r"^trials:\n(?:  .*\n)+", "", text, flags=re.M)  # the demo's own trials, replaced by `trials`
     path = tmp_path / "spec.yaml"
     path.write_text(text + trials)
     return path

@@ -267,17 +267,17 @@ def test_score_writes_the_report_files(scores):
     assert "focus_table1_polarisation" in (out / "report.html").read_text()
 
 
-def test_the_readmes_score_report_is_what_score_writes(scores):
-    # README, "Asking models and scoring their answers": its two tables are this release's, asked of
-    # the same stand-in (Wilson intervals and ANOVA: neither the resamples nor --min-n move them)
+def test_the_docs_score_report_is_what_score_writes(scores):
+    # docs/ask-score.md: its two tables are this release's, asked of the same stand-in
+    # (Wilson intervals and ANOVA: neither the resamples nor --min-n move them)
     import re
 
-    readme = (REPO / "README.md").read_text()
+    readme = (REPO / "docs" / "ask-score.md").read_text()
     for name in ("focus_4_1_2afc_retention", "npdp_table8_anova"):
         shown = re.search(rf"`scores/tables/{name}\.md`.*?\n\n(\|.*?)\n\n", readme, re.S).group(1)
         assert shown == (scores["_out"] / "tables" / f"{name}.md").read_text().strip(), name
     for image in ("score-example-salary-gap.png", "score-example-win-rates.png"):
-        assert f"](docs/{image})" in readme and (REPO / "docs" / image).is_file()
+        assert f"]({image})" in readme and (REPO / "docs" / image).is_file()
 
 
 def test_score_refuses_answers_that_are_not_the_releases(release, tmp_path):

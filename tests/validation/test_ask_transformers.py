@@ -112,7 +112,7 @@ def _rows(ledger: Path) -> list[dict]:
 @pytest.fixture(scope="module")
 def asked(python, demo_run, tmp_path_factory) -> dict:
     root = tmp_path_factory.mktemp("ask-transformers")
-    release = demo_run.with_trials
+    release = demo_run.release
     model = root / "tiny-qwen2-vl"
     _build(python, model, seed=0)
     ledger = root / "answers.sqlite"
@@ -155,7 +155,7 @@ def test_every_trial_gets_the_models_reply_batched_as_generate_alone(asked):
 def test_qwen2_5_vl_replies_batched_as_generate_alone(python, demo_run, tmp_path):
     """The second family the backend serves: a tiny Qwen2.5-VL (window attention in its vision
     tower, its own processor class), loaded through the same Auto classes, batched the same way."""
-    release = demo_run.with_trials
+    release = demo_run.release
     model = tmp_path / "tiny-qwen2.5-vl"
     _build(python, model, seed=0, family="qwen2_5_vl")
     assert json.loads((model / "config.json").read_text())["architectures"] == ["Qwen2_5_VLForConditionalGeneration"]
@@ -191,7 +191,7 @@ def test_answer_ids_change_when_the_weights_do(asked):
 def test_setup_errors_say_what_to_install(python, demo_run, tmp_path):
     from counterfactory.flows.cli import main
 
-    release = demo_run.with_trials
+    release = demo_run.release
     missing = _ask(python, release, tmp_path / "no-such-model", tmp_path / "a.sqlite")
     assert missing.returncode == 2
     assert [line for line in missing.stderr.splitlines() if line.startswith("error:")] == [

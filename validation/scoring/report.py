@@ -21,14 +21,33 @@ from counterfactory.manifests.release import write_jsonl
 SCORES_SCHEMA = Path(__file__).with_name("scores.schema.json")
 
 
+#: an interval's bound this close to 0 is 0 carried through floating point (a bootstrap quantile
+#: of shares that are all 0 came out as 5.55e-17); a p-value or an effect this small stays as it is
+_BOUND_NOISE = 1e-12
+
+
+def _bound(x: float) -> str:
+    return f"{0.0 if abs(x) < _BOUND_NOISE else x:.3g}"
+
+
 def _fmt(v: Any) -> str:
     if v is None:
         return ""
     if isinstance(v, float):
         return f"{v:.4g}"
     if isinstance(v, list | tuple) and len(v) == 2 and all(isinstance(x, int | float) for x in v):
-        return f"[{v[0]:.3g}, {v[1]:.3g}]"
+        return f"[{_bound(v[0])}, {_bound(v[1])}]"
     return str(v)
+
+
+#: what the report says of a blank cell (the Markdown and CSV tables leave it empty)
+BLANK = "–"
+BLANK_MEANS = (
+    f"A cell showing {BLANK} has no value: the row has fewer answers than the measure needs (the release's "
+    "analysis block, or score --min-n, sets the fewest per cell), or the measure does not apply to the row "
+    "(a group against itself as the reference, a question with no interval of that kind). per_trial.jsonl "
+    "says for each answer why it has no value, when it has none."
+)
 
 
 def _ci(r: dict[str, Any] | None) -> list[float] | None:
@@ -361,6 +380,7 @@ def write_report(out: Path, scores: dict[str, Any], per_trial: Sequence[dict[str
         f"<h1>Scores: {html.escape(str(scores['release']['name']))} {html.escape(str(scores['release']['version']))}</h1>",
         f"<p>{scores['answers']} answers to {scores['trials']} trials, parsed {scores['parse']}; intervals: Wilson 95 % "
         "for rates, percentile bootstrap over templates otherwise.</p>",
+        f"<p id='blank-cells'>{html.escape(BLANK_MEANS)}</p>",
     ]
     for p in plots:
         parts.append(f"<h3>{html.escape(p.stem)}</h3><img src='plots/{html.escape(p.name)}' style='max-width:100%'>")
@@ -370,6 +390,6 @@ def write_report(out: Path, scores: dict[str, Any], per_trial: Sequence[dict[str
             f"<h2>{html.escape(name)}</h2><table><tr>" + "".join(f"<th>{html.escape(c)}</th>" for c in cols) + "</tr>"
         )
         for r in rows[:400]:
-            parts.append("<tr>" + "".join(f"<td>{html.escape(_fmt(r.get(c)))}</td>" for c in cols) + "</tr>")
+            parts.append("<tr>" + "".join(f"<td>{html.escape(_fmt(r.get(c)) or BLANK)}</td>" for c in cols) + "</tr>")
         parts.append("</table>")
     (out / "report.html").write_text("\n".join(parts), encoding="utf-8")
