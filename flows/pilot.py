@@ -53,7 +53,7 @@ def calibrate_run(run_dir: Path, out: Path | None = None, spec_path: Path | None
         raise RunFolderError(
             f"{run_dir}: no ledger ({folder.ledger_file.name} missing); give the --out folder of a `counterfactory run`"
         )
-    pinned = getattr(spec.gates, "calibration", None)
+    pinned = spec.gates.calibration
     base_path = Path(pinned) if pinned is not None else CALIBRATION_FILE
     base = load_calibration(base_path)
     base["_sha256"] = sha256_file(base_path)
