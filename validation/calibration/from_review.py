@@ -169,7 +169,7 @@ def reviewed_cases(
                 source=item.template_id,
                 condition=dict(item.condition),
                 mode=item.mode,
-                random=item.mode == "audit" and audit_random(options, item.attempt_id, item.verdict),
+                random=item.mode == "audit" and bool(item.random),
                 gate_verdict=item.verdict,
                 codes=_codes(cand.gates, cand.reasons),
                 path=str(((cand.gates or {}).get("locality") or {}).get("metrics", {}).get("floor_path") or "request"),
@@ -181,15 +181,6 @@ def reviewed_cases(
             )
         )
     return out
-
-
-def audit_random(options: ReviewOptions, attempt_id: str, verdict: str) -> bool:
-    """Whether an audited candidate is in the audit sample's random share (drawn by its hash at
-    the verdict's rate), not added for being near a threshold."""
-    from counterfactory.manifests.review import sampled
-
-    rate = {"accepted": options.audit_accepted_rate, "rejected": options.audit_rejected_rate}.get(verdict, 0.0)
-    return sampled(f"audit-{verdict}", options.seed, attempt_id, rate)
 
 
 # ---------------------------------------------------------------------------------------
