@@ -16,7 +16,9 @@ module turns a run's review into a calibration:
 - **Fit.** Each threshold of :data:`~counterfactory.validation.calibration.corpus_fit.CORPUS_THRESHOLDS`
   (locality's on each judging path, :data:`~counterfactory.validation.calibration.corpus_fit.PATH_LOCALITY`,
   on the candidates judged on that path) is moved to the value that agrees most often with the
-  labels, one threshold at a time over a few sweeps, from the run's own thresholds: rounded
+  labels, one threshold at a time over a few sweeps, from the run's own thresholds (and, for
+  an item people accepted that several thresholds reject, all of them moved past it together
+  when that raises agreement: :func:`_rescue`): rounded
   outward to 2 significant digits and never finer than the metric's resolution as corpus_fit
   rounds them; ties keep the value nearer the run's. A threshold whose metric fewer than
   :data:`MIN_PER_LABEL` accepted or rejected candidates measured keeps the run's value, and
@@ -326,6 +328,7 @@ def fit(
             if best != values[p.key]:
                 values[p.key] = best
                 changed = True
+        changed |= _rescue(replay, y, values, fittable, base_ok)
         if not changed:
             break
     for j in fittable:
@@ -333,6 +336,43 @@ def fit(
         origin[key]["run_value"] = base[key]
         origin[key]["value"] = values[key]
     return values, origin
+
+
+def _rescue(replay: Replay, y: np.ndarray, values: dict[str, float | None], fittable: Sequence[int], ok) -> bool:
+    """Joint moves: an item people accepted that several fitted thresholds reject (a change the
+    lab allows that moves several measures at once) is passed by moving all of them just past
+    its measures together, kept only when agreement rises; one threshold at a time could not
+    (no single move changes a verdict). Items with the fewest such thresholds are tried first."""
+    ps = replay.params
+    fit = set(fittable)
+    changed = False
+    viol = {j: replay.violations(j, values[ps[j].key]) for j in range(len(ps))}
+    pred = ok.copy()
+    for v in viol.values():
+        pred &= ~v
+    hits = int((pred == y).sum())
+    blocked = [i for i in np.flatnonzero(y & ~pred & ok)]
+    blocked.sort(key=lambda i: sum(bool(viol[j][i]) for j in viol))
+    for i in blocked:
+        by = [j for j in viol if viol[j][i]]
+        if not by or any(j not in fit for j in by):
+            continue  # a threshold kept from the run (too few labels) holds it: not moved
+        trial = dict(values)
+        for j in by:
+            v = float(replay.values[j, i])
+            p = ps[j]
+            if p.bound == "max":
+                trial[p.key] = sig_up(max(v * 1.001, METRIC_RESOLUTION.get(p.metric, 0.0)))
+            else:
+                trial[p.key] = sig_down(v * 0.999) if v > 0 else round(v - abs(v) * 0.001, 10)
+        new_pred = replay.accepted(trial)
+        new_hits = int((new_pred == y).sum())
+        if new_hits > hits:
+            values.update(trial)
+            hits, changed = new_hits, True
+            for j in by:
+                viol[j] = replay.violations(j, values[ps[j].key])
+    return changed
 
 
 def _distance(t: float | None, ref: float | None) -> float:
@@ -573,7 +613,8 @@ def calibrate_from_review(
         "from_review": {
             "rule": (
                 "each corpus threshold (locality's per judging path) moved to the value agreeing most often with the "
-                "majority of reviewers' first votes, one threshold at a time from the run's thresholds, rounded outward "
+                "majority of reviewers' first votes, one threshold at a time from the run's thresholds (those rejecting "
+                "one people-accepted item moved together when that raises agreement), rounded outward "
                 f"to 2 significant digits and never finer than the metric's resolution; fewer than {MIN_PER_LABEL} "
                 "accepted or rejected labels measuring a metric: the run's value kept"
             ),
