@@ -90,6 +90,9 @@ MIN_LABELS = 10
 #: the interval half-width the "labels needed" figures aim at
 TARGET_HALF_WIDTH = 0.05
 SWEEPS = 3
+#: a move (of one threshold, or of several together) is kept only when it agrees with at least
+#: this many more labels: one label, perhaps a reviewer's slip, moves nothing
+MIN_GAIN = 2
 FOLDS = 5
 
 
@@ -318,6 +321,7 @@ def fit(
             for k, q in enumerate(ps):
                 if k != j:
                     others &= ~replay.violations(k, values[q.key])
+            current = int(((others & ~replay.violations(j, values[p.key])) == y).sum())
             best, best_hits, best_dist = values[p.key], -1, math.inf
             for t in _candidates(p, replay.values[j], values[p.key]):
                 pred = others & ~replay.violations(j, t)
@@ -325,7 +329,7 @@ def fit(
                 dist = _distance(t, base[p.key])
                 if hits > best_hits or (hits == best_hits and dist < best_dist):
                     best, best_hits, best_dist = t, hits, dist
-            if best != values[p.key]:
+            if best != values[p.key] and (best_hits >= current + MIN_GAIN or best_hits == current):
                 values[p.key] = best
                 changed = True
         changed |= _rescue(replay, y, values, fittable, base_ok)
@@ -367,7 +371,7 @@ def _rescue(replay: Replay, y: np.ndarray, values: dict[str, float | None], fitt
                 trial[p.key] = sig_down(v * 0.999) if v > 0 else round(v - abs(v) * 0.001, 10)
         new_pred = replay.accepted(trial)
         new_hits = int((new_pred == y).sum())
-        if new_hits > hits:
+        if new_hits >= hits + MIN_GAIN:
             values.update(trial)
             hits, changed = new_hits, True
             for j in by:
