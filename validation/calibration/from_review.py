@@ -464,8 +464,18 @@ def held_out_figures(pred: np.ndarray, cases: Sequence[ReviewedCase]) -> dict[st
         if idx:
             by_direction[d] = rate(int(sum(pred[i] for i in idx)), len(idx))
     out["accepted_of_people_accepted_by_direction"] = by_direction
+    # groups of one axis against each other (race=Black vs race=White), the largest over the axes
+    axes = sorted({g.split("=", 1)[0] for g in by_group})
     out["largest_group_gap"] = {
-        key: _gap({g: v[key]["rate"] for g, v in by_group.items()})
+        key: max(
+            (
+                gap
+                for axis in axes
+                if (gap := _gap({g: v[key]["rate"] for g, v in by_group.items() if g.startswith(f"{axis}=")}))
+            ),
+            key=lambda gap: gap["gap"],
+            default=None,
+        )
         for key in ("agreement", "accepted_of_people_accepted")
     }
     out["largest_direction_gap"] = _gap({d: v["rate"] for d, v in by_direction.items()})
@@ -481,7 +491,8 @@ def _gap(rates: Mapping[str, float | None]) -> dict[str, Any] | None:
     known = {k: v for k, v in rates.items() if v is not None}
     if len(known) < 2:
         return None
-    hi, lo = max(known, key=known.get), min(known, key=known.get)
+    ordered = sorted(known, key=lambda k: (known[k], k))
+    lo, hi = ordered[0], ordered[-1]
     return {"gap": round(known[hi] - known[lo], 4), "highest": hi, "lowest": lo}
 
 
