@@ -420,9 +420,25 @@ def _measure_batch(table: Path, *, kind: str | None, spec_path: Path | None, as_
 
 @main.command()
 @click.option(
-    "--out", "out", required=True, type=click.Path(path_type=Path), help="Folder for calibration.json and plots."
+    "--out",
+    "out",
+    type=click.Path(path_type=Path),
+    help="Folder for calibration.json and plots (with --from-review: calibration.json and report.json; "
+    "default RUN_DIR/review-calibration).",
 )
-@click.option("--spec", "spec_path", type=click.Path(path_type=Path), help="Also measure this spec's sources.")
+@click.option(
+    "--from-review",
+    "from_review",
+    type=click.Path(path_type=Path),
+    help="Fit the thresholds from the reviewers' first votes on this run folder's review (no editor call, "
+    "nothing measured again), held out by source; writes a calibration a spec pins with gates.calibration.",
+)
+@click.option(
+    "--spec",
+    "spec_path",
+    type=click.Path(path_type=Path),
+    help="Also measure this spec's sources (with --from-review: the run's spec, if it recorded none).",
+)
 @click.option(
     "--failures",
     type=click.IntRange(min=0),
@@ -459,7 +475,8 @@ def _measure_batch(table: Path, *, kind: str | None, spec_path: Path | None, as_
     "--london-side", type=click.IntRange(min=128), default=384, show_default=True, help="Its photos' long side, pixels."
 )
 def calibrate(
-    out: Path,
+    out: Path | None,
+    from_review: Path | None,
     spec_path: Path | None,
     failures: int,
     seed: int,
@@ -472,6 +489,16 @@ def calibrate(
     """Measure the no-op ceiling and different-person floor; with --failures, build the
     failure-mode corpus, set the face-edit thresholds from it and report the held-out
     good-edit acceptance and per-class catch rates."""
+    if from_review is not None:
+        from counterfactory.flows.pilot import calibrate_run
+
+        if failures or london is not None:
+            _fail("--from-review fits the thresholds from a run's review; leave out --failures and --london")
+        for line in calibrate_run(from_review, out, spec_path)[1]:
+            click.echo(line)
+        return
+    if out is None:
+        _fail("calibrate needs --out DIR (or --from-review RUN_DIR)")
     from counterfactory.validation.calibration.base import bundled_photo_paths
     from counterfactory.validation.calibration.calibrate import run_calibration
     from counterfactory.validation.calibration.photo_sets import london_set

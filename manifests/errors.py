@@ -96,6 +96,9 @@ every exception class of the package (name, module, base), so it cannot drift::
     ├── PhotoSetError (FileNotFoundError)  validation.calibration.photo_sets: a photo set's folder lacks
     │                                     london_info.csv or the photos it lists. Point
     │                                     --london at the London Set's folder.
+    ├── ReviewCalibrationError (ValueError)  validation.calibration.from_review: a run that cannot
+    │                                     be calibrated from its review (no reviewed items, too few
+    │                                     labels or sources). Review more of its queue.
     ├── AnswersError (ValueError)         validation.scoring.answers: answers that cannot be read
     │                                     or are not the release's (another bank, unknown trial
     │                                     ids; also raised by score). Score each release with its

@@ -45,6 +45,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 
+from counterfactory.manifests.audit_sample import audit_mode, sampled
 from counterfactory.manifests.errors import CounterfactoryError
 from counterfactory.manifests.ledger import (
     AttemptRow,
@@ -83,6 +84,14 @@ class ReviewOptions(BaseModel):
     audit_rejected_rate: float = Field(0.1, ge=0.0, le=1.0)
     #: fraction of queued items that need two independent decisions (Cohen's kappa is measured on them)
     double_review_rate: float = Field(0.0, ge=0.0, le=1.0)
+    #: uncertainty sampling: an ``accepted`` or ``rejected`` candidate outside the random audit
+    #: sample whose measure lies within this relative distance of one of its thresholds
+    #: (:func:`threshold_margin`: ``|ln(value / threshold)|``, 0.2 is about 20 %) is audited
+    #: too, marked ``random: false``: the decisions teach the most there. Agreement figures
+    #: (``calibrate --from-review``) use the random share only. None: off.
+    audit_near_threshold: float | None = Field(None, gt=0.0, le=10.0)
+    #: of the candidates near a threshold, the fraction drawn into the audit sample (by hash)
+    audit_near_threshold_rate: float = Field(1.0, ge=0.0, le=1.0)
     seed: int = Field(0, ge=0, le=2**32 - 1)
     #: blinded spot-the-edit: a click within this many pixels of the edit mask counts as localised
     spot_dilate_px: int = Field(24, ge=0, le=16_384)
@@ -98,14 +107,6 @@ class ReviewError(CounterfactoryError, ValueError):
 
 def hash_token(token: str) -> str:
     return hashlib.sha256(token.encode("utf-8")).hexdigest()
-
-
-def sampled(purpose: str, seed: int, attempt_id: str, rate: float) -> bool:
-    """Whether ``attempt_id`` is in the ``purpose`` sample at ``rate`` (deterministic, uniform)."""
-    if rate <= 0.0:
-        return False
-    digest = hashlib.sha256(f"{purpose}:{seed}:{attempt_id}".encode()).digest()
-    return int.from_bytes(digest[:8], "big") / 2.0**64 < rate
 
 
 def parse_cell_id(cell_id: str) -> tuple[str, dict[str, str]]:
@@ -305,6 +306,9 @@ class QueueItem:
     mode: str
     required: int
     decisions: list[Decision] = field(default_factory=list)
+    #: an audit item: True when drawn into the random share, False when drawn for lying near a
+    #: threshold (``audit_near_threshold``); None for a ``needs_review`` item
+    random: bool | None = None
 
     @property
     def resolution(self) -> Resolution:
@@ -321,13 +325,6 @@ class QueueItem:
 
     def skipped_by(self, reviewer_id: int) -> bool:
         return any(d.reviewer_id == reviewer_id and d.decision == "skip" for d in self.decisions)
-
-
-def _in_queue(options: ReviewOptions, attempt_id: str, verdict: str) -> str | None:
-    if verdict == "needs_review":
-        return "queue"
-    rate = {"accepted": options.audit_accepted_rate, "rejected": options.audit_rejected_rate}.get(verdict, 0.0)
-    return "audit" if sampled(f"audit-{verdict}", options.seed, attempt_id, rate) else None
 
 
 def _decisions(session, attempt_ids: Iterable[str] | None = None) -> dict[str, list[Decision]]:
@@ -460,15 +457,19 @@ def review_queue(
     ``attempt_ids`` limits the answer to those candidates. ``gates`` is left empty here (it is
     the bulk of a candidate row); :func:`queue_item` fills it for one item.
     """
+    columns = [
+        CandidateRow.attempt_id,
+        CandidateRow.cell_id,
+        CandidateRow.verdict,
+        CandidateRow.reasons,
+        CandidateRow.image_sha256,
+        AttemptRow.attempt_no,
+    ]
+    near = options.audit_near_threshold is not None
+    if near:  # uncertainty sampling reads the measures and thresholds of each candidate
+        columns.append(CandidateRow.gates)
     q = (
-        select(
-            CandidateRow.attempt_id,
-            CandidateRow.cell_id,
-            CandidateRow.verdict,
-            CandidateRow.reasons,
-            CandidateRow.image_sha256,
-            AttemptRow.attempt_no,
-        )
+        select(*columns)
         .join(AttemptRow, AttemptRow.attempt_id == CandidateRow.attempt_id)
         .order_by(CandidateRow.cell_id, AttemptRow.attempt_no)
     )
@@ -477,7 +478,12 @@ def review_queue(
         q = q.where(CandidateRow.attempt_id.in_(wanted))
     with ledger.session() as s:
         rows = s.execute(q).all()
-    rows = [r for r in rows if r.image_sha256 and _in_queue(options, r.attempt_id, r.verdict)]
+    modes = {
+        r.attempt_id: audit_mode(options, r.attempt_id, r.verdict, r.gates if near else None)
+        for r in rows
+        if r.image_sha256
+    }
+    rows = [r for r in rows if r.image_sha256 and modes[r.attempt_id][0] is not None]
     with ledger.session() as s:
         decisions = _decisions(s, None if wanted is None else [r.attempt_id for r in rows])
     finals = final_attempts(ledger, None if wanted is None else {r.cell_id for r in rows}, max_attempts=max_attempts)
@@ -497,9 +503,10 @@ def review_queue(
                 reasons=list(row.reasons or []),
                 gates={},
                 image_sha256=row.image_sha256,
-                mode=_in_queue(options, row.attempt_id, row.verdict) or "queue",
+                mode=modes[row.attempt_id][0] or "queue",
                 required=2 if double else 1,
                 decisions=decisions.get(row.attempt_id, []),
+                random=modes[row.attempt_id][1],
             )
         )
     return items
@@ -814,6 +821,8 @@ def review_records(ledger: Ledger, options: ReviewOptions, attempt_ids: Iterable
         out[item.attempt_id] = {
             "gate_verdict": item.verdict,
             "mode": item.mode,
+            # marked where uncertainty sampling is on (else every audit item is random)
+            **({"random": item.random} if options.audit_near_threshold is not None else {}),
             "required": item.required,
             "state": res.state,
             "outcome": res.outcome,

@@ -31,6 +31,7 @@ from counterfactory.manifests.errors import CounterfactoryError
 from counterfactory.manifests.registry import EDITORS, section
 from counterfactory.manifests.release_folder import RELEASE_NAME, RELEASE_VERSION
 from counterfactory.manifests.review import ReviewOptions
+from counterfactory.manifests.safefiles import read_regular
 from counterfactory.manifests.trials import TRIALS_DIR, TrialError, TrialsConfig, load_biographies, needs_biographies
 from counterfactory.manifests.yamlsafe import (
     MAX_YAML_BYTES,
@@ -446,6 +447,19 @@ class Spec(BaseModel):
     _written_sources: dict[str, str] | None = PrivateAttr(default=None)
     #: ``trials.biographies`` as written (the model holds it resolved against the spec's folder)
     _written_biographies: str | None = PrivateAttr(default=None)
+    #: ``gates.calibration`` as written (relative to the spec's folder), for :meth:`canonical`
+    _written_calibration: str | None = PrivateAttr(default=None)
+    #: the sha256 of the pinned calibration's bytes as :func:`load_spec` read them
+    _calibration_sha256: str | None = PrivateAttr(default=None)
+
+    def calibration_sha256(self) -> str | None:
+        """The sha256 of the pinned calibration (``gates.calibration``) as the spec was loaded
+        with it (its thresholds were read then); None for the shipped one."""
+        if self.gates.calibration is None:
+            return None
+        if self._calibration_sha256 is None:
+            self._calibration_sha256 = hashlib.sha256(Path(self.gates.calibration).read_bytes()).hexdigest()
+        return self._calibration_sha256
 
     def canonical(self) -> dict[str, Any]:
         """The study as its author wrote it: JSON-ready, defaults filled in, nothing about
@@ -473,6 +487,8 @@ class Spec(BaseModel):
             data.pop("editor")
             data["editors"] = [entry.canonical() for entry in self.editors]
         data["gates"] = {"face_mask": data["gates"]["face_mask"], kind: data["gates"][kind]}
+        if self.gates.calibration is not None:  # as written: the thresholds it gave are in the kind's gates
+            data["gates"]["calibration"] = self._written_calibration or str(self.gates.calibration)
         other = "limb" if kind == "face" else "face"
         data["prompts"].pop(other, None)
         if kind == "face":
@@ -642,6 +658,53 @@ def _check_named_files(path: Path, spec: Spec, *, check_paths: bool) -> None:
                 )
 
 
+#: the largest calibration file a spec may pin (the shipped one is about 1 MB)
+MAX_CALIBRATION_BYTES = 64 * 1024 * 1024
+
+
+def _pin_calibration(path: Path, data: dict[str, Any], base: Path) -> tuple[str | None, str | None]:
+    """``(gates.calibration as written, sha256 of the bytes read)`` (None, None when unset),
+    after resolving it in ``data``
+    against the spec's folder and checking the file: a regular JSON file with thresholds for
+    the design's kind, read as the gates will read it.
+
+    Raises:
+        SpecError: naming ``gates.calibration``, the path as resolved and the fix.
+    """
+    gates = data.get("gates")
+    if not isinstance(gates, dict) or gates.get("calibration") is None:
+        return None, None
+    written = gates["calibration"]
+    if not isinstance(written, str) or not written.strip():
+        raise SpecError(f"{path}: field `gates.calibration`: expected the path of a calibration file; got {written!r}")
+    resolved = (base / written).resolve()
+    fix = (
+        "write one with `counterfactory calibrate --from-review RUN_DIR --out DIR` and name DIR/calibration.json "
+        f"(relative paths are read from the spec file's folder {base}), or leave the field out for the shipped one"
+    )
+    if not resolved.is_file():
+        raise _missing(path, "gates.calibration", resolved, "a calibration file", fix)
+    try:
+        raw = read_regular(resolved, MAX_CALIBRATION_BYTES, limit_field="a calibration file")
+        loaded = json.loads(raw)
+    except (OSError, ValueError) as exc:
+        raise SpecError(
+            f"{path}: field `gates.calibration`: {str(resolved)!r} is not a calibration file: {exc}"
+        ) from None
+    suggested = loaded.get("suggested") if isinstance(loaded, dict) else None
+    if not isinstance(suggested, dict):
+        raise SpecError(f"{path}: field `gates.calibration`: {str(resolved)!r} has no `suggested` thresholds; {fix}")
+    design = data.get("design")
+    kind = design.get("kind", "face") if isinstance(design, dict) else "face"
+    if not isinstance(suggested.get(kind), dict):
+        raise SpecError(
+            f"{path}: field `gates.calibration`: {str(resolved)!r} holds no thresholds for {kind} edits "
+            f"(suggested.{kind}); calibrate from a run of a {kind} design"
+        )
+    data["gates"] = {**gates, "calibration": str(resolved)}
+    return written, hashlib.sha256(raw).hexdigest()
+
+
 def load_spec(path: str | Path, *, check_paths: bool = True) -> Spec:
     """Read, validate and resolve a spec file. Relative paths resolve against the file's folder.
 
@@ -682,11 +745,12 @@ def load_spec(path: str | Path, *, check_paths: bool = True) -> Spec:
         raise SpecError(
             f"{path}: field `{nul}`: a NUL byte in its value (no path or name holds one); remove it, nothing was run"
         )
+    base = path.resolve().parent
+    written_calibration, calibration_sha256 = _pin_calibration(path, data, base)
     try:
         spec = Spec.model_validate(data)
     except ValidationError as exc:
         raise SpecError(format_validation_error(path, exc)) from None
-    base = path.resolve().parent
     written = {"photos": str(spec.sources.photos), "metadata": str(spec.sources.metadata)}
     sources = spec.sources.model_copy(
         update={
@@ -715,5 +779,7 @@ def load_spec(path: str | Path, *, check_paths: bool = True) -> Spec:
         )
     spec._written_sources = written
     spec._written_biographies = written_biographies
+    spec._written_calibration = written_calibration
+    spec._calibration_sha256 = calibration_sha256
     _check_named_files(path, spec, check_paths=check_paths)
     return spec

@@ -75,6 +75,9 @@ def judge_key(spec: Spec) -> str:
             "noise_floor": NOISE_FLOOR_PROMPT if uses_noise_floor(spec) else None,
             "cohort_floor": spec.gates.cohort_floor,
             "version": JUDGE_VERSION,
+            # a pinned calibration (gates.calibration): its bytes decide the thresholds the spec
+            # leaves out; absent otherwise, so every other spec's key is as it was
+            **({"calibration": sha} if (sha := spec.calibration_sha256()) is not None else {}),
             # judged without a source (and whether a pass of the rest is accepted); absent
             # otherwise, so every other spec's key is as it was
             **({"no_source": alone} if (alone := no_source_mode(spec)) is not None else {}),

@@ -447,6 +447,26 @@ def check_release_version(spec: Spec, releases: Path) -> None:
         raise ReleaseExistsError(conflict)
 
 
+def calibration_record(spec: Spec) -> dict[str, Any] | None:
+    """What ``release.json`` says of the calibration the spec pinned (``gates.calibration``):
+    its path as written, sha256, creation time, provenance (``calibrate --from-review``: run,
+    editor lineages, reviewers, label counts) and how many thresholds the review set; None
+    for the shipped calibration (``counterfactory_version`` names it)."""
+    path = spec.gates.calibration
+    if path is None:
+        return None
+    data = json.loads(Path(path).read_text(encoding="utf-8"))
+    review = data.get("from_review") or {}
+    fitted = [v for v in (review.get("thresholds") or {}).values() if isinstance(v, dict) and v.get("from") == "review"]
+    return {
+        "path": spec.canonical()["gates"]["calibration"],
+        "sha256": spec.calibration_sha256(),
+        "created": data.get("created"),
+        "provenance": review.get("provenance"),
+        "thresholds_from_review": len(fitted) if review else None,
+    }
+
+
 def publish_release(
     spec: Spec,
     ws: Workspace,
@@ -558,6 +578,8 @@ def publish_release(
         extra = build_release_files(ReleaseContext(spec, items, manifest, derived, trials, stats))
         files.update({name: rows for name, (rows, _) in extra.items()})
         release_info["files"].update(release_file_entries(extra))
+        if (pinned := calibration_record(spec)) is not None:
+            release_info["calibration"] = pinned
         problems = [p for name, rows in files.items() for p in validate_rows(name, rows)]
         problems += validate_rows("stats.json", [stats]) + validate_rows(RELEASE_JSON, [release_info])
         if problems:
