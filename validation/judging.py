@@ -20,6 +20,7 @@ from counterfactory.generation.sampling import Cell
 from counterfactory.manifests.ledger import Attempt, Candidate
 from counterfactory.manifests.store import ImageStore
 from counterfactory.validation.gate_stack import GateStack
+from counterfactory.validation.gates.base import REGISTRATION_FAILED
 from counterfactory.validation.gates.locality import FLOOR_IMAGE
 
 if TYPE_CHECKING:
@@ -308,9 +309,12 @@ def judge_output(
             source cache, so every cell of a template reuses one analysis of its source
             (:meth:`~counterfactory.validation.gate_stack.GateStack.analysis_for`); None: hashed.
 
-    When registration fails the verdict is ``rejected`` with the ``align_...`` reason, and the
-    gates that do not need pixel registration (face, identity, expression) still measure the
-    unregistered candidate, so an audit sees them; ``locality`` is recorded as not measurable.
+    When registration fails the verdict is ``rejected`` with the ``align_...`` reason first, and
+    the gates that do not need pixel registration (face, identity, expression) still measure the
+    unregistered candidate on its own landmarks (``extras[REGISTRATION_FAILED]``: the expression gate
+    reads the mesh and the AUs, not the pixel shifts, which need the pair registered); their
+    rejection reasons follow the alignment's, so a smile or a new framing is named beside it.
+    ``locality`` and ``skin`` are recorded as not measurable.
     """
     alignment = align_candidate(source, output, mask=region, kind=kind, face_size_px=face_size_px, config=align)
     return judge_aligned(
@@ -347,11 +351,16 @@ def judge_aligned(
         reasons = [alignment.reason or "align_failed"]
         gates: dict[str, Any] = {}
         if alignment.image is not None and alignment.image.shape == source.shape:
-            gates = (
-                stack.without(*PIXEL_GATES)
-                .evaluate(source, alignment.image, edit_mask=edit_mask, extras=extras, source_key=source_key)
-                .to_dict()["gates"]
+            # what the editor did, read on the unregistered candidate's own landmarks (faces,
+            # pose, framing, expression on the mesh; nothing that compares pixels in place):
+            # its reasons stand beside the alignment's, so a smile or a zoom is named as such
+            unregistered = {**(extras or {}), REGISTRATION_FAILED: True}
+            judgement = stack.without(*PIXEL_GATES).evaluate(
+                source, alignment.image, edit_mask=edit_mask, extras=unregistered, source_key=source_key
             )
+            gates = judgement.to_dict()["gates"]
+            if judgement.verdict == "rejected":
+                reasons += [r for r in judgement.reasons if r not in reasons]
         for name in PIXEL_GATES:
             if stack.has(name):
                 gates[name] = {

@@ -11,6 +11,7 @@ from counterfactory.validation.backends.libreface import DISFA_AUS, LibreFaceAUs
 from counterfactory.validation.backends.mediapipe import BLENDSHAPE_AUS, blendshapes_to_aus
 from counterfactory.validation.gate_stack import GatesConfig, GateStack
 from counterfactory.validation.gates.expression import au_changes, expression_gate
+from tests.conftest import REPO
 
 from .standins import build_libreface_standin
 
@@ -177,3 +178,44 @@ def test_missing_torch_names_the_extra(libreface_weights, monkeypatch):
     monkeypatch.setitem(sys.modules, "torch", None)  # as if not installed
     with pytest.raises(SetupError, match=r"pip install 'counterfactory\[libreface\]'"):
         LibreFaceAUs(libreface_weights)
+
+
+LONDON = REPO.parent / "shared" / "photos" / "london"
+
+
+@pytest.mark.slow
+def test_a_real_smile_whose_registration_fails_names_the_expression():
+    """Issue 43: London 012's smiling photo (another shot of the same session: the shoulders and
+    the framing moved) as an editor's answer to a neutral source. Registration fails, and the
+    verdict names the smile beside the alignment: measured on the unregistered candidate's own
+    mesh and AUs (the mouth corners rose by about 0.1 iod), not on pixel shifts, which would
+    compare the misregistered patches. The old verdict named the alignment alone."""
+    if not LONDON.is_dir():
+        pytest.skip(f"{LONDON} is not on this machine")
+    import cv2
+
+    from counterfactory.generation.align import AlignConfig
+    from counterfactory.validation.calibration.base import load_rgb
+    from counterfactory.validation.faces import get_face_landmarker
+    from counterfactory.validation.judging import judge_output
+    from counterfactory.validation.skin import source_edit_region
+
+    source, smiling = (
+        cv2.resize(load_rgb(LONDON / part / "012.jpg"), (512, 512), interpolation=cv2.INTER_AREA)
+        for part in ("neutral", "smiling")
+    )
+    face = get_face_landmarker().detect(source)[0]
+    region, _ = source_edit_region(source, face.landmarks, "face_neck_ears")
+    stack = GateStack.from_config(GatesConfig(), "face", region="face_neck_ears")
+    judged = judge_output(
+        source, smiling, kind="face", region=region, face_size_px=face.size_px, align=AlignConfig(), stack=stack
+    )
+    assert judged.verdict == "rejected"
+    assert judged.reasons[0].startswith("align_"), judged.reasons
+    said = [r for r in judged.reasons if r.startswith("expression_")]
+    assert "expression_mouth_corner_change_above_max" in said, judged.reasons
+    expression = judged.gates["expression"]["metrics"]
+    assert expression["mouth_corner_change_iod"] > 0.07
+    # the pixel shifts are not read without registration
+    assert expression["brow_change_iod"] is None and expression["mouth_corner_shift_iod"] is None
+    assert not any(r.startswith(("expression_brow", "expression_mouth_corner_shift")) for r in judged.reasons)

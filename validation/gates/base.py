@@ -218,6 +218,12 @@ class PreparingGate(Protocol):
     def __call__(self, pair: PairContext) -> GateResult: ...
 
 
+#: ``PairContext.extras`` key set when the candidate could not be registered to its source
+#: (:func:`~counterfactory.validation.judging.judge_aligned`): a gate then measures what it
+#: can read on each image's own landmarks, nothing that compares pixels at the same place
+REGISTRATION_FAILED = "registration_failed"
+
+
 @dataclass(frozen=True)
 class Judgement:
     """The verdict over all gates for one candidate."""

@@ -47,7 +47,7 @@ from counterfactory.validation.faces import (
     RIGHT_BROW,
     RIGHT_IRIS_CENTER,
 )
-from counterfactory.validation.gates.base import GateResult, PairContext, SourceAnalysis
+from counterfactory.validation.gates.base import REGISTRATION_FAILED, GateResult, PairContext, SourceAnalysis
 
 BACKEND_THRESHOLDS = ("max_au_change", "max_mean_au_change")
 
@@ -328,6 +328,8 @@ def expression_gate(
     ``expression_mouth_corner_shift_above_max``.
     Geometry metrics: ``mouth_corner_change_iod``, ``brow_change_iod``, ``mouth_open_change_iod``,
     ``mouth_corner_shift_iod`` (and each side's ``brow_shift_*_iod``, ``mouth_corner_shift_*_iod``).
+    With ``pair.extras[REGISTRATION_FAILED]`` (a candidate that could not be registered) the
+    pixel shifts are not measured (None): the AUs and the mesh judge alone.
     """
     thresholds = {
         "max_au_change": max_au_change,
@@ -376,25 +378,31 @@ def expression_gate(
     if src_face.landmarks.shape[0] > LEFT_IRIS_CENTER and cand_face.landmarks.shape[0] > LEFT_IRIS_CENTER:
         metrics.update(geometry_changes(src_face.landmarks, cand_face.landmarks))
         cut = source_prepared is not None and source_prepared.landmarks is src_face.landmarks
-        right, left = brow_shifts(
-            pair.source, pair.candidate, src_face.landmarks, source_prepared.brows if cut else None
-        )
-        metrics.update(brow_shift_right_iod=right, brow_shift_left_iod=left, brow_change_iod=max(abs(right), abs(left)))
-        right, left = mouth_corner_shifts(
-            pair.source, pair.candidate, src_face.landmarks, source_prepared.mouths if cut else None
-        )
-        metrics.update(
-            mouth_corner_shift_right_iod=right,
-            mouth_corner_shift_left_iod=left,
-            mouth_corner_shift_iod=max(abs(right), abs(left)),
-        )
+        # the pixel shifts match patches at the source's places: without registration they
+        # would measure the misregistration, so only the mesh and the AUs judge
+        in_place = not pair.extras.get(REGISTRATION_FAILED)
+        if in_place:
+            right, left = brow_shifts(
+                pair.source, pair.candidate, src_face.landmarks, source_prepared.brows if cut else None
+            )
+            metrics.update(
+                brow_shift_right_iod=right, brow_shift_left_iod=left, brow_change_iod=max(abs(right), abs(left))
+            )
+            right, left = mouth_corner_shifts(
+                pair.source, pair.candidate, src_face.landmarks, source_prepared.mouths if cut else None
+            )
+            metrics.update(
+                mouth_corner_shift_right_iod=right,
+                mouth_corner_shift_left_iod=left,
+                mouth_corner_shift_iod=max(abs(right), abs(left)),
+            )
         for key, bound in (
             ("mouth_corner_change_iod", max_mouth_corner_change_iod),
             ("brow_change_iod", max_brow_change_iod),
             ("mouth_open_change_iod", max_mouth_open_change_iod),
             ("mouth_corner_shift_iod", max_mouth_corner_shift_iod),
         ):
-            if bound is not None and metrics[key] > bound:
+            if bound is not None and metrics[key] is not None and metrics[key] > bound:
                 reasons.append(f"expression_{key.removesuffix('_iod')}_above_max")
     return GateResult("expression", not reasons, metrics, tuple(reasons), thresholds=thresholds)
 
