@@ -136,3 +136,69 @@ def test_real_detector_scores_bundled_faces(face_stack, photo):
         faces = [f for f in detector.detect(photo(name)) if f.score >= 0.5]
         assert len(faces) == 1, name
         assert 0.7 <= faces[0].score <= 1.0
+
+
+def _glasses(image: np.ndarray, face: FaceObservation, thick: float) -> np.ndarray:
+    """A dark glasses frame drawn on ``image`` from the mesh's iris centres: a rim about each eye,
+    the bridge and the temples out to the ear-level points of the face oval, ``thick`` iod wide."""
+    lm = face.landmarks[:, :2].astype(np.float64)
+    right, left = lm[468], lm[473]
+    iod = float(np.linalg.norm(left - right))
+    ex = (left - right) / iod
+    angle = float(np.degrees(np.arctan2(ex[1], ex[0])))
+    out, t = image.copy(), max(2, round(thick * iod))
+
+    def pt(p):
+        return tuple(int(v) for v in np.round(p))
+
+    for c in (right, left):
+        cv2.ellipse(
+            out, pt(c + (0, 0.05 * iod)), (round(0.36 * iod), round(0.24 * iod)), angle, 0, 360, (25, 25, 25), t
+        )
+    cv2.line(out, pt(right + ex * 0.36 * iod), pt(left - ex * 0.36 * iod), (25, 25, 25), t)
+    cv2.line(out, pt(right - ex * 0.36 * iod), pt(lm[234]), (25, 25, 25), t)
+    cv2.line(out, pt(left + ex * 0.36 * iod), pt(lm[454]), (25, 25, 25), t)
+    return out
+
+
+@pytest.mark.slow
+def test_glasses_drawn_on_a_face_are_an_accessory_not_a_brow(photo):
+    """Issue 43: a frame added by an editor was read as brows raised (0.169 iod against 0.028).
+    biden_portrait.jpg with a dark frame drawn on it, re-rendered through TAEF2, jittered and
+    registered as a run registers it: rejected as ``face_accessory_changed`` and not for its
+    brows; the same photo's face and neck darkened by 25 L* (a good edit) moves the glasses
+    measure by a fraction of its level and gives no accessory reason. On the old code the
+    frame was ``expression_brow_change_above_max`` (brow shift 0.15 iod) and no accessory."""
+    from counterfactory.generation.align import align_candidate
+    from counterfactory.generation.rerender import rerender_like
+    from counterfactory.validation.accessories import GLASSES_LEVEL
+    from counterfactory.validation.calibration.failures import editor_jitter
+    from counterfactory.validation.faces import get_face_landmarker
+    from counterfactory.validation.gate_stack import GatesConfig, GateStack
+    from counterfactory.validation.metrics.pixels import to_lab
+    from counterfactory.validation.skin import source_edit_region
+
+    image = photo("biden_portrait.jpg")
+    h, w = image.shape[:2]
+    s = 512 / max(h, w)
+    image = cv2.resize(image, (round(w * s) // 8 * 8, round(h * s) // 8 * 8), interpolation=cv2.INTER_AREA)
+    face = get_face_landmarker().detect(image)[0]
+    region, _ = source_edit_region(image, face.landmarks, "face_neck_ears")
+    stack = GateStack.from_config(GatesConfig(), "face", region="face_neck_ears")
+    lab = to_lab(image)
+    lab[..., 0] = np.clip(lab[..., 0] - 25.0 * cv2.GaussianBlur((region > 0).astype(np.float32), (0, 0), 4.0), 0, 100)
+    darker = np.clip(np.rint(cv2.cvtColor(lab, cv2.COLOR_Lab2RGB) * 255), 0, 255).astype(np.uint8)
+
+    def judged(edited):
+        returned, _ = editor_jitter(rerender_like(edited, edited.shape), np.random.default_rng(2))
+        aligned = align_candidate(image, returned, mask=region, kind="face", face_size_px=face.size_px)
+        assert aligned.ok, aligned.reason
+        return stack.evaluate(image, aligned.image, covered=aligned.covered)
+
+    framed = judged(_glasses(image, face, 0.06))
+    assert "face_accessory_changed" in framed.reasons, (framed.reasons, framed.metrics.get("face.glasses_change"))
+    assert not any(r.startswith("expression_brow") for r in framed.reasons), framed.reasons
+    assert framed.metrics["expression.brow_under_frame"] is True
+    toned = judged(darker)
+    assert "face_accessory_changed" not in toned.reasons
+    assert abs(toned.metrics["face.glasses_change"]) < 0.5 * GLASSES_LEVEL

@@ -38,6 +38,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from counterfactory.manifests.registry import GATES
+from counterfactory.validation.accessories import GLASSES_LEVEL, glasses_change
 from counterfactory.validation.backends import AUEstimator, load_au_model
 from counterfactory.validation.faces import (
     LEFT_BROW,
@@ -329,7 +330,11 @@ def expression_gate(
     Geometry metrics: ``mouth_corner_change_iod``, ``brow_change_iod``, ``mouth_open_change_iod``,
     ``mouth_corner_shift_iod`` (and each side's ``brow_shift_*_iod``, ``mouth_corner_shift_*_iod``).
     With ``pair.extras[REGISTRATION_FAILED]`` (a candidate that could not be registered) the
-    pixel shifts are not measured (None): the AUs and the mesh judge alone.
+    pixel shifts are not measured (None): the AUs and the mesh judge alone. Where a glasses
+    frame was added or removed (:func:`~counterfactory.validation.accessories.glasses_change`
+    beyond :data:`~counterfactory.validation.accessories.GLASSES_LEVEL`; ``brow_under_frame``)
+    the brow shift is recorded but not judged: a frame across the brow's patch moves its match
+    (0.15 iod on ``biden_portrait.jpg``) and the face gate names the accessory instead.
     """
     thresholds = {
         "max_au_change": max_au_change,
@@ -396,9 +401,14 @@ def expression_gate(
                 mouth_corner_shift_left_iod=left,
                 mouth_corner_shift_iod=max(abs(right), abs(left)),
             )
+        # a glasses frame added or removed across the brow's patch moves its match: the face
+        # gate names the accessory (face_accessory_changed), and the brow is not judged under it
+        glasses = glasses_change(pair.source, pair.candidate, src_face.landmarks) if in_place else None
+        framed = glasses is not None and abs(glasses) > GLASSES_LEVEL
+        metrics["brow_under_frame"] = framed
         for key, bound in (
             ("mouth_corner_change_iod", max_mouth_corner_change_iod),
-            ("brow_change_iod", max_brow_change_iod),
+            ("brow_change_iod", None if framed else max_brow_change_iod),
             ("mouth_open_change_iod", max_mouth_open_change_iod),
             ("mouth_corner_shift_iod", max_mouth_corner_shift_iod),
         ):

@@ -16,10 +16,11 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from counterfactory.manifests.registry import GATES
+from counterfactory.validation.accessories import GLASSES_LEVEL, glasses_change
 from counterfactory.validation.backends import FaceDetector, load_detector
 from counterfactory.validation.backends.base import DetectedFace
 from counterfactory.validation.faces import FaceObservation
-from counterfactory.validation.gates.base import GateResult, PairContext, SourceAnalysis
+from counterfactory.validation.gates.base import REGISTRATION_FAILED, GateResult, PairContext, SourceAnalysis
 
 #: the ``PairContext.extras`` key set when the candidate has no source photo to compare with
 NO_SOURCE = "no_source"
@@ -122,7 +123,11 @@ def face_gate(
 
     Reasons: ``face_count_mismatch``, ``face_pose_unavailable`` (no mesh on one side),
     ``face_pose_change_above_max``, ``face_position_change_above_max``,
-    ``face_scale_change_above_max``; metrics ``position_change``, ``scale_change``. Review: ``face_low_confidence`` (the candidate's face
+    ``face_scale_change_above_max``; metrics ``position_change``, ``scale_change``;
+    ``face_accessory_changed``: glasses added or removed (``glasses_change``,
+    :func:`~counterfactory.validation.accessories.glasses_change`, beyond
+    :data:`~counterfactory.validation.accessories.GLASSES_LEVEL` either way; measured on a
+    registered pair only, None otherwise). Review: ``face_low_confidence`` (the candidate's face
     scores below ``min_detection_score``, the lowest score of any real calibration photo).
     """
     alone = bool(pair.extras.get(NO_SOURCE))
@@ -164,6 +169,7 @@ def face_gate(
         "roll_deg",
         "position_change",
         "scale_change",
+        "glasses_change",
     ):
         metrics[key] = None
     src_face, cand_face = pair.source_face, pair.candidate_face
@@ -193,6 +199,13 @@ def face_gate(
             reasons.append("face_position_change_above_max")
         if max_scale_change is not None and scale > max_scale_change:
             reasons.append("face_scale_change_above_max")
+        if not pair.extras.get(REGISTRATION_FAILED) and src_face.landmarks.shape[0] > 473:
+            # an accessory is its own change, not an expression or a pose (the brow a frame
+            # crosses is not judged under it: the expression gate reads the same figure)
+            glasses = glasses_change(pair.source, pair.candidate, src_face.landmarks)
+            metrics["glasses_change"] = glasses
+            if glasses is not None and abs(glasses) > GLASSES_LEVEL:
+                reasons.append("face_accessory_changed")
     elif max_pose_change_deg is not None and expected_faces > 0:
         reasons.append("face_pose_unavailable")
 
@@ -209,6 +222,7 @@ def face_gate(
             "max_pose_change_deg": None if alone else max_pose_change_deg,
             "max_position_change": None if alone else max_position_change,
             "max_scale_change": None if alone else max_scale_change,
+            "glasses_level": None if alone else GLASSES_LEVEL,
             "backend": getattr(detector, "name", "landmarker"),
         },
     )
