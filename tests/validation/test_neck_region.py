@@ -199,3 +199,35 @@ def test_the_neck_reaches_the_clothing_line_and_stops_at_the_chest():
             band = skin & (ys > chin[1] + outside_rows[0] * height) & (ys <= chin[1] + outside_rows[1] * height)
             assert band.sum() > 50
             assert (seen[band] > 0).mean() < 0.05
+
+
+def test_hands_lightened_with_the_face_are_rejected_for_body_skin_with_and_without_a_floor():
+    """Issue 43: hands lightened by 6.6 L* together with the face. obama_portrait.jpg (arms
+    crossed, both hands showing): the face region and the test's own skin mask more than 1.2
+    face heights below the chin (the hands) lightened by 6.6 L*, re-rendered and jittered;
+    judged against the photo's floor output and as a lone pair, both reject it for body skin.
+    (A guard: today's measure already does, body skin Delta E 5.9 against 1.4 above the floor
+    and 3.4 without one; the held-out case the issue saw accepted is not reproduced here.)"""
+    from counterfactory.assets import PHOTOS_DIR
+    from counterfactory.validation.skin import source_edit_region
+
+    image = load_rgb(PHOTOS_DIR / "obama_portrait.jpg")
+    h, w = image.shape[:2]
+    s = 512 / max(h, w)
+    source = cv2.resize(image, (round(w * s) // 8 * 8, round(h * s) // 8 * 8), interpolation=cv2.INTER_AREA)
+    (face,) = get_face_landmarker().detect(source)
+    region, _ = source_edit_region(source, face.landmarks, "face_neck_ears")
+    lm = face.landmarks[:, :2]
+    height = float(np.linalg.norm(lm[CHIN] - lm[FOREHEAD_TOP]))
+    ys = np.mgrid[: source.shape[0], : source.shape[1]][0]
+    hands = _skin(source, face) & (ys > lm[CHIN][1] + 1.2 * height)
+    assert hands.sum() > 0.01 * hands.size
+    edited = _as_editor_returns(_lighten(source, (region > 0) | hands, 6.6), 2)
+    with_floor = _judge(source, face, edited, _as_editor_returns(source, 1))
+    assert "locality_body_skin_above_max" in with_floor.reasons, with_floor.reasons
+    stack = GateStack.from_config(GatesConfig(), "face", region="face_neck_ears")
+    alone = align_candidate(source, edited, mask=region, kind="face", face_size_px=face.size_px)
+    assert alone.ok, alone.reason
+    lone = stack.evaluate(source, alone.image, covered=alone.covered)
+    assert lone.metrics["locality.floor_path"] == "none"
+    assert "locality_body_skin_above_max" in lone.reasons, lone.reasons
