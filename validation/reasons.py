@@ -51,6 +51,10 @@ REASONS: dict[str, tuple[str, str]] = {
     # face gate
     "face_count_mismatch": ("face", "the output does not show exactly the one face its source shows"),
     "face_low_confidence": ("face", "the face detector is unsure of the output's face: people look"),
+    "face_accessory_changed": (
+        "face",
+        "glasses were added or removed (a frame's edges about the eyes): an accessory, not a brow",
+    ),
     "face_pose_change_above_max": ("face", "the head turned or tilted more than the bound"),
     "face_pose_unavailable": ("face", "the head pose could not be measured on source or output"),
     "face_position_change_above_max": ("face", "the face moved in the frame more than the bound"),

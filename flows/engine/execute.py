@@ -38,7 +38,7 @@ from counterfactory.validation.judging import (
 )
 
 #: bump when the meaning of a judgement changes, so stored verdicts are recomputed
-JUDGE_VERSION = 9  # 9: a limb design's same-cue control whose region changed less than min_diff_inside_edit goes to review, no longer rejected (locality control_conditions), and is not judged by skin_inpaint_mismatch (a treatment's rule); 8: the largest connected area of per-pixel change away from the face is judged (max_largest_change_share); 7: the hair around the head is judged (max_hair_delta_e); 6: a shift above a floor output is measured against it, and per third by lightness
+JUDGE_VERSION = 10  # 10: glasses added or removed are face_accessory_changed and brows under a frame are not judged; an unregistrable output carries the face, identity and expression reasons beside the alignment's; 9: a limb design's same-cue control whose region changed less than min_diff_inside_edit goes to review, no longer rejected (locality control_conditions), and is not judged by skin_inpaint_mismatch (a treatment's rule); 8: the largest connected area of per-pixel change away from the face is judged (max_largest_change_share); 7: the hair around the head is judged (max_hair_delta_e); 6: a shift above a floor output is measured against it, and per third by lightness
 
 
 #: the prompt template of the noise-floor request (``assets/prompts/``)
