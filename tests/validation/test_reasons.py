@@ -20,7 +20,7 @@ ENDINGS = (
     "above_max", "below_min", "mismatch", "failed", "no_face", "not_finite", "unchanged", "unavailable",
     "unmapped", "low_confidence", "blank", "no_mask", "not_run", "skipped", "invalid", "malformed", "refused",
     "unanswered", "tone_shift", "out_of_bounds", "below_band", "above_band", "against_direction",
-    "bad_candidate", "no_edit_mask", "no_face_mask",
+    "bad_candidate", "no_edit_mask", "no_face_mask", "accessory_changed",
 )  # fmt: skip
 
 
