@@ -444,7 +444,7 @@ def test_review_serve_command_uses_the_newest_release_spec(run_copy):
     finally:
         server.terminate()
         server.wait(timeout=30)
-    # a folder with no release and no --spec: told what to pass
+    # a folder with no run in it: told so, and which folder to pass (issue 44: it pointed at --spec)
     empty = out.parent / "empty"
     empty.mkdir()
     done = subprocess.run(
@@ -454,7 +454,7 @@ def test_review_serve_command_uses_the_newest_release_spec(run_copy):
         text=True,
         timeout=120,
     )
-    assert done.returncode == 2 and "--spec" in done.stderr
+    assert done.returncode == 2 and "no run here" in done.stderr and "--spec" not in done.stderr
 
 
 def test_queue_filters_and_counter(run_copy):
