@@ -82,8 +82,8 @@ def test_publish_does_not_blame_the_version_for_another_value_error(tmp_path):
 
 
 def test_review_of_a_folder_that_records_no_spec_is_one_error_line(tmp_path):
-    """A run folder with neither a recorded spec nor a release: the group's handler prints the
-    error (RunSpecNotFoundError, a root error, not a bare FileNotFoundError), exit 2."""
+    """A folder with no run in it (no ledger, no recorded spec, no release): one error line saying
+    so and which folder to pass, exit 2 (issue 44: it pointed at --spec, as if a spec were missing)."""
     from click.testing import CliRunner
 
     from counterfactory.flows.cli import main
@@ -91,5 +91,5 @@ def test_review_of_a_folder_that_records_no_spec_is_one_error_line(tmp_path):
     done = CliRunner().invoke(main, ["review", "add-reviewer", "ana", "--out", str(tmp_path)])
     assert done.exit_code == 2, done.output
     assert isinstance(done.exception, SystemExit) and "Traceback" not in done.output
-    assert f"error: {tmp_path}: no release with a spec.yaml under {tmp_path / 'releases'}" in done.output
-    assert "pass the run's spec with --spec" in done.output
+    assert f"error: {tmp_path}: no run here" in done.output
+    assert "counterfactory run SPEC --out DIR" in done.output
