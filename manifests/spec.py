@@ -502,6 +502,9 @@ class Spec(BaseModel):
             data["trials"].pop("options")
         if not data["trials"]["per_editor"]:  # a pooled bank: as before editors could be compared
             data["trials"].pop("per_editor")
+        if data["review"].get("audit_near_threshold") is None:  # no uncertainty sampling: as before it existed
+            data["review"].pop("audit_near_threshold", None)
+            data["review"].pop("audit_near_threshold_rate", None)
         # the registration's correlation floor at its default: the spec as before it was a
         # setting (what the check does is the judging code's, versioned by its judge key)
         if data["align"]["min_correlation"] == type(self.align).model_fields["min_correlation"].default:

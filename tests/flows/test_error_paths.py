@@ -217,7 +217,14 @@ LONG_NUMBER = "9" * 5000
 
 def test_a_number_of_five_thousand_digits_in_a_spec_is_one_error_naming_the_line_and_field(tmp_path):
     spec = _study(tmp_path)
-    spec.write_text(spec.read_text().replace("templates_per_stratum: 1", f"templates_per_stratum: {LONG_NUMBER}"))
+    data = yaml.safe_load(spec.read_text())
+    data["design"]["templates_per_stratum"] = 1  # an import needs none; one written is still read
+    spec.write_text(
+        yaml.safe_dump(data, sort_keys=False).replace(
+            "templates_per_stratum: 1", f"templates_per_stratum: {LONG_NUMBER}"
+        )
+    )
+    assert LONG_NUMBER in spec.read_text()
     line = _one_error(["run", str(spec), "--out", str(tmp_path / "out")])
     assert "(field `design.templates_per_stratum`)" in line and "5,000 characters long, over the limit of 40" in line
     assert "9" * 100 not in line
