@@ -4,6 +4,8 @@ data file of the repository's pipeline folders under it, and pyproject lists eve
 from __future__ import annotations
 
 import shutil
+import subprocess
+import sys
 import tomllib
 import zipfile
 from pathlib import Path
@@ -47,23 +49,20 @@ def test_every_package_folder_is_listed_in_pyproject():
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> zipfile.ZipFile:
-    from setuptools import build_meta
-
     # build from a copy, so the checkout gets no build/ or egg-info folders; every environment
     # folder left out (.venv-harness, lmms-eval's, is 3.7 GB: copying it filled a disk)
     src = tmp_path_factory.mktemp("src") / "counterfactory"
     ignore = shutil.ignore_patterns(".venv*", ".git", "build", "out", "*.egg-info", "__pycache__", "tests")
     shutil.copytree(REPO, src, ignore=ignore)
     dist = tmp_path_factory.mktemp("dist")
-    import os
-
-    here = os.getcwd()
-    os.chdir(src)
-    try:
-        name = build_meta.build_wheel(str(dist))
-    finally:
-        os.chdir(here)
-    return zipfile.ZipFile(dist / name)
+    # in a process of its own, as pip builds it: setuptools warns with classes made inside its
+    # functions, which pytest-xdist cannot carry from a worker (the worker crashed, CI stop 48)
+    build = "import sys; from setuptools import build_meta; print(build_meta.build_wheel(sys.argv[1]))"
+    done = subprocess.run(
+        [sys.executable, "-c", build, str(dist)], cwd=src, capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return zipfile.ZipFile(dist / done.stdout.strip().splitlines()[-1])
 
 
 def test_the_wheel_installs_only_counterfactory(wheel):
