@@ -21,7 +21,7 @@ from counterfactory.manifests.ledger import Attempt, Candidate
 from counterfactory.manifests.store import ImageStore
 from counterfactory.validation.gate_stack import GateStack
 from counterfactory.validation.gates.base import REGISTRATION_FAILED
-from counterfactory.validation.gates.locality import FLOOR_IMAGE
+from counterfactory.validation.gates.locality import FLOOR_CONTEXT, FLOOR_IMAGE, FloorContext
 
 if TYPE_CHECKING:
     from counterfactory.generation.sources import PreparedSource
@@ -104,6 +104,9 @@ class TemplateJudge:
         #: the floor output itself (registered to the source), read once from the store: the
         #: locality gate compares every cell's output with it pixel by pixel
         self.floor_image = floor_image(ws, self.floor)
+        #: what the locality gate derives from that output, made once for the template's cells
+        #: (the caller's context object: no measure keeps a cache of its own)
+        self.floor_context = FloorContext(self.floor_image) if self.floor_image is not None else None
         self.as_floor = as_floor
         #: None: judged against the source; else the set has no source photo
         #: (:func:`judge_alone`), and this says whether a pass of the remaining gates is accepted
@@ -163,6 +166,7 @@ class TemplateJudge:
                     "source": prepared.meta,
                     "noise_floor": self.floor,
                     FLOOR_IMAGE: self.floor_image,
+                    FLOOR_CONTEXT: self.floor_context,
                 },
                 source_key=prepared.source.sha256,
             )

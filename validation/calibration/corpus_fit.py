@@ -25,7 +25,13 @@ from counterfactory.validation.calibration.base import sig_down, sig_up, with_pr
 from counterfactory.validation.calibration.failures import CLASSES, CORPUS_REGION, GOOD, build_floors, build_set_corpus
 from counterfactory.validation.calibration.photo_sets import PhotoSet
 from counterfactory.validation.faces import MaskMode
-from counterfactory.validation.gates.locality import FLOOR_IMAGE, FLOOR_RELATIVE, PATH_THRESHOLDS
+from counterfactory.validation.gates.locality import (
+    FLOOR_CONTEXT,
+    FLOOR_IMAGE,
+    FLOOR_RELATIVE,
+    PATH_THRESHOLDS,
+    FloorContext,
+)
 from counterfactory.validation.metrics.pixels import MIN_CHANGE_AREA_FRAC
 
 #: Thresholds the failure corpus sets: ``(gate, threshold, metric, bound)``; ``bound`` is
@@ -177,8 +183,9 @@ def measure_case(case, stack, floor: dict[str, Any] | None = None, *, keep_image
     """Align one corpus case as the factory does and judge it with ``stack``.
 
     ``floor``: the photo's noise floor, ``{metric: value}`` with the floor output registered
-    to the source under :data:`~counterfactory.validation.gates.locality.FLOOR_IMAGE` (as a
-    run hands a template's floor to its cells). ``keep_image``: also return the registered
+    to the source under :data:`~counterfactory.validation.gates.locality.FLOOR_IMAGE` and its
+    :class:`~counterfactory.validation.gates.locality.FloorContext` (as a run hands a template's
+    floor to its cells). ``keep_image``: also return the registered
     output under ``"image"`` (a floor case's, for the cases judged against it; None when it
     could not be registered).
 
@@ -206,7 +213,9 @@ def _align(case):
 
 
 def _request_extras(floor: dict[str, Any] | None) -> dict[str, Any] | None:
-    return {"noise_floor": floor, FLOOR_IMAGE: floor.get(FLOOR_IMAGE)} if floor else None
+    if not floor:
+        return None
+    return {"noise_floor": floor, FLOOR_IMAGE: floor.get(FLOOR_IMAGE), FLOOR_CONTEXT: floor.get(FLOOR_CONTEXT)}
 
 
 def _judged(case, alignment, stack, extras: dict[str, Any] | None) -> dict[str, Any]:
@@ -282,7 +291,8 @@ def measure_floor(case, stack) -> dict[str, Any] | None:
     floor = noise_floor_metrics(record)
     if floor is None or record.get("image") is None:
         return floor
-    return {**floor, FLOOR_IMAGE: record["image"]}
+    # the floor's context: what the locality gate derives from its image, once for the photo's cases
+    return {**floor, FLOOR_IMAGE: record["image"], FLOOR_CONTEXT: FloorContext(record["image"])}
 
 
 def corpus_thresholds(
@@ -588,7 +598,7 @@ def path_figures(heldout: list[dict[str, Any]], path: str) -> dict[str, Any]:
 
 
 def _without_image(floor: dict[str, Any] | None) -> dict[str, Any] | None:
-    return None if floor is None else {k: v for k, v in floor.items() if k != FLOOR_IMAGE}
+    return None if floor is None else {k: v for k, v in floor.items() if k not in (FLOOR_IMAGE, FLOOR_CONTEXT)}
 
 
 def plot_failures(corpus: dict[str, Any], path_png: str | Path) -> Path:
