@@ -33,6 +33,7 @@ from counterfactory.manifests.review import (
     standing_votes,
     unanswered_spot_deals,
 )
+from counterfactory.manifests.vocabulary import ACCEPTED, REJECTED
 from counterfactory.validation.attrition import wilson_interval
 
 
@@ -128,7 +129,7 @@ def override_rates(items: Sequence[QueueItem]) -> dict[str, Any]:
     answer to a decision shows the gate's verdict, so a vote made after reading it (reject,
     read "accepted", undo, accept) would no longer be blind."""
     out = {}
-    for verdict in ("accepted", "rejected"):
+    for verdict in (ACCEPTED, REJECTED):
         resolved = [i for i in items if i.mode == "audit" and i.verdict == verdict and i.first_resolution.outcome]
         reversed_ = sum(i.first_resolution.outcome != verdict for i in resolved)
         out[verdict] = _rate(reversed_, len(resolved))

@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from counterfactory.manifests.vocabulary import ACCEPTED, REJECTED, VERDICTS
 from counterfactory.validation.backends.sface import OPENCV_SAME_PERSON_COSINE
 from counterfactory.validation.calibration.base import sig_down, sig_up, with_progress
 from counterfactory.validation.calibration.failures import CLASSES, CORPUS_REGION, GOOD, build_floors, build_set_corpus
@@ -199,7 +200,7 @@ def measure_case(case, stack, floor: dict[str, Any] | None = None, *, keep_image
     if keep_image:
         record["image"] = alignment.image if alignment.ok else None
     if not alignment.ok:
-        record.update(verdict="rejected", reasons=[alignment.reason.split(":")[0]], metrics={})
+        record.update(verdict=REJECTED, reasons=[alignment.reason.split(":")[0]], metrics={})
         return record
     record.update(_judged(case, alignment, stack, _request_extras(floor)))
     return record
@@ -263,7 +264,7 @@ def measure_photo_cases(cases: list, stack, floor: dict[str, Any] | None) -> lis
             record.update(photo_set=case.photo_set, person=case.person)
         record.update(group=case.group, direction=case.direction)
         if not alignment.ok:
-            failed = {"verdict": "rejected", "reasons": [alignment.reason.split(":")[0]], "metrics": {}}
+            failed = {"verdict": REJECTED, "reasons": [alignment.reason.split(":")[0]], "metrics": {}}
             record.update(failed, paths={p: dict(failed) for p in PATHS})
             records.append(record)
             continue
@@ -368,7 +369,7 @@ def _rates(records: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
         rs = [r for r in records if r["label"] == label]
         if not rs:
             continue
-        counts = {v: sum(r["verdict"] == v for r in rs) for v in ("accepted", "needs_review", "rejected", "failed")}
+        counts = {v: sum(r["verdict"] == v for r in rs) for v in VERDICTS}
         if label == GOOD:
             rate = counts["accepted"] / len(rs)
         else:
@@ -558,7 +559,7 @@ def path_figures(heldout: list[dict[str, Any]], path: str) -> dict[str, Any]:
     good = [r for r in records if r["label"] == GOOD]
 
     def acceptance(rs: list[dict[str, Any]]) -> dict[str, Any]:
-        return {"n": len(rs), "acceptance": _share(sum(r["verdict"] == "accepted" for r in rs), len(rs))}
+        return {"n": len(rs), "acceptance": _share(sum(r["verdict"] == ACCEPTED for r in rs), len(rs))}
 
     groups = {
         g: acceptance([r for r in good if r.get("group") == g]) for g in sorted({r.get("group", "") for r in good})
