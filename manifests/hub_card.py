@@ -20,7 +20,7 @@ import yaml
 from counterfactory.manifests.hub_tables import SPLIT, TableExport
 from counterfactory.manifests.licences import PUBLIC_DOMAIN, LicenceDecision, hub_licence_fields
 from counterfactory.manifests.trials import PAPERS, protocol_paper
-from counterfactory.manifests.vocabulary import ACCEPTED, NEEDS_REVIEW, REJECTED
+from counterfactory.manifests.vocabulary import ACCEPTED, FAILED, NEEDS_REVIEW, REJECTED
 
 #: Axes whose values are protected demographic attributes: a set varying them is gated by default.
 SENSITIVE_AXES = frozenset({"race", "ethnicity", "gender", "sex", "age", "skin_tone", "religion", "disability"})
@@ -357,8 +357,8 @@ def card_body(
     lines += [
         "",
         f"- cells: {counts.get('total', len(items))} "
-        f"(accepted {counts.get('accepted', 0)}, needs review {counts.get('needs_review', 0)}, "
-        f"rejected {counts.get('rejected', 0)}, failed {counts.get('failed', 0)})",
+        f"(accepted {counts.get(ACCEPTED, 0)}, needs review {counts.get(NEEDS_REVIEW, 0)}, "
+        f"rejected {counts.get(REJECTED, 0)}, failed {counts.get(FAILED, 0)})",
         f"- templates (source photos): {(stats.get('templates') or {}).get('total', '?')}, "
         f"sources left out: {len(stats.get('failed_sources') or [])}",
         "",

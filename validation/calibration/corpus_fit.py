@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from counterfactory.manifests.vocabulary import ACCEPTED, REJECTED, VERDICTS
+from counterfactory.manifests.vocabulary import ACCEPTED, FAILED, NEEDS_REVIEW, REJECTED, VERDICTS
 from counterfactory.validation.backends.sface import OPENCV_SAME_PERSON_COSINE
 from counterfactory.validation.calibration.base import sig_down, sig_up, with_progress
 from counterfactory.validation.calibration.failures import CLASSES, CORPUS_REGION, GOOD, build_floors, build_set_corpus
@@ -371,7 +371,7 @@ def _rates(records: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
             continue
         counts = {v: sum(r["verdict"] == v for r in rs) for v in VERDICTS}
         if label == GOOD:
-            rate = counts["accepted"] / len(rs)
+            rate = counts[ACCEPTED] / len(rs)
         else:
             rate = (counts["rejected"] + counts["needs_review"]) / len(rs)
         reasons: dict[str, int] = {}
@@ -616,7 +616,7 @@ def plot_failures(corpus: dict[str, Any], path_png: str | Path) -> Path:
     cols = 4
     rows = math.ceil(len(panels) / cols)
     fig, axes = plt.subplots(rows, cols, figsize=(5 * cols, 3.6 * rows))
-    colours = {"accepted": "C2", "needs_review": "C1", "rejected": "C3", "failed": "k"}
+    colours = {ACCEPTED: "C2", NEEDS_REVIEW: "C1", REJECTED: "C3", FAILED: "k"}
     for ax, (gate, name, metric, bound) in zip(axes.ravel(), panels):
         for i, label in enumerate(labels):
             for r in cases:

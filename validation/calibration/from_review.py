@@ -150,7 +150,7 @@ def label_of(votes: Sequence[tuple[str, str, str | None]]) -> tuple[str | None, 
     reason = max(codes, key=lambda c: (codes.count(c), -codes.index(c))) if codes else None
     if accepts == rejects:
         return None, reason
-    return ("accepted" if accepts > rejects else "rejected"), reason
+    return (ACCEPTED if accepts > rejects else REJECTED), reason
 
 
 def reviewed_cases(
