@@ -146,7 +146,7 @@ def _init_worker(pair_files, kind: str, face_mask_mode: str) -> None:
 
     from counterfactory.validation.calibration.base import load_rgb
     from counterfactory.validation.gate_stack import GatesConfig, GateStack
-    from counterfactory.validation.gates.locality import FLOOR_IMAGE
+    from counterfactory.validation.gates.locality import FLOOR_CONTEXT, FLOOR_IMAGE, FloorContext
 
     _stack = GateStack.from_config(GatesConfig(face_mask=face_mask_mode), kind)
     _pairs = []
@@ -162,7 +162,9 @@ def _init_worker(pair_files, kind: str, face_mask_mode: str) -> None:
             floors[digest] = {}
             if kind == "face":
                 ok, buf = cv2.imencode(".jpg", sources[digest][:, :, ::-1], [cv2.IMWRITE_JPEG_QUALITY, 85])
-                floors[digest] = {FLOOR_IMAGE: np.ascontiguousarray(cv2.imdecode(buf, cv2.IMREAD_COLOR)[:, :, ::-1])}
+                floor = np.ascontiguousarray(cv2.imdecode(buf, cv2.IMREAD_COLOR)[:, :, ::-1])
+                # one context per source's floor, as a run's TemplateJudge holds one per template
+                floors[digest] = {FLOOR_IMAGE: floor, FLOOR_CONTEXT: FloorContext(floor)}
         _pairs.append((sources[digest], load_rgb(cand), edit, digest, floors[digest]))
     for source, candidate, edit, _, extras in _pairs[:2]:  # warm up every model
         _stack.evaluate(source, candidate, edit_mask=edit, extras=extras)

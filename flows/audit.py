@@ -19,6 +19,7 @@ from counterfactory.generation.regions import DEFAULT_REGION
 from counterfactory.generation.sources import SourceError, load_image
 from counterfactory.manifests.errors import CounterfactoryError
 from counterfactory.manifests.safefiles import InputFileError, inside
+from counterfactory.manifests.vocabulary import FAILED
 from counterfactory.validation.faces import face_mask, get_face_landmarker
 from counterfactory.validation.gate_stack import GatesConfig, GateStack
 from counterfactory.validation.gates.locality import FLOOR_IMAGE
@@ -355,14 +356,14 @@ def measure_batch(
         if source is None or candidate is None:
             yield {
                 **base,
-                "verdict": "failed",
+                "verdict": FAILED,
                 "reasons": ["row_incomplete"],
                 "error": f"{table_path}, row {row.number}: no {'source' if source is None else 'candidate'} path",
             }
             continue
         paths = resolved[row.number]
         if isinstance(paths, str):
-            yield {**base, "verdict": "failed", "reasons": ["path_refused"], "error": paths}
+            yield {**base, "verdict": FAILED, "reasons": ["path_refused"], "error": paths}
             continue
         try:
             report = judged_rows.get(row.number)
@@ -378,7 +379,7 @@ def measure_batch(
                     floor_path=paths.get("floor"),
                 )
         except PairError as exc:
-            yield {**base, "verdict": "failed", "reasons": [exc.code], "error": exc.message}
+            yield {**base, "verdict": FAILED, "reasons": [exc.code], "error": exc.message}
             continue
         yield {**base, **report, "source": source, "candidate": candidate}
 

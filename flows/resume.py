@@ -30,6 +30,7 @@ from counterfactory.generation.sources import PreparedSource
 from counterfactory.manifests.errors import CounterfactoryError
 from counterfactory.manifests.lifecycle import CellOutcome, Settled, TemplateOutcome, attempt_finished, fill_cells
 from counterfactory.manifests.spec import Spec, SpecError, load_spec
+from counterfactory.manifests.vocabulary import FAILED, OK
 
 
 class _WorkToDo(CounterfactoryError):
@@ -71,10 +72,10 @@ def settled_outcomes(
             state = states.get(aid)
             if state is None or not attempt_finished(state):
                 raise _WorkToDo
-            if state.status == "failed":  # final: its backend said running it again cannot change it
-                settled[aid] = Settled("failed", [state.reason or "editor_failed"])
+            if state.status == FAILED:  # final: its backend said running it again cannot change it
+                settled[aid] = Settled(FAILED, [state.reason or "editor_failed"])
                 continue
-            if state.status == "ok" and not ws.store.has(state.output_sha256):
+            if state.status == OK and not ws.store.has(state.output_sha256):
                 raise _WorkToDo
             if state.judge_key is None or state.judge_key != jkey:
                 raise _WorkToDo

@@ -81,6 +81,7 @@ from counterfactory.manifests.review import (
 )
 from counterfactory.manifests.spec import Spec
 from counterfactory.manifests.store import DamagedBlobError, ImageStore, MissingBlobError, UnsafeBlobError
+from counterfactory.manifests.vocabulary import ACCEPTED, NEEDS_REVIEW, OK, REJECTED
 from counterfactory.validation.review_stats import review_summary
 
 HERE = Path(__file__).resolve().parent
@@ -179,7 +180,7 @@ class ReviewSite:
         with self._lock:
             if template_id in self._views:
                 return self._views[template_id]
-        row = next((r for r in self.ledger.sources() if r.source_id == template_id and r.status == "ok"), None)
+        row = next((r for r in self.ledger.sources() if r.source_id == template_id and r.status == OK), None)
         if row is None:
             raise ReviewError(f"source {template_id!r} is not an ok source in the ledger", status=404)
         loaded = load_image(row.path, max_pixels=self.spec.sources.max_pixels)
@@ -680,7 +681,7 @@ def _queue_routes(site: ReviewSite, templates: Jinja2Templates) -> APIRouter:
                 "template": sorted({i.template_id for i in state.items}),
                 "condition": sorted({_condition_label(i.condition) for i in state.items}),
                 "reason": sorted({r.split(":")[0] for i in state.items if i.mode != "audit" for r in i.reasons}),
-                "verdict": ["needs_review", "accepted", "rejected"],
+                "verdict": [NEEDS_REVIEW, ACCEPTED, REJECTED],
                 "state": ["open", "disputed"],
             },
         )

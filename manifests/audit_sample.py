@@ -17,6 +17,8 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from counterfactory.manifests.vocabulary import ACCEPTED, NEEDS_REVIEW, REJECTED
+
 
 def sampled(purpose: str, seed: int, attempt_id: str, rate: float) -> bool:
     """Whether ``attempt_id`` is in the ``purpose`` sample at ``rate`` (deterministic, uniform)."""
@@ -28,7 +30,7 @@ def sampled(purpose: str, seed: int, attempt_id: str, rate: float) -> bool:
 
 def in_random_audit(options: Any, attempt_id: str, verdict: str) -> bool:
     """(``options``: the spec's ``review`` section, a ``ReviewOptions``.) Whether an ``accepted`` or ``rejected`` candidate is in the audit sample's random share."""
-    rate = {"accepted": options.audit_accepted_rate, "rejected": options.audit_rejected_rate}.get(verdict, 0.0)
+    rate = {ACCEPTED: options.audit_accepted_rate, REJECTED: options.audit_rejected_rate}.get(verdict, 0.0)
     return sampled(f"audit-{verdict}", options.seed, attempt_id, rate)
 
 
@@ -61,9 +63,9 @@ def audit_mode(options: Any, attempt_id: str, verdict: str, gates: Mapping[str, 
     """``(mode, random)``: ``("queue", None)`` for ``needs_review``; ``("audit", True)`` in the
     random audit sample; ``("audit", False)`` drawn for lying near a threshold
     (``audit_near_threshold``); ``(None, None)`` outside the queue."""
-    if verdict == "needs_review":
+    if verdict == NEEDS_REVIEW:
         return "queue", None
-    if verdict not in ("accepted", "rejected"):
+    if verdict not in (ACCEPTED, REJECTED):
         return None, None
     if in_random_audit(options, attempt_id, verdict):
         return "audit", True

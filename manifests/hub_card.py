@@ -20,6 +20,7 @@ import yaml
 from counterfactory.manifests.hub_tables import SPLIT, TableExport
 from counterfactory.manifests.licences import PUBLIC_DOMAIN, LicenceDecision, hub_licence_fields
 from counterfactory.manifests.trials import PAPERS, protocol_paper
+from counterfactory.manifests.vocabulary import ACCEPTED, FAILED, NEEDS_REVIEW, REJECTED
 
 #: Axes whose values are protected demographic attributes: a set varying them is gated by default.
 SENSITIVE_AXES = frozenset({"race", "ethnicity", "gender", "sex", "age", "skin_tone", "religion", "disability"})
@@ -218,7 +219,7 @@ def _review_section(items: Sequence[Mapping[str, Any]], review: Mapping[str, Any
         + (f": {', '.join(f'{k} {v}' for k, v in sorted(outcomes.items()))}" if outcomes else ""),
     ]
     if not review:
-        if statuses.get("needs_review"):
+        if statuses.get(NEEDS_REVIEW):
             lines.append(
                 "- no review statistics were recorded for this release; `needs_review` items are not in `manifest.jsonl`"
             )
@@ -238,7 +239,7 @@ def _review_section(items: Sequence[Mapping[str, Any]], review: Mapping[str, Any
         kappa = "n/a" if agree.get("kappa") is None else f"{agree['kappa']:.2f}"
         lines.append(f"- reviewer agreement on {agree.get('pairs', 0)} double-reviewed items: Cohen's kappa {kappa}")
     override = review.get("override") or {}
-    for verdict in ("accepted", "rejected"):
+    for verdict in (ACCEPTED, REJECTED):
         if override.get(verdict):
             lines.append(f"- gate verdict `{verdict}` reversed by people (audit sample): {_pct(override[verdict])}")
     spot = (review.get("spot_the_edit") or {}).get("overall")
@@ -356,8 +357,8 @@ def card_body(
     lines += [
         "",
         f"- cells: {counts.get('total', len(items))} "
-        f"(accepted {counts.get('accepted', 0)}, needs review {counts.get('needs_review', 0)}, "
-        f"rejected {counts.get('rejected', 0)}, failed {counts.get('failed', 0)})",
+        f"(accepted {counts.get(ACCEPTED, 0)}, needs review {counts.get(NEEDS_REVIEW, 0)}, "
+        f"rejected {counts.get(REJECTED, 0)}, failed {counts.get(FAILED, 0)})",
         f"- templates (source photos): {(stats.get('templates') or {}).get('total', '?')}, "
         f"sources left out: {len(stats.get('failed_sources') or [])}",
         "",

@@ -56,6 +56,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sess
 
 from counterfactory.manifests.errors import CounterfactoryError
 from counterfactory.manifests.schema import upgrade_ledger
+from counterfactory.manifests.vocabulary import FAILED, OK, RUNNING
 
 
 class LedgerError(CounterfactoryError, RuntimeError):
@@ -139,7 +140,7 @@ class RunRow(Base):
     started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=_now)
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
     editor_calls: Mapped[int] = mapped_column(Integer, default=0)
-    status: Mapped[str] = mapped_column(String(16), default="running")
+    status: Mapped[str] = mapped_column(String(16), default=RUNNING)
 
 
 class ReviewerRow(Base):
@@ -502,7 +503,7 @@ class Ledger:
         row = s.get(AttemptRow, attempt_id, with_for_update=True)
         if (
             row is not None
-            and row.status == "running"
+            and row.status == RUNNING
             and row.claimed_by not in (None, run_id)
             and self._run_alive(row.claimed_by)
         ):
@@ -518,10 +519,10 @@ class Ledger:
                 prompt=prompt,
                 calls=0,
             )
-        if row.status == "ok":
+        if row.status == OK:
             # another run finished it after the caller looked: its output stands, no new call
             return False
-        row.status, row.reason, row.calls = "running", None, (row.calls or 0) + 1
+        row.status, row.reason, row.calls = RUNNING, None, (row.calls or 0) + 1
         row.claimed_by, row.claimed_at = run_id, _now()
         s.add(row)
         return True
@@ -568,7 +569,7 @@ class Ledger:
             candidate = s.get(CandidateRow, attempt_id)
             if candidate is not None:
                 s.delete(candidate)
-            row.status, row.reason, row.output_sha256 = "failed", reason, None
+            row.status, row.reason, row.output_sha256 = FAILED, reason, None
 
     def cost_usd(self, attempt_ids: Iterable[str]) -> float:
         """Money spent on these attempts (USD); ids not in the ledger count 0."""

@@ -28,10 +28,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-#: attempt statuses that are final: never run again
-FINISHED_ATTEMPT = ("ok", "refused")
-#: verdicts that fill a cell (review is a person's job, not another seed's)
-FILLING_VERDICTS: tuple[str, ...] = ("accepted", "needs_review")
+from counterfactory.manifests.vocabulary import FAILED, FILLING_VERDICTS, FINISHED_ATTEMPT, RUNNING
+
+# the words (spelled in manifests/vocabulary.py), kept importable from here
 FILLED = FILLING_VERDICTS
 
 
@@ -62,7 +61,7 @@ class CellOutcome:
     cell: CellLike
     attempt_ids: list[str] = field(default_factory=list)
     final_attempt: str | None = None
-    verdict: str = "failed"
+    verdict: str = FAILED
     reasons: list[str] = field(default_factory=list)
 
 
@@ -115,17 +114,15 @@ def attempt_finished(attempt: AttemptStatus) -> bool:
     or ``failed`` where its backend said running it again cannot change it (``meta["final"]``:
     the ``import`` backend's missing or unreadable candidate file, whose attempt id hashes the
     table as read)."""
-    return attempt.status in FINISHED_ATTEMPT or (
-        attempt.status == "failed" and bool((attempt.meta or {}).get("final"))
-    )
+    return attempt.status in FINISHED_ATTEMPT or (attempt.status == FAILED and bool((attempt.meta or {}).get("final")))
 
 
 def attempt_pending(attempt: AttemptStatus) -> bool:
     """Whether ``attempt``'s outcome is still coming: another run is executing it (``running``),
     or it failed with its paid remote request journalled (``meta["pending_request_id"]``), so a
     later run fetches that request instead of buying the next seed."""
-    return attempt.status == "running" or (
-        attempt.status == "failed" and bool((attempt.meta or {}).get("pending_request_id"))
+    return attempt.status == RUNNING or (
+        attempt.status == FAILED and bool((attempt.meta or {}).get("pending_request_id"))
     )
 
 

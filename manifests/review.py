@@ -57,6 +57,15 @@ from counterfactory.manifests.ledger import (
     SpotTrialRow,
 )
 from counterfactory.manifests.lifecycle import Settled, attempt_pending, fill_cells
+from counterfactory.manifests.vocabulary import (
+    ACCEPTED,
+    DECISIONS,
+    FAILED,
+    FILLING_VERDICTS,
+    NEEDS_REVIEW,
+    OUTCOME,
+    REJECTED,
+)
 
 #: reject reason codes, with the label the review page shows
 REASONS: dict[str, str] = {
@@ -69,8 +78,6 @@ REASONS: dict[str, str] = {
     "off_mask_change": "off-mask change",
     "other": "other (say what)",
 }
-DECISIONS = ("accept", "reject", "skip")
-OUTCOME = {"accept": "accepted", "reject": "rejected"}
 
 
 class ReviewOptions(BaseModel):
@@ -276,9 +283,9 @@ def resolve(decisions: Sequence[Decision], required: int) -> Resolution:
     accepts = sum(d.decision == "accept" for d in votes)
     rejects = len(votes) - accepts
     if max(accepts, rejects) >= required and accepts != rejects:
-        outcome = "accepted" if accepts > rejects else "rejected"
+        outcome = ACCEPTED if accepts > rejects else REJECTED
         reason = None
-        if outcome == "rejected":
+        if outcome == REJECTED:
             codes = [d.reason for d in votes if d.decision == "reject" and d.reason]
             # the most frequent reason; among equals the first one given
             reason = max(codes, key=lambda c: (codes.count(c), -codes.index(c))) if codes else None
@@ -416,9 +423,7 @@ def final_attempts(
     for attempt, verdict, reasons in rows:
         cell = cells.setdefault(attempt.cell_id, _LedgerCell(attempt.cell_id, cell_editor(attempt.cell_id)))
         numbered.setdefault((cell.cell_id, attempt.attempt_no), []).append(_LedgerAttempt(attempt.attempt_id, cell))
-        settled[attempt.attempt_id] = Settled(
-            verdict or "failed", list(reasons or []), pending=attempt_pending(attempt)
-        )
+        settled[attempt.attempt_id] = Settled(verdict or FAILED, list(reasons or []), pending=attempt_pending(attempt))
 
     def plan(open_cells: Sequence[_LedgerCell], attempt_no: int) -> list[_LedgerAttempt]:
         return [attempt for cell in open_cells for attempt in numbered.get((cell.cell_id, attempt_no), [])]
@@ -801,7 +806,7 @@ def spot_pool(ledger: Ledger, reviewer_id: int, *, max_attempts: AttemptBudget =
         done |= set(s.scalars(select(SpotDealRow.attempt_id).where(SpotDealRow.reviewer_id == reviewer_id)))
         rows = s.execute(
             select(CandidateRow.attempt_id, CandidateRow.cell_id, CandidateRow.image_sha256).where(
-                CandidateRow.verdict.in_(["accepted", "needs_review"])
+                CandidateRow.verdict.in_(FILLING_VERDICTS)
             )
         ).all()
     return sorted((a, c, sha) for a, c, sha in rows if a in finals and a not in done and sha)
@@ -846,13 +851,13 @@ def apply_reviews(ledger: Ledger, options: ReviewOptions, rows: Sequence[dict[st
         if record is None or record["state"] != "resolved":
             continue
         row["status"] = record["outcome"]
-        if record["outcome"] == "rejected":
+        if record["outcome"] == REJECTED:
             row["reasons"] = [f"review_rejected: {record['reason'] or 'unspecified'}"] + list(row["reasons"])
 
 
 def pending_by_group(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """How many release rows still wait for a person, in total and per condition group."""
-    waiting = [r for r in rows if r["status"] == "needs_review"]
+    waiting = [r for r in rows if r["status"] == NEEDS_REVIEW]
     groups: dict[str, int] = {}
     for r in waiting:
         for axis, value in r["condition"].items():

@@ -18,6 +18,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from counterfactory.manifests.vocabulary import ACCEPTED
+
 #: Two-sided 95 % normal quantile.
 Z95 = 1.959963984540054
 OVERALL = "overall"
@@ -99,7 +101,7 @@ def attrition_table(rows: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
     for row in rows:
         condition = {str(k): str(v) for k, v in row.get("condition", {}).items()}
         row_gates = {g: bool(v) for g, v in row.get("gates", {}).items() if v is not None}
-        accepted = row.get("verdict") == "accepted"
+        accepted = row.get("verdict") == ACCEPTED
         for g, ok in row_gates.items():
             totals[g][0] += ok
             totals[g][1] += 1

@@ -22,6 +22,7 @@ from collections.abc import Mapping, Sequence
 from itertools import combinations
 from typing import Any
 
+from counterfactory.manifests.vocabulary import ACCEPTED
 from counterfactory.validation.attrition import wilson_interval
 
 #: the group of every row of an editor
@@ -86,9 +87,9 @@ def _mean(values: Sequence[float]) -> float | None:
 
 
 def _group_stats(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    accepted = sum(r["status"] == "accepted" for r in rows)
+    accepted = sum(r["status"] == ACCEPTED for r in rows)
     reasons = Counter(
-        str(code).split(":")[0] for r in rows if r["status"] != "accepted" for code in r.get("reasons") or ()
+        str(code).split(":")[0] for r in rows if r["status"] != ACCEPTED for code in r.get("reasons") or ()
     )
     cosines = [float(v) for r in rows if isinstance(v := _metric(r, "identity", "cosine"), int | float)]
     changes = [float(v) for r in rows if isinstance(v := _metric(r, "skin", "face_ita_change_deg"), int | float)]

@@ -19,9 +19,10 @@ from counterfactory.generation.attempts import FINISHED_ATTEMPT
 from counterfactory.generation.sampling import Cell
 from counterfactory.manifests.ledger import Attempt, Candidate
 from counterfactory.manifests.store import ImageStore
+from counterfactory.manifests.vocabulary import ACCEPTED, FAILED, FLOOR, NEEDS_REVIEW, OK, REFUSED, REJECTED
 from counterfactory.validation.gate_stack import GateStack
 from counterfactory.validation.gates.base import REGISTRATION_FAILED
-from counterfactory.validation.gates.locality import FLOOR_IMAGE
+from counterfactory.validation.gates.locality import FLOOR_CONTEXT, FLOOR_IMAGE, FloorContext
 
 if TYPE_CHECKING:
     from counterfactory.generation.sources import PreparedSource
@@ -29,7 +30,7 @@ if TYPE_CHECKING:
 
 #: the cell id suffix and the candidate verdict of a template's noise-floor request: not a
 #: cell of the grid, never reviewed or published as an item
-FLOOR_VERDICT = "floor"
+FLOOR_VERDICT = FLOOR
 
 
 @dataclass(frozen=True)
@@ -104,6 +105,9 @@ class TemplateJudge:
         #: the floor output itself (registered to the source), read once from the store: the
         #: locality gate compares every cell's output with it pixel by pixel
         self.floor_image = floor_image(ws, self.floor)
+        #: what the locality gate derives from that output, made once for the template's cells
+        #: (the caller's context object: no measure keeps a cache of its own)
+        self.floor_context = FloorContext(self.floor_image) if self.floor_image is not None else None
         self.as_floor = as_floor
         #: None: judged against the source; else the set has no source photo
         #: (:func:`judge_alone`), and this says whether a pass of the remaining gates is accepted
@@ -133,12 +137,12 @@ class TemplateJudge:
             attempt, existing = known if known is not None else (ws.ledger.attempt(aid), ws.ledger.candidate(aid))
             if attempt is None or attempt.status not in FINISHED_ATTEMPT:
                 reason = attempt.reason if attempt is not None else "editor_not_run"
-                return "failed", [reason or "editor_failed"]
+                return FAILED, [reason or "editor_failed"]
             aligned_missing = existing is not None and existing.image_sha256 and not ws.store.has(existing.image_sha256)
             if existing is not None and existing.judge_key == self.jkey and not aligned_missing:
                 return existing.verdict, list(existing.reasons)
-        if attempt is not None and attempt.status == "refused":
-            judged = Judged("rejected", [f"editor_refused: {attempt.reason}"], None, {}, {})
+        if attempt is not None and attempt.status == REFUSED:
+            judged = Judged(REJECTED, [f"editor_refused: {attempt.reason}"], None, {}, {})
         elif self.alone is not None:
             judged = judge_alone(
                 output if output is not None else ws.store.get(attempt.output_sha256),
@@ -163,6 +167,7 @@ class TemplateJudge:
                     "source": prepared.meta,
                     "noise_floor": self.floor,
                     FLOOR_IMAGE: self.floor_image,
+                    FLOOR_CONTEXT: self.floor_context,
                 },
                 source_key=prepared.source.sha256,
             )
@@ -197,7 +202,7 @@ class TemplateJudge:
         members: list[np.ndarray] = []
         for cell, aid in items:
             attempt, existing = attempts.get(aid), candidates.get(aid)
-            if attempt is None or attempt.status != "ok" or not ws.store.has(attempt.output_sha256 or ""):
+            if attempt is None or attempt.status != OK or not ws.store.has(attempt.output_sha256 or ""):
                 out[aid] = self.attempt(cell, aid, known=(attempt, existing))
                 continue
             settled = (
@@ -267,8 +272,8 @@ def judge_alone(
     sha = store.put(image) if store is not None else None
     judgement = kept.evaluate(image, image, extras={**(extras or {}), NO_SOURCE: True}, source_key=sha)
     verdict, reasons = judgement.verdict, list(judgement.reasons)
-    if verdict == "accepted" and skipped and not accept:
-        verdict, reasons = "needs_review", [SOURCE_GATES_SKIPPED]
+    if verdict == ACCEPTED and skipped and not accept:
+        verdict, reasons = NEEDS_REVIEW, [SOURCE_GATES_SKIPPED]
     record = {"ok": None, "no_source": True, "note": SKIPPED_WHY, "skipped_gates": skipped}
     return Judged(verdict, reasons, sha, record, judgement.to_dict()["gates"])
 
@@ -359,7 +364,7 @@ def judge_aligned(
                 source, alignment.image, edit_mask=edit_mask, extras=unregistered, source_key=source_key
             )
             gates = judgement.to_dict()["gates"]
-            if judgement.verdict == "rejected":
+            if judgement.verdict == REJECTED:
                 reasons += [r for r in judgement.reasons if r not in reasons]
         for name in PIXEL_GATES:
             if stack.has(name):
@@ -372,7 +377,7 @@ def judge_aligned(
                     "thresholds": {},
                     "note": "not measurable: the candidate could not be registered to the source",
                 }
-        return Judged("rejected", reasons, None, record, gates)
+        return Judged(REJECTED, reasons, None, record, gates)
     sha = store.put(alignment.image) if store is not None else None
     judgement = stack.evaluate(
         source,

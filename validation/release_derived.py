@@ -36,6 +36,7 @@ from counterfactory.manifests.release_folder import (
     ReleaseFileError,
     ReleaseFolder,
 )
+from counterfactory.manifests.vocabulary import ACCEPTED, FAILED, NEEDS_REVIEW
 from counterfactory.validation.attrition import attrition_table, wilson_interval
 from counterfactory.validation.editor_stats import editor_stats
 from counterfactory.validation.expression_audit import drift_rates
@@ -63,7 +64,7 @@ def pass_rates(items: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
             keys.append(group_key(row["condition"]))
         for key in keys:
             slot = counts.setdefault(key, [0, 0])
-            slot[0] += row["status"] == "accepted"
+            slot[0] += row["status"] == ACCEPTED
             slot[1] += 1
     out = {}
     for key, (passed, n) in sorted(counts.items()):
@@ -82,7 +83,7 @@ def completeness_report(
     for row in rows:
         slot = per_group.setdefault(group_key(row["condition"]), Counter())
         slot["cells"] += 1
-        slot[{"accepted": "accepted", "needs_review": "undecided"}.get(row["status"], "unfilled")] += 1
+        slot[{ACCEPTED: "accepted", NEEDS_REVIEW: "undecided"}.get(row["status"], "unfilled")] += 1
     groups = [
         {
             "group": key,
@@ -129,7 +130,7 @@ def derived_stats(
         floors: :func:`floors_by_editor` of ``stats.json``'s ``noise_floor``.
     """
     counts = Counter(row["status"] for row in items)
-    reasons = Counter(code.split(":")[0] for row in items if row["status"] != "accepted" for code in row["reasons"])
+    reasons = Counter(code.split(":")[0] for row in items if row["status"] != ACCEPTED for code in row["reasons"])
     gate_rows = [
         {
             "condition": row["condition"],
@@ -197,7 +198,7 @@ def left_out_cells(items: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
             "group": {"template_id": row.get("template_id"), **(row.get("condition") or {})},
         }
         for row in items
-        if row.get("status") != "accepted"
+        if row.get("status") != ACCEPTED
     ]
 
 
@@ -275,7 +276,7 @@ def check_derived(release: str | Path, info: Mapping[str, Any], written: Mapping
     try:
         derived = derived_stats(
             ordered,
-            failed_sources=any(r.get("what") == "source" and r.get("status") == "failed" for r in left_out),
+            failed_sources=any(r.get("what") == "source" and r.get("status") == FAILED for r in left_out),
             short_strata=any(r.get("what") == "stratum" for r in left_out),
             floors=floors_by_editor(header.editor_names, header.backend, stats.get("noise_floor") or {}),
         )
@@ -304,7 +305,7 @@ def check_derived(release: str | Path, info: Mapping[str, Any], written: Mapping
     problems += check_items_and_left_out(items, left_out if left_out_file.is_file() else None)
     failed = [(f.get("source_id"), f.get("reason")) for f in stats.get("failed_sources") or [] if isinstance(f, dict)]
     listed = [
-        (r.get("id"), r.get("reason")) for r in left_out if r.get("what") == "source" and r.get("status") == "failed"
+        (r.get("id"), r.get("reason")) for r in left_out if r.get("what") == "source" and r.get("status") == FAILED
     ]
     if failed != listed:
         problems.append("stats.json: failed_sources are not the failed sources left_out.jsonl lists")

@@ -29,6 +29,7 @@ from counterfactory.manifests.release_folder import (
     ReleaseFileError,
     ReleaseFolder,
 )
+from counterfactory.manifests.vocabulary import ACCEPTED
 from counterfactory.validation.attrition import wilson_interval
 
 
@@ -64,7 +65,7 @@ def _rates(items: dict[str, dict[str, Any]]) -> dict[str, tuple[int, int]]:
             keys.append("|".join(f"{k}={v}" for k, v in cond.items()))
         for key in keys:
             slot = counts.setdefault(key, [0, 0])
-            slot[0] += row["status"] == "accepted"
+            slot[0] += row["status"] == ACCEPTED
             slot[1] += 1
     return {k: (p, n) for k, (p, n) in counts.items()}
 

@@ -17,6 +17,7 @@ from typing import Any
 from PIL import Image, ImageDraw, ImageFont
 
 from counterfactory.manifests.release_folder import CONTACT_SHEETS_DIR, REPORT
+from counterfactory.manifests.vocabulary import ACCEPTED, FAILED, NEEDS_REVIEW, REJECTED
 from counterfactory.validation.editor_stats import editors_html
 from counterfactory.validation.gates.base import FILLING_VERDICTS, VERDICTS
 from counterfactory.validation.gates.locality import FLOOR_RELATIVE
@@ -25,10 +26,10 @@ from counterfactory.validation.review_stats import review_html
 from counterfactory.validation.target_stats import focus_html, target_html
 
 VERDICT_COLOURS = {
-    "accepted": (46, 160, 67),
-    "needs_review": (230, 162, 20),
-    "rejected": (207, 34, 46),
-    "failed": (128, 128, 128),
+    ACCEPTED: (46, 160, 67),
+    NEEDS_REVIEW: (230, 162, 20),
+    REJECTED: (207, 34, 46),
+    FAILED: (128, 128, 128),
     "source": (40, 40, 40),
 }
 THUMB_H = 220
@@ -213,7 +214,7 @@ def report_html(header: ReportHeader, items: Sequence[Mapping[str, Any]], stats:
         )
         or '<tr><td colspan="4">none</td></tr>'
     )
-    left_out = [r for r in items if r["status"] != "accepted"]
+    left_out = [r for r in items if r["status"] != ACCEPTED]
     left_rows = (
         "".join(
             f"<tr><td>{html.escape(str(r['template_id']))}</td>"
@@ -224,7 +225,7 @@ def report_html(header: ReportHeader, items: Sequence[Mapping[str, Any]], stats:
         )
         or '<tr><td colspan="4">none: every cell of the grid is in the manifest</td></tr>'
     )
-    waiting = counts.get("needs_review", 0)
+    waiting = counts.get(NEEDS_REVIEW, 0)
     next_steps = [
         f"<li><b>{waiting} item(s) wait for people.</b> From the run folder (the one holding "
         "<code>releases/</code>): <code>counterfactory review add-reviewer YOUR_NAME --out RUN_FOLDER</code>, "

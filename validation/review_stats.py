@@ -33,28 +33,37 @@ from counterfactory.manifests.review import (
     standing_votes,
     unanswered_spot_deals,
 )
+from counterfactory.manifests.vocabulary import ACCEPTED, REJECTED
 from counterfactory.validation.attrition import wilson_interval
 
 
 def cohens_kappa(pairs: Sequence[tuple[Any, Any]]) -> float | None:
-    """Cohen's kappa of two raters' labels on the same items: ``(p_o - p_e) / (1 - p_e)``.
+    """Cohen's kappa of two raters' labels on the same items, ``(p_o - p_e) / (1 - p_e)``, from
+    statsmodels (``statsmodels.stats.inter_rater.cohens_kappa`` of the square table of counts,
+    labels in order of first appearance).
 
     Args:
         pairs: ``(rater A's label, rater B's label)`` per item; any hashable labels.
 
     Returns:
         kappa in [-1, 1]; 1.0 when both raters used one and the same label for everything
-        (``p_e`` = 1, perfect but uninformative agreement); ``None`` for no items.
+        (``p_e`` = 1, perfect but uninformative agreement: statsmodels gives NaN there); ``None``
+        for no items.
     """
-    n = len(pairs)
-    if n == 0:
+    from statsmodels.stats.inter_rater import cohens_kappa as sm_cohens_kappa
+
+    if not pairs:
         return None
-    labels = {a for a, _ in pairs} | {b for _, b in pairs}
-    observed = sum(a == b for a, b in pairs) / n
-    expected = sum((sum(a == k for a, _ in pairs) / n) * (sum(b == k for _, b in pairs) / n) for k in labels)
-    if expected == 1.0:
+    index: dict[Any, int] = {}
+    for a, b in pairs:
+        index.setdefault(a, len(index))
+        index.setdefault(b, len(index))
+    if len(index) == 1:
         return 1.0
-    return (observed - expected) / (1.0 - expected)
+    table = np.zeros((len(index), len(index)), np.int64)
+    for a, b in pairs:
+        table[index[a], index[b]] += 1
+    return float(sm_cohens_kappa(table, return_results=False))
 
 
 def _rate(hits: int, n: int) -> dict[str, Any]:
@@ -120,7 +129,7 @@ def override_rates(items: Sequence[QueueItem]) -> dict[str, Any]:
     answer to a decision shows the gate's verdict, so a vote made after reading it (reject,
     read "accepted", undo, accept) would no longer be blind."""
     out = {}
-    for verdict in ("accepted", "rejected"):
+    for verdict in (ACCEPTED, REJECTED):
         resolved = [i for i in items if i.mode == "audit" and i.verdict == verdict and i.first_resolution.outcome]
         reversed_ = sum(i.first_resolution.outcome != verdict for i in resolved)
         out[verdict] = _rate(reversed_, len(resolved))

@@ -30,6 +30,7 @@ from counterfactory.manifests.lifecycle import (
     attempt_pending,
 )
 from counterfactory.manifests.spec import Spec
+from counterfactory.manifests.vocabulary import FAILED, OK
 from counterfactory.validation.gate_stack import GateStack
 from counterfactory.validation.gates.attribute import AttributeGate, check_label_map
 from counterfactory.validation.judging import (
@@ -124,7 +125,7 @@ def run_edits(
 def _claim(ws: Workspace, editor: Editor, plan: PlannedAttempt, lineage: dict[str, Any]) -> bool:
     """Whether this run is to edit ``plan`` now: unfinished, and claimed in the ledger."""
     done = ws.ledger.attempt(plan.attempt_id)
-    if done is not None and done.status == "ok" and not ws.store.has(done.output_sha256):
+    if done is not None and done.status == OK and not ws.store.has(done.output_sha256):
         # the store lost this output (deleted blob or store): rebuild only this attempt
         ws.ledger.reopen_attempt(plan.attempt_id, reason="store_blob_missing")
         done = None
@@ -206,12 +207,10 @@ def _edit_safely(editor: Editor, requests: list[EditRequest], journal) -> list[E
         # whole run stops here with the backend's one message, before anything is sealed
         raise
     except Exception as exc:  # noqa: BLE001 - a broken batch is recorded per item, the run goes on
-        return [
-            EditResult(r.attempt_id, "failed", reason=f"editor_error: {type(exc).__name__}: {exc}") for r in requests
-        ]
+        return [EditResult(r.attempt_id, FAILED, reason=f"editor_error: {type(exc).__name__}: {exc}") for r in requests]
     by_id = {r.attempt_id: r for r in results}
     return [
-        by_id.get(r.attempt_id) or EditResult(r.attempt_id, "failed", reason="editor_error: no result returned")
+        by_id.get(r.attempt_id) or EditResult(r.attempt_id, FAILED, reason="editor_error: no result returned")
         for r in requests
     ]
 
@@ -219,20 +218,20 @@ def _edit_safely(editor: Editor, requests: list[EditRequest], journal) -> list[E
 def _store_result(ws: Workspace, result: EditResult) -> bool:
     """Commit one result to the ledger (its image to the store); True when it is a usable output."""
     meta = dict(result.metadata)
-    if result.status == "ok":
+    if result.status == OK:
         image = result.image
         if image is None or image.ndim != 3 or image.shape[2] != 3 or image.dtype != np.uint8:
             shape = None if image is None else (image.shape, str(image.dtype))
             ws.ledger.finish_attempt(
                 result.attempt_id,
-                status="failed",
+                status=FAILED,
                 cost_usd=result.cost_usd,
                 meta=meta,
                 reason=f"editor_bad_output: expected (h, w, 3) uint8 RGB, got {shape}",
             )
             return False
         sha = ws.store.put(image)
-        ws.ledger.finish_attempt(result.attempt_id, status="ok", output_sha256=sha, cost_usd=result.cost_usd, meta=meta)
+        ws.ledger.finish_attempt(result.attempt_id, status=OK, output_sha256=sha, cost_usd=result.cost_usd, meta=meta)
         return True
     ws.ledger.finish_attempt(
         result.attempt_id, status=result.status, reason=result.reason, cost_usd=result.cost_usd, meta=meta

@@ -33,6 +33,7 @@ from counterfactory.manifests.lifecycle import (
 )
 from counterfactory.manifests.review import apply_reviews
 from counterfactory.manifests.spec import Spec
+from counterfactory.manifests.vocabulary import ACCEPTED, FAILED
 from counterfactory.validation.gates.base import VERDICTS
 from counterfactory.validation.release_derived import completeness_report
 
@@ -87,7 +88,7 @@ def collect_outcomes(
                 settled[aid] = None  # the run never got this far: the cell stays as it is
                 continue
             if attempt.status not in FINISHED_ATTEMPT:
-                settled[aid] = Settled("failed", [attempt.reason or f"editor_{attempt.status}"])
+                settled[aid] = Settled(FAILED, [attempt.reason or f"editor_{attempt.status}"])
                 continue
             candidate = ws.ledger.candidate(aid)
             if candidate is None or candidate.judge_key != jkey:
@@ -100,7 +101,7 @@ def collect_outcomes(
         return settled
 
     def not_run(cell) -> CellOutcome:
-        return CellOutcome(cell=cell, verdict="failed", reasons=["not_run: no attempt in the ledger; run the spec"])
+        return CellOutcome(cell=cell, verdict=FAILED, reasons=["not_run: no attempt in the ledger; run the spec"])
 
     outcomes = []
     for view, view_cells in editor_runs(spec, grid):  # one pass per editor the spec names
@@ -166,7 +167,7 @@ def completeness(
     """
     left_out: list[dict[str, Any]] = []
     for row in rows:
-        if row["status"] != "accepted":
+        if row["status"] != ACCEPTED:
             left_out.append(
                 {
                     "what": "cell",

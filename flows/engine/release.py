@@ -74,6 +74,7 @@ from counterfactory.manifests.trials import (
     trial_summary,
     trials_left_out,
 )
+from counterfactory.manifests.vocabulary import ACCEPTED
 from counterfactory.validation.attrition import plot_attrition
 from counterfactory.validation.judging import (
     floor_path_of,
@@ -526,7 +527,7 @@ def publish_release(
     try:
         stage_item_files(ws, prepared, outcomes, items, stage)
         audit_expressions(spec, items, prepared, stage)
-        manifest = [r for r in items if r["status"] == "accepted"]
+        manifest = [r for r in items if r["status"] == ACCEPTED]
         derived = build_derived(spec, manifest, prepared, stage)
         trials = build_trial_bank(spec, manifest, grid, biographies=biographies, derived=derived)
         left_out = left_out + trials_left_out(manifest, spec.trials, biographies=biographies)

@@ -44,6 +44,7 @@ from counterfactory.manifests.lifecycle import (
     fill_cells,
 )
 from counterfactory.manifests.spec import Spec
+from counterfactory.manifests.vocabulary import FAILED, OK
 from counterfactory.validation.gate_stack import GateStack
 from counterfactory.validation.judging import (
     FLOOR_VERDICT,
@@ -126,7 +127,7 @@ def noise_floor(
     plan = plan_noise_floor(spec, prepared, editor, lineage)
     calls = executor.edit(ws, editor, [plan], lineage)
     attempt = ws.ledger.attempt(plan.attempt_id)
-    if attempt is None or attempt.status != "ok" or not ws.store.has(attempt.output_sha256):
+    if attempt is None or attempt.status != OK or not ws.store.has(attempt.output_sha256):
         return None, calls
     # judged where the cells are (this process, or a worker on Ray), recorded as a floor
     executor.judge(spec, ws, prepared, [plan], stack, jkey, None, True)
@@ -163,7 +164,7 @@ def process_template(
         # the photo changed (or went) since the run checked it: its cells fail with the
         # reason, nothing is edited, and the other templates go on
         reasons = [exc.reason]
-        failed = [CellOutcome(cell=c, verdict="failed", reasons=list(reasons)) for c in cells]
+        failed = [CellOutcome(cell=c, verdict=FAILED, reasons=list(reasons)) for c in cells]
         return TemplateOutcome(template_id=prepared.id, cells=failed, editor_calls=0)
     lineage = editor.lineage()
     jkey = judge_key(spec)

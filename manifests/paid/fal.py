@@ -92,6 +92,7 @@ from counterfactory.manifests.paid.base import (
     reraise_setup_error,
     run_sync,
 )
+from counterfactory.manifests.vocabulary import FAILED, REFUSED
 
 logger = logging.getLogger(__name__)
 
@@ -519,7 +520,7 @@ class FalQueue:
             # A failure after fal accepted (and bills) the request, with the id still journaled
             # as fetchable: the call must be fetched again, never replaced by another one.
             state = failure.state or ("cancelled" if progress.cancelled else "submitted")
-            pending = failure.status == "failed" and progress.request_id is not None and state in FETCHABLE_STATES
+            pending = failure.status == FAILED and progress.request_id is not None and state in FETCHABLE_STATES
             reason = failure.reason + ("; cancelled at fal" if progress.cancelled else "")
             return self._answer(
                 call, progress, failure.status, reason=reason, cost_usd=failure.cost_usd, pending=pending
@@ -543,7 +544,7 @@ class FalQueue:
             progress.resumed = True
             # a request whose result was read before has ended; one only submitted (or
             # cancelled) holds a slot at fal until its status says otherwise
-            progress.ended = saved.get("state") in ("completed", "refused")
+            progress.ended = saved.get("state") in ("completed", REFUSED)
             try:
                 payload = await self._until(
                     deadline, progress, self._collect(progress, batch, cancelled=saved.get("state") == "cancelled")

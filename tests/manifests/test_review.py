@@ -346,6 +346,22 @@ def test_cohens_kappa_matches_published_examples(a_yes_b_yes, a_yes_b_no, a_no_b
     assert cohens_kappa([]) is None
 
 
+def test_cohens_kappa_of_three_labels_and_of_one():
+    """Three labels, 40 items, counted by hand from the definition (not from the code under test):
+    rows rater A, columns rater B, labels x y z = [[10, 2, 3], [1, 8, 1], [2, 2, 11]];
+    p_o = 29/40; marginals A 15 10 15, B 13 12 15: p_e = (195 + 120 + 225)/1600 = 540/1600;
+    kappa = (29/40 - 540/1600) / (1 - 540/1600) = 620/1060 = 0.58491."""
+    table = {("x", "x"): 10, ("x", "y"): 2, ("x", "z"): 3, ("y", "x"): 1, ("y", "y"): 8, ("y", "z"): 1}
+    table |= {("z", "x"): 2, ("z", "y"): 2, ("z", "z"): 11}
+    pairs = [pair for pair, n in table.items() for _ in range(n)]
+    assert cohens_kappa(pairs) == pytest.approx(620 / 1060, abs=1e-12)
+    # the labels' order does not matter, nor their kind
+    assert cohens_kappa(pairs[::-1]) == pytest.approx(620 / 1060, abs=1e-12)
+    assert cohens_kappa([(True, False), (False, True)]) == pytest.approx(-1.0)
+    # one label used by both raters for everything: p_e = 1, perfect but uninformative agreement
+    assert cohens_kappa([("accept", "accept")] * 3) == 1.0
+
+
 def test_double_review_needs_two_matching_decisions_and_feeds_kappa(ledger):
     ids = fill(ledger)
     ann, bob = _reviewers(ledger, "ann", "bob")

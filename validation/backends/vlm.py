@@ -51,6 +51,7 @@ from counterfactory.manifests.paid.fal import (
     check_rgb,
     png_data_uri,
 )
+from counterfactory.manifests.vocabulary import OK, REFUSED
 
 AnswerStatus = Literal["ok", "malformed", "invalid_label", "refused", "failed"]
 DEFAULT_ENDPOINT = "openrouter/router/vision"
@@ -253,13 +254,13 @@ class FalVisionClient:
         answers = self.queue.run_many(calls, self._read, journal)
         out = []
         for call, a in zip(calls, answers, strict=True):
-            kind: AnswerStatus = a.status if a.status in ("ok", "refused") else "failed"
+            kind: AnswerStatus = a.status if a.status in (OK, REFUSED) else "failed"
             out.append(
                 (
                     call.key,
                     VisionAnswer(
                         kind,
-                        raw=a.value if a.status == "ok" else None,
+                        raw=a.value if a.status == OK else None,
                         reason=a.reason,
                         cost_usd=a.cost_usd,
                         request_id=a.request_id,
@@ -292,7 +293,7 @@ def ask_labels(
     prompt = render_prompt(load_prompt(prompt_version), labels)
     out = []
     for _, answer in client.ask_many(images, prompt, journal):
-        if answer.status != "ok":
+        if answer.status != OK:
             out.append(answer)
             continue
         status, parsed, reason = parse_answer(answer.raw, labels)

@@ -20,12 +20,19 @@ from typing import Any
 
 import numpy as np
 
+from counterfactory.manifests.vocabulary import ACCEPTED, FAILED, NEEDS_REVIEW, REJECTED, VERDICTS
 from counterfactory.validation.backends.sface import OPENCV_SAME_PERSON_COSINE
 from counterfactory.validation.calibration.base import sig_down, sig_up, with_progress
 from counterfactory.validation.calibration.failures import CLASSES, CORPUS_REGION, GOOD, build_floors, build_set_corpus
 from counterfactory.validation.calibration.photo_sets import PhotoSet
 from counterfactory.validation.faces import MaskMode
-from counterfactory.validation.gates.locality import FLOOR_IMAGE, FLOOR_RELATIVE, PATH_THRESHOLDS
+from counterfactory.validation.gates.locality import (
+    FLOOR_CONTEXT,
+    FLOOR_IMAGE,
+    FLOOR_RELATIVE,
+    PATH_THRESHOLDS,
+    FloorContext,
+)
 from counterfactory.validation.metrics.pixels import MIN_CHANGE_AREA_FRAC
 
 #: Thresholds the failure corpus sets: ``(gate, threshold, metric, bound)``; ``bound`` is
@@ -177,8 +184,9 @@ def measure_case(case, stack, floor: dict[str, Any] | None = None, *, keep_image
     """Align one corpus case as the factory does and judge it with ``stack``.
 
     ``floor``: the photo's noise floor, ``{metric: value}`` with the floor output registered
-    to the source under :data:`~counterfactory.validation.gates.locality.FLOOR_IMAGE` (as a
-    run hands a template's floor to its cells). ``keep_image``: also return the registered
+    to the source under :data:`~counterfactory.validation.gates.locality.FLOOR_IMAGE` and its
+    :class:`~counterfactory.validation.gates.locality.FloorContext` (as a run hands a template's
+    floor to its cells). ``keep_image``: also return the registered
     output under ``"image"`` (a floor case's, for the cases judged against it; None when it
     could not be registered).
 
@@ -192,7 +200,7 @@ def measure_case(case, stack, floor: dict[str, Any] | None = None, *, keep_image
     if keep_image:
         record["image"] = alignment.image if alignment.ok else None
     if not alignment.ok:
-        record.update(verdict="rejected", reasons=[alignment.reason.split(":")[0]], metrics={})
+        record.update(verdict=REJECTED, reasons=[alignment.reason.split(":")[0]], metrics={})
         return record
     record.update(_judged(case, alignment, stack, _request_extras(floor)))
     return record
@@ -206,7 +214,9 @@ def _align(case):
 
 
 def _request_extras(floor: dict[str, Any] | None) -> dict[str, Any] | None:
-    return {"noise_floor": floor, FLOOR_IMAGE: floor.get(FLOOR_IMAGE)} if floor else None
+    if not floor:
+        return None
+    return {"noise_floor": floor, FLOOR_IMAGE: floor.get(FLOOR_IMAGE), FLOOR_CONTEXT: floor.get(FLOOR_CONTEXT)}
 
 
 def _judged(case, alignment, stack, extras: dict[str, Any] | None) -> dict[str, Any]:
@@ -254,7 +264,7 @@ def measure_photo_cases(cases: list, stack, floor: dict[str, Any] | None) -> lis
             record.update(photo_set=case.photo_set, person=case.person)
         record.update(group=case.group, direction=case.direction)
         if not alignment.ok:
-            failed = {"verdict": "rejected", "reasons": [alignment.reason.split(":")[0]], "metrics": {}}
+            failed = {"verdict": REJECTED, "reasons": [alignment.reason.split(":")[0]], "metrics": {}}
             record.update(failed, paths={p: dict(failed) for p in PATHS})
             records.append(record)
             continue
@@ -282,7 +292,8 @@ def measure_floor(case, stack) -> dict[str, Any] | None:
     floor = noise_floor_metrics(record)
     if floor is None or record.get("image") is None:
         return floor
-    return {**floor, FLOOR_IMAGE: record["image"]}
+    # the floor's context: what the locality gate derives from its image, once for the photo's cases
+    return {**floor, FLOOR_IMAGE: record["image"], FLOOR_CONTEXT: FloorContext(record["image"])}
 
 
 def corpus_thresholds(
@@ -358,9 +369,9 @@ def _rates(records: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
         rs = [r for r in records if r["label"] == label]
         if not rs:
             continue
-        counts = {v: sum(r["verdict"] == v for r in rs) for v in ("accepted", "needs_review", "rejected", "failed")}
+        counts = {v: sum(r["verdict"] == v for r in rs) for v in VERDICTS}
         if label == GOOD:
-            rate = counts["accepted"] / len(rs)
+            rate = counts[ACCEPTED] / len(rs)
         else:
             rate = (counts["rejected"] + counts["needs_review"]) / len(rs)
         reasons: dict[str, int] = {}
@@ -548,7 +559,7 @@ def path_figures(heldout: list[dict[str, Any]], path: str) -> dict[str, Any]:
     good = [r for r in records if r["label"] == GOOD]
 
     def acceptance(rs: list[dict[str, Any]]) -> dict[str, Any]:
-        return {"n": len(rs), "acceptance": _share(sum(r["verdict"] == "accepted" for r in rs), len(rs))}
+        return {"n": len(rs), "acceptance": _share(sum(r["verdict"] == ACCEPTED for r in rs), len(rs))}
 
     groups = {
         g: acceptance([r for r in good if r.get("group") == g]) for g in sorted({r.get("group", "") for r in good})
@@ -588,7 +599,7 @@ def path_figures(heldout: list[dict[str, Any]], path: str) -> dict[str, Any]:
 
 
 def _without_image(floor: dict[str, Any] | None) -> dict[str, Any] | None:
-    return None if floor is None else {k: v for k, v in floor.items() if k != FLOOR_IMAGE}
+    return None if floor is None else {k: v for k, v in floor.items() if k not in (FLOOR_IMAGE, FLOOR_CONTEXT)}
 
 
 def plot_failures(corpus: dict[str, Any], path_png: str | Path) -> Path:
@@ -605,7 +616,7 @@ def plot_failures(corpus: dict[str, Any], path_png: str | Path) -> Path:
     cols = 4
     rows = math.ceil(len(panels) / cols)
     fig, axes = plt.subplots(rows, cols, figsize=(5 * cols, 3.6 * rows))
-    colours = {"accepted": "C2", "needs_review": "C1", "rejected": "C3", "failed": "k"}
+    colours = {ACCEPTED: "C2", NEEDS_REVIEW: "C1", REJECTED: "C3", FAILED: "k"}
     for ax, (gate, name, metric, bound) in zip(axes.ravel(), panels):
         for i, label in enumerate(labels):
             for r in cases:

@@ -46,6 +46,7 @@ import numpy as np
 from counterfactory.manifests.errors import CounterfactoryError
 from counterfactory.manifests.ledger import Ledger
 from counterfactory.manifests.review import QueueItem, ReviewOptions, first_votes, review_queue
+from counterfactory.manifests.vocabulary import ACCEPTED, FAILED, REJECTED
 from counterfactory.validation.attrition import wilson_interval
 from counterfactory.validation.calibration.base import sig_down, sig_up
 from counterfactory.validation.calibration.corpus_fit import (
@@ -149,7 +150,7 @@ def label_of(votes: Sequence[tuple[str, str, str | None]]) -> tuple[str | None, 
     reason = max(codes, key=lambda c: (codes.count(c), -codes.index(c))) if codes else None
     if accepts == rejects:
         return None, reason
-    return ("accepted" if accepts > rejects else "rejected"), reason
+    return (ACCEPTED if accepts > rejects else REJECTED), reason
 
 
 def reviewed_cases(
@@ -245,7 +246,7 @@ class Replay:
         n = len(cases)
         #: a code no fitted threshold gives (registration, face count, skin): not accepted
         self.fixed = np.array([any(c not in FITTED_CODES for c in case.codes) for case in cases], bool)
-        self.failed = np.array([case.gate_verdict == "failed" for case in cases], bool)
+        self.failed = np.array([case.gate_verdict == FAILED for case in cases], bool)
         self.values = np.full((len(ps), n), np.nan)
         for j, p in enumerate(ps):
             for i, case in enumerate(cases):
@@ -297,7 +298,7 @@ def fit(
     Returns ``(values by param key, {key: {"from": "review" | "run", "why", ...}})``."""
     labelled = [c for c in cases if c.label is not None]
     replay = Replay(labelled, ps)
-    y = np.array([c.label == "accepted" for c in labelled], bool)
+    y = np.array([c.label == ACCEPTED for c in labelled], bool)
     values = dict(base)
     origin: dict[str, dict[str, Any]] = {}
     fittable = []
@@ -433,7 +434,7 @@ def more_labels(hits: int, n: int, half_width: float = TARGET_HALF_WIDTH, z: flo
 def agreement_figures(pred: Sequence[bool], cases: Sequence[ReviewedCase]) -> dict[str, Any]:
     """Agreement of gate verdicts (``pred``: accepted or not) with the people's labels: overall,
     Cohen's kappa, false rejects (people accepted, gates did not) and missed failures."""
-    pairs = [(bool(p), c.label == "accepted") for p, c in zip(pred, cases, strict=True)]
+    pairs = [(bool(p), c.label == ACCEPTED) for p, c in zip(pred, cases, strict=True)]
     kappa = cohens_kappa(pairs)
     people_acc = [p for p, y in pairs if y]
     people_rej = [p for p, y in pairs if not y]
@@ -460,7 +461,7 @@ def held_out_figures(pred: np.ndarray, cases: Sequence[ReviewedCase]) -> dict[st
     out["by_group"] = by_group
     by_direction: dict[str, Any] = {}
     for d in ("lighter", "darker"):
-        idx = [i for i, c in enumerate(cases) if c.direction == d and c.label == "accepted"]
+        idx = [i for i, c in enumerate(cases) if c.direction == d and c.label == ACCEPTED]
         if idx:
             by_direction[d] = rate(int(sum(pred[i] for i in idx)), len(idx))
     out["accepted_of_people_accepted_by_direction"] = by_direction
@@ -480,8 +481,8 @@ def held_out_figures(pred: np.ndarray, cases: Sequence[ReviewedCase]) -> dict[st
     }
     out["largest_direction_gap"] = _gap({d: v["rate"] for d, v in by_direction.items()})
     caught: dict[str, Any] = {}
-    for reason in sorted({c.reason or "unspecified" for c in cases if c.label == "rejected"}):
-        idx = [i for i, c in enumerate(cases) if c.label == "rejected" and (c.reason or "unspecified") == reason]
+    for reason in sorted({c.reason or "unspecified" for c in cases if c.label == REJECTED}):
+        idx = [i for i, c in enumerate(cases) if c.label == REJECTED and (c.reason or "unspecified") == reason]
         caught[reason] = rate(int(sum(not pred[i] for i in idx)), len(idx))
     out["caught_by_reason"] = caught
     return out
@@ -578,7 +579,7 @@ def calibrate_from_review(
     ps = params()
     base = thresholds_of(run_gates, ps)
     replay_all = Replay(labelled, ps)
-    stored_accepted = np.array([c.gate_verdict == "accepted" for c in labelled], bool)
+    stored_accepted = np.array([c.gate_verdict == ACCEPTED for c in labelled], bool)
     replay_matches = int((replay_all.accepted(base) == stored_accepted).sum())
 
     fold_of = folds(sources, k)
@@ -604,8 +605,8 @@ def calibrate_from_review(
     labels = {
         "reviewed_items": len(cases),
         "labelled": len(labelled),
-        "accepted": sum(c.label == "accepted" for c in labelled),
-        "rejected": sum(c.label == "rejected" for c in labelled),
+        "accepted": sum(c.label == ACCEPTED for c in labelled),
+        "rejected": sum(c.label == REJECTED for c in labelled),
         "ties": len(ties),
         "random_share": len(rcases),
         "sources": len(sources),

@@ -28,6 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from counterfactory.manifests.paid import MemoryJournal, PaidJournal
 from counterfactory.manifests.registry import GATES
+from counterfactory.manifests.vocabulary import OK
 from counterfactory.validation.backends.attributes import (
     FAIRFACE_HEADS,
     GENDERAGE_GENDERS,
@@ -189,7 +190,7 @@ class AttributeGate:
             "vlm_cost_usd": answer.cost_usd,
             "vlm_resumed": answer.resumed,
         }
-        if answer.status != "ok":
+        if answer.status != OK:
             code = {
                 "malformed": "attribute_vlm_malformed",
                 "invalid_label": "attribute_vlm_label_invalid",

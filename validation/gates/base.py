@@ -17,15 +17,20 @@ from typing import Any, Literal, Protocol, runtime_checkable
 
 import numpy as np
 
-# verdicts that fill a cell: the lifecycle's (review is a person's job, not another seed's)
-from counterfactory.manifests.lifecycle import FILLING_VERDICTS  # noqa: F401
+# the verdicts (every verdict, in report order; those that fill a cell): the bottom layer's words
+from counterfactory.manifests.vocabulary import (  # noqa: F401  (gates and reports import them from here)
+    ACCEPTED,
+    FAILED,
+    FILLING_VERDICTS,
+    NEEDS_REVIEW,
+    REJECTED,
+    VERDICTS,
+    Verdict,
+)
 from counterfactory.validation.faces import FaceObservation, nearest_face
 from counterfactory.validation.metrics.pixels import finite_or_none  # noqa: F401  (gates import it from here)
 from counterfactory.validation.segment import work_stride
 
-Verdict = Literal["accepted", "rejected", "needs_review", "failed"]
-#: every verdict, in report order
-VERDICTS: tuple[Verdict, ...] = ("accepted", "needs_review", "rejected", "failed")
 Metric = float | int | str | bool | None
 
 
@@ -265,14 +270,14 @@ def combine(results: Sequence[GateResult]) -> Judgement:
     any gate doubts; else accepted."""
     errors = tuple(code for r in results if r.error is not None for code in r.reasons)
     if errors:
-        return Judgement("failed", errors, tuple(results))
+        return Judgement(FAILED, errors, tuple(results))
     reasons = tuple(code for r in results for code in r.reasons)
     if any(not r.passed for r in results):
-        return Judgement("rejected", reasons, tuple(results))
+        return Judgement(REJECTED, reasons, tuple(results))
     review = tuple(code for r in results for code in r.review)
     if review:
-        return Judgement("needs_review", review, tuple(results))
-    return Judgement("accepted", (), tuple(results))
+        return Judgement(NEEDS_REVIEW, review, tuple(results))
+    return Judgement(ACCEPTED, (), tuple(results))
 
 
 def not_finite_metrics(metrics: dict[str, Metric]) -> list[str]:

@@ -52,7 +52,8 @@ release can be set beside FOCUS's 0.141 / 0.022 / 8.16.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import threading
+from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
 import numpy as np
@@ -64,30 +65,28 @@ from counterfactory.validation.gates.base import GateResult, PairContext, Source
 from counterfactory.validation.gates.skin import CONTROL_CONDITIONS, is_control
 from counterfactory.validation.metrics.floor import (
     AGAINST_FLOOR,
+    FloorGrid,
     LocalitySource,
     against_floor,
     face_measures,
     locality_metrics,
+    prepare_floor,
     prepare_locality_source,
+    source_padding,
 )
 from counterfactory.validation.metrics.pixels import (
     BAND_FRAC,
     EXCESS_LEVEL,
-    EXCESS_SHIFT_PX,
     LARGEST_CHANGE_LEVEL,
     LOCAL_CHANGE_LEVEL,
     MIN_CHANGE_AREA_FRAC,
     RATIO_FLOOR,
-    _PairMemo,
     binary_mask,
     excess_share,
     lowpass,
+    matched_diff,
     resize_to,
 )
-
-#: the floor output's low-pass on the working grid, for the last few (floor, source) pairs: every
-#: cell of a template is compared with the same floor
-_FLOOR_LOWS = _PairMemo(8)
 
 
 class LocalityGateConfig(BaseModel):
@@ -281,6 +280,60 @@ def floor_work_image_of(pair: PairContext) -> np.ndarray | None:
     return image
 
 
+#: ``pair.extras`` key of a template's :class:`FloorContext` (optional): what the locality gate
+#: derives from the floor output is then made once for all the template's cells
+FLOOR_CONTEXT = "noise_floor_context"
+
+
+class FloorContext:
+    """One template's floor output and what the locality gate derives from it on its source's
+    working grid (:class:`~counterfactory.validation.metrics.floor.FloorGrid`: the floor's
+    low-pass, the padded source and the floor's grown difference), made by the first cell that
+    needs it and read by the others.
+
+    The caller that judges a template's cells against one floor output
+    (:class:`~counterfactory.validation.judging.TemplateJudge`) makes one per template and hands
+    it to every cell under ``extras[FLOOR_CONTEXT]``, beside the image under
+    ``extras[FLOOR_IMAGE]``; it serves a pair only when that image is :attr:`image` itself and the
+    pair has its source's analysis (whose key names the source). Thread-safe: cells of one
+    template judged at once wait for one computation; other templates hold their own context.
+    Without one, every cell derives the same values itself (the figures are the same).
+    """
+
+    def __init__(self, image: np.ndarray) -> None:
+        self.image = image
+        self._lock = threading.Lock()
+        self._grid: tuple[tuple[Any, ...], FloorGrid] | None = None
+
+    def grid(self, key: tuple[Any, ...], build: Callable[[], FloorGrid]) -> FloorGrid:
+        """The :class:`FloorGrid` made for ``key`` (the source and its grid), ``build()`` on the
+        first call or when the key changed."""
+        with self._lock:
+            if self._grid is None or self._grid[0] != key:
+                self._grid = (key, build())
+            return self._grid[1]
+
+
+def floor_grid(
+    pair: PairContext,
+    prepared: LocalitySource,
+    floor_image: np.ndarray,
+    stride: int,
+    floor_diff: np.ndarray | None = None,
+) -> FloorGrid:
+    """The :class:`~counterfactory.validation.metrics.floor.FloorGrid` of ``floor_image`` against
+    ``pair``'s source: from the template's :class:`FloorContext` when the pair carries one for
+    this very image, else made here."""
+
+    def build() -> FloorGrid:
+        return prepare_floor(prepared, pair.work_source, floor_image, stride, floor_diff=floor_diff)
+
+    context = (pair.extras or {}).get(FLOOR_CONTEXT)
+    if not isinstance(context, FloorContext) or context.image is not floor_image or pair.analysis is None:
+        return build()
+    return context.grid((pair.analysis.key, stride, pair.work_source.shape), build)
+
+
 def floor_image_of(pair: PairContext) -> np.ndarray | None:
     """The floor output (``pair.extras[FLOOR_IMAGE]``), or None when the caller has none or it
     is not the source's shape."""
@@ -411,50 +464,55 @@ def locality_gate(
     metrics: dict = {"mask_mode": pair.face_mask_mode, **({"floor_path": path} if pair.kind == "face" else {}), **m}
     against: dict[str, float | None] | None = None
     if prepared is not None:
-        # the candidate's low-pass serves its face measures and its shift against the floor
-        cand_low = lowpass(pair.work_candidate)
-        metrics.update(
-            face_measures(
-                prepared, pair.work_source, pair.work_candidate, work_covered=pair.work_covered, candidate_low=cand_low
-            )
-        )
         floor_image, stride = floor_image_of(pair), pair.stride
         work_floor = floor_work_image_of(pair)
         if floor_image is None and work_floor is not None:
             floor_image, stride = work_floor, 1
+        # the source padded once per source: the candidate's per-pixel difference from it serves
+        # its largest area of change and its excess over the floor (taken once, handed to both)
+        padded = source_padding(prepared, pair.work_source)
+        matched = padded is not None and prepared.inner_region is not None and floor_image is not None
+        cand_diff = matched_diff(padded, pair.work_candidate) if matched else None
+        # the candidate's low-pass serves its face measures and its shift against the floor
+        cand_low = lowpass(pair.work_candidate)
+        metrics.update(
+            face_measures(
+                prepared,
+                pair.work_source,
+                pair.work_candidate,
+                work_covered=pair.work_covered,
+                candidate_low=cand_low,
+                candidate_diff=cand_diff,
+            )
+        )
+        floor_diff = None
         if path == "cohort" and work_floor is not None:
             # the cohort's floor is measured here as a floor request's output is when it is
             # judged, except its face: the other candidates' faces are edited too
-            measured = face_measures(prepared, pair.work_source, work_floor, work_covered=pair.work_covered)
+            if matched and floor_image is work_floor:
+                floor_diff = matched_diff(padded, work_floor)
+            measured = face_measures(
+                prepared, pair.work_source, work_floor, work_covered=pair.work_covered, candidate_diff=floor_diff
+            )
             floor = {**floor, **{k: measured[k] for k in FLOOR_RELATIVE if k != "face_change"}}
             metrics["floor_members"] = floor.get("members")
         if floor_image is not None:
-            k = stride
-            floor_low = _FLOOR_LOWS.get(floor_image, pair.work_source, k)
-            if floor_low is None:
-                floor_low = lowpass(floor_image if k == 1 else np.ascontiguousarray(floor_image[::k, ::k]))
-                _FLOOR_LOWS.put(floor_image, pair.work_source, floor_low, k)
+            grid = floor_grid(pair, prepared, floor_image, stride, floor_diff)
             against = against_floor(
                 prepared,
                 None,
                 pair.work_candidate,
                 pair.work_covered,
                 candidate_low=cand_low,
-                floor_low=floor_low,
+                floor_low=grid.low,
             )
             region = prepared.work_region
             if pair.work_covered is not None:
                 region = np.where(pair.work_covered, region, np.uint8(0))
-            # the source padded once per source: the candidate's per-pixel difference from it is
-            # then the one its largest area of change took (same arrays, computed once)
-            padded = prepared.padded
-            if padded is not None and padded.shape[:2] != (
-                pair.work_source.shape[0] + 2 * EXCESS_SHIFT_PX,
-                pair.work_source.shape[1] + 2 * EXCESS_SHIFT_PX,
-            ):
-                padded = None
             metrics["excess_share"] = finite_or_none(
-                excess_share(pair.work_source, pair.work_candidate, floor_image, region, stride, padded=padded)
+                excess_share(
+                    pair.work_source, pair.work_candidate, None, region, side=grid.side, candidate_diff=cand_diff
+                )
             )
     raw = pair.raw_candidate
     if raw is not None and raw.shape == pair.source.shape:

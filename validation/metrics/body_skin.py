@@ -17,6 +17,7 @@ import numpy as np
 from counterfactory.generation.masks import dilate
 from counterfactory.validation.metrics.pixels import (
     grow_face,
+    read_only,
     to_lab,
 )
 from counterfactory.validation.segment import PERSON_THRESHOLD, work_stride
@@ -169,7 +170,7 @@ def body_skin_drift(
     return body_skin_change(body, grid(candidate), grid(covered))
 
 
-_DISC3 = cv2.getStructuringElement(cv2.MORPH_ELLIPSE, (3, 3))
+_DISC3 = read_only(cv2.getStructuringElement(cv2.MORPH_ELLIPSE, (3, 3)))
 
 
 def _lab_of(pixels: np.ndarray) -> np.ndarray:

@@ -25,21 +25,24 @@ from counterfactory.validation.metrics.body_skin import (
 )
 from counterfactory.validation.metrics.pixels import (
     CHANNEL_MEAN,
+    EXCESS_SHIFT_PX,
     FACE_MARGIN_FRAC,
     LARGEST_CHANGE_BORDER_FRAC,
     RATIO_FLOOR,
     STRATA_MARGIN_FRAC,
+    FloorSide,
     RegionSample,
-    _padded,
     away_from_face,
     coherent_share,
     finite_or_none,
+    floor_side,
     global_change_at,
     inset,
     largest_change_share,
     lowpass,
     mean_abs_diff,
     mean_of,
+    pad_source,
     region_sum,
     sample_region,
 )
@@ -188,7 +191,7 @@ def prepare_locality_source(
     hair = hair_reference(work_source, work_oval, person, size, work_edit, body) if person is not None else None
     inner = inset(away, LARGEST_CHANGE_BORDER_FRAC)
     return LocalitySource(
-        oval, stride, away, sample_region(low, away, far), body, work_oval, low, hair, _padded(work_source), inner
+        oval, stride, away, sample_region(low, away, far), body, work_oval, low, hair, pad_source(work_source), inner
     )
 
 
@@ -199,10 +202,13 @@ def face_measures(
     prefix: str = "",
     work_covered: np.ndarray | None = None,
     candidate_low: np.ndarray | None = None,
+    candidate_diff: np.ndarray | None = None,
 ) -> dict[str, float | None]:
     """The face measures of ``work_candidate`` against the source (prefix ``prefix``);
     ``candidate_low``: its :func:`lowpass` when the caller has it (the gate takes it once per
-    pair for these and :func:`against_floor`)."""
+    pair for these and :func:`against_floor`); ``candidate_diff``: its
+    :func:`~counterfactory.validation.metrics.pixels.matched_diff` from ``prepared.padded``
+    when the caller has it (the gate takes it once per pair for these and the excess share)."""
     region = prepared.work_region
     oval = prepared.work_oval
     if work_covered is not None:
@@ -239,7 +245,7 @@ def face_measures(
         inner = prepared.inner_region
         if work_covered is not None:
             inner = np.where(work_covered, inner, np.uint8(0))
-        largest = largest_change_share(work_source, work_candidate, inner, padded=prepared.padded)
+        largest = largest_change_share(work_source, work_candidate, inner, padded=prepared.padded, diff=candidate_diff)
     out[f"{prefix}largest_change_share"] = finite_or_none(largest)
     if not prefix:
         out["body_skin_area_frac"] = frac
@@ -272,6 +278,55 @@ def against_floor(
     cand_low = lowpass(work_candidate) if candidate_low is None else candidate_low
     shift, _ = global_change_at(floor_sample, cand_low)
     return {"global_shift": finite_or_none(shift)}
+
+
+@dataclass(frozen=True)
+class FloorGrid:
+    """The floor output's side of the measures against it on one source's working grid, the
+    same for every cell of a template: made once per template (:func:`prepare_floor`) by the
+    caller and handed to each cell's :func:`against_floor` and excess share.
+
+    Attributes:
+        low: :func:`lowpass` of the floor output on the working grid.
+        side: :func:`~counterfactory.validation.metrics.pixels.floor_side` of the source and
+            the floor (the excess share's source side and the floor's grown difference).
+    """
+
+    low: np.ndarray
+    side: FloorSide
+
+
+def prepare_floor(
+    prepared: LocalitySource,
+    work_source: np.ndarray,
+    floor_image: np.ndarray,
+    stride: int,
+    *,
+    floor_diff: np.ndarray | None = None,
+) -> FloorGrid:
+    """:class:`FloorGrid` of ``floor_image`` (full size, of which every ``stride``-th pixel is the
+    working grid; ``stride`` 1: on the grid already) against the source ``prepared`` describes
+    (``work_source``: the source on the working grid). ``floor_diff``: the floor's
+    :func:`~counterfactory.validation.metrics.pixels.matched_diff` from ``prepared.padded``
+    when the caller took it already."""
+    on_grid = floor_image if stride == 1 else np.ascontiguousarray(floor_image[::stride, ::stride])
+    low = lowpass(on_grid)
+    low.flags.writeable = False
+    padded = source_padding(prepared, work_source)
+    if padded is None:
+        floor_diff = None
+    return FloorGrid(low, floor_side(work_source, floor_image, stride, padded, floor_diff=floor_diff))
+
+
+def source_padding(prepared: LocalitySource, work_source: np.ndarray) -> np.ndarray | None:
+    """``prepared.padded`` when it is ``work_source``'s padding (its shape fits), else None."""
+    padded = prepared.padded
+    if padded is not None and padded.shape[:2] != (
+        work_source.shape[0] + 2 * EXCESS_SHIFT_PX,
+        work_source.shape[1] + 2 * EXCESS_SHIFT_PX,
+    ):
+        return None
+    return padded
 
 
 #: The measures taken against the floor output itself when the pair has it

@@ -11,11 +11,8 @@ No thresholds and no verdicts: the constants below say how a measure is taken, n
 
 from __future__ import annotations
 
-import functools
 import math
-import weakref
 from dataclasses import dataclass
-from typing import Any
 
 import cv2
 import numpy as np
@@ -57,7 +54,7 @@ EXCESS_GROW_PX = 3
 #: :data:`MIN_CHANGE_AREA_FRAC` of the region.
 EXCESS_LEVEL = 14.0 / 255.0
 #: ``largest_change_share`` (a lone pair: nothing to compare with but the source): a pixel is
-#: changed where its per-pixel difference from the source (:func:`_diff_to`: matched within
+#: changed where its per-pixel difference from the source (:func:`matched_diff`: matched within
 #: :data:`EXCESS_SHIFT_PX`, smoothed over a pixel's neighbours) exceeds this, in [0, 1] (20 grey
 #: levels): a re-rendering decoder moves texture by less at nearly every pixel, and where it
 #: moves more (a sharp edge) the changed pixels are specks and thin lines ...
@@ -76,6 +73,13 @@ FACE_MARGIN_FRAC = 0.10
 #: Band along the image edge left out of ``changed_share`` and the global measures, as a
 #: fraction of the shorter side: registration replicates border pixels there.
 BORDER_FRAC = 0.02
+
+
+def read_only(array: np.ndarray) -> np.ndarray:
+    """``array``, marked read-only: how a module here keeps a constant array (nothing under
+    ``validation/metrics/`` holds state between calls; ``tests/validation/metrics/test_stateless.py``)."""
+    array.flags.writeable = False
+    return array
 
 
 def finite_or_none(value: float | None) -> float | None:
@@ -185,7 +189,7 @@ def smoothed_diff(source: np.ndarray, candidate: np.ndarray, stride: int = 1) ->
     return cv2.GaussianBlur(grey, (0, 0), sigmaX=max(SMOOTH_FRAC * math.sqrt(h * w), 0.5))
 
 
-CHANNEL_MEAN = np.full((1, 3), 1.0 / (3.0 * 255.0), np.float32)
+CHANNEL_MEAN = read_only(np.full((1, 3), 1.0 / (3.0 * 255.0), np.float32))
 
 
 def band_sigma(shape: tuple[int, ...]) -> float:
@@ -193,10 +197,9 @@ def band_sigma(shape: tuple[int, ...]) -> float:
     return max(BAND_FRAC * math.sqrt(shape[0] * shape[1]), 0.5)
 
 
-@functools.lru_cache(maxsize=64)
 def _gaussian_kernel(sigma: float) -> np.ndarray:
     """OpenCV's own Gaussian kernel for a float image at ``sigma`` (4 sigma each side, the size
-    ``GaussianBlur`` picks)."""
+    ``GaussianBlur`` picks); a few microseconds, made per call (no module-level cache here)."""
     return cv2.getGaussianKernel(int(round(sigma * 8 + 1)) | 1, sigma, cv2.CV_32F)
 
 
@@ -239,59 +242,28 @@ def coherent_share(change: np.ndarray, region: np.ndarray, level: float | None =
     return float(kept.sum() / n)
 
 
-def _padded(work_source: np.ndarray) -> np.ndarray:
-    """float32 ``work_source`` padded by :data:`EXCESS_SHIFT_PX` (edge replicated)."""
+def pad_source(work_source: np.ndarray) -> np.ndarray:
+    """float32 ``work_source`` padded by :data:`EXCESS_SHIFT_PX` (edge replicated): the source
+    side of :func:`matched_diff`, made once per source
+    (:attr:`~counterfactory.validation.metrics.floor.LocalitySource.padded`)."""
     r = EXCESS_SHIFT_PX
     return cv2.copyMakeBorder(work_source.astype(np.float32), r, r, r, r, cv2.BORDER_REPLICATE)
 
 
-class _PairMemo:
-    """Values kept for a pair of live arrays, by their identity (weak references: an entry dies
-    with either array), the oldest dropped past ``size`` entries."""
-
-    def __init__(self, size: int) -> None:
-        self.size = size
-        self._entries: dict[tuple[Any, ...], tuple[Any, Any, Any]] = {}
-
-    def get(self, a: np.ndarray, b: np.ndarray, *extra: Any) -> Any:
-        hit = self._entries.get((id(a), id(b), *extra))
-        return hit[2] if hit is not None and hit[0]() is a and hit[1]() is b else None
-
-    def put(self, a: np.ndarray, b: np.ndarray, value: Any, *extra: Any) -> None:
-        # dead entries, then the oldest, go first
-        for old in [k for k, v in self._entries.items() if v[0]() is None or v[1]() is None]:
-            del self._entries[old]
-        while len(self._entries) >= self.size:
-            del self._entries[next(iter(self._entries))]
-        self._entries[(id(a), id(b), *extra)] = (weakref.ref(a), weakref.ref(b), value)
-
-
-#: the last few :func:`_diff_to` results: a candidate's difference from its source is taken once
-#: for its largest area of change and once for its excess over the floor output
-_DIFFS = _PairMemo(4)
-
-
-def _diff_to(padded: np.ndarray, image: np.ndarray) -> np.ndarray:
-    """:func:`_diff_of`, kept for the same two arrays (:data:`_DIFFS`); read-only: callers must
-    not write into the result."""
-    diff = _DIFFS.get(padded, image)
-    if diff is None:
-        diff = _diff_of(padded, image)
-        diff.flags.writeable = False
-        _DIFFS.put(padded, image, diff)
-    return diff
-
-
-def _diff_of(padded: np.ndarray, image: np.ndarray) -> np.ndarray:
-    """``(h, w)`` float32 in [0, 1]: at each pixel of ``image`` (uint8 ``(h, w, 3)``), the
-    smallest channel mean of ``|image - source|`` over the source's pixels within
-    :data:`EXCESS_SHIFT_PX` of it (``padded``: :func:`_padded` source, same grid), smoothed
-    with sigma :data:`EXCESS_SMOOTH_PX`.
+def matched_diff(padded: np.ndarray, image: np.ndarray) -> np.ndarray:
+    """``(h, w)`` float32 in [0, 1], read-only: at each pixel of ``image`` (uint8 ``(h, w, 3)``),
+    the smallest channel mean of ``|image - source|`` over the source's pixels within
+    :data:`EXCESS_SHIFT_PX` of it (``padded``: :func:`pad_source` of the source, same grid),
+    smoothed with sigma :data:`EXCESS_SMOOTH_PX`.
 
     The shift tolerance makes a sharp edge registered a pixel apart (on a working grid of
     every k-th pixel, k pixels: an output resized up from an editor's smaller frame, a fraction
     of a percent of scale, or a sampled pixel landing on the edge's other side) differ by
     little; a colour that is nowhere near (text, a pasted or erased patch) differs fully.
+
+    A candidate's difference serves both :func:`largest_change_share` and
+    :func:`excess_change`: the caller takes it once per pair and hands it to both (``diff=`` /
+    ``candidate_diff=``); nothing is kept here between calls.
     """
     b = image.astype(np.float32)
     h, w = b.shape[:2]
@@ -300,35 +272,61 @@ def _diff_of(padded: np.ndarray, image: np.ndarray) -> np.ndarray:
         for dx in range(2 * EXCESS_SHIFT_PX + 1):
             d = cv2.transform(cv2.absdiff(b, padded[dy : dy + h, dx : dx + w]), CHANNEL_MEAN)
             best = d if best is None else np.minimum(best, d, out=best)
-    return cv2.GaussianBlur(best, (0, 0), sigmaX=EXCESS_SMOOTH_PX)
+    out = cv2.GaussianBlur(best, (0, 0), sigmaX=EXCESS_SMOOTH_PX)
+    out.flags.writeable = False
+    return out
 
 
-#: what :func:`excess_change` needs of a source and its floor output, made once per pair of
-#: arrays (every cell of a template is compared with the same two): the padded source and the
-#: floor's grown difference on the source's grid, a handful of templates at a time
-_FLOOR_SIDES = _PairMemo(8)
+@dataclass(frozen=True)
+class FloorSide:
+    """What :func:`excess_change` needs of a source and its floor output, the same for every
+    cell of a template: made once per template by the caller (:func:`floor_side`) and handed
+    to each cell's measure.
+
+    Attributes:
+        padded: :func:`pad_source` of the source on the working grid.
+        grown: the floor's :func:`matched_diff` from the source, grown by
+            :data:`EXCESS_GROW_PX` (a max filter), on that grid.
+    """
+
+    padded: np.ndarray
+    grown: np.ndarray
 
 
-def _floor_side(
-    source: np.ndarray, floor: np.ndarray, stride: int, padded: np.ndarray | None = None
-) -> tuple[np.ndarray, np.ndarray]:
-    """``(padded source, the floor's grown difference)``, from :data:`_FLOOR_SIDES` when kept."""
-    hit = _FLOOR_SIDES.get(source, floor, stride)
-    if hit is not None:
-        return hit
-    padded = _padded(source) if padded is None else padded
-    on_grid = floor if stride == 1 else np.ascontiguousarray(floor[::stride, ::stride])
-    grown = cv2.dilate(_diff_to(padded, on_grid), _square(EXCESS_GROW_PX))
-    _FLOOR_SIDES.put(source, floor, (padded, grown), stride)
-    return padded, grown
+def floor_side(
+    source: np.ndarray,
+    floor: np.ndarray,
+    stride: int = 1,
+    padded: np.ndarray | None = None,
+    *,
+    floor_diff: np.ndarray | None = None,
+) -> FloorSide:
+    """The :class:`FloorSide` of ``source`` (uint8 on the working grid) and ``floor`` (full size,
+    every ``stride``-th pixel that grid; ``stride`` 1: on the grid already); ``padded``:
+    :func:`pad_source` of ``source`` when the caller has it, ``floor_diff``: the floor's
+    :func:`matched_diff` from it when the caller took it already."""
+    padded = pad_source(source) if padded is None else padded
+    if floor_diff is None:
+        on_grid = floor if stride == 1 else np.ascontiguousarray(floor[::stride, ::stride])
+        floor_diff = matched_diff(padded, on_grid)
+    grown = cv2.dilate(floor_diff, _square(EXCESS_GROW_PX))
+    grown.flags.writeable = False
+    return FloorSide(padded, grown)
 
 
 def excess_change(
-    source: np.ndarray, candidate: np.ndarray, floor: np.ndarray, stride: int = 1, *, padded: np.ndarray | None = None
+    source: np.ndarray,
+    candidate: np.ndarray,
+    floor: np.ndarray | None,
+    stride: int = 1,
+    *,
+    padded: np.ndarray | None = None,
+    side: FloorSide | None = None,
+    candidate_diff: np.ndarray | None = None,
 ) -> np.ndarray:
     """``(h, w)`` float32: how much more ``candidate`` differs from ``source`` at each pixel
     than the editor's floor output ``floor`` does within :data:`EXCESS_GROW_PX` (both
-    differences :func:`_diff_to`). ``source`` and ``candidate`` are uint8 on one grid;
+    differences :func:`matched_diff`). ``source`` and ``candidate`` are uint8 on one grid;
     ``floor`` is the full-size output registered to the source, of which every ``stride``-th
     pixel is that grid (``stride`` 1: it is on the grid already).
 
@@ -338,28 +336,39 @@ def excess_change(
     wall, text, an erased patch, stays at full per-pixel contrast, which the band limit of
     :func:`band_diff` would spread below its level when the change is thin or small. Where
     the floor output did not cover the frame its pixels are black, its difference large, and
-    nothing there counts. The padded source and the floor's grown difference are made once
-    per template (:func:`_floor_side`); ``padded``: :func:`_padded` of ``source`` when the caller
-    has it (then the candidate's difference is the one its largest area of change took).
+    nothing there counts.
+
+    ``side``: :func:`floor_side` of the source and floor, which the caller makes once per
+    template (``floor`` may then be None); ``padded``: :func:`pad_source` of ``source`` when the
+    caller has it; ``candidate_diff``: ``matched_diff(padded, candidate)`` when the caller took
+    it already (for :func:`largest_change_share`).
     """
-    padded, grown = _floor_side(source, floor, stride, padded)
-    return _diff_to(padded, candidate) - grown
+    if side is None:
+        if floor is None:
+            raise ValueError("excess_change needs the floor output or its FloorSide")
+        side = floor_side(source, floor, stride, padded)
+    diff = matched_diff(side.padded, candidate) if candidate_diff is None else candidate_diff
+    return diff - side.grown
 
 
 def excess_share(
     source: np.ndarray,
     candidate: np.ndarray,
-    floor: np.ndarray,
+    floor: np.ndarray | None,
     region: np.ndarray,
     stride: int = 1,
     *,
     padded: np.ndarray | None = None,
+    side: FloorSide | None = None,
+    candidate_diff: np.ndarray | None = None,
 ) -> float | None:
     """Share in [0, 1] of ``region``'s pixels in connected areas where :func:`excess_change`
     exceeds :data:`EXCESS_LEVEL` (at least :data:`MIN_CHANGE_AREA_FRAC` of the region each,
     :func:`coherent_share`); None for an empty region. ``source``, ``candidate`` and ``region``
-    on one grid, ``floor`` full size with that grid its every ``stride``-th pixel."""
-    return coherent_share(excess_change(source, candidate, floor, stride, padded=padded), region, EXCESS_LEVEL)
+    on one grid, ``floor`` full size with that grid its every ``stride``-th pixel; ``padded``,
+    ``side`` and ``candidate_diff`` as :func:`excess_change` takes them."""
+    change = excess_change(source, candidate, floor, stride, padded=padded, side=side, candidate_diff=candidate_diff)
+    return coherent_share(change, region, EXCESS_LEVEL)
 
 
 def inset(region: np.ndarray, frac: float) -> np.ndarray:
@@ -376,16 +385,22 @@ def inset(region: np.ndarray, frac: float) -> np.ndarray:
 
 
 def largest_change_share(
-    source: np.ndarray, candidate: np.ndarray, region: np.ndarray, *, padded: np.ndarray | None = None
+    source: np.ndarray,
+    candidate: np.ndarray,
+    region: np.ndarray,
+    *,
+    padded: np.ndarray | None = None,
+    diff: np.ndarray | None = None,
 ) -> float | None:
     """Share in [0, 1] of ``region``'s pixels changed in the largest connected area of change:
-    where ``candidate`` differs from ``source`` at each pixel (:func:`_diff_to`) by more than
+    where ``candidate`` differs from ``source`` at each pixel (:func:`matched_diff`) by more than
     :data:`LARGEST_CHANGE_LEVEL`, areas within :data:`LARGEST_CHANGE_JOIN_PX` of each other
     joined, the changed pixels of the largest counted (not the gaps); None for an empty region.
 
     ``source`` and ``candidate`` uint8 on one grid, ``region`` ({0, 255}, same grid) what is
     judged (the caller leaves out the image's rim, :data:`LARGEST_CHANGE_BORDER_FRAC`);
-    ``padded``: :func:`_padded` of ``source`` when the caller has it.
+    ``padded``: :func:`pad_source` of ``source`` when the caller has it; ``diff``:
+    ``matched_diff(padded, candidate)`` when the caller took it already (for :func:`excess_change`).
 
     A lone pair has no floor output to tell the editor's re-rendering from what it changed.
     The total share of band-limited change (:func:`coherent_share`) overlaps there: a
@@ -397,9 +412,9 @@ def largest_change_share(
     n = cv2.countNonZero(region)
     if n == 0:
         return None
-    if padded is None:
-        padded = _padded(source)
-    changed = ((_diff_to(padded, candidate) > LARGEST_CHANGE_LEVEL) & (region > 0)).astype(np.uint8)
+    if diff is None:
+        diff = matched_diff(pad_source(source) if padded is None else padded, candidate)
+    changed = ((diff > LARGEST_CHANGE_LEVEL) & (region > 0)).astype(np.uint8)
     if not changed.any():
         return 0.0
     joined = cv2.dilate(changed, _square(LARGEST_CHANGE_JOIN_PX)) if LARGEST_CHANGE_JOIN_PX > 0 else changed

@@ -39,6 +39,7 @@ from counterfactory.manifests.paid import PaidAnswer, PaidCall, PaidReading, red
 from counterfactory.manifests.registry import ANSWER_BACKENDS
 from counterfactory.manifests.release_folder import MAX_IMAGE_BYTES, RELEASE_JSON, TRIALS, ReleaseFolder
 from counterfactory.manifests.safefiles import read_regular
+from counterfactory.manifests.vocabulary import FAILED, REFUSED
 from counterfactory.validation.scoring.answers import AnswersLedger, answer_id, check_ledger_place, ledger_path
 from counterfactory.validation.scoring.backends import MAX_REPLY_BYTES, ReplyError, token_count
 
@@ -144,7 +145,7 @@ class LedgerJournal:
     def save(self, key: str, data: Mapping[str, Any], *, cost_usd: float = 0.0) -> None:
         state = data.get("state")
         got = self.read.pop(key, None) if state == "completed" else None
-        if got is None and state == "refused":
+        if got is None and state == REFUSED:
             got = {"reply": None, "finish_reason": "content_filter", "refusal_reason": data.get("reason")}
         cost_usd = _usd(cost_usd)
         if got is None:
@@ -355,7 +356,7 @@ def _tally(
     cap's refusals of one chunk's answers, into ``summary``."""
     for a in answers:
         summary.retries += max(a.submit_tries - 1, 0)
-        if a.status != "failed":
+        if a.status != FAILED:
             continue
         if a.reason and "_spend_cap_reached:" in a.reason:
             summary.stopped_at_cap = True
