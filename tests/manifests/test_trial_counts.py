@@ -19,10 +19,10 @@ import pytest
 import yaml
 
 from counterfactory.assets import PHOTOS_DIR, SPECS_DIR
+from counterfactory.flows.engine.spec import load_spec
 from counterfactory.generation.metadata import load_metadata
 from counterfactory.generation.sampling import expand_grid
 from counterfactory.manifests.release_schema import validate_rows
-from counterfactory.manifests.spec import load_spec
 from counterfactory.manifests.trials import SOURCE_PREFIX, TRIALS_DIR, build_trials, load_biographies
 
 FOCUS_OCCUPATIONS = ["CEO", "doctor", "cook", "nurse", "teacher", "lawyer"]
