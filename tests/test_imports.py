@@ -229,7 +229,9 @@ def test_manifests_imports_nothing_above_it():
 
 
 #: a string naming a module above manifests/: dotted, anywhere in the string, or a bare subpackage path
-UPPER_NAME = re.compile(r"\bcounterfactory\.(?:generation|validation|flows)\b|^(?:generation|validation|flows)(?:\.\w+)+$")
+UPPER_NAME = re.compile(
+    r"\bcounterfactory\.(?:generation|validation|flows)\b|^(?:generation|validation|flows)(?:\.\w+)+$"
+)
 #: what manifests/ may read from the package root
 ROOT_NAMES = frozenset({"__version__"})
 

@@ -22,7 +22,7 @@ import pytest
 import yaml
 
 from counterfactory.flows.engine.spec import SpecError, load_spec
-from counterfactory.manifests.release import verify_release
+from counterfactory.flows.engine.verify import verify_release
 from tests.conftest import REPO
 
 CLI = [sys.executable, "-m", "counterfactory.flows.cli"]
