@@ -36,7 +36,7 @@ SIDE_PX = 256
 def child(args: argparse.Namespace) -> dict:
     """One measured run in this (fresh) process."""
     from counterfactory.flows.engine import execute, run_folder, sources, template
-    from counterfactory.manifests.spec import load_spec
+    from counterfactory.flows.engine.spec import load_spec
 
     synthetic.register_instant_editor()
     spec_path, out = Path(args.spec), Path(args.out)

@@ -26,9 +26,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from counterfactory.flows.engine.spec import load_spec  # noqa: E402
 from counterfactory.manifests.ledger import Ledger  # noqa: E402
 from counterfactory.manifests.review import add_reviewer  # noqa: E402
-from counterfactory.manifests.spec import load_spec  # noqa: E402
 from tests.flows.pilot_setup import london_study, review_all, truth, vote_of, write_pilot_spec  # noqa: E402
 from tests.flows.review_setup import run_and_publish, serving  # noqa: E402
 

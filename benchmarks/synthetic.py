@@ -122,7 +122,7 @@ def register_instant_editor() -> None:
     from pydantic import BaseModel, ConfigDict
 
     from counterfactory.generation.editors.base import EditResult
-    from counterfactory.manifests.registry import EDITORS
+    from counterfactory.generation.editors.registry import EDITORS
 
     class Options(BaseModel):
         model_config = ConfigDict(extra="forbid")

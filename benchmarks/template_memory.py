@@ -65,8 +65,8 @@ def one_size(cells: int, stage: str, root: Path, gates: bool) -> dict:
     import yaml
 
     from counterfactory.flows.engine import execute, run_folder, sources
+    from counterfactory.flows.engine.spec import load_spec
     from counterfactory.generation.attempts import plan_attempts
-    from counterfactory.manifests.spec import load_spec
 
     photos = REPO / "assets" / "photos"
     if stage == "edit":

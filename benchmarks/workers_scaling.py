@@ -85,7 +85,7 @@ def timed_run(spec: Path, out: Path, workers: int, env: dict[str, str]) -> tuple
 def _templates_of(spec_path: str, out: str):
     """The run's steps up to the templates: (spec, workspace, editor, stack, [(source, cells)])."""
     from counterfactory.flows.engine import execute, run_folder, sources
-    from counterfactory.manifests.spec import load_spec
+    from counterfactory.flows.engine.spec import load_spec
 
     spec = load_spec(spec_path)
     editor, stack = execute.build_editor(spec), execute.build_gate_stack(spec)

@@ -67,7 +67,7 @@ class PairMeasurer:
         self.region = self.gates_config.edit_region or AUDIT_REGION
         if spec_path is not None:
             from counterfactory.flows.engine.sources import edit_region_name
-            from counterfactory.manifests.spec import load_spec
+            from counterfactory.flows.engine.spec import load_spec
 
             spec = load_spec(spec_path)
             self.align_config, self.gates_config = spec.align, spec.gates

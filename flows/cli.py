@@ -91,9 +91,9 @@ def run(
 
     With --publish, also seal the release (as `counterfactory publish OUT` would).
     """
+    from counterfactory.flows.engine.spec import load_spec
     from counterfactory.generation.sources import load_metadata
     from counterfactory.manifests.errors import SetupError
-    from counterfactory.manifests.spec import load_spec
 
     install_stop_handlers()
     # every file the spec names is checked here, before anything is run or paid for; the run
@@ -206,10 +206,10 @@ def schedule(
     the previous version inside it, and appends a line to OUT/schedule.jsonl. Uses the Prefect
     server PREFECT_API_URL names, or runs one in this process.
     """
+    from counterfactory.flows.engine.spec import load_spec
     from counterfactory.flows.schedule import make_schedule
     from counterfactory.generation.sources import load_metadata
     from counterfactory.manifests.errors import SetupError
-    from counterfactory.manifests.spec import load_spec
 
     when = make_schedule(cron=cron, interval=interval, timezone=timezone)
     spec = load_spec(spec_path)
@@ -252,7 +252,7 @@ def publish(out: Path, version: str | None, spec_path: Path | None, allow_incomp
     from counterfactory.flows.engine.outcomes import format_completeness
     from counterfactory.flows.engine.release import publish_from_ledger, with_version
     from counterfactory.flows.engine.run_folder import LEDGER_FILE, RunFolder
-    from counterfactory.manifests.spec import load_spec
+    from counterfactory.flows.engine.spec import load_spec
 
     if spec_path is None:
         spec_path, ran_sha = RunFolder(out).recorded_spec()
@@ -298,8 +298,8 @@ def masks(spec_path: Path, checkpoint: Path, model_type: str, device: str | None
     which runs read like a mask file: edits depend on the stored pixels, not on SAM. Stored
     masks are kept (correct them by hand if needed) unless --force.
     """
+    from counterfactory.flows.engine.spec import load_spec
     from counterfactory.generation.masks_sam import store_sam_masks
-    from counterfactory.manifests.spec import load_spec
 
     spec = load_spec(spec_path)
     stored = store_sam_masks(
@@ -513,8 +513,8 @@ def calibrate(
 
     paths = bundled_photo_paths()
     if spec_path is not None:
+        from counterfactory.flows.engine.spec import load_spec
         from counterfactory.generation.sources import load_metadata
-        from counterfactory.manifests.spec import load_spec
 
         spec = load_spec(spec_path)
         paths += [spec.sources.photos / r.path for r in load_metadata(spec.sources.metadata)]
@@ -613,7 +613,7 @@ def verify(release: Path, expect: str | None) -> None:
     give, only regular files, nothing unlisted, nothing outside the folder."""
     import re
 
-    from counterfactory.manifests.release import release_digest, verify_release
+    from counterfactory.flows.engine.verify import release_digest, verify_release
     from counterfactory.manifests.release_folder import not_a_release
 
     if expect is not None and not re.fullmatch(r"[0-9a-fA-F]{64}", expect.strip()):
@@ -953,7 +953,7 @@ def release_export(release_dir: Path, out_dir: Path, repo_id: str, gated: bool |
         for task, n in done.tasks.items():
             click.echo(f"  {task}: {n} trials")
         return
-    from counterfactory.manifests.hub import export_release
+    from counterfactory.flows.engine.verify import export_release
 
     export = _hub_call(export_release, release_dir, out_dir, repo_id=repo_id, gated=gated)
     click.echo(f"exported {export.name} {export.version} ({export.licence.hub_id}) into {out_dir}:")
@@ -973,7 +973,7 @@ def release_export(release_dir: Path, out_dir: Path, repo_id: str, gated: bool |
 )
 def release_push(release_dir: Path, repo_id: str, private: bool, gated: bool | None) -> None:
     """Upload RELEASE_DIR to the Hub as one commit tagged with its version (HF_TOKEN, HF_ENDPOINT)."""
-    from counterfactory.manifests.hub import push_release
+    from counterfactory.flows.engine.verify import push_release
 
     result = _hub_call(push_release, release_dir, repo_id, private=private, gated=gated)
     state = "pushed" if result.created else "unchanged (this version is already on the Hub)"
@@ -985,7 +985,7 @@ def release_push(release_dir: Path, repo_id: str, private: bool, gated: bool | N
 @click.argument("out_dir", type=click.Path(path_type=Path))
 def release_pull(ref: str, out_dir: Path) -> None:
     """Restore the release REF (ORG/NAME@VERSION) from the Hub into OUT_DIR and verify it."""
-    from counterfactory.manifests.hub import pull_release
+    from counterfactory.flows.engine.verify import pull_release
 
     path = _hub_call(pull_release, ref, out_dir)
     click.echo(f"pulled {ref} into {path}: every file matches its checksum")
@@ -1049,7 +1049,7 @@ def plugins(as_json: bool) -> None:
     """List the registered editors, gates, trial protocols and release files: kind, name, where
     each comes from (a built-in module, or the distribution whose ``counterfactory.plugins``
     entry point added it) and what it declares (an editor's capabilities, a gate's order)."""
-    from counterfactory.manifests.registry import plugin_listing
+    from counterfactory.flows.engine.plugins import plugin_listing
 
     # a plug-in that fails to import raises PluginError, reported by the group's one handler
     for row in plugin_listing():

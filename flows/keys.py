@@ -16,10 +16,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from counterfactory.flows.engine.execute import judge_key
+from counterfactory.flows.engine.spec import Spec
 from counterfactory.generation.attempts import plan_attempts
 from counterfactory.generation.sampling import Cell
 from counterfactory.generation.sources import PreparedSource
-from counterfactory.manifests.spec import Spec
 
 
 def template_key(spec: Spec, prepared: PreparedSource, cells: Sequence[Cell], editor: Any) -> str:

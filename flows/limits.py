@@ -13,7 +13,7 @@ server the runs report to: the spec's ``run`` section sets its value when a run 
 | ``counterfactory-fal`` | ``run.fal_max_concurrency`` | one slot per request in flight, by backends registered with ``limit="fal"`` (``fal``) and by the ``vlm`` attribute gate's questions (one fal account) |
 
 Which limit a backend holds, and whether per batch or per request, is what it declares when it
-registers (:class:`~counterfactory.manifests.registry.EditorCapabilities`).
+registers (:class:`~counterfactory.generation.editors.registry.EditorCapabilities`).
 
 A limit of zero is refused when the spec loads (:class:`~counterfactory.manifests.spec.RunConfig`):
 it would let no edit start and the run would wait for ever.
@@ -25,9 +25,9 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
+from counterfactory.flows.engine.spec import Spec
 from counterfactory.generation.editors.base import EditJournal, EditRequest, EditResult
-from counterfactory.manifests.registry import EDITORS
-from counterfactory.manifests.spec import Spec
+from counterfactory.generation.editors.registry import EDITORS
 
 logger = logging.getLogger(__name__)
 

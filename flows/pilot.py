@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from counterfactory.flows.engine.run_folder import RunFolder
+from counterfactory.flows.engine.spec import Spec
 from counterfactory.manifests.ledger import Ledger
 from counterfactory.manifests.runlock import RunFolderError
-from counterfactory.manifests.spec import Spec
 from counterfactory.manifests.store import atomic_write, sha256_file
 from counterfactory.validation.calibration.from_review import calibrate_from_review, report_lines
 from counterfactory.validation.thresholds import CALIBRATION_FILE, load_calibration

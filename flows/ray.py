@@ -46,14 +46,14 @@ from prefect.cache_policies import NONE
 from counterfactory.flows.engine import execute, run_folder, template
 from counterfactory.flows.engine.executors import OnOutput
 from counterfactory.flows.engine.run_folder import RunFolder
+from counterfactory.flows.engine.spec import RayConfig, Spec
 from counterfactory.flows.limits import limited_editor, limited_gates
 from counterfactory.generation.attempts import PlannedAttempt, editor_inputs
 from counterfactory.generation.editors.base import EditRequest, EditResult
+from counterfactory.generation.editors.registry import EDITORS
 from counterfactory.generation.sources import PreparedSource
 from counterfactory.manifests.errors import SetupError
 from counterfactory.manifests.lifecycle import TemplateOutcome
-from counterfactory.manifests.registry import EDITORS
-from counterfactory.manifests.spec import RayConfig, Spec
 
 _INSTALL_HINT = "pip install 'counterfactory[ray]'"
 

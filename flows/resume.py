@@ -23,13 +23,13 @@ from counterfactory.flows.engine import execute, run_folder, sources
 from counterfactory.flows.engine.outcomes import RunSummary
 from counterfactory.flows.engine.release import check_release_version, publish_release
 from counterfactory.flows.engine.run_folder import RunFolder
+from counterfactory.flows.engine.spec import Spec, SpecError, load_spec
 from counterfactory.generation.attempts import PlannedAttempt, plan_attempts
 from counterfactory.generation.editors import Editor, make_editor
 from counterfactory.generation.sampling import Cell
 from counterfactory.generation.sources import PreparedSource
 from counterfactory.manifests.errors import CounterfactoryError
 from counterfactory.manifests.lifecycle import CellOutcome, Settled, TemplateOutcome, attempt_finished, fill_cells
-from counterfactory.manifests.spec import Spec, SpecError, load_spec
 from counterfactory.manifests.vocabulary import FAILED, OK
 
 

@@ -56,6 +56,7 @@ if importlib.util.find_spec("python_multipart") is None and importlib.util.find_
 
 from counterfactory.flows.engine.run_folder import RunFolder
 from counterfactory.flows.engine.sources import prepare_source
+from counterfactory.flows.engine.spec import Spec
 from counterfactory.generation.masks import dilate
 from counterfactory.generation.sources import Source, SourceRecord, load_image
 from counterfactory.manifests.ledger import Ledger
@@ -79,7 +80,6 @@ from counterfactory.manifests.review import (
     spot_pool,
     undo_decision,
 )
-from counterfactory.manifests.spec import Spec
 from counterfactory.manifests.store import DamagedBlobError, ImageStore, MissingBlobError, UnsafeBlobError
 from counterfactory.manifests.vocabulary import ACCEPTED, NEEDS_REVIEW, OK, REJECTED
 from counterfactory.validation.review_stats import review_summary

@@ -30,6 +30,7 @@ from counterfactory.flows.engine.outcomes import (  # noqa: E402
     outcome_order,
 )
 from counterfactory.flows.engine.release import publish_release  # noqa: E402
+from counterfactory.flows.engine.spec import Spec  # noqa: E402
 from counterfactory.flows.keys import template_key  # noqa: E402
 from counterfactory.flows.limits import apply_limits, limited_editor, limited_gates, spec_limits  # noqa: E402
 from counterfactory.flows.ray import RayTarget, ray_cluster, templates_on_ray  # noqa: E402
@@ -39,7 +40,6 @@ from counterfactory.flows.stopping import reinstall_stop_handlers  # noqa: E402
 from counterfactory.manifests.errors import CounterfactoryError  # noqa: E402
 from counterfactory.manifests.lifecycle import TemplateOutcome  # noqa: E402
 from counterfactory.manifests.release import ReleaseExistsError  # noqa: E402
-from counterfactory.manifests.spec import Spec  # noqa: E402
 
 # Prefect's caching stays off (cache_policy=NONE: it would hash photos as arrays, and the ledger,
 # not a cached task result, decides what is done); template tasks are named by their content key

@@ -290,8 +290,8 @@ def regenerate_flow(spec_path: str, out: str, workers: int = 2, allow_incomplete
     from prefect.artifacts import create_markdown_artifact
     from prefect.runtime import flow_run
 
+    from counterfactory.flows.engine.spec import load_spec
     from counterfactory.flows.resume import run_spec
-    from counterfactory.manifests.spec import load_spec
 
     started = datetime.now(UTC).isoformat()
     spec = load_spec(spec_path)
@@ -346,9 +346,9 @@ def serve_schedule(
     from prefect import serve
     from prefect.client.schemas.objects import ConcurrencyLimitConfig, ConcurrencyLimitStrategy
 
+    from counterfactory.flows.engine.spec import Spec, load_spec
     from counterfactory.flows.server import prefect_api
     from counterfactory.flows.stopping import end_descendants, install_serve_stop_handler
-    from counterfactory.manifests.spec import Spec, load_spec
 
     if not isinstance(spec, Spec):
         spec = load_spec(spec)

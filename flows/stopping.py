@@ -12,7 +12,7 @@ The Python API is left alone unless it asks for it.
 
 Paid requests still in flight are cancelled first (bounded to a few seconds), as they would
 otherwise run on and bill: each registered editor backend that declares a ``cancel_in_flight``
-hook (:class:`~counterfactory.manifests.registry.EditorCapabilities`) is asked to. fal's
+hook (:class:`~counterfactory.generation.editors.registry.EditorCapabilities`) is asked to. fal's
 journals each request fal agrees to cancel as ``cancelled``, and the next run fetches it if it
 finished anyway, or submits that same attempt again.
 """
@@ -23,7 +23,7 @@ import os
 import signal
 import threading
 
-from counterfactory.manifests.registry import EDITORS
+from counterfactory.generation.editors.registry import EDITORS
 from counterfactory.validation.quiet import terminal_fd
 
 #: Seconds the stop may spend cancelling paid requests in flight before the process exits.

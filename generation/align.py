@@ -43,7 +43,6 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from counterfactory.generation.masks import dilate, feather
-from counterfactory.manifests.registry import SPEC_SECTIONS
 
 Kind = Literal["face", "limb"]
 
@@ -818,6 +817,3 @@ def align_candidate(
     return Alignment(
         ok=True, image=warped, photometric_residual=photometric, composited=do_composite, raw=raw, **common
     )
-
-
-SPEC_SECTIONS.register("align", AlignConfig)

@@ -29,7 +29,9 @@ from counterfactory.manifests.lifecycle import FINISHED_ATTEMPT, attempt_finishe
 
 if TYPE_CHECKING:
     from counterfactory.generation.sources import PreparedSource, Source
-    from counterfactory.manifests.spec import Spec
+
+    # the study spec is the engine's (flows/engine/spec.py), which this layer does not name
+    Spec = Any
 
 #: what an editor may read from an :class:`EditRequest` besides the source, kind and condition
 #: (always hashed); :meth:`Editor.consumes` names the subset a backend uses for a kind

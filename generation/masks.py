@@ -33,7 +33,6 @@ from pydantic import BaseModel, ConfigDict, Field
 from counterfactory.generation.images import scale_16bit_to_8bit
 from counterfactory.generation.records import RLE, FileMask, PolygonMask, RLEMask, SamMask, sam_mask_file
 from counterfactory.manifests.errors import CounterfactoryError
-from counterfactory.manifests.registry import SPEC_SECTIONS
 from counterfactory.manifests.safefiles import InputFileError, decoder_problem, read_regular
 
 
@@ -370,6 +369,3 @@ __all__ = [
     "rle_decode",
     "rle_encode",
 ]
-
-
-SPEC_SECTIONS.register("masks", MaskOptions)

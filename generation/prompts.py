@@ -23,7 +23,6 @@ from counterfactory.assets import PROMPTS_DIR
 from counterfactory.generation.regions import DEFAULT_REGION, template_region
 from counterfactory.generation.sampling import DesignConfig, conditions
 from counterfactory.manifests.errors import SetupError
-from counterfactory.manifests.registry import SPEC_SECTIONS
 
 _NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
 
@@ -51,7 +50,7 @@ class PromptConfig(BaseModel):
         """Render every condition of ``design`` once, so a missing template or an unknown field
         in ``target_group`` stops the spec when it loads instead of failing every cell mid-run.
 
-        The spec (:class:`counterfactory.manifests.spec.Spec`) calls this on its own sections, so
+        The spec (the engine's ``Spec``) calls this on its own sections, so
         the spec module never imports this package.
 
         Raises:
@@ -194,6 +193,3 @@ def render_prompt(
 def face_region(config: PromptConfig) -> str:
     """The edit region of a face design's prompt (``config.face``), by name."""
     return template_region(config.face, config.directory)
-
-
-SPEC_SECTIONS.register("prompts", PromptConfig)

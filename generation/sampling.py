@@ -36,7 +36,6 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from counterfactory.generation.sources import FailedSource
-from counterfactory.manifests.registry import SPEC_SECTIONS
 
 #: The axis whose values are compared with a template's ``presented_gender``.
 GENDER_AXIS = "gender"
@@ -515,6 +514,3 @@ __all__ = [
     "expand_grid",
     "grid_summary",
 ]
-
-
-SPEC_SECTIONS.register("design", DesignConfig)

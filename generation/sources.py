@@ -40,7 +40,6 @@ from counterfactory.generation.images import (
 from counterfactory.generation.masks import MaskError, mask_from_record
 from counterfactory.generation.metadata import load_metadata
 from counterfactory.generation.records import RLE, FileMask, LimbMask, PolygonMask, RLEMask, SourceRecord
-from counterfactory.manifests.registry import SPEC_SECTIONS
 
 
 class SourcesConfig(BaseModel):
@@ -377,6 +376,3 @@ class PreparedSource:
         if self._region is not None and self.source.holds_pixels:
             return self
         return PreparedSource(self.source.held(), self.region, self.face_size_px, self.meta)
-
-
-SPEC_SECTIONS.register("sources", SourcesConfig)

@@ -14,7 +14,7 @@ then who raises it and what the user does. ``tests/manifests/test_errors.py`` ch
 every exception class of the package (name, module, base), so it cannot drift::
 
     CounterfactoryError                   manifests.errors: the root.
-    ├── SpecError (ValueError)            manifests.spec: load_spec: the spec file is not valid,
+    ├── SpecError (ValueError)            manifests.spec: the engine's load_spec: the spec is not valid,
     │                                     or a file it names (sources, prompt templates,
     │                                     trials.prompts, trials.biographies, an editor's table)
     │                                     is missing. Fix the field the message names.

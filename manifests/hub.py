@@ -30,6 +30,7 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,7 +41,7 @@ from counterfactory.manifests.errors import CounterfactoryError
 from counterfactory.manifests.hub_card import card_body, card_metadata, render_card, sensitive_axes
 from counterfactory.manifests.hub_tables import TableExport, release_tables, write_table
 from counterfactory.manifests.licences import LicenceDecision, LicenceError, combine_licences
-from counterfactory.manifests.release import CHECKSUMS, verify_release
+from counterfactory.manifests.release import CHECKSUMS, ReleaseCheck, verify_release
 from counterfactory.manifests.release_folder import (
     ITEMS,
     MAX_JSON_BYTES,
@@ -142,9 +143,10 @@ def _written_spec(folder: ReleaseFolder) -> dict[str, Any]:
     return spec
 
 
-def check_release(release_dir: Path) -> None:
-    """Raise :class:`HubError` unless every file of the release matches its checksum."""
-    problems = verify_release(release_dir)
+def check_release(release_dir: Path, checks: Sequence[ReleaseCheck] = ()) -> None:
+    """Raise :class:`HubError` unless every file of the release matches its checksum (and what
+    ``verify`` re-derives, with the derived-file ``checks`` the caller passes)."""
+    problems = verify_release(release_dir, checks=checks)
     if problems:
         shown = "; ".join(problems[:10]) + (f"; and {len(problems) - 10} more" if len(problems) > 10 else "")
         raise HubError(
@@ -174,6 +176,8 @@ def export_release(
     gated: bool | None = None,
     copy_release: bool = True,
     check: bool = True,
+    checks: Sequence[ReleaseCheck] = (),
+    caveat_of: Callable[[str], str | None] | None = None,
 ) -> Export:
     """Lay a release out in ``out_dir`` exactly as it is uploaded.
 
@@ -186,6 +190,9 @@ def export_release(
         copy_release: copy the release's files into ``out_dir/release/``; without it,
             :attr:`Export.files` points at the release's own files (what a push uploads).
         check: verify the release first (a caller that just did may skip the second pass).
+        checks: what ``verify`` re-derives beyond the release's tables (``stats.json``,
+            ``report.html``: :data:`counterfactory.flows.engine.verify.DERIVED_CHECKS`).
+        caveat_of: an editor backend's ``release_caveat`` by name, for the card.
 
     Raises:
         HubError: the release fails ``verify`` or its licences conflict or are unknown.
@@ -194,7 +201,7 @@ def export_release(
     refuse_inside_release(out_dir, "OUT_DIR")
     _require_datasets()
     if check:
-        check_release(release_dir)
+        check_release(release_dir, checks)
     folder = ReleaseFolder(release_dir, need=())
     spec = _written_spec(folder)
     info = folder.info if folder.has(RELEASE_JSON) else dict(spec.get("release") or {})
@@ -233,6 +240,7 @@ def export_release(
         licence=licence,
         repo_id=repo_id,
         calibration_rules=_calibration_rules(),
+        caveat_of=caveat_of,
     )
     (out_dir / "README.md").write_text(render_card(meta, body), encoding="utf-8")
     files = {"README.md": out_dir / "README.md"} | {f: out_dir / f for t in exports for f in t.files} | release_files
@@ -281,6 +289,8 @@ def push_release(
     gated: bool | None = None,
     token: str | None = None,
     endpoint: str | None = None,
+    checks: Sequence[ReleaseCheck] = (),
+    caveat_of: Callable[[str], str | None] | None = None,
 ) -> PushResult:
     """Upload a release to ``repo_id`` as one commit tagged with its version.
 
@@ -293,6 +303,7 @@ def push_release(
         token: a Hub token; default: ``HF_TOKEN`` or the stored login, as ``huggingface_hub``
             reads them.
         endpoint: the Hub's URL; default: ``HF_ENDPOINT`` or https://huggingface.co.
+        checks, caveat_of: as :func:`export_release` takes them.
 
     Returns:
         The tagged commit, and ``created=False`` when the same version was already there.
@@ -305,7 +316,7 @@ def push_release(
     if "/" not in repo_id:
         raise HubError(f"--repo {repo_id!r}: give the repository as ORG/NAME (e.g. my-lab/{repo_id})")
     # cheap refusals first, in the order a user fixes them: damaged files, licences, token
-    check_release(release_dir)
+    check_release(release_dir, checks)
     spec = _written_spec(ReleaseFolder(release_dir, need=()))
     release_licence(release_dir, release_tables(release_dir)["items"], spec)
     hub = _hub()
@@ -313,7 +324,13 @@ def push_release(
     with tempfile.TemporaryDirectory(prefix="cf-hub-push-") as scratch:
         scratch = Path(scratch)
         export = export_release(
-            release_dir, scratch / "repo", repo_id=repo_id, gated=gated, copy_release=False, check=False
+            release_dir,
+            scratch / "repo",
+            repo_id=repo_id,
+            gated=gated,
+            copy_release=False,
+            check=False,
+            caveat_of=caveat_of,
         )
         api = hub.HfApi(endpoint=endpoint, token=token)
         try:
@@ -401,7 +418,14 @@ def parse_ref(ref: str) -> tuple[str, str]:
     return repo_id, version
 
 
-def pull_release(ref: str, out_dir: str | Path, *, token: str | None = None, endpoint: str | None = None) -> Path:
+def pull_release(
+    ref: str,
+    out_dir: str | Path,
+    *,
+    token: str | None = None,
+    endpoint: str | None = None,
+    checks: Sequence[ReleaseCheck] = (),
+) -> Path:
     """Download the release tagged ``VERSION`` in ``ORG/NAME`` into ``out_dir`` and verify it.
 
     Args:
@@ -441,7 +465,7 @@ def pull_release(ref: str, out_dir: str | Path, *, token: str | None = None, end
     try:
         _download(api, repo_id, tags[version], staging)
         folder = staging / "repo" / RELEASE_PREFIX
-        problems = verify_release(folder)
+        problems = verify_release(folder, checks=checks)
         if problems:
             raise HubError(f"{repo_id}@{version}: the downloaded release fails verify: {'; '.join(problems[:10])}")
         if out_dir.exists():

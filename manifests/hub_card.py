@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import yaml
@@ -315,15 +315,14 @@ def _trials_section(release: Mapping[str, Any], spec: Mapping[str, Any]) -> list
     return lines
 
 
-def release_caveats(backends: Iterable[str | None]) -> list[str]:
+def release_caveats(backends: Iterable[str | None], caveat_of: Callable[[str], str | None] | None) -> list[str]:
     """What the editor backends that made a release's items declare it must say first
-    (``release_caveat`` on a backend's options, as the demo ``classical`` editor's); a backend
-    this installation does not know declares nothing."""
-    from counterfactory.manifests.registry import EDITORS
-
+    (``caveat_of(backend)``: ``release_caveat`` on a backend's options, as the demo ``classical``
+    editor's, looked up by the layer that knows the editors); a backend this installation does
+    not know declares nothing, and without ``caveat_of`` none does."""
     caveats = []
     for name in sorted(b for b in set(backends) if b):
-        caveat = getattr(EDITORS.get(name).options, "release_caveat", None) if name in EDITORS else None
+        caveat = caveat_of(name) if caveat_of is not None else None
         if caveat:
             caveats.append(caveat)
     return caveats
@@ -339,8 +338,10 @@ def card_body(
     licence: LicenceDecision,
     repo_id: str,
     calibration_rules: Mapping[str, str] | None = None,
+    caveat_of: Callable[[str], str | None] | None = None,
 ) -> str:
-    """The card's Markdown body (everything after the YAML header)."""
+    """The card's Markdown body (everything after the YAML header); ``caveat_of(backend)`` is
+    what an editor backend declares a release of its edits must say first (:func:`release_caveats`)."""
     name, version = release["name"], release["version"]
     design = spec.get("design") or {}
     axes = design.get("axes") or {}
@@ -451,7 +452,7 @@ def card_body(
         "The source photos show real, identifiable people; never use them to make claims about them.",
     ]
     backends = {row["editor"].get("backend") for row in items if row.get("editor")}
-    limitations[:0] = release_caveats(backends)
+    limitations[:0] = release_caveats(backends, caveat_of)
     incomplete = (stats.get("templates") or {}).get("incomplete") or []
     if incomplete:
         limitations.append(f"Templates with cells that were not accepted: {', '.join(map(str, incomplete))}.")

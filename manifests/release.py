@@ -35,7 +35,7 @@ import re
 import shutil
 import stat
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,7 +43,6 @@ from typing import Any
 import yaml
 
 from counterfactory.manifests.errors import CounterfactoryError
-from counterfactory.manifests.registry import RELEASE_CHECKS
 from counterfactory.manifests.release_folder import (
     ATTRITION_PNG,
     CHECKSUMS,
@@ -405,7 +404,15 @@ def read_checksums(path: Path) -> tuple[dict[str, str], list[str]]:
     return listed, problems
 
 
-def verify_release(path: str | Path, *, check_schemas: bool = True, expect: str | None = None) -> list[str]:
+#: a check of what a release's files derive, beyond its own tables: ``check(release folder,
+#: release.json, the written spec) -> problems`` (``stats.json`` and ``report.html`` are checked
+#: by the code that wrote them, above this layer, which the caller passes in)
+ReleaseCheck = Callable[[Path, dict[str, Any], dict[str, Any]], list[str]]
+
+
+def verify_release(
+    path: str | Path, *, check_schemas: bool = True, expect: str | None = None, checks: Sequence[ReleaseCheck] = ()
+) -> list[str]:
     """Check a release folder; returns the problems (empty = valid).
 
     Refuses anything but regular files and folders (symlinks, hard links, FIFOs, sockets,
@@ -413,7 +420,7 @@ def verify_release(path: str | Path, *, check_schemas: bool = True, expect: str 
     ``checksums.sha256`` (whose lines must be well formed and stay inside the release), finds
     unlisted files, requires ``manifest.jsonl``, checks every manifest and derived row's image
     (and source) against the sha256 the row names, checks what the files mean and re-derives
-    what is derived (:func:`check_meaning`), and validates every JSON/JSONL file against the
+    what is derived (:func:`check_meaning`, and each of ``checks``), and validates every JSON/JSONL file against the
     schema this package ships. With ``expect``, the release's digest (:func:`release_digest`)
     must be that sha256.
     """
@@ -443,7 +450,7 @@ def verify_release(path: str | Path, *, check_schemas: bool = True, expect: str 
         problems.append(f"{MANIFEST}: missing")
         return problems
     problems += _check_rows(path)
-    problems += check_meaning(path)
+    problems += check_meaning(path, checks=checks)
     if check_schemas:
         from counterfactory.manifests.release_schema import validate_release_files
 
@@ -600,7 +607,7 @@ def table_record(path: Path, name: str) -> dict[str, Any]:
     return {"rows": sum(1 for line in data.split(b"\n") if line.strip()), "sha256": hashlib.sha256(data).hexdigest()}
 
 
-def check_meaning(path: str | Path) -> list[str]:
+def check_meaning(path: str | Path, *, checks: Sequence[ReleaseCheck] = ()) -> list[str]:
     """What a release's files say about each other; returns the problems (empty = consistent).
 
     Checksums prove bytes are unchanged since sealing; these checks hold even when someone
@@ -643,9 +650,9 @@ def check_meaning(path: str | Path) -> list[str]:
         problems += _check_trials_derived(path, info or {}, written, tables)
         if info is not None:
             # stats.json and report.html are re-derived by the code that wrote them, above this
-            # layer, which registered its check (RELEASE_CHECKS) as a plug-in registers
-            for check in RELEASE_CHECKS.plugins():
-                problems += check.factory(path, info, written)
+            # layer: the caller passes its checks in
+            for check in checks:
+                problems += check(path, info, written)
     problems += _check_parquet(path, tables[MANIFEST])
     referenced: set[str] = set()
     for name in (MANIFEST, ITEMS, DERIVED):

@@ -1,6 +1,6 @@
 """Optional release files a plug-in adds: one registered :class:`ReleaseFile` each.
 
-A release file is registered in :data:`~counterfactory.manifests.registry.RELEASE_FILES` under
+A release file is registered in :data:`RELEASE_FILES` under
 its file name (a JSON-lines table at the release's top level)::
 
     RELEASE_FILES.register("warmth.jsonl", WarmthFileOptions, WarmthFile)
@@ -22,9 +22,12 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from counterfactory.manifests.registry import RELEASE_FILES
+from counterfactory.manifests.registry import Registry
 
 #: a release file's name: a top-level JSON-lines table
+#: optional release files: ``factory(options) -> release file`` (:class:`ReleaseFile`); options
+#: from ``release.files.<name>``; none is built in
+RELEASE_FILES = Registry("release file", "release_file")
 _NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]*\.jsonl$")
 
 

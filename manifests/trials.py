@@ -8,7 +8,7 @@ template's presented gender (so matched-only and swapped-only subsets can be sco
 
 This module is the framework (:class:`TrialProtocol`, :class:`TrialContext`, :func:`build_trials`);
 each built-in protocol is one module of :mod:`counterfactory.manifests.protocols` registered in
-:data:`~counterfactory.manifests.registry.TRIAL_PROTOCOLS` as a plug-in registers its own.
+:data:`TRIAL_PROTOCOLS` as a plug-in registers its own.
 Protocols (``trials.protocols`` in the spec); the units are those of :func:`build_trials`:
 
 - ``2afc``: within a template, every unordered pair of its variants (``n (n - 1) / 2``; 45 for
@@ -40,9 +40,12 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from counterfactory.assets import ASSETS_DIR
 from counterfactory.manifests.errors import CounterfactoryError
-from counterfactory.manifests.registry import TRIAL_PROTOCOLS
+from counterfactory.manifests.registry import Registry
 
 TRIALS_DIR = ASSETS_DIR / "trials"
+#: trial protocols: ``factory(options) -> protocol`` (:class:`TrialProtocol`); options from
+#: ``trials.options.<name>``; the built-in ones are the modules of ``manifests/protocols/``
+TRIAL_PROTOCOLS = Registry("trial protocol", "trial_protocol", built_ins=("counterfactory.manifests.protocols",))
 SOURCE_PREFIX = "source:"
 
 
@@ -496,7 +499,7 @@ class TrialContext:
 
 
 class TrialProtocol:
-    """One trial protocol, registered in :data:`~counterfactory.manifests.registry.TRIAL_PROTOCOLS`
+    """One trial protocol, registered in :data:`TRIAL_PROTOCOLS`
     (``TRIAL_PROTOCOLS.register(name, OptionsModel, ProtocolClass)``; built with its options
     from ``trials.options.<name>``).
 

@@ -3,7 +3,7 @@
 Read with ``ast``: outside a built-in backend's own module (``generation/editors/``), no module
 compares a backend with a built-in backend's name (``spec.editor.backend != "import"``,
 ``"classical" in backends``). A backend says what the pipeline needs of it where it registers
-(:class:`~counterfactory.manifests.registry.EditorCapabilities`) or on its options model
+(:class:`~counterfactory.generation.editors.registry.EditorCapabilities`) or on its options model
 (``plan_grid``, ``named_files``, ``release_caveat``, ``audits_imported_set``, ...).
 """
 
@@ -55,8 +55,10 @@ def test_the_detector_sees_a_backend_named():
 
 
 def test_the_card_says_what_the_backends_that_made_the_items_declare():
+    from counterfactory.flows.engine.verify import editor_caveat
     from counterfactory.manifests.hub_card import release_caveats
 
-    (caveat,) = release_caveats(["classical", "qwen", None, "not-installed"])
+    (caveat,) = release_caveats(["classical", "qwen", None, "not-installed"], editor_caveat)
     assert "NO real demographic change" in caveat
-    assert release_caveats(["qwen", "fal", "import"]) == []
+    assert release_caveats(["qwen", "fal", "import"], editor_caveat) == []
+    assert release_caveats(["classical"], None) == []

@@ -10,9 +10,13 @@ path): a module reached by name is still a module the namer knows.
   Prefect (``prefect``, ``prefect_ray``): the engine below ``flows/`` runs without the
   orchestrator, and ``flows/`` is the only layer that wires it in.
 - ``manifests`` is the bottom layer: it imports nothing from ``generation``, ``validation`` or
-  ``flows``, by statement or by name. The modules above register their plug-ins and spec
-  sections into its registries; the package root (``counterfactory/__init__.py``) names the
-  modules that hold the built-in ones.
+  ``flows``, by statement or by name, and no string of its code (a docstring aside) names a
+  module above it, whole or in part (``"counterfactory.validation.x"``, ``"validation.x"``), so a
+  table of module names it loads by name would be caught; nor does it read anything from the
+  package root (``counterfactory/__init__.py``) but ``__version__``, and the root names no module
+  of the layers, so a table kept there for the bottom layer to read is caught too. Each
+  registry lives with its kind (``generation/editors/registry.py``, ``validation/gates/``, ...);
+  the spec is composed in the engine (``flows/engine/spec.py``).
 - No two modules of the package import each other, directly or through others: the module
   import graph has no cycle. This rule counts the import statements that run (not
   ``TYPE_CHECKING`` blocks, not names: a registry loading its plug-ins by name is how a bottom
@@ -222,6 +226,107 @@ def test_manifests_imports_nothing_above_it():
     assert not bad, "manifests/ is the bottom layer and must not import generation, validation or flows:\n" + "\n".join(
         bad
     )
+
+
+#: a string naming a module above manifests/: dotted, anywhere in the string, or a bare subpackage path
+UPPER_NAME = re.compile(
+    r"\bcounterfactory\.(?:generation|validation|flows)\b|^(?:generation|validation|flows)(?:\.\w+)+$"
+)
+#: what manifests/ may read from the package root
+ROOT_NAMES = frozenset({"__version__"})
+
+
+def _docstrings(tree: ast.AST) -> set[int]:
+    """``id`` of every docstring node (a module's, class's or function's first statement string)."""
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
+            first = node.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+                out.add(id(first.value))
+    return out
+
+
+def upper_names_in(source: str) -> list[tuple[int, str]]:
+    """``(line, string)`` of every string of ``source`` (docstrings aside) that names a module
+    of ``generation``, ``validation`` or ``flows``."""
+    tree = ast.parse(source)
+    docs = _docstrings(tree)
+    return [
+        (node.lineno, node.value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant)
+        and isinstance(node.value, str)
+        and id(node) not in docs
+        and UPPER_NAME.search(node.value)
+    ]
+
+
+def root_reads_in(source: str) -> list[tuple[int, str]]:
+    """``(line, name)`` of what ``source`` takes from the package root ``counterfactory`` beyond
+    :data:`ROOT_NAMES`: ``from counterfactory import X``, ``import counterfactory`` then
+    ``counterfactory.X`` (a subpackage's attribute path is not the root's)."""
+    tree = ast.parse(source)
+    found = []
+    root_aliases = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module == "counterfactory" and not node.level:
+            found += [(node.lineno, a.name) for a in node.names if a.name not in ROOT_NAMES]
+        elif isinstance(node, ast.Import):
+            root_aliases |= {a.asname or a.name for a in node.names if a.name == "counterfactory"}
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Name)
+            and node.value.id in root_aliases
+            and node.attr not in ROOT_NAMES
+            and f"counterfactory.{node.attr}" not in modules()
+        ):
+            found.append((node.lineno, node.attr))
+    return found
+
+
+def test_the_string_and_root_readers_catch_a_table_of_upper_modules():
+    """What the two rules below count (readers that missed these would make them vacuous): a
+    table of module names in manifests/, and one in the package root that manifests/ reads."""
+    in_manifests = '''"""Docstrings may point a reader at counterfactory.flows.cli."""
+from counterfactory import BUILT_IN_MODULES, __version__
+import counterfactory
+BUILT_INS = {"editor": ("counterfactory.generation.editors",), "gate": ("validation.gates",)}
+HINT = f"see counterfactory.validation.gates for {BUILT_INS}"
+kinds = counterfactory.BUILT_IN_MODULES
+version = counterfactory.__version__
+SAME_LAYER = ("counterfactory.manifests.protocols", "generation of trials")
+'''
+    assert sorted(line for line, _ in upper_names_in(in_manifests)) == [4, 4, 5]
+    assert root_reads_in(in_manifests) == [(2, "BUILT_IN_MODULES"), (6, "BUILT_IN_MODULES")]
+    in_root = '''"""The package; its subpackages are counterfactory.flows, counterfactory.generation, ..."""
+BUILT_IN_MODULES = {"editor": ("counterfactory.generation.editors",)}
+'''
+    assert [line for line, _ in upper_names_in(in_root)] == [2]
+
+
+def test_manifests_names_no_upper_module_in_any_string():
+    bad = [
+        f"{m} line {line}: {value[:80]!r}"
+        for m, (path, _) in modules().items()
+        if _in(m, ("counterfactory.manifests",))
+        for line, value in upper_names_in(path.read_text(encoding="utf-8"))
+    ]
+    assert not bad, "manifests/ names no module above it, even as a string to import by name:\n" + "\n".join(bad)
+
+
+def test_manifests_reads_no_table_from_the_package_root_and_the_root_names_no_layer_module():
+    reads = [
+        f"{m} line {line}: counterfactory.{name}"
+        for m, (path, _) in modules().items()
+        if _in(m, ("counterfactory.manifests",))
+        for line, name in root_reads_in(path.read_text(encoding="utf-8"))
+    ]
+    assert not reads, "manifests/ reads nothing from the package root but __version__:\n" + "\n".join(reads)
+    root, _ = modules()["counterfactory"]
+    named = upper_names_in(root.read_text(encoding="utf-8"))
+    assert not named, f"the package root names modules of the layers (a table of built-ins?): {named}"
 
 
 def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:

@@ -32,7 +32,6 @@ from pydantic_core import PydanticCustomError
 
 from counterfactory.generation.regions import DEFAULT_REGION, get_region
 from counterfactory.manifests.errors import SetupError
-from counterfactory.manifests.registry import GATES, GatePlugin
 from counterfactory.validation.faces import FaceLandmarker, MaskMode, face_mask, get_face_landmarker, region_mask
 from counterfactory.validation.gates.base import (
     Gate,
@@ -45,6 +44,7 @@ from counterfactory.validation.gates.base import (
     not_finite_metrics,
 )
 from counterfactory.validation.gates.inputs import input_gate
+from counterfactory.validation.gates.registry import GATES, GatePlugin
 from counterfactory.validation.segment import PersonSegmenter, get_person_segmenter, work_stride
 from counterfactory.validation.thresholds import RECALIBRATE, calibrated_gates
 
@@ -114,7 +114,7 @@ PINNED_CALIBRATION = "__calibration__"
 class KindGatesConfig(BaseModel):
     """Gate choices and thresholds for one edit kind (``gates.face`` / ``gates.limb``).
 
-    One entry per gate registered in :data:`~counterfactory.manifests.registry.GATES`, read as
+    One entry per gate registered in :data:`~counterfactory.validation.gates.registry.GATES`, read as
     an attribute (``config.identity``): the gate's options model, or None when it is off.
     Every gate is on by default with the calibrated thresholds for ``kind``; set a gate to
     ``null`` to switch it off, or give any of its fields to override them. Opt-in gates (the

@@ -26,7 +26,9 @@ from counterfactory.validation.gates.locality import FLOOR_CONTEXT, FLOOR_IMAGE,
 
 if TYPE_CHECKING:
     from counterfactory.generation.sources import PreparedSource
-    from counterfactory.manifests.spec import Spec
+
+    # the study spec is the engine's (flows/engine/spec.py), which this layer does not name
+    Spec = Any
 
 #: the cell id suffix and the candidate verdict of a template's noise-floor request: not a
 #: cell of the grid, never reviewed or published as an item

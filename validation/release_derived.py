@@ -2,8 +2,8 @@
 
 ``publish`` writes ``stats.json``'s counting sections (:func:`derived_stats`) and ``report.html``
 (:func:`counterfactory.validation.report.report_html`) with these functions, and ``verify``
-(:func:`counterfactory.manifests.release.verify_release`, which reaches :func:`check_derived`
-by module name, as the spec reaches its sections) runs them again on the release's
+(:func:`counterfactory.manifests.release.verify_release`, handed :func:`check_derived` by the
+engine, :mod:`counterfactory.flows.engine.verify`) runs them again on the release's
 ``items.jsonl``, ``left_out.jsonl``, ``stats.json``, ``release.json`` and ``spec.yaml`` and
 compares. So an edited count, a row dropped from ``items.jsonl`` or an edited report (a
 ``<script>`` added) shows even when ``checksums.sha256`` and ``release.json`` were regenerated
@@ -25,9 +25,6 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel
-
-from counterfactory.manifests.registry import RELEASE_CHECKS
 from counterfactory.manifests.release_folder import (
     CONTACT_SHEETS_DIR,
     ITEMS,
@@ -364,6 +361,3 @@ def check_contact_sheets(
                 f"sealing{other}, or drawn by another Pillow version); re-publish the release from its run folder"
             )
     return problems
-
-
-RELEASE_CHECKS.register("derived", BaseModel, check_derived)

@@ -18,6 +18,7 @@ import numpy as np
 
 from counterfactory.flows.engine.run_folder import Workspace
 from counterfactory.flows.engine.sources import edit_region_name
+from counterfactory.flows.engine.spec import Spec
 from counterfactory.generation.attempts import (
     PlannedAttempt,
 )
@@ -29,7 +30,6 @@ from counterfactory.manifests.lifecycle import (
     attempt_finished,
     attempt_pending,
 )
-from counterfactory.manifests.spec import Spec
 from counterfactory.manifests.vocabulary import FAILED, OK
 from counterfactory.validation.gate_stack import GateStack
 from counterfactory.validation.gates.attribute import AttributeGate, check_label_map
@@ -160,7 +160,7 @@ def _edit_batch(
 def editor_batch_size(editor: Editor) -> int:
     """How many requests to hand the backend at once: its ``batch_size``, else what its backend
     declared at registration (``EditorCapabilities.batch_size``, ``1`` by default)."""
-    from counterfactory.manifests.registry import EDITORS
+    from counterfactory.generation.editors.registry import EDITORS
 
     return EDITORS.batch_size_of(editor)
 

@@ -16,6 +16,7 @@ from typing import Any
 from counterfactory.flows.engine.execute import judge_key
 from counterfactory.flows.engine.run_folder import Workspace
 from counterfactory.flows.engine.sources import editor_runs
+from counterfactory.flows.engine.spec import Spec
 from counterfactory.generation.attempts import (
     PlannedAttempt,
     plan_attempts,
@@ -32,7 +33,6 @@ from counterfactory.manifests.lifecycle import (
     fill_cells,
 )
 from counterfactory.manifests.review import apply_reviews
-from counterfactory.manifests.spec import Spec
 from counterfactory.manifests.vocabulary import ACCEPTED, FAILED
 from counterfactory.validation.gates.base import VERDICTS
 from counterfactory.validation.release_derived import completeness_report

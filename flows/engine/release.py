@@ -31,6 +31,7 @@ from counterfactory.flows.engine.outcomes import (
     outcome_order,
 )
 from counterfactory.flows.engine.run_folder import RunFolder, Workspace
+from counterfactory.flows.engine.spec import Spec
 from counterfactory.flows.engine.stats import _own_group, audit_expressions, audit_stats, build_stats, noise_floor_stats
 from counterfactory.generation.sampling import Grid, grid_summary, with_editors
 from counterfactory.generation.sources import (
@@ -62,7 +63,6 @@ from counterfactory.manifests.release_files import (
 )
 from counterfactory.manifests.release_schema import schema_files, validate_rows, write_release_schemas
 from counterfactory.manifests.review import apply_reviews
-from counterfactory.manifests.spec import Spec
 from counterfactory.manifests.store import atomic_write, png_bytes
 from counterfactory.manifests.trials import (
     analysis_record,

@@ -24,10 +24,10 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from counterfactory.flows.engine.spec import Spec, load_spec
 from counterfactory.manifests.errors import CounterfactoryError
 from counterfactory.manifests.ledger import Ledger
 from counterfactory.manifests.runlock import RunFolderError, RunFolderLock
-from counterfactory.manifests.spec import Spec, load_spec
 from counterfactory.manifests.store import ImageStore, atomic_write
 from counterfactory.manifests.vocabulary import OK
 

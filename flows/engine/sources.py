@@ -18,12 +18,12 @@ from typing import Any
 
 import numpy as np
 
+from counterfactory.flows.engine.spec import Spec
 from counterfactory.generation.masks import apply_mask_options, mask_from_record
 from counterfactory.generation.prompts import face_region
 from counterfactory.generation.sampling import Cell, Grid, expand_grid, for_editor
 from counterfactory.generation.sources import FailedSource, PreparedSource, Source, iter_sources
 from counterfactory.manifests.ledger import Ledger
-from counterfactory.manifests.spec import Spec
 from counterfactory.manifests.store import ImageStore
 from counterfactory.validation.faces import get_face_landmarker
 from counterfactory.validation.judging import (
@@ -240,7 +240,7 @@ def plan_grid(spec: Spec, sources: Sequence[PreparedSource]) -> Grid:
 
 def editor_runs(spec: Spec, grid: Grid) -> list[tuple[Spec, list[Cell]]]:
     """``(editor view, its cells)`` per editor the grid runs with
-    (:meth:`~counterfactory.manifests.spec.Spec.editor_views`): one pair, ``(spec, grid's
+    (:meth:`~counterfactory.flows.engine.spec.Spec.editor_views`): one pair, ``(spec, grid's
     cells)``, for a one-editor spec; with ``editors``, each editor's view and the grid's cells
     labelled with its name (:func:`~counterfactory.generation.sampling.for_editor`)."""
     return [(view, for_editor(grid.cells, view.editor_name)) for view in spec.editor_views()]

@@ -10,6 +10,7 @@ from typing import Any
 
 from counterfactory.flows.engine.execute import judge_key
 from counterfactory.flows.engine.run_folder import Workspace
+from counterfactory.flows.engine.spec import Spec
 from counterfactory.generation.editors import make_editor
 from counterfactory.generation.sampling import Grid, grid_summary
 from counterfactory.generation.sources import (
@@ -20,7 +21,6 @@ from counterfactory.generation.sources import (
 from counterfactory.manifests.release import (
     ReleaseStage,
 )
-from counterfactory.manifests.spec import Spec
 from counterfactory.validation.expression_audit import expression_label, modal_label
 from counterfactory.validation.faces import get_face_landmarker
 from counterfactory.validation.judging import (

@@ -25,6 +25,7 @@ from counterfactory.flows.engine.execute import (
 )
 from counterfactory.flows.engine.executors import LOCAL, Executor
 from counterfactory.flows.engine.run_folder import Workspace
+from counterfactory.flows.engine.spec import Spec
 from counterfactory.generation.attempts import (
     PlannedAttempt,
     attempt_id,
@@ -43,7 +44,6 @@ from counterfactory.manifests.lifecycle import (
     TemplateOutcome,
     fill_cells,
 )
-from counterfactory.manifests.spec import Spec
 from counterfactory.manifests.vocabulary import FAILED, OK
 from counterfactory.validation.gate_stack import GateStack
 from counterfactory.validation.judging import (

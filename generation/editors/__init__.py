@@ -2,7 +2,7 @@
 
 Each backend is one module that imports its heavy dependency inside, once, and ends with one
 registration line (``EDITORS.register(name, OptionsModel, EditorClass)``, see
-:mod:`counterfactory.manifests.registry`); the spec validates ``editor.<name>`` against that
+:mod:`.registry`); the spec validates ``editor.<name>`` against that
 options model. ``make_editor`` raises :class:`SetupError` for an unknown name and lists the
 valid ones.
 """
@@ -12,9 +12,9 @@ from __future__ import annotations
 from typing import Any
 
 from counterfactory.generation.editors.base import EditJournal, Editor, EditRequest, EditResult
+from counterfactory.generation.editors.registry import EDITORS
 from counterfactory.manifests.errors import SetupError
 from counterfactory.manifests.paid import MemoryJournal
-from counterfactory.manifests.registry import EDITORS
 
 
 def make_editor(name: str, options: Any) -> Editor:

@@ -54,8 +54,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from counterfactory.assets import MODELS_DIR
 from counterfactory.generation.editors.base import EditRequest, EditResult, SequentialEditor
+from counterfactory.generation.editors.registry import EDITORS
 from counterfactory.generation.masks import feather
-from counterfactory.manifests.registry import EDITORS
 
 
 class ClassicalOptions(BaseModel):

@@ -29,6 +29,7 @@ from counterfactory.generation.editors.base import (
     EditRequest,
     EditResult,
 )
+from counterfactory.generation.editors.registry import EDITORS, EditorCapabilities
 from counterfactory.manifests.errors import SetupError
 from counterfactory.manifests.paid import PaidAnswer, PaidCall, PaidCallFailed, PaidReading, run_sync
 from counterfactory.manifests.paid.fal import (
@@ -40,7 +41,6 @@ from counterfactory.manifests.paid.fal import (
     check_rgb,
     png_data_uri,
 )
-from counterfactory.manifests.registry import EDITORS, EditorCapabilities
 
 #: USD per output image, as listed on fal's model pages when this was written (Nano Banana
 #: Pro bills 4K outputs at twice this). Override per endpoint with ``prices_usd``.

@@ -67,11 +67,11 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
 from counterfactory.generation.editors.base import EditRequest, EditResult, SequentialEditor
+from counterfactory.generation.editors.registry import EDITORS
 from counterfactory.generation.editors.tables import TableError, TableRow, read_folder, read_table, table_folder
 from counterfactory.generation.errors import SourceError
 from counterfactory.generation.images import DEFAULT_MAX_PIXELS, decoder_warnings, load_image
 from counterfactory.manifests.errors import SetupError
-from counterfactory.manifests.registry import EDITORS
 from counterfactory.manifests.safefiles import (
     DEFAULT_MAX_FILE_BYTES,
     DEFAULT_MAX_TABLE_BYTES,

@@ -47,8 +47,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from counterfactory.generation.editors.base import EditJournal, EditRequest, EditResult
 from counterfactory.generation.editors.qwen_batch import BatchWorker
+from counterfactory.generation.editors.registry import EDITORS, EditorCapabilities, device_gpus
 from counterfactory.manifests.errors import SetupError
-from counterfactory.manifests.registry import EDITORS, EditorCapabilities, device_gpus
 
 PipelineName = Literal["edit", "edit_plus", "inpaint"]
 

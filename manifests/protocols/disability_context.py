@@ -9,8 +9,14 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from counterfactory.manifests.answers import text_spec
-from counterfactory.manifests.registry import TRIAL_PROTOCOLS
-from counterfactory.manifests.trials import TrialContext, TrialError, TrialProtocol, item_group, key_hash
+from counterfactory.manifests.trials import (
+    TRIAL_PROTOCOLS,
+    TrialContext,
+    TrialError,
+    TrialProtocol,
+    item_group,
+    key_hash,
+)
 
 
 class DisabilityOptions(BaseModel):

@@ -8,8 +8,14 @@ from itertools import combinations
 from typing import Any
 
 from counterfactory.manifests.answers import choice_spec
-from counterfactory.manifests.registry import TRIAL_PROTOCOLS
-from counterfactory.manifests.trials import NoOptions, TrialContext, TrialProtocol, key_hash, left_out_group
+from counterfactory.manifests.trials import (
+    TRIAL_PROTOCOLS,
+    NoOptions,
+    TrialContext,
+    TrialProtocol,
+    key_hash,
+    left_out_group,
+)
 
 
 def _editor(row: dict[str, Any]) -> str | None:

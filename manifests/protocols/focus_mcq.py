@@ -6,9 +6,9 @@ from __future__ import annotations
 from typing import Any
 
 from counterfactory.manifests.answers import choice_spec
-from counterfactory.manifests.registry import TRIAL_PROTOCOLS
 from counterfactory.manifests.trials import (
     IDENTITY_VARIANTS,
+    TRIAL_PROTOCOLS,
     NoOptions,
     TrialContext,
     TrialProtocol,

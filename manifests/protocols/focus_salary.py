@@ -6,8 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 from counterfactory.manifests.answers import integer_spec
-from counterfactory.manifests.registry import TRIAL_PROTOCOLS
 from counterfactory.manifests.trials import (
+    TRIAL_PROTOCOLS,
     NoOptions,
     TrialContext,
     TrialError,

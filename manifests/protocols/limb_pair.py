@@ -7,8 +7,15 @@ from __future__ import annotations
 from typing import Any
 
 from counterfactory.manifests.answers import YES_NO_UNCERTAIN, integer_spec, text_spec
-from counterfactory.manifests.registry import TRIAL_PROTOCOLS
-from counterfactory.manifests.trials import SOURCE_PREFIX, NoOptions, TrialContext, TrialProtocol, item_group, key_hash
+from counterfactory.manifests.trials import (
+    SOURCE_PREFIX,
+    TRIAL_PROTOCOLS,
+    NoOptions,
+    TrialContext,
+    TrialProtocol,
+    item_group,
+    key_hash,
+)
 
 
 def _limb_queries(spec: dict[str, Any]) -> list[dict[str, Any]]:

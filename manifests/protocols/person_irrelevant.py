@@ -6,8 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from counterfactory.manifests.answers import text_spec
-from counterfactory.manifests.registry import TRIAL_PROTOCOLS
-from counterfactory.manifests.trials import NoOptions, TrialContext, TrialProtocol, item_group
+from counterfactory.manifests.trials import TRIAL_PROTOCOLS, NoOptions, TrialContext, TrialProtocol, item_group
 
 
 def _person_irrelevant_tasks(spec: dict[str, Any]) -> list[tuple[str, str, str | None, str | None]]:

@@ -29,7 +29,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from counterfactory.generation.editors.base import EditJournal, EditRequest, EditResult
-from counterfactory.manifests.registry import EDITORS
+from counterfactory.generation.editors.registry import EDITORS
 
 #: the default weights: two good edits in three, the rest spread over the failure classes a
 #: run can make on a single photo (``expression_real`` needs a second photo of the person)

@@ -13,7 +13,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from counterfactory.generation.editors.base import EditJournal, EditRequest, EditResult
-from counterfactory.manifests.registry import EDITORS
+from counterfactory.generation.editors.registry import EDITORS
 
 
 class WarmOptions(BaseModel):

@@ -23,10 +23,10 @@ import yaml
 from counterfactory.assets import PHOTOS_DIR
 from counterfactory.flows.engine import execute, run_folder, sources, template
 from counterfactory.flows.engine.release import publish_release
+from counterfactory.flows.engine.spec import load_spec
 from counterfactory.flows.review_app import ReviewSite, create_app
 from counterfactory.manifests.ledger import Ledger
 from counterfactory.manifests.release import SealedRelease
-from counterfactory.manifests.spec import load_spec
 from tests.conftest import REPO
 
 # On these two real photos the real gates give accepted, needs_review and rejected verdicts

@@ -11,11 +11,12 @@ from pydantic import BaseModel, ConfigDict
 
 from counterfactory.flows import stopping
 from counterfactory.flows.engine.execute import editor_batch_size
+from counterfactory.flows.engine.spec import SpecError, load_spec
 from counterfactory.flows.limits import FAL_LIMIT, GPU_LIMIT, LimitedEditor, limited_editor
 from counterfactory.flows.ray import ray_target
+from counterfactory.generation.editors.registry import EDITORS, EditorCapabilities
 from counterfactory.manifests import registry
-from counterfactory.manifests.registry import EDITORS, EditorCapabilities, PluginError
-from counterfactory.manifests.spec import SpecError, load_spec
+from counterfactory.manifests.registry import PluginError
 
 
 class ProbeOptions(BaseModel):

@@ -21,8 +21,8 @@ from statistics import NormalDist
 import pytest
 import yaml
 
-from counterfactory.manifests.release import verify_release
-from counterfactory.manifests.spec import SpecError, load_spec
+from counterfactory.flows.engine.spec import SpecError, load_spec
+from counterfactory.flows.engine.verify import verify_release
 from tests.conftest import REPO
 
 CLI = [sys.executable, "-m", "counterfactory.flows.cli"]

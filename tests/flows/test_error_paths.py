@@ -20,8 +20,8 @@ from click.testing import CliRunner
 
 from counterfactory.assets import PHOTOS_DIR
 from counterfactory.flows.cli import main
+from counterfactory.flows.engine.spec import SpecError, load_spec
 from counterfactory.generation.sources import MetadataError, load_metadata
-from counterfactory.manifests.spec import SpecError, load_spec
 from tests.conftest import REPO
 from tests.flows.import_set import import_spec
 

@@ -28,12 +28,12 @@ from click.testing import CliRunner
 
 from counterfactory.assets import PHOTOS_DIR
 from counterfactory.flows.cli import main
+from counterfactory.flows.engine.spec import load_spec
 from counterfactory.generation.editors import EditRequest, make_editor
 from counterfactory.generation.editors.tables import EMBEDDED_DIR_ENV, embedded_dir
 from counterfactory.generation.images import load_image
 from counterfactory.generation.sources import SourceError
 from counterfactory.manifests.errors import SetupError
-from counterfactory.manifests.spec import load_spec
 from tests.conftest import REPO
 from tests.flows.import_set import import_spec
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from counterfactory.flows.engine import run_folder, sources
+from counterfactory.flows.engine.spec import RunConfig, load_spec
 from counterfactory.flows.keys import template_key
 from counterfactory.generation.sources import PreparedSource
-from counterfactory.manifests.spec import RunConfig, load_spec
 from tests.flows.fake_editor import FakeEditor
 
 pytestmark = pytest.mark.slow  # the real face model checks the sources

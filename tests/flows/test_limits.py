@@ -11,6 +11,7 @@ import time
 import pytest
 import yaml
 
+from counterfactory.flows.engine.spec import SpecError, load_spec
 from counterfactory.flows.limits import (
     FAL_LIMIT,
     GPU_LIMIT,
@@ -23,7 +24,6 @@ from counterfactory.flows.limits import (
 )
 from counterfactory.flows.server import prefect_api
 from counterfactory.generation.editors.base import EditRequest, EditResult
-from counterfactory.manifests.spec import SpecError, load_spec
 
 pytestmark = pytest.mark.slow
 

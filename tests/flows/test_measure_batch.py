@@ -156,7 +156,7 @@ def test_measure_with_a_spec_draws_the_runs_edit_region(tmp_path):
 
     from counterfactory.flows.audit import PairMeasurer
     from counterfactory.flows.engine.sources import edit_region_name
-    from counterfactory.manifests.spec import load_spec
+    from counterfactory.flows.engine.spec import load_spec
 
     photos = tmp_path / "photos"
     photos.mkdir()

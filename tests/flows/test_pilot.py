@@ -12,9 +12,9 @@ import pytest
 import yaml
 
 from counterfactory.flows.engine.execute import judge_key
+from counterfactory.flows.engine.spec import SpecError, load_spec
+from counterfactory.flows.engine.verify import verify_release
 from counterfactory.manifests.ledger import Ledger
-from counterfactory.manifests.release import verify_release
-from counterfactory.manifests.spec import SpecError, load_spec
 from counterfactory.manifests.store import sha256_file
 from counterfactory.validation.thresholds import load_calibration
 from tests.flows.review_setup import run_and_publish

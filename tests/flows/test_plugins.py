@@ -10,9 +10,9 @@ import yaml
 
 from counterfactory.flows.engine import execute, run_folder, sources, template
 from counterfactory.flows.engine.release import publish_release
+from counterfactory.flows.engine.spec import SpecError, load_spec
+from counterfactory.generation.editors.registry import EDITORS
 from counterfactory.manifests.errors import SetupError
-from counterfactory.manifests.registry import EDITORS
-from counterfactory.manifests.spec import SpecError, load_spec
 
 pytestmark = pytest.mark.slow
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from counterfactory.flows.engine.spec import SpecError, load_spec
 from counterfactory.flows.ray import (
     RayTargetError,
     check_ray_target,
@@ -22,7 +23,6 @@ from counterfactory.flows.ray import (
     task_resources,
 )
 from counterfactory.manifests.ledger import Ledger
-from counterfactory.manifests.spec import SpecError, load_spec
 from tests.conftest import REPO
 from tests.flows.review_setup import write_spec
 

@@ -13,10 +13,10 @@ import pytest
 from PIL import Image
 from sqlalchemy import text
 
+from counterfactory.flows.engine.spec import load_spec
 from counterfactory.flows.review_app import _matches
 from counterfactory.manifests.ledger import Ledger
 from counterfactory.manifests.review import QueueItem, add_reviewer, review_queue
-from counterfactory.manifests.spec import load_spec
 from counterfactory.validation.review_stats import review_summary
 from tests.flows.review_setup import serving
 

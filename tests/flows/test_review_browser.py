@@ -29,9 +29,9 @@ import pytest
 from PIL import Image
 
 from counterfactory.assets import SPECS_DIR
+from counterfactory.flows.engine.spec import load_spec
 from counterfactory.manifests.ledger import Ledger
 from counterfactory.manifests.review import OUTCOME, review_queue
-from counterfactory.manifests.spec import load_spec
 from tests.conftest import REPO
 from tests.flows.review_setup import cli, free_port, serving
 

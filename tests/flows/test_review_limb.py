@@ -12,10 +12,10 @@ import yaml
 from sqlalchemy import text
 
 from counterfactory.assets import PHOTOS_DIR, SPECS_DIR
+from counterfactory.flows.engine.spec import load_spec
 from counterfactory.flows.review_app import ReviewSite
 from counterfactory.manifests.ledger import Ledger
 from counterfactory.manifests.review import add_reviewer
-from counterfactory.manifests.spec import load_spec
 from tests.flows.review_setup import run_and_publish, serving
 
 pytestmark = pytest.mark.slow

@@ -23,10 +23,10 @@ import yaml
 from PIL import Image
 from sqlalchemy import text
 
+from counterfactory.flows.engine.spec import load_spec
 from counterfactory.flows.review_app import ReviewSite
 from counterfactory.manifests.ledger import Base, Ledger
 from counterfactory.manifests.review import add_reviewer, review_queue
-from counterfactory.manifests.spec import load_spec
 from counterfactory.validation.review_stats import review_summary
 from tests.conftest import REPO
 from tests.flows.review_setup import cli, free_port, serving

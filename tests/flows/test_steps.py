@@ -9,13 +9,13 @@ import numpy as np
 import pytest
 
 from counterfactory.flows.engine import execute, run_folder, sources, template
+from counterfactory.flows.engine.spec import load_spec
 from counterfactory.flows.resume import settled_outcomes
 from counterfactory.generation.attempts import plan_attempts
 from counterfactory.generation.editors.classical import ClassicalEditor
 from counterfactory.generation.editors.fal import FalEditor
 from counterfactory.generation.editors.qwen import QwenEditor
 from counterfactory.generation.sources import PreparedSource
-from counterfactory.manifests.spec import load_spec
 from counterfactory.validation.faces import face_mask, get_face_landmarker
 from counterfactory.validation.gates.locality import FLOOR_IMAGE
 from counterfactory.validation.judging import FLOOR_VERDICT, judge_output
@@ -345,7 +345,7 @@ import yaml
 from counterfactory.flows.engine import execute, run_folder, sources, template
 from counterfactory.generation.attempts import plan_attempts
 from counterfactory.flows.resume import settled_outcomes
-from counterfactory.manifests.spec import load_spec
+from counterfactory.flows.engine.spec import load_spec
 from tests.flows.fake_editor import FakeEditor
 
 class Slow(FakeEditor):

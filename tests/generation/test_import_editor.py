@@ -17,12 +17,12 @@ import yaml
 from PIL import Image
 
 from counterfactory.assets import PHOTOS_DIR
+from counterfactory.flows.engine.spec import load_spec
 from counterfactory.generation.editors import EditRequest, make_editor
 from counterfactory.generation.editors.imported import FINAL
 from counterfactory.generation.images import load_image
 from counterfactory.generation.sources import load_metadata
 from counterfactory.manifests.errors import SetupError
-from counterfactory.manifests.spec import load_spec
 from tests.flows.import_set import png_with_damaged_text
 
 AXES = {"race": ["Black", "White"], "gender": ["female", "male"]}

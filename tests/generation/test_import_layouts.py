@@ -18,12 +18,12 @@ import pytest
 import yaml
 
 from counterfactory.assets import PHOTOS_DIR
+from counterfactory.flows.engine.spec import load_spec
 from counterfactory.generation.editors import make_editor
 from counterfactory.generation.editors.base import EditRequest
 from counterfactory.generation.editors.tables import EMBEDDED_DIR_ENV, TableError, read_folder, read_table
 from counterfactory.generation.images import load_image
 from counterfactory.manifests.errors import SetupError
-from counterfactory.manifests.spec import load_spec
 from tests.flows.import_set import import_spec
 
 PHOTOS = {"hopper": "grace_hopper.jpg", "obama": "obama_portrait.jpg", "biden": "biden_portrait.jpg"}

@@ -308,9 +308,9 @@ def _masks_cli(spec, checkpoint, *extra):
 @pytest.mark.slow
 def test_masks_command_stores_the_sam_mask_a_run_then_edits_inside(tiny_checkpoint, tmp_path, specs_dir):
     from counterfactory.flows.engine import execute, run_folder, sources, template
+    from counterfactory.flows.engine.spec import load_spec
     from counterfactory.generation.masks import apply_mask_options
     from counterfactory.generation.records import SamPrompt, sam_mask_file
-    from counterfactory.manifests.spec import load_spec
 
     spec_path, photos = _sam_study(tmp_path, specs_dir, {"sam": {"box": SPEC_BOX}})
     stored = photos / sam_mask_file("grace", SamPrompt(box=SPEC_BOX))

@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from counterfactory.manifests.hub import HubError, HubTransferError, export_release, pull_release, push_release
-from counterfactory.manifests.release import verify_release
+from counterfactory.flows.engine.verify import export_release, pull_release, push_release, verify_release
+from counterfactory.manifests.hub import HubError, HubTransferError
 from tests.manifests.hub_release import make_release
 from tests.manifests.hub_server import HubServer
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from counterfactory.manifests.spec import SpecError, load_spec
+from counterfactory.flows.engine.spec import SpecError, load_spec
 
 
 @pytest.mark.parametrize("name", ["demo-face", "demo-limb"])

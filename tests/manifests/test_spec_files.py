@@ -9,8 +9,8 @@ import pytest
 import yaml
 
 from counterfactory.assets import PHOTOS_DIR, PROMPTS_DIR, SPECS_DIR
+from counterfactory.flows.engine.spec import SpecError, load_spec
 from counterfactory.manifests.errors import CounterfactoryError
-from counterfactory.manifests.spec import SpecError, load_spec
 from counterfactory.manifests.trials import TRIALS_DIR
 
 

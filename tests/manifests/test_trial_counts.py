@@ -19,10 +19,10 @@ import pytest
 import yaml
 
 from counterfactory.assets import PHOTOS_DIR, SPECS_DIR
+from counterfactory.flows.engine.spec import load_spec
 from counterfactory.generation.metadata import load_metadata
 from counterfactory.generation.sampling import expand_grid
 from counterfactory.manifests.release_schema import validate_rows
-from counterfactory.manifests.spec import load_spec
 from counterfactory.manifests.trials import SOURCE_PREFIX, TRIALS_DIR, build_trials, load_biographies
 
 FOCUS_OCCUPATIONS = ["CEO", "doctor", "cook", "nurse", "teacher", "lawyer"]
@@ -264,7 +264,8 @@ def _published(spec_name: str, root: Path, photos: Path, metadata: Path, **overr
 
 @pytest.mark.slow
 def test_a_published_focus_release_holds_the_formulas_trials_row_for_row(tmp_path):
-    from counterfactory.manifests.release import read_jsonl, verify_release
+    from counterfactory.flows.engine.verify import verify_release
+    from counterfactory.manifests.release import read_jsonl
 
     photos = tmp_path / "photos"
     photos.mkdir()
@@ -321,7 +322,8 @@ def test_a_published_focus_release_holds_the_formulas_trials_row_for_row(tmp_pat
 
 @pytest.mark.slow
 def test_a_published_limb_release_queries_each_original_once_and_holds_the_np_dp_unit(tmp_path):
-    from counterfactory.manifests.release import read_jsonl, verify_release
+    from counterfactory.flows.engine.verify import verify_release
+    from counterfactory.manifests.release import read_jsonl
 
     photos = tmp_path / "photos"
     photos.mkdir()

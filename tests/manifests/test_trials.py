@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from counterfactory.assets import ASSETS_DIR
+from counterfactory.flows.engine.spec import SpecError, load_spec
 from counterfactory.manifests.derived import RobustnessConfig, apply_transform, crop_series
 from counterfactory.manifests.release_schema import validate_rows
-from counterfactory.manifests.spec import SpecError, load_spec
 from counterfactory.manifests.trials import (
     SOURCE_PREFIX,
     TrialError,

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from counterfactory.manifests.registry import ANSWER_BACKENDS, plugin_listing
+from counterfactory.flows.engine.plugins import plugin_listing
 from counterfactory.validation.scoring.answers import AnswersLedger
 from counterfactory.validation.scoring.ask import AskError, ask
+from counterfactory.validation.scoring.registry import ANSWER_BACKENDS
 from tests.validation.standin_vlm import StandIn, synthetic_release
 
 pytestmark = pytest.mark.slow  # the openai client's import and a local server: a few seconds

@@ -12,9 +12,9 @@ import pytest
 import yaml
 
 from counterfactory.flows.engine import execute, run_folder, sources, template
-from counterfactory.manifests.registry import GATES
-from counterfactory.manifests.spec import SpecError, load_spec
+from counterfactory.flows.engine.spec import SpecError, load_spec
 from counterfactory.validation.gate_stack import GatesConfig, GateStack
+from counterfactory.validation.gates.registry import GATES
 
 
 @pytest.fixture

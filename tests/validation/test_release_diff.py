@@ -116,9 +116,9 @@ def test_editing_the_biographies_in_place_changes_inputs_sha256(tmp_path):
     """Issue 21: inputs_sha256 hashed the spec text, so a biographies file edited in place kept
     the old release (and its old trials)."""
     from counterfactory.flows.engine.release import release_inputs_key
+    from counterfactory.flows.engine.spec import load_spec
     from counterfactory.generation.metadata import load_metadata
     from counterfactory.generation.sampling import expand_grid
-    from counterfactory.manifests.spec import load_spec
     from tests.conftest import REPO
 
     bios = tmp_path / "bios.yaml"

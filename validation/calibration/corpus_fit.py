@@ -350,8 +350,8 @@ def _measuring_config(base: dict[str, dict[str, Any]]) -> dict[str, dict[str, An
 
 
 def _stack(face_gates: dict[str, dict[str, Any]], face_mask_mode: MaskMode):
-    from counterfactory.manifests.registry import GATES
     from counterfactory.validation.gate_stack import GatesConfig, GateStack
+    from counterfactory.validation.gates.registry import GATES
 
     # the corpus judges issue 9's gates; the skin-tone and target-attribute gates (and any
     # plug-in) judge a change against the requested condition, which a corpus case does not have

@@ -27,7 +27,6 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from counterfactory.manifests.paid import MemoryJournal, PaidJournal
-from counterfactory.manifests.registry import GATES
 from counterfactory.manifests.vocabulary import OK
 from counterfactory.validation.backends.attributes import (
     FAIRFACE_HEADS,
@@ -38,6 +37,7 @@ from counterfactory.validation.backends.attributes import (
 )
 from counterfactory.validation.backends.vlm import FalVisionOptions
 from counterfactory.validation.gates.base import GateResult, PairContext
+from counterfactory.validation.gates.registry import GATES
 
 BACKEND_THRESHOLDS: tuple[str, ...] = ()
 #: What each backend can read.

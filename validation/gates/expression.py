@@ -37,7 +37,6 @@ import cv2
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from counterfactory.manifests.registry import GATES
 from counterfactory.validation.accessories import GLASSES_LEVEL, glasses_change
 from counterfactory.validation.backends import AUEstimator, load_au_model
 from counterfactory.validation.faces import (
@@ -49,6 +48,7 @@ from counterfactory.validation.faces import (
     RIGHT_IRIS_CENTER,
 )
 from counterfactory.validation.gates.base import REGISTRATION_FAILED, GateResult, PairContext, SourceAnalysis
+from counterfactory.validation.gates.registry import GATES
 
 BACKEND_THRESHOLDS = ("max_au_change", "max_mean_au_change")
 

@@ -15,12 +15,12 @@ from typing import Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from counterfactory.manifests.registry import GATES
 from counterfactory.validation.accessories import GLASSES_LEVEL, glasses_change
 from counterfactory.validation.backends import FaceDetector, load_detector
 from counterfactory.validation.backends.base import DetectedFace
 from counterfactory.validation.faces import FaceObservation
 from counterfactory.validation.gates.base import REGISTRATION_FAILED, GateResult, PairContext, SourceAnalysis
+from counterfactory.validation.gates.registry import GATES
 
 #: the ``PairContext.extras`` key set when the candidate has no source photo to compare with
 NO_SOURCE = "no_source"

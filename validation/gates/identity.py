@@ -20,9 +20,9 @@ from typing import Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from counterfactory.manifests.registry import GATES
 from counterfactory.validation.backends import FaceEmbedder, load_embedder
 from counterfactory.validation.gates.base import GateResult, PairContext, SourceAnalysis, finite_or_none
+from counterfactory.validation.gates.registry import GATES
 
 BACKEND_THRESHOLDS = ("min_cosine", "max_cosine")
 

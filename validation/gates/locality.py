@@ -59,9 +59,9 @@ from typing import Any, ClassVar
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from counterfactory.manifests.registry import GATES
 from counterfactory.validation.faces import face_mask as draw_face_mask
 from counterfactory.validation.gates.base import GateResult, PairContext, SourceAnalysis, finite_or_none
+from counterfactory.validation.gates.registry import GATES
 from counterfactory.validation.gates.skin import CONTROL_CONDITIONS, is_control
 from counterfactory.validation.metrics.floor import (
     AGAINST_FLOOR,

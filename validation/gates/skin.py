@@ -46,8 +46,8 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from counterfactory.manifests.registry import GATES
 from counterfactory.validation.gates.base import GateResult, PairContext, SourceAnalysis, finite_or_none
+from counterfactory.validation.gates.registry import GATES
 from counterfactory.validation.segment import PersonSegmenter, get_person_segmenter, work_stride
 from counterfactory.validation.skin import SourceSkin, measure_candidate_skin, prepare_source_skin
 

@@ -36,12 +36,12 @@ from pydantic import ValidationError
 
 from counterfactory.manifests.errors import CounterfactoryError
 from counterfactory.manifests.paid import PaidAnswer, PaidCall, PaidReading, redact, run_sync
-from counterfactory.manifests.registry import ANSWER_BACKENDS
 from counterfactory.manifests.release_folder import MAX_IMAGE_BYTES, RELEASE_JSON, TRIALS, ReleaseFolder
 from counterfactory.manifests.safefiles import read_regular
 from counterfactory.manifests.vocabulary import FAILED, REFUSED
 from counterfactory.validation.scoring.answers import AnswersLedger, answer_id, check_ledger_place, ledger_path
 from counterfactory.validation.scoring.backends import MAX_REPLY_BYTES, ReplyError, token_count
+from counterfactory.validation.scoring.registry import ANSWER_BACKENDS
 
 #: the most answers ``ask --samples`` asks of one trial
 MAX_SAMPLES = 10_000

@@ -1,5 +1,5 @@
 """Answer backends for ``counterfactory ask``, registered in
-:data:`~counterfactory.manifests.registry.ANSWER_BACKENDS` like the editors.
+:data:`~counterfactory.validation.scoring.registry.ANSWER_BACKENDS` like the editors.
 
 A backend says how one question travels; the paid-request client it names
 (:mod:`counterfactory.manifests.paid`) sends it, and keeps ``ask``'s promises: at most
@@ -32,7 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from counterfactory.manifests.errors import CounterfactoryError, SetupError
 from counterfactory.manifests.paid import PaidClient, redact
-from counterfactory.manifests.registry import ANSWER_BACKENDS
+from counterfactory.validation.scoring.registry import ANSWER_BACKENDS
 
 
 class TransportError(CounterfactoryError):

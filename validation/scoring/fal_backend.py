@@ -30,7 +30,6 @@ from pydantic import Field, field_validator
 
 from counterfactory.manifests.paid import PaidCallFailed, PaidClient
 from counterfactory.manifests.paid.fal import FalQueue, FalQueueOptions
-from counterfactory.manifests.registry import ANSWER_BACKENDS
 from counterfactory.validation.backends.vlm import (
     DEFAULT_ENDPOINT,
     DEFAULT_ESTIMATE_USD,
@@ -38,6 +37,7 @@ from counterfactory.validation.backends.vlm import (
     router_usage,
 )
 from counterfactory.validation.scoring.backends import AnswerBackend, data_url
+from counterfactory.validation.scoring.registry import ANSWER_BACKENDS
 
 
 class FalAnswerOptions(FalQueueOptions):

@@ -21,7 +21,6 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from counterfactory.manifests.registry import ANSWER_BACKENDS
 from counterfactory.manifests.trials import judge_rubric, user_context_rubric
 from counterfactory.validation.scoring.answers import AnswersLedger, check_ledger_place, ledger_path
 from counterfactory.validation.scoring.ask import (
@@ -32,6 +31,7 @@ from counterfactory.validation.scoring.ask import (
     ask_questions,
     check_max_spend,
 )
+from counterfactory.validation.scoring.registry import ANSWER_BACKENDS
 from counterfactory.validation.scoring.score import load_release
 
 #: the judge's decoding: deterministic, room for C.5's JSON with spans

@@ -42,8 +42,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from counterfactory.manifests.errors import SetupError
 from counterfactory.manifests.paid import PaidClient
-from counterfactory.manifests.registry import ANSWER_BACKENDS
 from counterfactory.validation.scoring.backends import AnswerBackend
+from counterfactory.validation.scoring.registry import ANSWER_BACKENDS
 
 #: how to install what the backend needs (the ``vlm`` extra; torchvision must match torch's build)
 INSTALL = (

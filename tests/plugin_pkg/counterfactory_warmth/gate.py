@@ -8,8 +8,8 @@ from __future__ import annotations
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from counterfactory.manifests.registry import GATES
 from counterfactory.validation.gates.base import GateResult, PairContext
+from counterfactory.validation.gates.registry import GATES
 
 
 class RednessGateConfig(BaseModel):

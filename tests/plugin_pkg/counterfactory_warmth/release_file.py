@@ -9,8 +9,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from counterfactory.manifests.registry import RELEASE_FILES
-from counterfactory.manifests.release_files import ReleaseContext, ReleaseFile
+from counterfactory.manifests.release_files import RELEASE_FILES, ReleaseContext, ReleaseFile
 
 
 class WarmthFileOptions(BaseModel):

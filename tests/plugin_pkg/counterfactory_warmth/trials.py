@@ -7,8 +7,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from counterfactory.manifests.registry import TRIAL_PROTOCOLS
-from counterfactory.manifests.trials import TrialContext, TrialProtocol
+from counterfactory.manifests.trials import TRIAL_PROTOCOLS, TrialContext, TrialProtocol
 
 
 class WarmthRatingOptions(BaseModel):
