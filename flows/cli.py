@@ -613,8 +613,9 @@ def verify(release: Path, expect: str | None) -> None:
     give, only regular files, nothing unlisted, nothing outside the folder."""
     import re
 
-    from counterfactory.manifests.release import release_digest, verify_release
+    from counterfactory.manifests.release import release_digest
     from counterfactory.manifests.release_folder import not_a_release
+    from counterfactory.manifests.release_verify import verify_release
 
     if expect is not None and not re.fullmatch(r"[0-9a-fA-F]{64}", expect.strip()):
         _fail(f"--expect {expect!r}: not a sha256 (64 hex digits); give the digest publish printed")

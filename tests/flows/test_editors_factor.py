@@ -21,7 +21,7 @@ from statistics import NormalDist
 import pytest
 import yaml
 
-from counterfactory.manifests.release import verify_release
+from counterfactory.manifests.release_verify import verify_release
 from counterfactory.manifests.spec import SpecError, load_spec
 from tests.conftest import REPO
 

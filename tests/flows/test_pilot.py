@@ -13,7 +13,7 @@ import yaml
 
 from counterfactory.flows.engine.execute import judge_key
 from counterfactory.manifests.ledger import Ledger
-from counterfactory.manifests.release import verify_release
+from counterfactory.manifests.release_verify import verify_release
 from counterfactory.manifests.spec import SpecError, load_spec
 from counterfactory.manifests.store import sha256_file
 from counterfactory.validation.thresholds import load_calibration

@@ -18,7 +18,7 @@ import sys
 import pytest
 
 from counterfactory.manifests.ledger import Ledger
-from counterfactory.manifests.release import verify_release
+from counterfactory.manifests.release_verify import verify_release
 from counterfactory.manifests.review import add_reviewer
 from tests.conftest import REPO
 from tests.flows.pilot_setup import LONDON, london_study, review_all, truth, vote_of, write_pilot_spec

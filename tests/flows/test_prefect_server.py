@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from counterfactory.assets import PHOTOS_DIR
-from counterfactory.manifests.release import verify_release
+from counterfactory.manifests.release_verify import verify_release
 from tests.conftest import REPO
 
 pytestmark = pytest.mark.slow

@@ -16,7 +16,8 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from counterfactory.manifests.release import ReleaseStage, read_jsonl, verify_release, write_json, write_jsonl
+from counterfactory.manifests.release import ReleaseStage, read_jsonl, write_json, write_jsonl
+from counterfactory.manifests.release_verify import verify_release
 from counterfactory.manifests.store import sha256_file
 from tests.conftest import REPO
 

@@ -20,7 +20,7 @@ from PIL import Image
 
 from counterfactory.generation.masks import dilate, mask_from_record
 from counterfactory.generation.sources import load_image, load_metadata
-from counterfactory.manifests.release import verify_release
+from counterfactory.manifests.release_verify import verify_release
 from tests.conftest import REPO, read_rgb
 from tests.generation import badinputs
 

@@ -17,7 +17,7 @@ import pytest
 from PIL import Image
 
 from counterfactory.manifests.hub import HubError, HubTransferError, export_release, pull_release, push_release
-from counterfactory.manifests.release import verify_release
+from counterfactory.manifests.release_verify import verify_release
 from tests.manifests.hub_release import make_release
 from tests.manifests.hub_server import HubServer
 

@@ -16,7 +16,8 @@ from click.testing import CliRunner
 from PIL import Image
 
 from counterfactory.flows.cli import main
-from counterfactory.manifests.release import read_jsonl, verify_release
+from counterfactory.manifests.release import read_jsonl
+from counterfactory.manifests.release_verify import verify_release
 from counterfactory.validation.report import contact_sheet_jpeg
 from tests.manifests.hub_release import make_release
 from tests.manifests.test_verify_meaning import _rechecksum, _writable

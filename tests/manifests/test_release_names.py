@@ -13,7 +13,8 @@ import yaml
 from click.testing import CliRunner
 
 from counterfactory.flows.cli import main
-from counterfactory.manifests.release import ReleaseIntegrityError, ReleaseStage, verify_release
+from counterfactory.manifests.release import ReleaseIntegrityError, ReleaseStage
+from counterfactory.manifests.release_verify import verify_release
 from tests.conftest import REPO
 from tests.manifests.hub_release import make_release
 from tests.manifests.test_verify_meaning import _rechecksum, _writable

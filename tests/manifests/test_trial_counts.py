@@ -264,7 +264,8 @@ def _published(spec_name: str, root: Path, photos: Path, metadata: Path, **overr
 
 @pytest.mark.slow
 def test_a_published_focus_release_holds_the_formulas_trials_row_for_row(tmp_path):
-    from counterfactory.manifests.release import read_jsonl, verify_release
+    from counterfactory.manifests.release import read_jsonl
+    from counterfactory.manifests.release_verify import verify_release
 
     photos = tmp_path / "photos"
     photos.mkdir()
@@ -321,7 +322,8 @@ def test_a_published_focus_release_holds_the_formulas_trials_row_for_row(tmp_pat
 
 @pytest.mark.slow
 def test_a_published_limb_release_queries_each_original_once_and_holds_the_np_dp_unit(tmp_path):
-    from counterfactory.manifests.release import read_jsonl, verify_release
+    from counterfactory.manifests.release import read_jsonl
+    from counterfactory.manifests.release_verify import verify_release
 
     photos = tmp_path / "photos"
     photos.mkdir()
