@@ -36,10 +36,10 @@ from counterfactory.manifests.paid.fal import (
     FalQueue,
     FalQueueOptions,
     FalTransfer,
-    cancel_open_requests,
     check_rgb,
     png_data_uri,
 )
+from counterfactory.manifests.paid.fal_cancel import cancel_open_requests
 from counterfactory.manifests.registry import EDITORS, EditorCapabilities
 
 #: USD per output image, as listed on fal's model pages when this was written (Nano Banana
