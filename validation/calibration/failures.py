@@ -7,15 +7,15 @@ re-encoding, as a diffusion editor returns it (a 1-3 px shift, a 0.5-2 % zoom ab
 multiples of 16, JPEG at quality 85-95). The gates must accept the good edits and catch
 (reject, or send to review) every failure class.
 
-Good edits change only the edit region FOCUS's prompt names (:data:`CORPUS_REGION`: face, neck
+Good edits change only the edit region FOCUS's prompt names (:data:`~counterfactory.validation.calibration.corpus_edits.CORPUS_REGION`: face, neck
 to the clothing line, ears, forehead to the hairline), as a study asks for them (issue 34):
 
-- ``skin_tone``: the region's skin lighter or darker by 8-15 L* (:data:`GOOD_L_RANGE`), a*b*
+- ``skin_tone``: the region's skin lighter or darker by 8-15 L* (:data:`~counterfactory.validation.calibration.corpus_edits.GOOD_L_RANGE`), a*b*
   moved by up to 5;
 - ``colour_transfer``: the region's CIELAB hue and spread moved to another person's face
   (Reinhard et al., "Color Transfer between Images", 2001), its lightness by 8-15 L* either way;
 - half of them also a ``feature_morph``: nose width, lip fullness and jaw width moved part of
-  the way toward the proportions of a person of another group (:func:`face_proportions`), each
+  the way toward the proportions of a person of another group (:func:`~counterfactory.validation.calibration.corpus_edits.face_proportions`), each
   factor within 0.85-1.15, with smooth local warps inside the face.
 
 Failure classes, each on top of a good edit (``CLASSES`` describes them):
@@ -36,10 +36,10 @@ Failure classes, each on top of a good edit (``CLASSES`` describes them):
 - ``object_removed``: the most textured region away from the face (2-5 % of the image)
   painted over by inpainting (Telea, 2004), as an editor erasing an object does;
 - the three local failures are made only where they are visible (a mean CIELAB change of at
-  least :data:`MIN_VISIBLE_DELTA_E` over their own pixels, a few placements tried); a photo
+  least :data:`~counterfactory.validation.calibration.corpus_edits.MIN_VISIBLE_DELTA_E` over their own pixels, a few placements tried); a photo
   with nothing visible to erase, or only patches like its wall, gets none of that class;
 - "away from the face" means outside the edit region too (the visible neck down to the
-  clothing line, grown by :data:`LOCAL_FAILURE_REGION_MARGIN` face sizes): a change inside it
+  clothing line, grown by :data:`~counterfactory.validation.calibration.corpus_edits.LOCAL_FAILURE_REGION_MARGIN` face sizes): a change inside it
   is one the prompt allows, not a locality failure;
 - ``body_skin``: the good edit's skin change applied to the person's skin outside the edit
   region too (chest, shoulders, hands, arms): the body skin the locality gate measures, found
@@ -165,7 +165,7 @@ class Case:
     photo_set: str = "bundled"
     person: str = ""
     group: str = ""
-    #: ``(H, W)`` uint8 {0, 255}: the edit region the good edit changes (:data:`CORPUS_REGION`:
+    #: ``(H, W)`` uint8 {0, 255}: the edit region the good edit changes (:data:`~counterfactory.validation.calibration.corpus_edits.CORPUS_REGION`:
     #: face, neck, ears and facial hair, as FOCUS's prompt names them); None: the oval
     region: np.ndarray | None = None
     #: the good edit's direction of skin lightness: ``lighter``, ``darker`` or ``""``
@@ -197,9 +197,9 @@ class _Photo:
     group: str = ""
     #: the same person in another expression, in this photo's frame: (image, face, oval, registration)
     pair: tuple[np.ndarray, FaceObservation, np.ndarray, dict[str, float]] | None = None
-    #: the edit region (:data:`CORPUS_REGION`), drawn with the person and the photo
+    #: the edit region (:data:`~counterfactory.validation.calibration.corpus_edits.CORPUS_REGION`), drawn with the person and the photo
     region: np.ndarray | None = None
-    #: :func:`face_proportions`
+    #: :func:`~counterfactory.validation.calibration.corpus_edits.face_proportions`
     shape: np.ndarray | None = None
 
 
