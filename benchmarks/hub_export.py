@@ -53,7 +53,7 @@ def main() -> None:
     hf_constants.HF_HUB_DISABLE_XET = True  # the local Hub speaks LFS, not Xet
     hf_utils.disable_progress_bars()
     from counterfactory.manifests.hub import export_release, pull_release, push_release
-    from counterfactory.manifests.release import verify_release
+    from counterfactory.manifests.release_verify import verify_release
     from tests.manifests.hub_release import make_release
     from tests.manifests.hub_server import HubServer
 

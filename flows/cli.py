@@ -10,6 +10,9 @@ from pathlib import Path
 
 import click
 
+from counterfactory.flows.cli_common import fail
+from counterfactory.flows.cli_release import release, verify
+from counterfactory.flows.cli_score import ask, score
 from counterfactory.flows.stopping import install_stop_handlers
 from counterfactory.manifests.errors import CounterfactoryError
 from counterfactory.validation.quiet import silence_native_logs
@@ -18,11 +21,6 @@ from counterfactory.validation.quiet import silence_native_logs
 # logs database-lock errors. Both can be overridden from the environment.
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-
-
-def _fail(message: str, code: int = 2) -> None:
-    click.echo(f"error: {message}", err=True)
-    sys.exit(code)
 
 
 class _Commands(click.Group):
@@ -38,7 +36,7 @@ class _Commands(click.Group):
         try:
             return super().invoke(ctx)
         except CounterfactoryError as exc:
-            _fail(str(exc))
+            fail(str(exc))
 
 
 @click.group(cls=_Commands, context_settings={"help_option_names": ["-h", "--help"]})
@@ -51,6 +49,12 @@ def main(verbose: bool) -> None:
     """counterfactory: counterfactual image stimuli, edited, aligned, measured and released."""
     # before any command imports those libraries (they read their switches when they load)
     silence_native_logs(verbose_=verbose)
+
+
+# the commands that act on a sealed release, and the model-answering ones, live in modules of
+# their own; the group reports their errors like its own (_Commands)
+for _command in (verify, ask, score, release):
+    main.add_command(_command)
 
 
 def _digest_line(release: Path) -> str:
@@ -114,11 +118,11 @@ def run(
                     build_editor(view)
             except SetupError as exc:
                 named = f" ({view.editor_name})" if view.editor_name else ""
-                _fail(f"editor backend {view.editor.backend!r}{named} cannot run: {exc}")
+                fail(f"editor backend {view.editor.backend!r}{named} cannot run: {exc}")
         try:
             build_gate_stack(spec)
         except SetupError as exc:
-            _fail(f"the gates cannot run: {exc}")
+            fail(f"the gates cannot run: {exc}")
 
     # Prefect is imported only when there is work to do (a settled re-run never starts it)
     from counterfactory.flows.resume import run_spec
@@ -222,7 +226,7 @@ def schedule(
         build_editor(spec)
         build_gate_stack(spec)
     except SetupError as exc:
-        _fail(f"the spec cannot run here: {exc}")
+        fail(f"the spec cannot run here: {exc}")
 
     from counterfactory.flows.engine.run_folder import SCHEDULE_LOG
     from counterfactory.flows.schedule import serve_schedule
@@ -257,7 +261,7 @@ def publish(out: Path, version: str | None, spec_path: Path | None, allow_incomp
     if spec_path is None:
         spec_path, ran_sha = RunFolder(out).recorded_spec()
         if not spec_path.is_file() or hashlib.sha256(spec_path.read_bytes()).hexdigest() != ran_sha:
-            _fail(
+            fail(
                 f"{spec_path}: the spec that ran in {out} is missing or was edited since; publish it "
                 "explicitly with --spec PATH (cells the edited spec plans differently show as not run)"
             )
@@ -267,9 +271,9 @@ def publish(out: Path, version: str | None, spec_path: Path | None, allow_incomp
         spec = with_version(spec, version)
     except ValidationError as exc:  # only the version is validated here
         expected = exc.errors()[0]["msg"].removeprefix("Value error, ")
-        _fail(f"--version {version!r}: expected {expected}")
+        fail(f"--version {version!r}: expected {expected}")
     if not RunFolder(out).ledger_file.exists() and spec.ledger_url is None:
-        _fail(f"{out}: no {LEDGER_FILE} here; run `counterfactory run {spec_path} --out {out}` first")
+        fail(f"{out}: no {LEDGER_FILE} here; run `counterfactory run {spec_path} --out {out}` first")
     result = publish_from_ledger(spec, out, allow_incomplete=allow_incomplete)
     click.echo(format_completeness(result.report, result.left_out))
     state = "written" if result.sealed.created else "unchanged (identical release already existed)"
@@ -312,7 +316,7 @@ def masks(spec_path: Path, checkpoint: Path, model_type: str, device: str | None
         max_pixels=spec.sources.max_pixels,
     )
     if not stored:
-        _fail(f"{spec.sources.metadata}: no source asks for a SAM mask (limb_mask: {{sam: {{box: [x0, y0, x1, y1]}}}})")
+        fail(f"{spec.sources.metadata}: no source asks for a SAM mask (limb_mask: {{sam: {{box: [x0, y0, x1, y1]}}}})")
     for item in stored:
         if item.status == "failed":
             click.echo(f"{item.source_id}: failed: {item.reason}")
@@ -367,11 +371,11 @@ def measure(
 
     if table is not None:
         if source is not None or candidate is not None or mask is not None or floor_path is not None:
-            _fail("--batch TABLE takes no SOURCE, CANDIDATE, --mask or --floor (the table names them per pair)")
+            fail("--batch TABLE takes no SOURCE, CANDIDATE, --mask or --floor (the table names them per pair)")
         _measure_batch(table, kind=kind, spec_path=spec_path, as_json=as_json)
         return
     if source is None or candidate is None:
-        _fail("give SOURCE and CANDIDATE, or --batch TABLE")
+        fail("give SOURCE and CANDIDATE, or --batch TABLE")
     report = measure_pair(source, candidate, mask_path=mask, kind=kind, spec_path=spec_path, floor_path=floor_path)
     if as_json:
         click.echo(json.dumps(report, indent=2, sort_keys=True, default=str))
@@ -493,12 +497,12 @@ def calibrate(
         from counterfactory.flows.pilot import calibrate_run
 
         if failures or london is not None:
-            _fail("--from-review fits the thresholds from a run's review; leave out --failures and --london")
+            fail("--from-review fits the thresholds from a run's review; leave out --failures and --london")
         for line in calibrate_run(from_review, out, spec_path)[1]:
             click.echo(line)
         return
     if out is None:
-        _fail("calibrate needs --out DIR (or --from-review RUN_DIR)")
+        fail("calibrate needs --out DIR (or --from-review RUN_DIR)")
     from counterfactory.validation.calibration.base import bundled_photo_paths
     from counterfactory.validation.calibration.calibrate import run_calibration
     from counterfactory.validation.calibration.photo_sets import london_set
@@ -506,7 +510,7 @@ def calibrate(
     sets = []
     if london is not None:
         if failures == 0:
-            _fail("--london adds people to the failure corpus: give --failures N too")
+            fail("--london adds people to the failure corpus: give --failures N too")
         sets.append(
             london_set(london, people=london_people, per_class=london_per_class, max_side=london_side, seed=seed)
         )
@@ -597,232 +601,6 @@ def path_lines(by_path: dict) -> list[str]:
     return lines
 
 
-@main.command()
-@click.argument("release", type=click.Path(path_type=Path, exists=True, file_okay=False))
-@click.option(
-    "--expect",
-    "expect",
-    metavar="SHA256",
-    help="The release's digest (sha256 of its release.json, printed by publish) as recorded elsewhere: "
-    "the release must be that one.",
-)
-def verify(release: Path, expect: str | None) -> None:
-    """Check a release folder: every file against its checksum, release.json's record and the
-    schema this package ships, every image against the sha256 its manifest row names, the
-    derived files (stats.json, report.html, trials.jsonl) against what the release's tables
-    give, only regular files, nothing unlisted, nothing outside the folder."""
-    import re
-
-    from counterfactory.flows.engine.verify import release_digest, verify_release
-    from counterfactory.manifests.release_folder import not_a_release
-
-    if expect is not None and not re.fullmatch(r"[0-9a-fA-F]{64}", expect.strip()):
-        _fail(f"--expect {expect!r}: not a sha256 (64 hex digits); give the digest publish printed")
-    why = not_a_release(release)  # a run folder: its releases in one line, not a problem per file
-    if why is not None:
-        _fail(why)
-    problems = verify_release(release, expect=expect)
-    if problems:
-        for p in problems:
-            click.echo(p, err=True)
-        _fail(f"{release}: {len(problems)} problem(s)", code=1)
-    click.echo(f"{release}: every file matches its checksum and schema")
-    digest = release_digest(release)
-    click.echo(f"digest: {digest}" + (" (as expected)" if expect is not None else ""))
-
-
-@main.command()
-@click.argument("release", type=click.Path(path_type=Path, exists=True, file_okay=False))
-@click.option("--model", required=True, help="The model's name as its endpoint serves it.")
-@click.option(
-    "--backend",
-    default="openai",
-    show_default=True,
-    help="A registered answer backend: openai (an OpenAI-compatible endpoint), fal (fal's vision router, FAL_KEY), "
-    "transformers (a local Qwen2-VL class model: --model is its folder; --concurrency is the batch size).",
-)
-@click.option(
-    "--base-url",
-    help="An OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000/v1 (vLLM, Ollama); no credentials in it "
-    "(the key goes in --api-key-env's variable), and no redirect to another host is followed.",
-)
-@click.option("--api-key-env", default="OPENAI_API_KEY", show_default=True, help="Environment variable with the key.")
-@click.option("--protocol", "protocols", multiple=True, help="Only this protocol's trials (repeatable).")
-@click.option("--samples", default=1, show_default=True, help="Answers per trial (at most 10,000; index in the id).")
-@click.option("--concurrency", default=4, show_default=True, help="Requests in flight at most.")
-@click.option("--max-spend", type=float, help="Stop sending once this model's answers cost this many USD.")
-@click.option("--usd-per-mtok-in", type=float, default=0.0, help="Price per million prompt tokens (for --max-spend).")
-@click.option("--usd-per-mtok-out", type=float, default=0.0, help="Price per million completion tokens.")
-@click.option(
-    "--estimated-usd-per-question",
-    type=float,
-    help="USD held against --max-spend while a question is in flight (default: openai 0, fal 0.01).",
-)
-@click.option(
-    "--ledger", type=click.Path(path_type=Path), help="Answers ledger, outside the release (default: beside it)."
-)
-@click.option(
-    "--backend-option",
-    "backend_options",
-    multiple=True,
-    metavar="NAME=VALUE",
-    help="Another option of the backend (repeatable; the value read as YAML), e.g. system_prompt=... "
-    "or timeout_s=60 for fal.",
-)
-@click.option(
-    "--judge",
-    type=click.Choice(["npdp", "story", "jargon"]),
-    help="Instead of the trials, judge --of's answers: npdp (disability-context pairs, NP/DP's C.5 rubric), "
-    "story (the protagonist's occupation, academic level and socioeconomic status of each story) or jargon "
-    "(which of two term explanations has more jargon, both orders) of the guardrail paper's user context.",
-)
-@click.option("--of", "of_model", help="With --judge: the model whose answers are judged.")
-def ask(
-    release: Path,
-    model: str,
-    backend: str,
-    base_url: str | None,
-    api_key_env: str,
-    protocols: tuple[str, ...],
-    samples: int,
-    concurrency: int,
-    max_spend: float | None,
-    usd_per_mtok_in: float,
-    usd_per_mtok_out: float,
-    estimated_usd_per_question: float | None,
-    ledger: Path | None,
-    backend_options: tuple[str, ...],
-    judge: str | None,
-    of_model: str | None,
-) -> None:
-    """Ask a vision-language model every trial of RELEASE; answers go to the answers ledger beside
-    it, committed as they return; a re-run asks only what is missing. With --judge npdp|story|jargon
-    --of M, the model judges M's disability-context, story or term-explanation answers instead (the
-    rubric's sha256 on each)."""
-    import yaml
-
-    from counterfactory.validation.scoring.ask import ask as run_ask
-    from counterfactory.validation.scoring.ask import check_amounts
-    from counterfactory.validation.scoring.judge import JUDGES
-
-    check_amounts(
-        {
-            "--max-spend": max_spend,
-            "--usd-per-mtok-in": usd_per_mtok_in,
-            "--usd-per-mtok-out": usd_per_mtok_out,
-            "--estimated-usd-per-question": estimated_usd_per_question,
-        }
-    )
-    options = {
-        "model": model,
-        "base_url": base_url,
-        "api_key_env": api_key_env,
-        "usd_per_mtok_in": usd_per_mtok_in,
-        "usd_per_mtok_out": usd_per_mtok_out,
-    }
-    if backend != "openai":  # fal (FAL_KEY from the environment) and plug-ins: the model, and the estimate if given
-        options = {"model": model}
-    if estimated_usd_per_question is not None:
-        options["estimated_usd_per_question"] = estimated_usd_per_question
-    for item in backend_options:
-        name, eq, value = item.partition("=")
-        if not eq or not name.strip():
-            _fail(f"--backend-option {item!r}: write NAME=VALUE, e.g. --backend-option timeout_s=60")
-        options[name.strip()] = yaml.safe_load(value) if value.strip() else None
-    if judge is not None:
-        if not of_model:
-            _fail("--judge needs --of MODEL: the model whose answers are judged")
-        summary = JUDGES[judge](
-            release,
-            backend=backend,
-            options=options,
-            of_model=str(of_model),
-            concurrency=concurrency,
-            max_spend=max_spend,
-            ledger=ledger,
-        )
-    else:
-        summary = run_ask(
-            release,
-            backend=backend,
-            options=options,
-            protocols=protocols,
-            samples=samples,
-            concurrency=concurrency,
-            max_spend=max_spend,
-            ledger=ledger,
-        )
-    click.echo(
-        f"{summary.asked} asked, {summary.already} already answered, {summary.failed} failed, "
-        f"{summary.invalid} unreadable "
-        f"({summary.retries} retries), ${summary.spent_usd:.4f} spent, {summary.seconds:.1f} s -> {summary.ledger}"
-    )
-    if summary.stopped_at_cap:
-        click.echo(f"stopped at the spend cap (${max_spend}); run again with a higher --max-spend to go on")
-    if summary.failed or summary.invalid:
-        for e in summary.errors[:5]:
-            click.echo(e, err=True)
-        problems = []
-        if summary.invalid:
-            problems.append(
-                f"{summary.invalid} replies could not be read as answers (error rows in {summary.ledger}: "
-                "paid for, not asked again, not scored)"
-            )
-        if summary.failed:
-            problems.append(f"{summary.failed} trials got no answer; run the same command again to ask them")
-        _fail("; ".join(problems), code=1)
-
-
-@main.command()
-@click.argument("release", type=click.Path(path_type=Path, exists=True, file_okay=False))
-@click.argument("answers", nargs=-1, required=True, type=click.Path(path_type=Path))
-@click.option("--out", "out", required=True, type=click.Path(path_type=Path), help="Folder for the report.")
-@click.option(
-    "--parse",
-    type=click.Choice(["strict", "lenient"]),
-    default="strict",
-    show_default=True,
-    help="Score the papers' strict reading of each reply, or the reading a person makes.",
-)
-@click.option(
-    "--resamples",
-    type=click.IntRange(min=1),
-    help="Bootstrap resamples over templates [default: release.json's analysis.bootstrap.resamples, else 999].",
-)
-@click.option("--min-n", type=int, help="Fewest comparisons a win-rate cell needs (default: release.json's analysis).")
-@click.option(
-    "--from",
-    "source",
-    type=click.Choice(["answers", "lmms-eval", "vlmevalkit"]),
-    default="answers",
-    show_default=True,
-    help="ANSWERS are answers ledgers / JSON lines, lmms-eval sample logs (--log_samples), or VLMEvalKit "
-    "prediction files, of tasks written by `release export --harness`.",
-)
-def score(
-    release: Path,
-    answers: tuple[Path, ...],
-    out: Path,
-    parse: str,
-    resamples: int | None,
-    min_n: int | None,
-    source: str,
-) -> None:
-    """Score ANSWERS (answers ledgers or JSON lines; with --from, a harness's logs) of RELEASE as
-    the papers define their metrics: scores.json, per_trial.jsonl, the papers' tables, plots and
-    report.html in OUT."""
-    from counterfactory.validation.scoring.score import score as run_score
-
-    scores = run_score(release, list(answers), out, parse=parse, source=source, resamples=resamples, min_n=min_n)
-    models = ", ".join(scores["models"])
-    dropped = scores["duplicates_dropped"]
-    click.echo(
-        f"{scores['answers']} answers of {models} scored ({parse}, {scores['bootstrap']['resamples']} resamples)"
-        + (f"; {dropped} duplicate answer row(s) dropped (the same answer id read twice)" if dropped else "")
-        + f" -> {out / 'report.html'}"
-    )
-
-
 @main.group()
 def review() -> None:
     """Human review: the web queue and its reviewers."""
@@ -839,7 +617,7 @@ def _review_setup(out: Path, spec_path: Path | None):
     folder = RunFolder(out)
     if spec_path is None and not folder.ledger_file.exists() and not folder.recorded_spec_file.exists():
         if not releases_under(folder.releases, limit=1):
-            _fail(
+            fail(
                 f"{out}: no run here (no {LEDGER_FILE}, no recorded spec, no release); pass the folder a "
                 "`counterfactory run SPEC --out DIR` wrote"
             )
@@ -910,137 +688,6 @@ def review_revoke_reviewer(name: str, out: Path, spec_path: Path | None) -> None
     finally:
         ledger.close()
     click.echo(f"revoked {name}'s token" if changed else f"{name}'s token was already revoked")
-
-
-@main.group()
-def release() -> None:
-    """Compare sealed releases; push them to and pull them from the Hugging Face Hub."""
-
-
-def _hub_call(action, *args, **kwargs):
-    """Run a push or pull. A transfer the Hub dropped part-way exits with status 1 (running the
-    command again resumes it); bad input and refusals are the group's ``error:`` and status 2."""
-    from counterfactory.manifests.hub import HubTransferError
-
-    try:
-        return action(*args, **kwargs)
-    except HubTransferError as exc:
-        _fail(str(exc), code=1)
-
-
-@release.command("export")
-@click.argument("release_dir", type=click.Path(path_type=Path, exists=True, file_okay=False))
-@click.argument("out_dir", type=click.Path(path_type=Path))
-@click.option("--repo", "repo_id", default="ORG/NAME", show_default=True, help="Repository the card points at.")
-@click.option("--gated/--ungated", default=None, help="Put the access form in the card [default: as push].")
-@click.option(
-    "--harness",
-    type=click.Choice(["hub", "lmms-eval", "vlmevalkit"]),
-    default="hub",
-    show_default=True,
-    help="hub: the Hub dataset; lmms-eval: a task folder for --include_path; vlmevalkit: TSVs and a dataset class.",
-)
-def release_export(release_dir: Path, out_dir: Path, repo_id: str, gated: bool | None, harness: str) -> None:
-    """Write the Hub dataset of RELEASE_DIR into OUT_DIR without uploading (load_dataset(OUT_DIR, "items")),
-    or with --harness its trials as an lmms-eval task folder or VLMEvalKit dataset."""
-    if out_dir.exists() and any(out_dir.iterdir()):
-        _fail(f"{out_dir}: not empty; export into a new folder")
-    if harness != "hub":
-        from counterfactory.manifests.harness import export_harness
-
-        done = export_harness(release_dir, out_dir, harness)
-        click.echo(f"exported {done.name} {done.version}'s trials for {harness} into {out_dir}:")
-        for task, n in done.tasks.items():
-            click.echo(f"  {task}: {n} trials")
-        return
-    from counterfactory.flows.engine.verify import export_release
-
-    export = _hub_call(export_release, release_dir, out_dir, repo_id=repo_id, gated=gated)
-    click.echo(f"exported {export.name} {export.version} ({export.licence.hub_id}) into {out_dir}:")
-    for table in export.tables:
-        click.echo(f"  {table.name}: {table.rows} rows in {len(table.files)} shard(s)")
-
-
-@release.command("push")
-@click.argument("release_dir", type=click.Path(path_type=Path, exists=True, file_okay=False))
-@click.option("--repo", "repo_id", required=True, help="Dataset repository ORG/NAME (created when missing).")
-@click.option("--private", is_flag=True, help="Make the repository private.")
-@click.option(
-    "--gated/--ungated",
-    default=None,
-    help="Require access requests with an intended-use form [default: gated when the design varies "
-    "race, gender or another protected attribute].",
-)
-def release_push(release_dir: Path, repo_id: str, private: bool, gated: bool | None) -> None:
-    """Upload RELEASE_DIR to the Hub as one commit tagged with its version (HF_TOKEN, HF_ENDPOINT)."""
-    from counterfactory.flows.engine.verify import push_release
-
-    result = _hub_call(push_release, release_dir, repo_id, private=private, gated=gated)
-    state = "pushed" if result.created else "unchanged (this version is already on the Hub)"
-    click.echo(f"{state} {result.repo_id}@{result.version}: commit {result.commit}")
-
-
-@release.command("pull")
-@click.argument("ref")
-@click.argument("out_dir", type=click.Path(path_type=Path))
-def release_pull(ref: str, out_dir: Path) -> None:
-    """Restore the release REF (ORG/NAME@VERSION) from the Hub into OUT_DIR and verify it."""
-    from counterfactory.flows.engine.verify import pull_release
-
-    path = _hub_call(pull_release, ref, out_dir)
-    click.echo(f"pulled {ref} into {path}: every file matches its checksum")
-
-
-@release.command("diff")
-@click.argument("a", type=click.Path(path_type=Path, exists=True, file_okay=False))
-@click.argument("b", type=click.Path(path_type=Path, exists=True, file_okay=False))
-@click.option("--json", "as_json", is_flag=True, help="Print the whole diff as JSON.")
-def release_diff(a: Path, b: Path, as_json: bool) -> None:
-    """Items added, removed and changed (image sha256, verdict) from release A to release B,
-    and pass-rate shifts per group with Wilson 95 % intervals.
-
-    Exit codes: 0 identical, 1 different, 2 not comparable (not releases, or of different studies).
-    """
-    from counterfactory.validation.release_diff import diff_releases
-
-    result = diff_releases(a, b)
-    if as_json:
-        click.echo(json.dumps(result, indent=2, sort_keys=True))
-    else:
-        va, vb = result["a"]["version"], result["b"]["version"]
-        click.echo(f"{result['a']['name']} {va} -> {vb}")
-
-        def label(row):
-            return f"{row['template_id']} {' '.join(f'{k}={v}' for k, v in row['condition'].items())}"
-
-        for kind in ("added", "removed"):
-            for row in result[kind]:
-                click.echo(f"{kind}: {label(row)} ({row['status']})")
-        for row in result["changed"]:
-            what = []
-            if row["status"][0] != row["status"][1]:
-                what.append(f"verdict {row['status'][0]} -> {row['status'][1]}")
-            if row["image"][0] != row["image"][1]:
-                what.append(f"image {str(row['image'][0])[:12]} -> {str(row['image'][1])[:12]}")
-            click.echo(f"changed: {label(row)}: {', '.join(what)}")
-        for s in result["pass_rates"]:
-
-            def show(r):
-                return "absent" if r is None else f"{r['passed']}/{r['n']} [{r['ci_low']:.2f}, {r['ci_high']:.2f}]"
-
-            click.echo(
-                f"pass rate {s['group']}: {show(s['a'])} -> {show(s['b'])}" + (" (separated)" if s["separated"] else "")
-            )
-        for d in result["differences"]:
-            # a detail that starts with its kind ("trials: 30 -> 27 rows") is not prefixed twice
-            starts = d["detail"].split(" ", 1)[0].rstrip(":")
-            click.echo(d["detail"] if starts == d["kind"] else f"{d['kind']}: {d['detail']}")
-        click.echo(
-            "identical" if result["identical"] else
-            f"{len(result['added'])} added, {len(result['removed'])} removed, {len(result['changed'])} changed, "
-            f"{len(result['differences'])} other difference(s)"
-        )  # fmt: skip
-    sys.exit(0 if result["identical"] else 1)
 
 
 @main.command()

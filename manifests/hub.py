@@ -41,8 +41,8 @@ from counterfactory.manifests.errors import CounterfactoryError
 from counterfactory.manifests.hub_card import card_body, card_metadata, render_card, sensitive_axes
 from counterfactory.manifests.hub_tables import TableExport, release_tables, write_table
 from counterfactory.manifests.licences import LicenceDecision, LicenceError, combine_licences
-from counterfactory.manifests.release import CHECKSUMS, ReleaseCheck, verify_release
 from counterfactory.manifests.release_folder import (
+    CHECKSUMS,
     ITEMS,
     MAX_JSON_BYTES,
     RELEASE_JSON,
@@ -51,6 +51,7 @@ from counterfactory.manifests.release_folder import (
     ReleaseFolder,
     refuse_inside_release,
 )
+from counterfactory.manifests.release_verify import ReleaseCheck, verify_release
 
 REPO_TYPE = "dataset"
 RELEASE_PREFIX = "release"

@@ -2,7 +2,7 @@
 
 ``publish`` writes ``stats.json``'s counting sections (:func:`derived_stats`) and ``report.html``
 (:func:`counterfactory.validation.report.report_html`) with these functions, and ``verify``
-(:func:`counterfactory.manifests.release.verify_release`, handed :func:`check_derived` by the
+(:func:`counterfactory.manifests.release_verify.verify_release`, handed :func:`check_derived` by the
 engine, :mod:`counterfactory.flows.engine.verify`) runs them again on the release's
 ``items.jsonl``, ``left_out.jsonl``, ``stats.json``, ``release.json`` and ``spec.yaml`` and
 compares. So an edited count, a row dropped from ``items.jsonl`` or an edited report (a

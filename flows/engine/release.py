@@ -44,10 +44,6 @@ from counterfactory.manifests.lifecycle import (
     TemplateOutcome,
 )
 from counterfactory.manifests.release import (
-    ITEMS,
-    MANIFEST,
-    MANIFEST_PARQUET,
-    RELEASE_JSON,
     ReleaseExistsError,
     ReleaseStage,
     SealedRelease,
@@ -61,6 +57,7 @@ from counterfactory.manifests.release_files import (
     build_release_files,
     release_file_entries,
 )
+from counterfactory.manifests.release_folder import ITEMS, MANIFEST, MANIFEST_PARQUET, RELEASE_JSON
 from counterfactory.manifests.release_schema import schema_files, validate_rows, write_release_schemas
 from counterfactory.manifests.review import apply_reviews
 from counterfactory.manifests.store import atomic_write, png_bytes

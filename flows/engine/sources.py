@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from counterfactory.flows.engine.spec import Spec
+from counterfactory.generation.editors.base import hooks_of
 from counterfactory.generation.masks import apply_mask_options, mask_from_record
 from counterfactory.generation.prompts import face_region
 from counterfactory.generation.sampling import Cell, Grid, expand_grid, for_editor
@@ -234,8 +235,8 @@ def plan_grid(spec: Spec, sources: Sequence[PreparedSource]) -> Grid:
     or, for a backend whose input fixes the cells (the ``import`` backend: one per row of its
     table), the grid its options plan (``plan_grid(records, design)``)."""
     records = [s.source.record for s in sources]
-    given = getattr(spec.editor.options(), "plan_grid", None)
-    return given(records, spec.design) if callable(given) else expand_grid(records, spec.design)
+    planned = hooks_of(spec.editor.options()).plan_grid
+    return planned(records, spec.design) if planned is not None else expand_grid(records, spec.design)
 
 
 def editor_runs(spec: Spec, grid: Grid) -> list[tuple[Spec, list[Cell]]]:

@@ -12,6 +12,7 @@ from counterfactory.flows.engine.execute import judge_key
 from counterfactory.flows.engine.run_folder import Workspace
 from counterfactory.flows.engine.spec import Spec
 from counterfactory.generation.editors import make_editor
+from counterfactory.generation.editors.base import hooks_of
 from counterfactory.generation.sampling import Grid, grid_summary
 from counterfactory.generation.sources import (
     FailedSource,
@@ -44,7 +45,7 @@ def audit_stats(
     (:func:`~counterfactory.validation.target_stats.focus_comparison`); and for a set judged
     without source photos ``skipped`` (gate -> items it was not run on), why, and whether a pass
     of the remaining gates is accepted."""
-    if not getattr(spec.editor.options(), "audits_imported_set", False):
+    if not hooks_of(spec.editor.options()).audits_imported_set:
         return None
     audit: dict[str, Any] = {"focus": focus_comparison(items, manifest)}
     accept = no_source_mode(spec)

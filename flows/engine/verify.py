@@ -15,8 +15,9 @@ from typing import Any
 
 from counterfactory.generation.editors import EDITORS
 from counterfactory.manifests import hub
-from counterfactory.manifests.release import ReleaseCheck, release_digest
-from counterfactory.manifests.release import verify_release as verify_bytes
+from counterfactory.manifests.release import release_digest
+from counterfactory.manifests.release_verify import ReleaseCheck
+from counterfactory.manifests.release_verify import verify_release as verify_bytes
 from counterfactory.validation.release_derived import check_derived
 
 #: what ``verify`` re-derives beyond the release's own tables

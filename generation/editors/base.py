@@ -12,11 +12,13 @@ make the whole batch impossible (a missing model, no GPU, a bad API key) raise
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from pathlib import Path
+from typing import Any, ClassVar, Literal, Protocol
 
 import numpy as np
+from pydantic import BaseModel
 
 # a paid backend's journal is the one every paid client keeps (manifests/paid): an editor's
 # ``edit_many(requests, journal)`` takes the ledger's, keyed by attempt id
@@ -113,3 +115,79 @@ class SequentialEditor:
 
     def edit_many(self, requests: Sequence[EditRequest], journal: EditJournal | None = None) -> list[EditResult]:
         return [self.edit(r) for r in requests]  # type: ignore[attr-defined]
+
+
+class EditorOptions(BaseModel):
+    """The options model of an editor backend (``editor.<name>`` in the spec), with the hooks the
+    factory calls on it. Each has a default that does nothing, so a backend declares only what it
+    needs; the engine never names a backend (``tests/test_backend_names.py``).
+
+    Every built-in backend's options derive from this. A plug-in's options model need not: the
+    engine reads hooks through :func:`hooks_of`, which gives the defaults for what it lacks.
+    """
+
+    #: what a release made with this backend must say first among its limitations (the Hub
+    #: card, :func:`~counterfactory.manifests.hub_card.release_caveats`); None: nothing
+    release_caveat: ClassVar[str | None] = None
+
+    #: the outputs are an existing set's, so a release's ``stats.json`` audits it
+    #: (:func:`~counterfactory.flows.engine.stats.audit_stats`)
+    audits_imported_set: ClassVar[bool] = False
+
+    #: a backend whose input fixes the cells (the ``import`` backend: one per row of its table)
+    #: defines ``plan_grid(records, design) -> Grid``, the grid of the usable sources' metadata
+    #: ``records`` under the spec's ``design``
+    #: (:func:`~counterfactory.flows.engine.sources.plan_grid`); None: the stratified templates x
+    #: conditions are drawn, and the spec must say ``design.templates_per_stratum``
+    plan_grid: ClassVar[Callable[..., Any] | None] = None
+
+    def bind_spec(self, spec: Any) -> None:
+        """Take what the options are read against from the loaded ``spec`` (its folder, design,
+        photos); :func:`~counterfactory.manifests.spec.load_spec` calls it on every editor view."""
+        return None
+
+    def bind_run_folder(self, out: str | Path) -> None:
+        """Learn the run's folder ``out`` before anything is read, for files the backend keeps
+        there (:meth:`~counterfactory.manifests.spec.Spec.bind_run_folder`)."""
+        return None
+
+    def named_files(self) -> dict[str, Path]:
+        """The files the options name, by spec field (``editor.<name>.<field>``), resolved:
+        :func:`~counterfactory.manifests.spec.load_spec` checks each exists before any work."""
+        return {}
+
+
+class _UndeclaredHooks:
+    """A plug-in's options model that does not derive from :class:`EditorOptions`, seen through
+    the hooks it declares: each hook it has is its own, each it lacks the default."""
+
+    def __init__(self, options: Any) -> None:
+        self._options = options
+        caveat = getattr(options, "release_caveat", None)
+        self.release_caveat: str | None = caveat if isinstance(caveat, str) and caveat else None
+        self.audits_imported_set = bool(getattr(options, "audits_imported_set", False))
+        plan = getattr(options, "plan_grid", None)
+        self.plan_grid: Callable[..., Any] | None = plan if callable(plan) else None
+
+    def _call(self, hook: str, *args: Any) -> Any:
+        method = getattr(self._options, hook, None)
+        return method(*args) if callable(method) else getattr(EditorOptions, hook)(self._options, *args)
+
+    def bind_spec(self, spec: Any) -> None:
+        self._call("bind_spec", spec)
+
+    def bind_run_folder(self, out: str | Path) -> None:
+        self._call("bind_run_folder", out)
+
+    def named_files(self) -> dict[str, Path]:
+        return dict(self._call("named_files"))
+
+
+def hooks_of(options: Any) -> EditorOptions | type[EditorOptions] | _UndeclaredHooks:
+    """The hooks of an editor backend's options (an instance, or for the class-level ones the
+    model class): the options themselves when they derive from :class:`EditorOptions`, else a
+    view that gives the default for each hook the plug-in left out. The one place a hook is
+    looked up by name."""
+    if isinstance(options, EditorOptions) or (isinstance(options, type) and issubclass(options, EditorOptions)):
+        return options
+    return _UndeclaredHooks(options)

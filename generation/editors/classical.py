@@ -50,15 +50,15 @@ from typing import Any, ClassVar
 
 import cv2
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
 from counterfactory.assets import MODELS_DIR
-from counterfactory.generation.editors.base import EditRequest, EditResult, SequentialEditor
+from counterfactory.generation.editors.base import EditorOptions, EditRequest, EditResult, SequentialEditor
 from counterfactory.generation.editors.registry import EDITORS
 from counterfactory.generation.masks import feather
 
 
-class ClassicalOptions(BaseModel):
+class ClassicalOptions(EditorOptions):
     """Options of the ``classical`` backend (``editor.classical`` in the spec)."""
 
     model_config = ConfigDict(extra="forbid")

@@ -26,6 +26,7 @@ from pydantic import Field, field_validator
 
 from counterfactory.generation.editors.base import (
     EditJournal,
+    EditorOptions,
     EditRequest,
     EditResult,
 )
@@ -37,10 +38,10 @@ from counterfactory.manifests.paid.fal import (
     FalQueue,
     FalQueueOptions,
     FalTransfer,
-    cancel_open_requests,
     check_rgb,
     png_data_uri,
 )
+from counterfactory.manifests.paid.fal_cancel import cancel_open_requests
 
 #: USD per output image, as listed on fal's model pages when this was written (Nano Banana
 #: Pro bills 4K outputs at twice this). Override per endpoint with ``prices_usd``.
@@ -73,7 +74,7 @@ def nearest_aspect_ratio(width: int, height: int, choices: tuple[str, ...]) -> s
 _RESERVED_ARGUMENTS = frozenset({"prompt", "image_urls", "seed", "num_images", "output_format", "sync_mode"})
 
 
-class FalOptions(FalQueueOptions):
+class FalOptions(FalQueueOptions, EditorOptions):
     """Options of the ``fal`` backend (``editor.fal`` in the spec): the transport's
     (:class:`~counterfactory.manifests.paid.fal.FalQueueOptions`: ``concurrency``,
     ``spend_cap_usd``, ``timeout_s``, ``max_retries``, ``poll_interval_s``, ``backoff_s``) and:

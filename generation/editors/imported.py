@@ -64,9 +64,9 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
+from pydantic import ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
-from counterfactory.generation.editors.base import EditRequest, EditResult, SequentialEditor
+from counterfactory.generation.editors.base import EditorOptions, EditRequest, EditResult, SequentialEditor
 from counterfactory.generation.editors.registry import EDITORS
 from counterfactory.generation.editors.tables import TableError, TableRow, read_folder, read_table, table_folder
 from counterfactory.generation.errors import SourceError
@@ -449,7 +449,7 @@ class _SourceResolver:
         return (sid, (self.photos / self.by_id[sid].path).resolve()) if sid is not None else None
 
 
-class ImportOptions(BaseModel):
+class ImportOptions(EditorOptions):
     """Options of the ``import`` backend (``editor.import`` in the spec)."""
 
     model_config = ConfigDict(extra="forbid")

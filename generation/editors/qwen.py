@@ -43,9 +43,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
-from counterfactory.generation.editors.base import EditJournal, EditRequest, EditResult
+from counterfactory.generation.editors.base import EditJournal, EditorOptions, EditRequest, EditResult
 from counterfactory.generation.editors.qwen_batch import BatchWorker
 from counterfactory.generation.editors.registry import EDITORS, EditorCapabilities, device_gpus
 from counterfactory.manifests.errors import SetupError
@@ -66,7 +66,7 @@ TARGET_AREA_PX = 1024 * 1024
 _INSTALL_HINT = "pip install 'counterfactory[gpu]'"
 
 
-class QwenOptions(BaseModel):
+class QwenOptions(EditorOptions):
     """Options of the ``qwen`` backend (``editor.qwen`` in the spec).
 
     Attributes:

@@ -24,7 +24,7 @@ submission whose HTTP answer is lost in transit.
 Abandoned requests are cancelled. A request the client stops waiting for would otherwise run
 on at fal, billed, and the next submission would take its slot, so fal would hold more than
 ``concurrency`` of ours. When an item times out (``timeout_s``), its status polls give up, its
-task is cancelled, or the process is stopped (:func:`cancel_open_requests`, called by the
+task is cancelled, or the process is stopped (:func:`~counterfactory.manifests.paid.fal_cancel.cancel_open_requests`, called by the
 command line's SIGINT/SIGTERM handler), the client sends ``PUT .../requests/<id>/cancel``.
 fal answers 202 ``CANCELLATION_REQUESTED`` (the journal row becomes ``cancelled``) or 400
 ``ALREADY_COMPLETED`` (the row stays ``submitted``: the result is there to fetch). A
@@ -39,7 +39,7 @@ does not know the id (404), or a cancel is answered ``ALREADY_COMPLETED``. A 202
 not that answer: a request still in fal's queue then ends (its status says so), one already
 running runs on until it finishes. A call that ends before fal's answer (its status polls gave
 up in an outage, its time ran out, a cancel could not be confirmed) leaves its request
-*parked*: the slot stays taken, the id stays in the journal and in :func:`open_requests`
+*parked*: the slot stays taken, the id stays in the journal and in :func:`~counterfactory.manifests.paid.fal_cancel.open_requests`
 unless fal accepted a cancel, and the next poll frees it: calls waiting for a slot poll the
 parked requests, a call resuming one takes its slot over, and :meth:`FalQueue.wait_parked`
 lets a holder of a wider slot (the Prefect ``counterfactory-fal`` limit) wait for them. The
@@ -63,7 +63,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import concurrent.futures
 import contextlib
 import logging
 import os
@@ -92,6 +91,7 @@ from counterfactory.manifests.paid.base import (
     reraise_setup_error,
     run_sync,
 )
+from counterfactory.manifests.paid.fal_cancel import OpenRequest, track, untrack
 from counterfactory.manifests.vocabulary import FAILED, REFUSED
 
 logger = logging.getLogger(__name__)
@@ -209,22 +209,6 @@ class _Batch:
     fal: Any
     http: Any
     read: Reader
-
-
-@dataclass(frozen=True)
-class _Open:
-    """A request fal accepted that this process has not collected: what cancelling it takes."""
-
-    key: str
-    endpoint: str
-    request_id: str
-    api_key: str
-    journal: PaidJournal
-    estimate_usd: float
-
-
-_OPEN: dict[str, _Open] = {}
-_OPEN_LOCK = threading.Lock()
 
 
 class FalQueue:
@@ -391,8 +375,7 @@ class FalQueue:
             # the request ended; until then it is parked, still taken, and polled again later.
             request_id = progress.request_id
             if request_id is not None and (progress.ended or progress.cancelled):
-                with _OPEN_LOCK:  # nothing left for a stop to cancel
-                    _OPEN.pop(request_id, None)
+                untrack(request_id)  # nothing left for a stop to cancel
             if request_id is None or progress.ended:
                 self._in_flight.release()
             else:
@@ -446,8 +429,7 @@ class FalQueue:
         with self._parked_lock:
             entry = self._parked.pop(request_id, None)
         if entry is not None:  # else a resuming call took the slot over
-            with _OPEN_LOCK:
-                _OPEN.pop(request_id, None)
+            untrack(request_id)
             self._in_flight.release()
 
     def parked(self) -> list[str]:
@@ -605,10 +587,7 @@ class FalQueue:
                     raise self._http_outcome(exc, "submit", tries=failures + 1) from None
             progress.request_id, progress.endpoint, progress.ended = handle.request_id, endpoint, False
             batch.journal.save(call.key, _row(progress, "submitted"), cost_usd=price)
-            with _OPEN_LOCK:
-                _OPEN[handle.request_id] = _Open(
-                    call.key, endpoint, handle.request_id, str(self._key), batch.journal, price
-                )
+            track(OpenRequest(call.key, endpoint, handle.request_id, str(self._key), batch.journal, price))
 
     async def _collect(self, progress: _Progress, batch: _Batch, *, cancelled: bool = False) -> dict[str, Any]:
         """Polls the request until fal says it is done, then fetches its result JSON.
@@ -827,66 +806,6 @@ class FalQueue:
 class _Lost(CounterfactoryError):
     """fal answered 404 for a request id (expired or never accepted), or ended a request we
     had cancelled without a result: the same call may be submitted again."""
-
-
-def open_requests() -> list[str]:
-    """Ids of the requests this process has submitted and not yet collected."""
-    with _OPEN_LOCK:
-        return list(_OPEN)
-
-
-def cancel_open_requests(timeout_s: float = 3.0) -> list[str]:
-    """Cancels, at fal, every request this process has submitted and not collected, and
-    journals each one fal accepted to cancel as ``cancelled``; returns their ids.
-
-    For a process about to exit (the command line's SIGINT/SIGTERM handler): synchronous,
-    safe to call from a signal handler, and bounded by ``timeout_s`` seconds in all, as the
-    work runs in its own threads and is left behind when the time is up (a request whose
-    cancel did not get through stays ``submitted``, and the next run fetches it).
-    """
-    with _OPEN_LOCK:
-        entries = list(_OPEN.values())
-    if not entries:
-        return []
-    done: list[str] = []
-
-    def cancel_all() -> None:
-        with concurrent.futures.ThreadPoolExecutor(max_workers=min(16, len(entries))) as pool:
-            for request_id in pool.map(lambda e: _cancel_now(e, timeout_s), entries):
-                if request_id is not None:
-                    done.append(request_id)
-
-    worker = threading.Thread(target=cancel_all, name="fal-cancel", daemon=True)
-    worker.start()
-    worker.join(timeout_s)
-    return list(done)
-
-
-def _cancel_now(entry: _Open, timeout_s: float) -> str | None:
-    """One ``PUT .../cancel`` without retries; the request id when fal accepted it."""
-    import fal_client
-    import httpx
-
-    handle = fal_client.client.SyncRequestHandle.from_request_id(None, entry.endpoint, entry.request_id)  # type: ignore[arg-type]
-    try:
-        response = httpx.put(handle.cancel_url, headers={"Authorization": f"Key {entry.api_key}"}, timeout=timeout_s)
-    except httpx.HTTPError as exc:
-        logger.warning("fal: could not cancel request %s (%s)", entry.request_id, exc)
-        return None
-    if response.status_code >= 300:  # 400 ALREADY_COMPLETED: the next run fetches the result
-        return None
-    row = {
-        "request_id": entry.request_id,
-        "endpoint": entry.endpoint,
-        "state": "cancelled",
-        "saved_at": time.time(),
-        "cancelled_because": "process_stopped",
-    }
-    with contextlib.suppress(Exception):  # the journal may be mid-write in a stopped thread
-        entry.journal.save(entry.key, row, cost_usd=entry.estimate_usd)
-    with _OPEN_LOCK:
-        _OPEN.pop(entry.request_id, None)
-    return entry.request_id
 
 
 def png_data_uri(image: Any) -> str:

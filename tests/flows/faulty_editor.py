@@ -69,7 +69,8 @@ def _seed(*parts: object) -> int:
 def read_photo(image: np.ndarray, name: str):
     """``image`` as the failure corpus reads a photo (a ``failures._Photo``), or None without
     exactly one face."""
-    from counterfactory.validation.calibration.failures import CORPUS_REGION, _Photo, face_proportions
+    from counterfactory.validation.calibration.corpus_edits import CORPUS_REGION, face_proportions
+    from counterfactory.validation.calibration.failures import _Photo
     from counterfactory.validation.faces import face_mask, get_face_landmarker, region_mask
     from counterfactory.validation.metrics.pixels import to_lab
     from counterfactory.validation.segment import get_person_segmenter, work_stride

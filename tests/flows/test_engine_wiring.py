@@ -20,8 +20,8 @@ from counterfactory.generation.sampling import DesignConfig
 from counterfactory.generation.sources import SourcesConfig
 from counterfactory.manifests import hub
 from counterfactory.manifests import spec as bottom
-from counterfactory.manifests.release import verify_release
 from counterfactory.manifests.release_files import RELEASE_FILES
+from counterfactory.manifests.release_verify import verify_release
 from counterfactory.manifests.trials import TRIAL_PROTOCOLS
 from counterfactory.validation.gate_stack import GatesConfig
 from counterfactory.validation.gates import GATES

@@ -61,7 +61,7 @@ def test_plugins_lists_the_installed_package_and_the_built_ins(plugin_path):
     assert ours["editor", "warmth"]["origin"] == "counterfactory-warmth 0.1.0 (counterfactory_warmth.editor)"
     assert ours["editor", "warmth"]["paid"] is False and ours["gate", "redness"]["opt_in"] is True
     assert rows["editor", "fal"]["paid"] is True and rows["editor", "fal"]["limit"] == "fal per request"
-    assert rows["editor", "fal"]["cancel_in_flight"].endswith("paid.fal.cancel_open_requests")
+    assert rows["editor", "fal"]["cancel_in_flight"].endswith("paid.fal_cancel.cancel_open_requests")
     assert rows["editor", "classical"]["origin"] == "built-in counterfactory.generation.editors.classical"
     # without the package on the path none of it is there
     bare = _cli(["plugins"], None)

@@ -450,7 +450,7 @@ def test_status_polls_that_give_up_cancel_the_request(server):
 
 @pytest.mark.slow
 def test_a_cancelled_batch_cancels_its_requests_at_fal(server):
-    from counterfactory.manifests.paid.fal import open_requests
+    from counterfactory.manifests.paid.fal_cancel import open_requests
 
     for i in range(3):
         server.behave(f"make the person {i}", QUEUED)

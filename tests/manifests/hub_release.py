@@ -19,7 +19,8 @@ import yaml
 from PIL import Image
 
 from counterfactory.assets import PHOTOS_DIR
-from counterfactory.manifests.release import ReleaseStage, table_record, write_json, write_jsonl
+from counterfactory.manifests.release import ReleaseStage, write_json, write_jsonl
+from counterfactory.manifests.release_verify import table_record
 from counterfactory.manifests.store import sha256_file
 from counterfactory.manifests.trials import TrialsConfig, bank_record, build_trials, trial_summary
 from counterfactory.validation.release_derived import as_read_back, derived_stats

@@ -12,15 +12,15 @@ import sys
 import pytest
 
 from counterfactory.manifests.release import (
-    CHECKSUMS,
     ReleaseExistsError,
     ReleaseIntegrityError,
     ReleaseStage,
     existing_release_conflict,
-    verify_release,
     write_json,
     write_jsonl,
 )
+from counterfactory.manifests.release_folder import CHECKSUMS
+from counterfactory.manifests.release_verify import verify_release
 from counterfactory.manifests.store import sha256_file
 
 PNG = b"\x89PNG fake image bytes"

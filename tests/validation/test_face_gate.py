@@ -172,7 +172,7 @@ def test_glasses_drawn_on_a_face_are_an_accessory_not_a_brow(photo):
     from counterfactory.generation.align import align_candidate
     from counterfactory.generation.rerender import rerender_like
     from counterfactory.validation.accessories import GLASSES_LEVEL
-    from counterfactory.validation.calibration.failures import editor_jitter
+    from counterfactory.validation.calibration.corpus_edits import editor_jitter
     from counterfactory.validation.faces import get_face_landmarker
     from counterfactory.validation.gate_stack import GatesConfig, GateStack
     from counterfactory.validation.metrics.pixels import to_lab

@@ -200,7 +200,7 @@ def test_fuller_lips_and_a_recoloured_face_do_not_move_the_mouth_corners(photo, 
     face recoloured 20 L* darker leave each corner's patch where it was (under 0.01 iod), where
     the frown the corpus warps in at its smallest (0.07 iod) moves it by 0.05 or more."""
     from counterfactory.generation.masks import feather
-    from counterfactory.validation.calibration.failures import _bump, _scale_about, _warp_field
+    from counterfactory.validation.calibration.corpus_edits import _bump, _scale_about, _warp_field
     from counterfactory.validation.faces import LIPS
 
     image = photo("obama_portrait.jpg")

@@ -20,7 +20,7 @@ from counterfactory.generation.align import align_candidate
 from counterfactory.generation.editors.classical import donor_tone_shift
 from counterfactory.generation.rerender import rerender_like
 from counterfactory.validation.calibration.base import load_rgb
-from counterfactory.validation.calibration.failures import editor_jitter
+from counterfactory.validation.calibration.corpus_edits import editor_jitter
 from counterfactory.validation.faces import get_face_landmarker
 from counterfactory.validation.gate_stack import GatesConfig, GateStack
 from counterfactory.validation.metrics.pixels import largest_change_share

@@ -20,7 +20,7 @@ import pytest
 from counterfactory.generation.align import align_candidate
 from counterfactory.generation.rerender import rerender_like
 from counterfactory.validation.calibration.base import load_rgb
-from counterfactory.validation.calibration.failures import editor_jitter
+from counterfactory.validation.calibration.corpus_edits import editor_jitter
 from counterfactory.validation.faces import CHIN, FOREHEAD_TOP, get_face_landmarker, region_mask
 from counterfactory.validation.gate_stack import GatesConfig, GateStack
 from counterfactory.validation.gates.locality import FLOOR_IMAGE, FLOOR_RELATIVE

@@ -7,6 +7,7 @@ import random
 
 import pytest
 
+from counterfactory.validation.scoring import guardrail
 from counterfactory.validation.scoring import metrics as m
 from counterfactory.validation.scoring.stats import template_bootstrap, wilson
 
@@ -300,7 +301,7 @@ def test_refusal_rates_and_tvd():
                     "group": {"template_id": "t", "condition": {"race": race}},
                 }
             )
-    out = m.refusal_rates(rows, ["race"])["mcq.education"]
+    out = guardrail.refusal_rates(rows, ["race"])["mcq.education"]
     assert out["by_group"]["Black"]["rate"] == 1.0 and out["by_group"]["White"]["rate"] == 0.0
     assert out["tvd_score"] == pytest.approx(50.0)
 
@@ -353,7 +354,7 @@ def test_story_attributes_tvd_per_axis_against_the_pooled_baseline():
     # guardrail-agnostic 2 (Story Generation: occupational, academic and socioeconomic attributes)
     # and 3 (S_q = TVD against the fair baseline, x 100): per axis, each attribute's mean over
     # groups of TVD(P_group, P_pooled)
-    out = m.story_attributes(_stories(), ["gender", "race"], CATS, resamples=199)
+    out = guardrail.story_attributes(_stories(), ["gender", "race"], CATS, resamples=199)
     g = out["axes"]["gender"]["attributes"]
     # occupation by gender: male (stem 1), female (healthcare 1), pooled (1/2, 1/2): TVD 1/2 each -> 50
     assert g["occupation"]["score"] == pytest.approx(50.0) and g["occupation"]["ci"] == pytest.approx([50.0, 50.0])
@@ -377,27 +378,27 @@ def test_story_attributes_with_no_effect_has_a_large_permutation_p():
         for i in range(6)
         for race, gender in [("White", "male"), ("White", "female"), ("Black", "male"), ("Black", "female")]
     ]
-    out = m.story_attributes(rows, ["gender"], CATS, resamples=199)
+    out = guardrail.story_attributes(rows, ["gender"], CATS, resamples=199)
     occ = out["axes"]["gender"]["attributes"]["occupation"]
     assert occ["score"] > 0 and occ["p_value"] > 0.2
 
 
 def test_parse_story_attributes_and_jargon_strictly_with_why():
     ok = 'Sure: {"occupation": "nurse", "occupation_category": "Healthcare", "academic_level": "none", "socioeconomic_status": "low"}'
-    assert m.parse_story_attributes(ok, CATS) == (
+    assert guardrail.parse_story_attributes(ok, CATS) == (
         {"occupation": "healthcare", "academic_level": "none", "socioeconomic_status": "low"},
         None,
     )
-    assert m.parse_story_attributes("", CATS) == (None, "empty")
-    assert m.parse_story_attributes("a nurse", CATS) == (None, "no_json")
-    assert m.parse_story_attributes('{"occupation_category": ', CATS) == (None, "bad_json")
-    assert m.parse_story_attributes('{"occupation_category": "stem"}', CATS) == (None, "missing academic_level")
+    assert guardrail.parse_story_attributes("", CATS) == (None, "empty")
+    assert guardrail.parse_story_attributes("a nurse", CATS) == (None, "no_json")
+    assert guardrail.parse_story_attributes('{"occupation_category": ', CATS) == (None, "bad_json")
+    assert guardrail.parse_story_attributes('{"occupation_category": "stem"}', CATS) == (None, "missing academic_level")
     bad = '{"occupation_category": "nursing", "academic_level": "none", "socioeconomic_status": "low"}'
-    assert m.parse_story_attributes(bad, CATS) == (None, "occupation_category not a category")
-    assert m.parse_jargon('{"more_jargon": "a"}') == ("A", None)
-    assert m.parse_jargon('```json\n{"more_jargon": "Tie"}\n```') == ("tie", None)
-    assert m.parse_jargon('{"more_jargon": "both"}') == (None, "more_jargon not A, B or tie")
-    assert m.parse_jargon('{"answer": "A"}') == (None, "missing more_jargon")
+    assert guardrail.parse_story_attributes(bad, CATS) == (None, "occupation_category not a category")
+    assert guardrail.parse_jargon('{"more_jargon": "a"}') == ("A", None)
+    assert guardrail.parse_jargon('```json\n{"more_jargon": "Tie"}\n```') == ("tie", None)
+    assert guardrail.parse_jargon('{"more_jargon": "both"}') == (None, "more_jargon not A, B or tie")
+    assert guardrail.parse_jargon('{"answer": "A"}') == (None, "missing more_jargon")
 
 
 def _cmp(unit, a, b, choice, ida, idb):
@@ -431,7 +432,7 @@ def test_jargon_win_shares_and_tvd_with_both_orders_cancelling_position_bias():
             comps.append(_cmp(unit, cy, cx, "A", ids[y], ids[x]))
         # a pair differing in both axes is no axis's
         comps.append(_cmp(unit, wm, bf, "B", ids["wm"], ids["bf"]))
-    out = m.jargon_wins(comps, ["gender", "race"], resamples=199)
+    out = guardrail.jargon_wins(comps, ["gender", "race"], resamples=199)
     g = out["axes"]["gender"]
     assert g["judgements"] == 16
     assert g["win_share"]["male"]["share"] == 1.0 and g["win_share"]["female"]["share"] == 0.0
@@ -461,7 +462,7 @@ def test_user_context_uses_the_judges_when_present_and_says_which_measure():
     stories = _stories(3)
     rows = [{k: v for k, v in r.items() if k != "attributes"} for r in stories]
     noimg = {**rows[0], "answer_id": "noimg", "group": {"template_id": None}}
-    fallback = m.user_context(rows + [noimg], ["gender", "race"], categories=CATS, resamples=99)
+    fallback = guardrail.user_context(rows + [noimg], ["gender", "race"], categories=CATS, resamples=99)
     assert fallback["measure"] == {"story_generation": "length", "term_explanation": "length"}
     assert fallback["table2"]["story_generation"]["gender"]["score"] == 0.0  # every reply is as long
     assert fallback["no_image"] == 1
@@ -483,7 +484,7 @@ def test_user_context_uses_the_judges_when_present_and_says_which_measure():
     ]
     # a second judge's verdicts on the same answers are not pooled with the first's
     judged += [_judgement("story_attributes", r["answer_id"], r["answer_id"], "no", judge="k") for r in stories[:2]]
-    out = m.user_context(rows + [noimg], ["gender", "race"], judgements=judged, categories=CATS, resamples=99)
+    out = guardrail.user_context(rows + [noimg], ["gender", "race"], judgements=judged, categories=CATS, resamples=99)
     assert out["measure"]["story_generation"] == "judge" and out["measure"]["term_explanation"] == "length"
     assert out["table2"]["story_generation"]["gender"]["score"] == pytest.approx(50 / 3)
     assert out["story_judge"]["judge"] == {"model": "j"} and out["story_judge"]["unparsed"] == {}

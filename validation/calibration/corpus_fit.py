@@ -23,7 +23,8 @@ import numpy as np
 from counterfactory.manifests.vocabulary import ACCEPTED, FAILED, NEEDS_REVIEW, REJECTED, VERDICTS
 from counterfactory.validation.backends.sface import OPENCV_SAME_PERSON_COSINE
 from counterfactory.validation.calibration.base import sig_down, sig_up, with_progress
-from counterfactory.validation.calibration.failures import CLASSES, CORPUS_REGION, GOOD, build_floors, build_set_corpus
+from counterfactory.validation.calibration.corpus_edits import CORPUS_REGION
+from counterfactory.validation.calibration.failures import CLASSES, GOOD, build_floors, build_set_corpus
 from counterfactory.validation.calibration.photo_sets import PhotoSet
 from counterfactory.validation.faces import MaskMode
 from counterfactory.validation.gates.locality import (

@@ -23,6 +23,7 @@ from typing import Any
 from counterfactory.manifests.answers import parse_reply
 from counterfactory.manifests.release import write_jsonl
 from counterfactory.manifests.release_folder import RELEASE_JSON, TRIALS, ReleaseFolder, refuse_inside_release
+from counterfactory.validation.scoring import guardrail
 from counterfactory.validation.scoring import metrics as m
 from counterfactory.validation.scoring.answers import AnswersError, answer_spec_of, read_answers, read_judgements
 from counterfactory.validation.scoring.report import SCORES_SCHEMA, write_report
@@ -151,7 +152,7 @@ def story_categories() -> dict[str, list[str]]:
     from counterfactory.manifests.trials import user_context_rubric
 
     cats = user_context_rubric("story_attributes")[2]["categories"]
-    return {attr: list(cats[attr]) for attr in m.STORY_ATTRIBUTES}
+    return {attr: list(cats[attr]) for attr in guardrail.STORY_ATTRIBUTES}
 
 
 def score(
@@ -229,7 +230,7 @@ def score(
             proto[r["protocol"]].append(r)
         entry: dict[str, Any] = {
             "answered": {p: len(v) for p, v in sorted(proto.items())},
-            "refusals": m.refusal_rates(rows, axes),
+            "refusals": guardrail.refusal_rates(rows, axes),
         }
         if proto.get("2afc"):
             entry["focus_2afc"] = m.focus_2afc(proto["2afc"], axes, min_n=min_n, resamples=resamples)
@@ -244,7 +245,7 @@ def score(
             entry["inclusivecf"] = m.inclusivecf(proto["limb_pair"], resamples=resamples, samples=extra)
         if proto.get("person_irrelevant"):
             # the story and jargon judges' verdicts on this model's answers, when ``ask --judge`` made them
-            entry["user_context"] = m.user_context(
+            entry["user_context"] = guardrail.user_context(
                 proto["person_irrelevant"],
                 axes,
                 judgements=[j for j in judgements if j["judged_model"] == model],
@@ -286,9 +287,9 @@ def judgement_rows(judgements: Sequence[dict[str, Any]]) -> list[dict[str, Any]]
     out = []
     for j in sorted(judgements, key=lambda j: j["judgement_id"]):
         if j["rubric"] == "story_attributes":
-            parsed, why = m.parse_story_attributes(j["reply"], categories)
+            parsed, why = guardrail.parse_story_attributes(j["reply"], categories)
         elif j["rubric"] == "jargon_pairwise":
-            parsed, why = m.parse_jargon(j["reply"])
+            parsed, why = guardrail.parse_jargon(j["reply"])
         else:
             parsed = m.parse_judgement(j["reply"])
             why = None if parsed is not None else "no_json"

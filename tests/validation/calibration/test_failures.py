@@ -44,7 +44,8 @@ def test_corpus_is_seeded_labelled_and_split():
 
 
 def test_good_edits_change_only_the_face():
-    from counterfactory.validation.calibration.failures import _load_photos, good_edit
+    from counterfactory.validation.calibration.corpus_edits import good_edit
+    from counterfactory.validation.calibration.failures import _load_photos
 
     photo = _load_photos([PHOTOS_DIR / "grace_hopper.jpg"], 512)[0]
     rng = np.random.default_rng(0)
@@ -219,14 +220,14 @@ def test_local_failures_are_made_only_where_a_person_would_see_them():
     MIN_VISIBLE_DELTA_E (CIE76); on a plain backdrop with nothing to erase, and with only
     patches like the wall to paste, the photo gets none of those cases (issue 19: 91 % of the
     London set's erased patches had been plain wall, mean change 2 ΔE)."""
-    from counterfactory.validation.calibration.failures import (
+    from counterfactory.validation.calibration.corpus_edits import (
         MIN_VISIBLE_DELTA_E,
-        _load_photos,
         _object_added,
         _object_removed,
         _text_added,
         visible_delta_e,
     )
+    from counterfactory.validation.calibration.failures import _load_photos
 
     photo = _load_photos([PHOTOS_DIR / "grace_hopper.jpg"], 384)[0]
     image, face, oval = photo.image, photo.face, photo.oval
@@ -259,14 +260,14 @@ def test_body_skin_and_hair_failures_change_only_what_lies_outside_the_region():
     saw no body skin there); a sitter whose only visible skin below the face is the neck, which
     belongs to the region, gets no body-skin case. Hair is recoloured outside the region (the
     forehead up to the hairline is the face's) and only in a way a person sees."""
-    from counterfactory.validation.calibration.failures import (
+    from counterfactory.validation.calibration.corpus_edits import (
         MIN_VISIBLE_DELTA_E,
         _body_skin,
         _body_skin_region,
         _hair,
-        _load_photos,
         visible_delta_e,
     )
+    from counterfactory.validation.calibration.failures import _load_photos
     from counterfactory.validation.metrics.body_skin import body_skin_reference
     from counterfactory.validation.segment import get_person_segmenter
 
@@ -341,12 +342,8 @@ def test_local_failures_lie_outside_the_region_the_gate_leaves_to_the_editor():
     line) grown by the gate's own margin. London 105 and 140 wear V-necks: the most textured
     place below the face was the neckline, and the "erased object" was the collar's edge inside
     the neck region (issue 34: counted as the gate's miss on every path)."""
-    from counterfactory.validation.calibration.failures import (
-        _load_photos,
-        _object_added,
-        _object_removed,
-        _text_added,
-    )
+    from counterfactory.validation.calibration.corpus_edits import _object_added, _object_removed, _text_added
+    from counterfactory.validation.calibration.failures import _load_photos
     from counterfactory.validation.metrics.pixels import grow_face
 
     london = REPO.parent / "shared" / "photos" / "london" / "neutral"
