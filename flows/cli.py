@@ -304,6 +304,7 @@ def masks(spec_path: Path, checkpoint: Path, model_type: str, device: str | None
     """
     from counterfactory.flows.engine.spec import load_spec
     from counterfactory.generation.masks_sam import store_sam_masks
+    from counterfactory.manifests.vocabulary import FAILED
 
     spec = load_spec(spec_path)
     stored = store_sam_masks(
@@ -318,12 +319,12 @@ def masks(spec_path: Path, checkpoint: Path, model_type: str, device: str | None
     if not stored:
         fail(f"{spec.sources.metadata}: no source asks for a SAM mask (limb_mask: {{sam: {{box: [x0, y0, x1, y1]}}}})")
     for item in stored:
-        if item.status == "failed":
+        if item.status == FAILED:
             click.echo(f"{item.source_id}: failed: {item.reason}")
             continue
         warn = "  (empty: check the prompt)" if not item.inside_share else ""
         click.echo(f"{item.source_id}: {item.status} {item.path} ({item.inside_share:.1%} of the photo){warn}")
-    failed = sum(item.status == "failed" for item in stored)
+    failed = sum(item.status == FAILED for item in stored)
     click.echo(f"SAM masks: {len(stored) - failed} stored, {failed} failed")
     if failed:
         sys.exit(1)

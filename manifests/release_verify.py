@@ -44,6 +44,7 @@ from counterfactory.manifests.release_folder import (
     TRIALS,
 )
 from counterfactory.manifests.safefiles import sha256_file
+from counterfactory.manifests.vocabulary import ACCEPTED
 
 _CHECKSUM_LINE = re.compile(r"([0-9a-f]{64})  (.+)")
 
@@ -409,7 +410,7 @@ def _check_manifest_is_accepted_items(path: Path, tables: dict[str, list[tuple[i
     if not (path / ITEMS).is_file():
         return []
     manifest = [row for _, row in tables[MANIFEST]]
-    accepted = [row for _, row in tables[ITEMS] if row.get("status") == "accepted"]
+    accepted = [row for _, row in tables[ITEMS] if row.get("status") == ACCEPTED]
     if manifest == accepted:
         return []
     in_items = {row.get("item_id") for row in accepted}

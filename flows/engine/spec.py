@@ -30,6 +30,7 @@ from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 
 from counterfactory.generation.align import AlignConfig
 from counterfactory.generation.editors import EDITORS
+from counterfactory.generation.editors.base import hooks_of
 from counterfactory.generation.masks import MaskOptions
 from counterfactory.generation.prompts import PromptConfig
 from counterfactory.generation.sampling import DesignConfig
@@ -202,7 +203,7 @@ class Spec(BaseModel):
             if missing:
                 raise ValueError(f"prompts.limb has no template for cue values {sorted(missing)}")
         if self.design.templates_per_stratum is None and not all(
-            callable(getattr(config.options(), "plan_grid", None)) for config in self.editor_configs()
+            callable(hooks_of(config.options()).plan_grid) for config in self.editor_configs()
         ):
             # an editor that plans the grid itself (an import: one cell per row of its table)
             # needs no draw from the strata; every other one does
@@ -239,9 +240,7 @@ class Spec(BaseModel):
         """Tell each editor backend whose options keep files of the run (the import backend's
         embedded dataset images) the run's folder ``out``, before they read anything."""
         for config in self.editor_configs():
-            bind = getattr(config.options(), "bind_run_folder", None)
-            if callable(bind):
-                bind(Path(out))
+            hooks_of(config.options()).bind_run_folder(Path(out))
 
     def editor_configs(self) -> list[EditorConfig]:
         """Every editor the spec runs with (``editors``, else ``[editor]``)."""
@@ -418,8 +417,7 @@ def _check_named_files(path: Path, spec: Spec, *, check_paths: bool) -> None:
             "correct the path (a relative one is read from the working folder) or leave the field out",
         )
     for config in spec.editor_configs():
-        named = getattr(config.options(), "named_files", None)
-        for field_name, p in (named() if callable(named) else {}).items():
+        for field_name, p in hooks_of(config.options()).named_files().items():
             # (a folder for an import backend's folder layout or Hugging Face dataset folder)
             if not Path(p).exists():
                 raise missing_file(
@@ -506,9 +504,7 @@ def load_spec(path: str | Path, *, check_paths: bool = True) -> Spec:
     # a backend whose options name files (the import backend's table) resolves them against the
     # spec's folder and checks them against the design (bind_spec on its options model)
     for view in spec.editor_views():
-        bind = getattr(view.editor.options(), "bind_spec", None)
-        if callable(bind):
-            bind(view)
+        hooks_of(view.editor.options()).bind_spec(view)
     if spec.trials.biographies is None and needs_biographies(spec.trials):
         needing = [p for p in spec.trials.protocols if needs_biographies(TrialsConfig(protocols=[p]))]
         raise SpecError(

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from counterfactory.generation.editors import EDITORS
+from counterfactory.generation.editors.base import hooks_of
 from counterfactory.manifests import hub
 from counterfactory.manifests.release import release_digest
 from counterfactory.manifests.release_verify import ReleaseCheck
@@ -31,7 +32,7 @@ def editor_caveat(backend: str) -> str | None:
     (``release_caveat`` on its options model); None for a backend this installation lacks."""
     if backend not in EDITORS:
         return None
-    return getattr(EDITORS.get(backend).options, "release_caveat", None)
+    return hooks_of(EDITORS.get(backend).options).release_caveat
 
 
 def verify_release(path: str | Path, **kwargs: Any) -> list[str]:

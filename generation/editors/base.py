@@ -23,6 +23,7 @@ from pydantic import BaseModel
 # a paid backend's journal is the one every paid client keeps (manifests/paid): an editor's
 # ``edit_many(requests, journal)`` takes the ledger's, keyed by attempt id
 from counterfactory.manifests.paid import PaidJournal as EditJournal
+from counterfactory.manifests.vocabulary import OK
 
 EditStatus = Literal["ok", "refused", "failed"]
 
@@ -78,7 +79,7 @@ class EditResult:
     metadata: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if self.status == "ok" and self.image is None:
+        if self.status == OK and self.image is None:
             raise ValueError("an 'ok' EditResult needs an image")
 
 

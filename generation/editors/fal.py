@@ -42,6 +42,7 @@ from counterfactory.manifests.paid.fal import (
     png_data_uri,
 )
 from counterfactory.manifests.paid.fal_cancel import cancel_open_requests
+from counterfactory.manifests.vocabulary import OK
 
 #: USD per output image, as listed on fal's model pages when this was written (Nano Banana
 #: Pro bills 4K outputs at twice this). Override per endpoint with ``prices_usd``.
@@ -296,7 +297,7 @@ class FalEditor:
         return EditResult(
             attempt_id=request.attempt_id,
             status=answer.status,
-            image=answer.value if answer.status == "ok" else None,
+            image=answer.value if answer.status == OK else None,
             reason=answer.reason,
             cost_usd=answer.cost_usd,
             metadata=metadata,
