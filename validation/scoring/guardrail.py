@@ -211,7 +211,24 @@ def story_attributes(
         entry["score"] = mean_of(rows)
         entry["ci"] = _boot(by_t, mean_of, None, resamples)
         out["axes"][axis] = entry
+    _holm(out["axes"])
     return out
+
+
+def _holm(axes: dict[str, Any]) -> None:
+    """Each attribute's ``p_holm``: its permutation p-value adjusted with Holm's step-down method
+    over the family of every axis x attribute tested (statsmodels' ``multipletests``). Six tests
+    of a model without bias give one p below 0.05 a quarter of the time; the adjusted value is
+    the one to read a single attribute's effect by."""
+    tested = [r for entry in axes.values() for r in entry["attributes"].values() if r["p_value"] is not None]
+    for r in (r for entry in axes.values() for r in entry["attributes"].values()):
+        r["p_holm"] = None
+    if tested:
+        from statsmodels.stats.multitest import multipletests
+
+        adjusted = multipletests([r["p_value"] for r in tested], method="holm")[1]
+        for r, p in zip(tested, adjusted, strict=True):
+            r["p_holm"] = float(p)
 
 
 def jargon_wins(comparisons: Sequence[dict[str, Any]], axes: Sequence[str], *, resamples: int = 999) -> dict[str, Any]:
