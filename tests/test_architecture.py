@@ -58,3 +58,38 @@ def test_no_package_module_is_over_the_hard_cap():
     assert len(sizes) > 60, "the walk found too few modules: the rule would be vacuous"
     over = {p: n for p, n in sizes.items() if n > MAX_LINES}
     assert not over, f"modules over {MAX_LINES} lines (split each along a seam, one job a module): {over}"
+
+
+#: the ledger's writing methods (manifests/ledger.py::Ledger)
+LEDGER_WRITES = {
+    "record_source",
+    "record_sources",
+    "start_attempt",
+    "finish_attempt",
+    "reopen_attempt",
+    "record_candidate",
+    "start_run",
+    "finish_run",
+}
+
+
+def test_the_validation_layer_writes_nothing_to_the_ledger():
+    """Judging is the validation layer's; recording a verdict is the engine's
+    (flows/engine/judge.py::TemplateJudge, issue 46): no module under validation/ calls a writing
+    method of the ledger, and none names the engine's workspace."""
+    import ast
+
+    from counterfactory.manifests.ledger import Ledger
+
+    assert LEDGER_WRITES <= set(vars(Ledger)), sorted(LEDGER_WRITES - set(vars(Ledger)))
+    found = []
+    for path in _package_modules():
+        if not path.startswith("validation/"):
+            continue
+        text = (REPO / path).read_text()
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in LEDGER_WRITES:
+                found.append(f"{path}:{node.lineno} .{node.func.attr}()")
+        if "Workspace" in text:
+            found.append(f"{path}: names the engine's Workspace")
+    assert not found, found

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from counterfactory.flows.engine.judge import TemplateJudge
 from counterfactory.flows.engine.run_folder import Workspace
 from counterfactory.flows.engine.sources import edit_region_name
 from counterfactory.flows.engine.spec import Spec
@@ -34,7 +35,6 @@ from counterfactory.manifests.vocabulary import FAILED, OK
 from counterfactory.validation.gate_stack import GateStack
 from counterfactory.validation.gates.attribute import AttributeGate, check_label_map
 from counterfactory.validation.judging import (
-    TemplateJudge,
     no_source_mode,
 )
 
@@ -54,7 +54,7 @@ def uses_noise_floor(spec: Spec) -> bool:
 
 def uses_cohort_floor(spec: Spec, floor: Mapping[str, Any] | None) -> bool:
     """Whether a template's cells are judged together against each other (the cohort floor,
-    :meth:`~counterfactory.validation.judging.TemplateJudge.cohort`): a face design with a
+    :meth:`~counterfactory.flows.engine.judge.TemplateJudge.cohort`): a face design with a
     source photo, ``gates.cohort_floor`` on, and no floor request's output for the template
     (an imported set without a ``floor`` column, ``gates.noise_floor: false``, a floor request
     that failed)."""

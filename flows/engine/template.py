@@ -24,6 +24,7 @@ from counterfactory.flows.engine.execute import (
     uses_noise_floor,
 )
 from counterfactory.flows.engine.executors import LOCAL, Executor
+from counterfactory.flows.engine.judge import TemplateJudge
 from counterfactory.flows.engine.run_folder import Workspace
 from counterfactory.flows.engine.spec import Spec
 from counterfactory.generation.attempts import (
@@ -48,7 +49,6 @@ from counterfactory.manifests.vocabulary import FAILED, OK
 from counterfactory.validation.gate_stack import GateStack
 from counterfactory.validation.judging import (
     FLOOR_VERDICT,
-    TemplateJudge,
 )
 
 #: seconds to wait before each re-fetch of a paid remote request that did not come back

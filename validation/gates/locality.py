@@ -292,7 +292,7 @@ class FloorContext:
     needs it and read by the others.
 
     The caller that judges a template's cells against one floor output
-    (:class:`~counterfactory.validation.judging.TemplateJudge`) makes one per template and hands
+    (:class:`~counterfactory.flows.engine.judge.TemplateJudge`) makes one per template and hands
     it to every cell under ``extras[FLOOR_CONTEXT]``, beside the image under
     ``extras[FLOOR_IMAGE]``; it serves a pair only when that image is :attr:`image` itself and the
     pair has its source's analysis (whose key names the source). Thread-safe: cells of one
