@@ -52,8 +52,8 @@ def main() -> None:
     hf_utils = importlib.import_module("huggingface_hub.utils")
     hf_constants.HF_HUB_DISABLE_XET = True  # the local Hub speaks LFS, not Xet
     hf_utils.disable_progress_bars()
+    from counterfactory.flows.engine.verify import verify_release
     from counterfactory.manifests.hub import export_release, pull_release, push_release
-    from counterfactory.manifests.release_verify import verify_release
     from tests.manifests.hub_release import make_release
     from tests.manifests.hub_server import HubServer
 

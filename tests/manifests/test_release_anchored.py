@@ -18,9 +18,10 @@ from pathlib import Path
 
 import pytest
 
+from counterfactory.flows.engine.verify import verify_release
 from counterfactory.manifests.release import read_jsonl, write_jsonl
 from counterfactory.manifests.release_folder import CHECKSUMS
-from counterfactory.manifests.release_verify import _written_spec, table_record, verify_release
+from counterfactory.manifests.release_verify import _written_spec, table_record
 from counterfactory.manifests.store import sha256_file
 from counterfactory.manifests.trials import trial_summary
 from counterfactory.validation.release_derived import as_read_back, derived_stats, floors_by_editor

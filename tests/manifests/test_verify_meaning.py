@@ -15,9 +15,10 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
+from counterfactory.flows.engine.verify import verify_release
 from counterfactory.manifests.release import read_jsonl, record_files, write_jsonl
 from counterfactory.manifests.release_folder import CHECKSUMS
-from counterfactory.manifests.release_verify import table_record, verify_release
+from counterfactory.manifests.release_verify import table_record
 from counterfactory.manifests.store import sha256_file
 from tests.manifests.hub_release import make_release
 
