@@ -37,13 +37,18 @@ def read_rgb(name: str) -> np.ndarray:
 #: Session fixtures that run a whole flow, and the pytest-xdist group of the tests that use them:
 #: under ``-n 2 --dist loadgroup`` (the README's test command) each group runs in one worker, so each
 #: flow runs once per session, not once per worker that happens to get one of its tests.
+#: Every other test's group is its module: a module's fixtures (a module-scoped run, a server)
+#: are built once, and a test that reads what an earlier test of its module made (a published
+#: release) runs after it, in the same worker (spread test by test, both workers built the
+#: module's runs and tests/flows/test_publish.py's verify test found no release).
 SHARED_RUNS = {"demo_run": "demo", "killed_demo": "demo", "review_run": "review-run", "limb_ask_release": "limb-ask"}
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist's worker reads the groups into the test ids
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        for group in sorted({SHARED_RUNS[f] for f in getattr(item, "fixturenames", ()) if f in SHARED_RUNS}):
+        shared = sorted({SHARED_RUNS[f] for f in getattr(item, "fixturenames", ()) if f in SHARED_RUNS})
+        for group in shared or [item.nodeid.split("::", 1)[0].replace("/", ".")]:
             item.add_marker(pytest.mark.xdist_group(group))
         if getattr(config.option, "loadgroup", False):  # an xdist worker under --dist loadgroup
             _suffix_group(item)

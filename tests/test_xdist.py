@@ -38,11 +38,31 @@ def test_free(tmp_path_factory, i):
     _note(tmp_path_factory, "free", i)
 """
 
+#: a module with a module-scoped fixture: its tests run in one worker, so it is built once
+OTHER = """
+import json, os
+import pytest
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    folder = tmp_path_factory.getbasetemp().parent.parent / "notes"
+    folder.mkdir(exist_ok=True)
+    (folder / f"built-{os.environ['PYTEST_XDIST_WORKER']}.json").write_text(json.dumps({"kind": "built"}))
+    return True
+
+@pytest.mark.parametrize("i", range(8))
+def test_module(built, tmp_path_factory, i):
+    folder = tmp_path_factory.getbasetemp().parent.parent / "notes"
+    record = {"kind": "module", "worker": os.environ["PYTEST_XDIST_WORKER"], "home": os.environ["PREFECT_HOME"]}
+    (folder / f"module-{i}.json").write_text(json.dumps(record))
+"""
+
 
 @pytest.mark.slow
 def test_a_shared_runs_tests_share_one_worker_and_each_worker_has_its_own_prefect_home(tmp_path):
     (tmp_path / "conftest.py").write_text("from tests.conftest import pytest_collection_modifyitems  # noqa: F401\n")
     (tmp_path / "test_grouped.py").write_text(TESTS)
+    (tmp_path / "test_other.py").write_text(OTHER)
     (tmp_path / "pytest.ini").write_text("[pytest]\n")  # this folder's own session, not the repository's
     (tmp_path / "base").mkdir()
     env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_HOME", "COUNTERFACTORY_TEST_PREFECT_HOME")}
@@ -55,6 +75,10 @@ def test_a_shared_runs_tests_share_one_worker_and_each_worker_has_its_own_prefec
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     notes = [json.loads(p.read_text()) for p in (tmp_path / "base" / "notes").glob("*.json")]
     shared = {n["worker"] for n in notes if n["kind"] == "shared"}
-    assert len(notes) == 12 and len(shared) == 1, notes
+    assert len([n for n in notes if n["kind"] in ("shared", "free")]) == 12 and len(shared) == 1, notes
+    # a module's tests share one worker: its module-scoped fixture was built once
+    assert len({n["worker"] for n in notes if n["kind"] == "module"}) == 1, notes
+    assert len([n for n in notes if n["kind"] == "built"]) == 1, notes
+    notes = [n for n in notes if "home" in n]
     homes = {n["worker"]: n["home"] for n in notes}
     assert len(set(homes.values())) == len(homes), homes  # one Prefect home per worker
