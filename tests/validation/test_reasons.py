@@ -11,6 +11,7 @@ from tests.conftest import REPO
 SOURCES = [
     *sorted((REPO / "validation" / "gates").glob("*.py")),
     REPO / "validation" / "judging.py",
+    REPO / "flows" / "engine" / "judge.py",  # TemplateJudge: an attempt the editor failed, refused or never ran
     REPO / "generation" / "align.py",
 ]
 # a code is a string literal of a gate's prefix ending the way a reason does (metric names such as
