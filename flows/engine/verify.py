@@ -1,6 +1,6 @@
 """A release verified whole: the bottom layer's checks with the derived files' own.
 
-:func:`counterfactory.manifests.release.verify_release` checks a release's bytes and what its
+:func:`counterfactory.manifests.release_verify.verify_release` checks a release's bytes and what its
 tables say about each other; ``stats.json`` and ``report.html`` are re-derived by the code that
 wrote them (:func:`counterfactory.validation.release_derived.check_derived`), above that layer,
 so every command that verifies (``verify``, ``release export``, ``push``, ``pull``) goes through
@@ -36,7 +36,7 @@ def editor_caveat(backend: str) -> str | None:
 
 
 def verify_release(path: str | Path, **kwargs: Any) -> list[str]:
-    """:func:`counterfactory.manifests.release.verify_release` with :data:`DERIVED_CHECKS`."""
+    """:func:`counterfactory.manifests.release_verify.verify_release` with :data:`DERIVED_CHECKS`."""
     return verify_bytes(path, checks=DERIVED_CHECKS, **kwargs)
 
 

@@ -144,17 +144,17 @@ class EditorOptions(BaseModel):
 
     def bind_spec(self, spec: Any) -> None:
         """Take what the options are read against from the loaded ``spec`` (its folder, design,
-        photos); :func:`~counterfactory.manifests.spec.load_spec` calls it on every editor view."""
+        photos); :func:`~counterfactory.flows.engine.spec.load_spec` calls it on every editor view."""
         return None
 
     def bind_run_folder(self, out: str | Path) -> None:
         """Learn the run's folder ``out`` before anything is read, for files the backend keeps
-        there (:meth:`~counterfactory.manifests.spec.Spec.bind_run_folder`)."""
+        there (:meth:`~counterfactory.flows.engine.spec.Spec.bind_run_folder`)."""
         return None
 
     def named_files(self) -> dict[str, Path]:
         """The files the options name, by spec field (``editor.<name>.<field>``), resolved:
-        :func:`~counterfactory.manifests.spec.load_spec` checks each exists before any work."""
+        :func:`~counterfactory.flows.engine.spec.load_spec` checks each exists before any work."""
         return {}
 
 

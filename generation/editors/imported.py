@@ -551,7 +551,7 @@ class ImportOptions(EditorOptions):
     def bind_spec(self, spec: Any) -> None:
         """Take what the table is read against from the loaded ``spec``: its folder (``table``
         is relative to it), its design axes, its photos and metadata, and its pixel limit.
-        :func:`~counterfactory.manifests.spec.load_spec` calls this on the active backend."""
+        :func:`~counterfactory.flows.engine.spec.load_spec` calls this on the active backend."""
         path = getattr(spec, "source_path", None)
         base_dir = Path(path).parent if path is not None else Path.cwd()
         self._spec = _SpecContext(
@@ -569,7 +569,7 @@ class ImportOptions(EditorOptions):
         """Keep the table's embedded images in the run's folder (``OUT/embedded``, mode 0700;
         :func:`~counterfactory.generation.editors.tables.embedded_dir`). The command line and
         :func:`~counterfactory.flows.resume.run_spec` call this (through
-        :meth:`~counterfactory.manifests.spec.Spec.bind_run_folder`) before the table is read."""
+        :meth:`~counterfactory.flows.engine.spec.Spec.bind_run_folder`) before the table is read."""
         with _READ_LOCK:
             if self._run_folder != Path(out):
                 self._run_folder = Path(out)
@@ -584,7 +584,7 @@ class ImportOptions(EditorOptions):
 
     def named_files(self) -> dict[str, Path]:
         """The files these options name, by spec field, resolved: what
-        :func:`~counterfactory.manifests.spec.load_spec` checks exist before any work."""
+        :func:`~counterfactory.flows.engine.spec.load_spec` checks exist before any work."""
         return {f"editor.import.{self.table_field}": self.table_path().resolve()}
 
     def read(self) -> ImportTable:
