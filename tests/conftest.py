@@ -48,7 +48,9 @@ SHARED_RUNS = {"demo_run": "demo", "killed_demo": "demo", "review_run": "review-
 def pytest_collection_modifyitems(config, items):
     for item in items:
         shared = sorted({SHARED_RUNS[f] for f in getattr(item, "fixturenames", ()) if f in SHARED_RUNS})
-        for group in shared or [item.nodeid.split("::", 1)[0].replace("/", ".")]:
+        # a test that reads a shared run through request.getfixturevalue says so with its own mark
+        marked = any(True for _ in item.iter_markers("xdist_group"))
+        for group in shared or ([] if marked else [item.nodeid.split("::", 1)[0].replace("/", ".")]):
             item.add_marker(pytest.mark.xdist_group(group))
         if getattr(config.option, "loadgroup", False):  # an xdist worker under --dist loadgroup
             _suffix_group(item)

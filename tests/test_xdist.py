@@ -36,6 +36,12 @@ def test_shared(review_run, tmp_path_factory, i):
 @pytest.mark.parametrize("i", range(6))
 def test_free(tmp_path_factory, i):
     _note(tmp_path_factory, "free", i)
+
+# reads the shared run only for some parameters, through request.getfixturevalue: marked with its group
+@pytest.mark.parametrize("i", [pytest.param(i, marks=[pytest.mark.xdist_group("review-run")]) for i in range(4)])
+def test_marked(request, tmp_path_factory, i):
+    request.getfixturevalue("review_run")
+    _note(tmp_path_factory, "shared", f"marked-{i}")
 """
 
 #: a module with a module-scoped fixture: its tests run in one worker, so it is built once
@@ -75,7 +81,8 @@ def test_a_shared_runs_tests_share_one_worker_and_each_worker_has_its_own_prefec
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     notes = [json.loads(p.read_text()) for p in (tmp_path / "base" / "notes").glob("*.json")]
     shared = {n["worker"] for n in notes if n["kind"] == "shared"}
-    assert len([n for n in notes if n["kind"] in ("shared", "free")]) == 12 and len(shared) == 1, notes
+    # (with the marked tests: a test's own group mark is its group, not its module)
+    assert len([n for n in notes if n["kind"] in ("shared", "free")]) == 16 and len(shared) == 1, notes
     # a module's tests share one worker: its module-scoped fixture was built once
     assert len({n["worker"] for n in notes if n["kind"] == "module"}) == 1, notes
     assert len([n for n in notes if n["kind"] == "built"]) == 1, notes
