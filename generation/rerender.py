@@ -64,6 +64,10 @@ class Rerenderer:
         options = ort.SessionOptions()
         if threads:
             options.intra_op_num_threads = threads
+        # idle intra-op threads sleep rather than spin: the re-render shares its cores with the
+        # gates' threads and with other runs, and spinning threads burned ~10 % more CPU for the
+        # same bytes (benchmarks/rerender_spin.py)
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         providers = ["CPUExecutionProvider"]
         self._encoder = ort.InferenceSession(str(encoder), options, providers=providers)
         self._decoder = ort.InferenceSession(str(decoder), options, providers=providers)

@@ -92,6 +92,24 @@ def astronaut() -> np.ndarray:
     return read_rgb("astronaut.png")
 
 
+def demo_spec(folder: Path, *, strata: list[str] | None = None, **top_level) -> Path:
+    """``assets/specs/demo-face.yaml`` written to ``folder/spec.yaml`` with absolute photo paths,
+    ``top_level`` sections replaced, and, given ``strata``, the design stratified by those fields
+    only: ``strata=[]`` makes one template of six cells, ``["presented_gender"]`` two (the demo
+    has three). Whole-flow tests that check how a run behaves, not the demo's own grid, run
+    the smaller grid: each template costs a floor and six re-rendered edits."""
+    import yaml
+
+    spec = yaml.safe_load((SPECS_DIR / "demo-face.yaml").read_text())
+    spec["sources"] = {k: str((SPECS_DIR / v).resolve()) for k, v in spec["sources"].items()}
+    if strata is not None:
+        spec["design"]["strata"] = list(strata)
+    spec.update(top_level)
+    path = folder / "spec.yaml"
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))  # axis order decides cell ids
+    return path
+
+
 @dataclass(frozen=True)
 class DemoRun:
     """The README's demo, run once per session as a user runs it (see :func:`demo_run`).

@@ -48,6 +48,9 @@ def test_same_spec_runs_on_fal_through_the_real_client(tmp_path):
     Nano-Banana-sized outputs and gates, with every request paid once."""
     with FalServer(model="resize", resize_to=(896, 1152)) as server:
         spec = _demo_with(tmp_path, "fal", concurrency=4)
+        data = yaml.safe_load(spec.read_text())
+        data["design"]["strata"] = []  # one template of six cells: the editor's path, not the grid
+        spec.write_text(yaml.safe_dump(data))
         out = tmp_path / "out"
         # the local queue returns the photo unchanged, so every cell waits for review and there is
         # nothing to publish: this test is about the editor, so it reads the ledger, not a release
@@ -60,7 +63,7 @@ def test_same_spec_runs_on_fal_through_the_real_client(tmp_path):
         attempts = db.execute("select count(*), sum(cost_usd) from attempts where backend='fal'").fetchone()
         journal = db.execute("select count(*) from editor_journal where backend='fal'").fetchone()[0]
         alignments = [json.loads(a) for (a,) in db.execute("select alignment from candidates")]
-    assert attempts[0] >= 18 and journal == attempts[0]
+    assert attempts[0] >= 6 and journal == attempts[0]
     assert attempts[1] == pytest.approx(0.039 * attempts[0])
     assert stats["max_paid_per_payload"] == 1  # no paid request submitted twice
     assert stats["paid_submits"] == attempts[0]

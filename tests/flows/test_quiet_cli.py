@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, user_env
+from tests.conftest import REPO, demo_spec, user_env
 
 # What those libraries print, as seen on this machine before they were silenced: glog/absl's
 # "W0000 00:00:1796206013.485034 14657 inference_feedback_manager.cc:121] ...", TFLite's
@@ -32,9 +32,10 @@ def _lines(stdout: str, stderr: str) -> list[str]:
     return [line for line in re.split(r"[\r\n]+", stdout + stderr) if line.strip()]
 
 
-def _demo(out: Path, *global_options: str) -> list[str]:
+def _demo(out: Path, *global_options: str, spec: Path | None = None) -> list[str]:
+    command = DEMO if spec is None else ["run", str(spec), *DEMO[2:]]
     result = subprocess.run(
-        [sys.executable, "-m", "counterfactory", *global_options, *DEMO, "--out", str(out)],
+        [sys.executable, "-m", "counterfactory", *global_options, *command, "--out", str(out)],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -72,7 +73,8 @@ def test_demo_prints_no_native_library_line_and_verbose_brings_them_back(demo_ru
     assert len(accepted) >= 0.75 * len(items), [(item["cell_id"], item["status"], item["reasons"]) for item in items]
     assert not [item for item in items if "skin_face_body_mismatch" in (item["reasons"] or [])]
 
-    loud = _demo(tmp_path / "verbose", "--verbose")
+    # the verbose run: the demo's spec on one template (every library loads as in the demo's run)
+    loud = _demo(tmp_path / "verbose", "--verbose", spec=demo_spec(tmp_path, strata=[]))
     native = [line for line in loud if NATIVE.search(line)]
     assert native, "\n".join(loud)
     # MediaPipe's graph set-up, TFLite's delegate and LiteRT's teardown are all back

@@ -21,7 +21,7 @@ from PIL import Image
 from counterfactory.flows.engine.verify import verify_release
 from counterfactory.generation.masks import dilate, mask_from_record
 from counterfactory.generation.sources import load_image, load_metadata
-from tests.conftest import REPO, read_rgb
+from tests.conftest import REPO, demo_spec, read_rgb
 from tests.generation import badinputs
 
 pytestmark = pytest.mark.slow
@@ -289,8 +289,9 @@ def test_a_deleted_store_is_rebuilt_by_rerunning_only_those_attempts(demo_run, t
 
 def test_a_second_run_on_the_same_folder_is_refused_and_nothing_is_paid_twice(tmp_path):
     out = tmp_path / "out"
+    spec = str(demo_spec(tmp_path, strata=[]))  # one template: the first run's six cells outlast the second
     first = subprocess.Popen(
-        CLI + ["run", "assets/specs/demo-face.yaml", "--out", str(out), "--no-progress", "--workers", "1", *PUBLISH],
+        CLI + ["run", spec, "--out", str(out), "--no-progress", "--workers", "1", *PUBLISH],
         cwd=REPO,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -307,7 +308,7 @@ def test_a_second_run_on_the_same_folder_is_refused_and_nothing_is_paid_twice(tm
             except sqlite3.OperationalError:
                 continue
         assert first.poll() is None, "the first run ended before the second could start"
-        second = _run(["run", "assets/specs/demo-face.yaml", "--out", str(out), "--no-progress", *PUBLISH])
+        second = _run(["run", spec, "--out", str(out), "--no-progress", *PUBLISH])
         assert second.returncode == 2
         assert "another counterfactory run is using this folder" in second.stderr
         assert f"pid {first.pid}" in second.stderr and "Traceback" not in second.stderr

@@ -123,9 +123,10 @@ def asked(python, demo_run, tmp_path_factory) -> dict:
     assert again.returncode == 0, again.stderr[-3000:]
     trials = read_jsonl(release / "trials.jsonl")
     reference = _reference(python, release, trials, model, root)
-    # new weights in the same folder (same names, same sizes): new answer ids
+    # new weights in the same folder (same names, same sizes): new answer ids (asked on the MCQ
+    # trials: the ids are the question, not the protocol)
     _build(python, model, seed=1)
-    changed = _ask(python, release, model, ledger, "--concurrency", str(BATCH))
+    changed = _ask(python, release, model, ledger, "--concurrency", str(BATCH), "--protocol", "mcq")
     assert changed.returncode == 0, changed.stderr[-3000:]
     return {
         "release": release,
@@ -160,9 +161,12 @@ def test_qwen2_5_vl_replies_batched_as_generate_alone(python, demo_run, tmp_path
     _build(python, model, seed=0, family="qwen2_5_vl")
     assert json.loads((model / "config.json").read_text())["architectures"] == ["Qwen2_5_VLForConditionalGeneration"]
     ledger = tmp_path / "answers.sqlite"
-    done = _ask(python, release, model, ledger, "--concurrency", str(BATCH))
+    # its MCQ trials (28 of the demo's 184: one image each, batched as the 2AFC ones are in the
+    # Qwen2-VL tests above); the protocol filter is the one a user passes
+    done = _ask(python, release, model, ledger, "--concurrency", str(BATCH), "--protocol", "mcq")
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
-    trials = read_jsonl(release / "trials.jsonl")
+    trials = [t for t in read_jsonl(release / "trials.jsonl") if t["protocol"] == "mcq"]
+    assert len(trials) >= 2 * BATCH  # more than one batch
     assert f"{len(trials)} asked, 0 already answered, 0 failed" in done.stdout
     reference = _reference(python, release, trials, model, tmp_path)
     rows = _rows(ledger)
@@ -178,7 +182,7 @@ def test_a_rerun_asks_nothing(asked):
 
 
 def test_answer_ids_change_when_the_weights_do(asked):
-    n = len(asked["trials"])
+    n = len([t for t in asked["trials"] if t["protocol"] == "mcq"])
     assert f"{n} asked, 0 already answered" in asked["changed"]
     before = {r["answer_id"] for r in asked["rows"]}
     after = [r for r in asked["all_rows"] if r["answer_id"] not in before]

@@ -326,10 +326,13 @@ def build_set_corpus(
     splits: tuple[str, ...] = ("train", "heldout"),
     classes: tuple[str, ...] | None = None,
     rerender: bool = True,
+    variants: int | None = None,
 ) -> Iterator[Case]:
     """:func:`build_corpus` over one :class:`~counterfactory.validation.calibration.photo_sets.PhotoSet`:
     its photos, variants per class, size cap, split (by variant or by person) and pairs.
-    Donors (identity swaps, colour transfers, pasted objects) are other people of the set."""
+    Donors (identity swaps, colour transfers, pasted objects) are other people of the set.
+    ``variants``: how many of each class per photo (the first ones, with their seeds), instead of
+    the set's ``per_class`` (times :data:`GOOD_MULTIPLIER` for good edits)."""
     photos = _load_photos(list(photo_set.paths), photo_set.max_side, photo_set)
     by_person = (
         person_splits([p.person for p in photos], {p.person: p.group for p in photos}, seed)
@@ -340,7 +343,8 @@ def build_set_corpus(
     for photo in photos:
         others = [p for p in photos if p.person != photo.person]
         for label in wanted:
-            for index in range(photo_set.per_class * (GOOD_MULTIPLIER if label == GOOD else 1)):
+            count = photo_set.per_class * (GOOD_MULTIPLIER if label == GOOD else 1)
+            for index in range(count if variants is None else variants):
                 split = by_person[photo.person] if by_person is not None else split_of(index)
                 if split not in splits:
                     continue

@@ -23,7 +23,8 @@ TWO = [PHOTOS_DIR / "grace_hopper.jpg", PHOTOS_DIR / "astronaut.png"]
 
 @pytest.mark.slow
 def test_corpus_is_seeded_labelled_and_split():
-    kw = dict(per_class=2, max_side=256, classes=(GOOD, "text_added", "global_colour"))
+    # one variant of each failure and four good edits per photo: both splits, three classes
+    kw = dict(per_class=1, max_side=256, classes=(GOOD, "text_added", "global_colour"))
     a = list(build_corpus(TWO, seed=3, **kw))
     b = list(build_corpus(TWO, seed=3, **kw))
     c = list(build_corpus(TWO, seed=4, **kw))
