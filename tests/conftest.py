@@ -54,6 +54,23 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.xdist_group(group))
         if getattr(config.option, "loadgroup", False):  # an xdist worker under --dist loadgroup
             _suffix_group(item)
+    _heaviest_groups_first(items)
+
+
+def _heaviest_groups_first(items: list[pytest.Item]) -> None:
+    """Order the groups by how many slow tests each holds, most first (a test keeps its place
+    within its group). pytest-xdist's ``loadgroup`` hands a free worker the next group in this
+    order, so the long groups (the demo's run and the tests reading it, the FOCUS-shaped import,
+    the scoring releases) start at once and the many quick ones fill the end, instead of one
+    collected last keeping a worker busy alone while the other waits (longest first)."""
+    from collections import Counter
+
+    def group(item: pytest.Item) -> str:
+        return "_".join(sorted(str(m.args[0]) for m in item.iter_markers("xdist_group") if m.args))
+
+    weight = Counter(group(item) for item in items if item.get_closest_marker("slow"))
+    place = {id(item): i for i, item in enumerate(items)}
+    items.sort(key=lambda item: (-weight[group(item)], place[id(item)]))
 
 
 def _suffix_group(item: pytest.Item) -> None:

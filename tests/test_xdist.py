@@ -89,3 +89,42 @@ def test_a_shared_runs_tests_share_one_worker_and_each_worker_has_its_own_prefec
     notes = [n for n in notes if "home" in n]
     homes = {n["worker"]: n["home"] for n in notes}
     assert len(set(homes.values())) == len(homes), homes  # one Prefect home per worker
+
+
+#: collected last, the heaviest group: three slow tests
+HEAVY = """
+import pytest
+
+pytestmark = pytest.mark.slow
+
+@pytest.mark.parametrize("i", range(3))
+def test_heavy(i):
+    pass
+"""
+
+
+def test_the_groups_with_the_most_slow_tests_are_handed_out_first(tmp_path):
+    """pytest-xdist's ``loadgroup`` hands a free worker the next group in collection order; the
+    suite's order puts the groups with the most slow tests first (a test keeps its place within
+    its group), so the longest start at once and the quick ones fill the end."""
+    (tmp_path / "conftest.py").write_text(
+        "from tests.conftest import pytest_collection_modifyitems  # noqa: F401\n"
+        "def pytest_configure(config):\n"
+        "    config.addinivalue_line('markers', 'slow: slow')\n"
+    )
+    (tmp_path / "test_grouped.py").write_text(TESTS)
+    (tmp_path / "test_other.py").write_text(OTHER)
+    (tmp_path / "test_zzz_heavy.py").write_text(HEAVY)
+    (tmp_path / "pytest.ini").write_text("[pytest]\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_HOME", "COUNTERFACTORY_TEST_PREFECT_HOME")}
+    env["PYTHONPATH"] = str(REPO)
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", str(tmp_path)],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    ids = [line for line in done.stdout.splitlines() if "::" in line]
+    assert [i.split("::")[0].rsplit("/", 1)[-1] for i in ids[:3]] == ["test_zzz_heavy.py"] * 3, ids
+    # the rest in collection order: the first module's tests before the second's
+    rest = [i.split("::")[0].rsplit("/", 1)[-1] for i in ids[3:]]
+    assert rest == sorted(rest) and len(rest) == 12 + 4 + 8, rest
