@@ -9,7 +9,6 @@ import pytest
 
 from counterfactory.validation.scoring import guardrail
 from counterfactory.validation.scoring import metrics as m
-from counterfactory.validation.scoring.stats import template_bootstrap, wilson
 
 AXES = ["race", "gender"]
 
@@ -304,15 +303,6 @@ def test_refusal_rates_and_tvd():
     out = guardrail.refusal_rates(rows, ["race"])["mcq.education"]
     assert out["by_group"]["Black"]["rate"] == 1.0 and out["by_group"]["White"]["rate"] == 0.0
     assert out["tvd_score"] == pytest.approx(50.0)
-
-
-def test_wilson_and_template_bootstrap_come_from_statsmodels_and_scipy():
-    w = wilson(8, 10)
-    assert w["ci"][0] == pytest.approx(0.4902, abs=1e-3) and w["ci"][1] == pytest.approx(0.9433, abs=1e-3)
-    data = {"a": 1.0, "b": 2.0, "c": 3.0, "d": 4.0}
-    ci = template_bootstrap(list(data), lambda ts: sum(data[t] for t in ts) / len(ts), resamples=499)
-    assert 1.0 <= ci[0] < 2.5 < ci[1] <= 4.0
-    assert template_bootstrap(["a"], lambda ts: 1.0) is None
 
 
 # ---------------------------------------------------------------- guardrail-agnostic Table 2
