@@ -102,7 +102,6 @@ NOT_YET = {
     "flows/engine/execute.py",
     "flows/engine/judge.py",
     "flows/engine/release.py",
-    "flows/engine/run_folder.py",
     "flows/engine/sources.py",
     "flows/engine/stats.py",
     "flows/engine/template.py",
