@@ -175,13 +175,15 @@ class LimitedVisionClient(LimitedEditor):
 
 
 def limited_gates(stack: Any, spec: Spec) -> Any:
-    """``stack`` with its ``vlm`` attribute gate holding the spec's fal limit (the same stack;
-    unchanged when the spec sets no ``run.fal_max_concurrency`` or asks no VLM)."""
+    """``stack`` with its ``vlm`` attribute gate holding the spec's fal limit when it asks
+    through fal (the same stack; unchanged when the spec sets no ``run.fal_max_concurrency`` or
+    asks no VLM on fal: an OpenAI-compatible server or a local model is not the fal account)."""
     slots = spec_limits(spec).get(FAL_LIMIT)
     if slots is None:
         return stack
     for gate in getattr(stack, "gates", ()):
         config = getattr(gate, "config", None)
-        if getattr(config, "backend", None) == "vlm" and not isinstance(gate.classifier, LimitedVisionClient):
+        on_fal = getattr(config, "backend", None) == "vlm" and getattr(config, "answer_backend", "fal") == "fal"
+        if on_fal and not isinstance(gate.classifier, LimitedVisionClient):
             gate.classifier = LimitedVisionClient(gate.classifier, slots)
     return stack

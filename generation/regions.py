@@ -13,8 +13,10 @@ hair") names ``face_neck_ears``.
 from __future__ import annotations
 
 import functools
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from types import MappingProxyType
 
 import yaml
 
@@ -83,10 +85,12 @@ def _resolved(folder: str) -> str:
 
 
 @functools.lru_cache(maxsize=16)
-def _region_map(folder: str) -> dict[str, str]:
+def _region_map(folder: str) -> Mapping[str, str]:
+    """``regions.yaml`` of ``folder`` as a read-only mapping (the cached value is shared by
+    every caller: a caller cannot change what the next one reads)."""
     path = Path(folder) / REGIONS_FILE
     if not path.is_file():
-        return {}
+        return MappingProxyType({})
     data = yaml.safe_load(path.read_text()) or {}
     if not isinstance(data, dict):
         raise SetupError(f"{path} must map template names to region names, got {type(data).__name__}")
@@ -95,7 +99,7 @@ def _region_map(folder: str) -> dict[str, str]:
             raise SetupError(
                 f"{path}: template {template!r} names unknown edit region {region!r}; known: {', '.join(sorted(REGIONS))}"
             )
-    return {str(k): str(v) for k, v in data.items()}
+    return MappingProxyType({str(k): str(v) for k, v in data.items()})
 
 
 def template_region(template: str, directory: Path | None = None) -> str:

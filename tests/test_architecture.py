@@ -93,3 +93,16 @@ def test_the_validation_layer_writes_nothing_to_the_ledger():
         if "Workspace" in text:
             found.append(f"{path}: names the engine's Workspace")
     assert not found, found
+
+
+#: package -> the test package mirroring it: every module has ``test_<module>.py`` there
+MIRRORED = {"flows/engine": "tests/flows/engine", "validation/scoring": "tests/validation/scoring"}
+
+
+def test_every_engine_and_scoring_module_has_its_test_file():
+    missing = []
+    for package, tests in MIRRORED.items():
+        for module in sorted((REPO / package).glob("*.py")):
+            if module.name != "__init__.py" and not (REPO / tests / f"test_{module.name}").is_file():
+                missing.append(f"{package}/{module.name}: add {tests}/test_{module.name}")
+    assert not missing, "modules without their test file:\n" + "\n".join(missing)

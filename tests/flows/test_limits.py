@@ -209,14 +209,15 @@ def test_vlm_questions_and_fal_edits_share_the_accounts_slots(prefect_server, tm
     assert len(vision.ask_many([object()] * 7, "p")) == 7 and vision.inner.asked[1:] == [3, 3, 1]
 
     class Gate:
-        def __init__(self, backend):
-            self.config = type("Config", (), {"backend": backend})()
+        def __init__(self, backend, answer_backend="fal"):
+            self.config = type("Config", (), {"backend": backend, "answer_backend": answer_backend})()
             self.classifier = SlowVision(slow)
 
-    stack = type("Stack", (), {"gates": [Gate("vlm"), Gate("fairface")]})()
+    stack = type("Stack", (), {"gates": [Gate("vlm"), Gate("fairface"), Gate("vlm", "openai")]})()
     limited_gates(stack, load_spec(_spec(tmp_path, specs_dir, fal_max_concurrency=3)))
     assert isinstance(stack.gates[0].classifier, LimitedVisionClient) and stack.gates[0].classifier.slots == 3
     assert isinstance(stack.gates[1].classifier, SlowVision)  # a local classifier holds nothing
+    assert isinstance(stack.gates[2].classifier, SlowVision)  # nor a VLM asked elsewhere than fal
     # without run.fal_max_concurrency nothing is wrapped
     plain = type("Stack", (), {"gates": [Gate("vlm")]})()
     limited_gates(plain, load_spec(_spec(tmp_path, specs_dir)))

@@ -604,22 +604,24 @@ def test_a_status_outage_never_runs_more_than_the_bound_at_fal(server, rep):
 
 @pytest.mark.slow
 def test_vlm_questions_keep_their_slots_through_a_status_outage(server):
-    from counterfactory.validation.backends.vlm import FalVisionClient, FalVisionOptions
+    from counterfactory.validation.backends.vlm import VisionAsker
+    from counterfactory.validation.scoring.fal_backend import FalAnswerOptions, FalVisionRouter
 
     bound, n, prompt = 2, 5, "what group does this person present as?"
     for rep in range(5):
         server.reset()
         server.behave(prompt, RUNNING)
-        options = FalVisionOptions(
-            concurrency=bound,
-            max_retries=0,
+        options = FalAnswerOptions(
+            model="google/gemini-2.5-flash",
             backoff_s=0.002,
             poll_interval_s=0.003,
             timeout_s=10.0,
             estimated_usd_per_question=0.001,
         )
-        client = FalVisionClient(options, model="google/gemini-2.5-flash")
-        client.prepare()
+        client = VisionAsker(
+            FalVisionRouter(options), concurrency=bound, spend_cap_usd=None, max_retries=0, decoding={}
+        )
+        client.client.prepare()
         images = [_image(200 + 10 * rep + i, (16, 16)) for i in range(n)]
 
         def ask(indices, journal, client=client, images=images):
@@ -627,7 +629,8 @@ def test_vlm_questions_keep_their_slots_through_a_status_outage(server):
             return [(a.status, a.reason, a.request_id) for _, a in answers]
 
         _outage_round(server, ask, bound=bound, n=n, outage_s=OUTAGE_S)
-        assert client.queue.parked() == []
+        assert client.client.parked() == []
+        client.close()
 
 
 @pytest.mark.slow

@@ -15,6 +15,7 @@ from counterfactory.validation.gates.base import PairContext
 pytest.importorskip("fal_client")
 pytest.importorskip("trustme")
 from tests.generation.fal_server import FalServer  # noqa: E402
+from tests.validation.pairs import make_pair  # noqa: E402
 
 ENDPOINT = "openrouter/router/vision"
 PRICE = 0.0005595  # usage.cost of the example answer in fal's documentation of the router
@@ -51,21 +52,12 @@ def _config(**fal) -> AttributeGateConfig:
         backend="vlm",
         labels=LABELS,
         model="google/gemini-2.5-flash",
-        fal={"estimated_usd_per_question": ESTIMATE, "poll_interval_s": 0.02, "backoff_s": 0.01, **fal},
+        **{"estimated_usd_per_question": ESTIMATE, "poll_interval_s": 0.02, "backoff_s": 0.01, **fal},
     )
 
 
 def _pair(image: np.ndarray) -> PairContext:
-    return PairContext(
-        source=image,
-        candidate=image,
-        kind="face",
-        face_mask=None,
-        edit_mask=None,
-        source_faces=[],
-        candidate_faces=[],
-        extras={"condition": dict(ASKED)},
-    )
+    return make_pair(image, image, extras={"condition": dict(ASKED)})
 
 
 def test_scripted_answers_and_resume_without_paying_again(server):
@@ -156,13 +148,138 @@ def test_parse_answer_and_prompt():
 
 def test_vlm_config_errors_say_what_to_set():
     config = AttributeGateConfig(backend="vlm", labels=LABELS, model="m")
-    assert config.fal.endpoint == ENDPOINT and config.fal.temperature == 0
-    assert config.fal.estimated_usd_per_question > PRICE  # conservative by default
+    assert config.answer_backend == "fal" and config.temperature == 0
+    assert config.answer_options.endpoint == ENDPOINT and config.answer_options.reasoning is False
+    assert config.answer_options.estimated_usd_per_question > PRICE  # conservative by default
     with pytest.raises(ValueError, match="needs model"):
         AttributeGateConfig(backend="vlm", labels=LABELS)
     with pytest.raises(ValueError, match="deprecated.*openrouter/router/vision"):
-        AttributeGateConfig(backend="vlm", labels=LABELS, model="m", fal={"endpoint": "fal-ai/any-llm/vision"})
+        AttributeGateConfig(backend="vlm", labels=LABELS, model="m", endpoint="fal-ai/any-llm/vision")
     with pytest.raises(ValueError, match="estimated_usd_per_question"):
-        AttributeGateConfig(backend="vlm", labels=LABELS, model="m", fal={"estimated_usd_per_question": -1})
+        AttributeGateConfig(backend="vlm", labels=LABELS, model="m", estimated_usd_per_question=-1)
     with pytest.raises(ValueError, match=r"labels.race lacks \['Latino'\]"):
         check_label_map(_config(), {"race": ["White", "Latino"], "gender": ["female"]})
+
+
+class _ChatServer:
+    """An OpenAI-compatible chat endpoint on 127.0.0.1: scripted replies per image (by its
+    pixels, as the fal stand-in keys them), the default answer otherwise, ``usage`` token counts."""
+
+    def __init__(self) -> None:
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        self.answers: dict[str, str] = {}
+        self.bodies: list[dict] = []
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):  # quiet
+                pass
+
+            def do_POST(self):  # noqa: N802
+                import base64
+                import io
+                import json
+
+                from PIL import Image
+
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                server.bodies.append(body)
+                parts = body["messages"][0]["content"]
+                url = next(p["image_url"]["url"] for p in parts if p["type"] == "image_url")
+                pixels = np.asarray(Image.open(io.BytesIO(base64.b64decode(url.split(",", 1)[1]))).convert("RGB"))
+                text = server.answers.get(_pixels_key(pixels), '{"race": "White", "gender": "male"}')
+                reply = {
+                    "choices": [{"message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
+                    "usage": {"prompt_tokens": 1000, "completion_tokens": 20},
+                }
+                data = json.dumps(reply).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+        self.http = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.http.serve_forever, daemon=True)
+        self.thread.start()
+        self.base_url = f"http://127.0.0.1:{self.http.server_address[1]}/v1"
+
+    def answer(self, pixels: np.ndarray, text: str) -> None:
+        self.answers[_pixels_key(pixels)] = text
+
+    def close(self) -> None:
+        self.http.shutdown()
+        self.http.server_close()
+
+
+def _pixels_key(pixels: np.ndarray) -> str:
+    import hashlib
+
+    a = np.ascontiguousarray(pixels, dtype=np.uint8)
+    return hashlib.sha256(repr(a.shape).encode() + a.tobytes()).hexdigest()
+
+
+def test_the_same_verdicts_through_an_openai_compatible_server(server):
+    """The gate asks through ``ask``'s answer backends by name: the scripted answers give the
+    same reviews through the fal stand-in and through an OpenAI-compatible server, whose
+    token counts at the configured price (1000 in at 0.5 USD/Mtok + 20 out at 2 USD/Mtok =
+    0.00054 USD) are what the journal records."""
+    pytest.importorskip("openai")
+    images = {name: _image(i) for i, name in enumerate(ANSWERS)}
+    chat = _ChatServer()
+    try:
+        for name, image in images.items():
+            server.answer(image, ANSWERS[name])
+            chat.answer(image, ANSWERS[name])
+        on_fal = AttributeGate(_config(), journal=MemoryJournal())
+        journal = MemoryJournal()
+        config = AttributeGateConfig(
+            backend="vlm",
+            answer_backend="openai",
+            labels=LABELS,
+            model="local-vlm",
+            base_url=chat.base_url,
+            usd_per_mtok_in=0.5,
+            usd_per_mtok_out=2.0,
+            backoff_s=0.01,
+        )
+        on_openai = AttributeGate(config, journal=journal)
+        fal_reviews = {name: on_fal(_pair(image)).review for name, image in images.items()}
+        results = {name: on_openai(_pair(image)) for name, image in images.items()}
+        assert {name: r.review for name, r in results.items()} == fal_reviews
+        assert fal_reviews["wrong"] == ("attribute_mismatch",) and fal_reviews["correct"] == ()
+        assert all(r.metrics["vlm_raw"] == ANSWERS[name] for name, r in results.items())
+        assert results["correct"].metrics["vlm_cost_usd"] == pytest.approx(0.00054)
+        assert journal.spent_usd() == pytest.approx(0.00054 * len(ANSWERS))
+        sent = chat.bodies[0]
+        assert sent["model"] == "local-vlm" and sent["temperature"] == 0
+        assert '"race": <label>' in sent["messages"][0]["content"][-1]["text"]
+        # asked again with the same journal: read back, nothing sent
+        again = AttributeGate(config, journal=journal)
+        assert {n: again(_pair(im)).review for n, im in images.items()} == fal_reviews
+        assert len(chat.bodies) == len(ANSWERS)
+        on_openai.classifier.close()
+    finally:
+        chat.close()
+
+
+def test_a_bad_answer_backend_is_one_error_naming_the_field(tmp_path, specs_dir):
+    import yaml
+
+    from counterfactory.flows.engine.spec import SpecError, load_spec
+
+    with pytest.raises(ValueError, match=r"answer_backend: unknown answer backend 'fall'; valid: .*fal.*openai"):
+        AttributeGateConfig(backend="vlm", labels=LABELS, model="m", answer_backend="fall")
+    with pytest.raises(ValueError, match=r"answer_backend 'openai' options: base_ur: Extra inputs"):
+        AttributeGateConfig(backend="vlm", labels=LABELS, model="m", answer_backend="openai", base_ur="x")
+    data = yaml.safe_load((specs_dir / "demo-face.yaml").read_text())
+    data["sources"] = {k: str((specs_dir / v).resolve()) for k, v in data["sources"].items()}
+    data["gates"]["face"]["attribute"] = {"backend": "vlm", "labels": LABELS, "model": "m", "answer_backend": "fall"}
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(SpecError) as caught:
+        load_spec(path)
+    problems = [line for line in str(caught.value).splitlines() if "gates.face.attribute" in line]
+    assert len(problems) == 1 and "answer_backend: unknown answer backend 'fall'; valid: fal, openai" in problems[0]

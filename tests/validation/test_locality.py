@@ -11,24 +11,15 @@ import numpy as np
 import pytest
 
 from counterfactory.validation.faces import face_mask
-from counterfactory.validation.gates.base import PairContext
 from counterfactory.validation.gates.locality import locality_gate
 from counterfactory.validation.metrics.floor import locality_metrics
 from counterfactory.validation.metrics.pixels import RATIO_FLOOR
 from counterfactory.validation.thresholds import calibrated_gates
+from tests.validation.pairs import make_pair
 
 
 def _pair(source, candidate, *, fmask, edit_mask=None, kind="face", mode="oval"):
-    return PairContext(
-        source=source,
-        candidate=candidate,
-        kind=kind,
-        face_mask=fmask,
-        edit_mask=edit_mask,
-        source_faces=(),
-        candidate_faces=(),
-        face_mask_mode=mode,
-    )
+    return make_pair(source, candidate, fmask=fmask, edit_mask=edit_mask, kind=kind, mode=mode)
 
 
 @pytest.fixture(scope="module")
@@ -331,17 +322,7 @@ def test_an_edge_registered_a_pixel_apart_is_not_an_excess():
 
 def _judged_face_pair(source, candidate, fmask, faces, extras, **thresholds):
     """The locality gate on a face pair whose faces are known, with these ``extras``."""
-    pair = PairContext(
-        source=source,
-        candidate=candidate,
-        kind="face",
-        face_mask=fmask,
-        edit_mask=None,
-        source_faces=faces,
-        candidate_faces=faces,
-        extras=extras,
-    )
-    return locality_gate(pair, **thresholds)
+    return locality_gate(make_pair(source, candidate, fmask=fmask, faces=faces, extras=extras), **thresholds)
 
 
 def test_excess_share_is_judged_only_with_the_floor_output(grace_and_mask, landmarker):

@@ -46,6 +46,19 @@ def test_the_bundled_face_prompt_names_face_neck_and_ears():
     assert set(REGIONS) >= {"face", "face_neck_ears", "all_visible_skin"}
 
 
+def test_a_caller_cannot_change_the_cached_region_map(tmp_path):
+    """``regions.yaml`` is read once per folder and the cached mapping is shared: what one caller
+    is handed must not be writable, or its change would be every later caller's answer."""
+    from counterfactory.generation.regions import _region_map
+
+    (tmp_path / "regions.yaml").write_text("mine_v1: face\n")
+    handed = _region_map(str(tmp_path.resolve()))
+    with pytest.raises(TypeError):
+        handed["mine_v1"] = "face_neck_ears"  # type: ignore[index]
+    assert template_region("mine_v1", tmp_path) == "face"
+    assert dict(_region_map(str(tmp_path.resolve()))) == {"mine_v1": "face"}
+
+
 def _landmarks_of(image):
     return get_face_landmarker().detect(image)[0]
 

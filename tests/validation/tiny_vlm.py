@@ -1,6 +1,6 @@
 """Tiny, randomly initialised Qwen2-VL and Qwen2.5-VL models and their processors, built locally
 (nothing is downloaded), and the reference replies of ``model.generate`` called directly: the
-helpers of ``tests/validation/test_ask_transformers.py``, run as a script in an environment with
+helpers of ``tests/validation/scoring/test_transformers_backend.py``, run as a script in an environment with
 torchvision (``python tiny_vlm.py build OUT [SEED] [--family qwen2_vl|qwen2_5_vl]``;
 ``python tiny_vlm.py generate MODEL QUESTIONS.json``).
 

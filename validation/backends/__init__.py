@@ -30,9 +30,44 @@ DETECTORS = ("mediapipe", "insightface")
 EMBEDDERS = ("sface", "insightface")
 AU_MODELS = ("mediapipe", "libreface")
 
-_cache: dict[tuple, Any] = {}
-_cache_lock = threading.Lock()
-_threads: int | None = None  # None: each library's own default
+
+class ModelCache:
+    """The models a process has loaded, and the intra-op thread count it builds them with.
+
+    One lock guards both: a model is built with the thread count read under the lock, and it
+    is cached under that count too, so a model built before :meth:`set_threads` is not handed
+    out afterwards as if it had been built with the new count (nor one built for N threads
+    rebuilt for N again).
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._models: dict[tuple, Any] = {}
+        self._threads: int | None = None  # None: each library's own default
+
+    @property
+    def threads(self) -> int | None:
+        with self._lock:
+            return self._threads
+
+    def set_threads(self, threads: int) -> int:
+        """Models built from now on use ``max(threads, 1)`` intra-op threads; returns it."""
+        with self._lock:
+            self._threads = max(int(threads), 1)
+            return self._threads
+
+    def get(self, key: tuple, build: Callable[[int | None], Any]) -> Any:
+        """The model cached under ``key`` and the current thread count, built by
+        ``build(threads)`` on first use."""
+        with self._lock:
+            full = (*key, self._threads)
+            if full not in self._models:
+                self._models[full] = build(self._threads)
+            return self._models[full]
+
+
+#: this process's models (a worker sets its thread count first, :func:`set_worker_threads`)
+MODELS = ModelCache()
 
 
 def set_worker_threads(threads: int) -> None:
@@ -42,19 +77,11 @@ def set_worker_threads(threads: int) -> None:
 
     import cv2
 
-    global _threads
-    _threads = max(int(threads), 1)
-    cv2.setNumThreads(_threads)
+    count = MODELS.set_threads(threads)
+    cv2.setNumThreads(count)
     torch = sys.modules.get("torch")  # torch is heavy: only touch it if something loaded it
     if torch is not None:
-        torch.set_num_threads(_threads)
-
-
-def _cached(key: tuple, build: Callable[[], Any]) -> Any:
-    with _cache_lock:
-        if key not in _cache:
-            _cache[key] = build()
-        return _cache[key]
+        torch.set_num_threads(count)
 
 
 def _unknown(kind: str, name: str, valid: tuple[str, ...]) -> ValueError:
@@ -70,12 +97,12 @@ def load_detector(name: str, *, insightface_pack: str | Path | None = None) -> F
     if name == "mediapipe":
         from counterfactory.validation.backends.mediapipe import BlazeFaceDetector
 
-        return _cached(("detector", name), BlazeFaceDetector)
+        return MODELS.get(("detector", name), lambda _: BlazeFaceDetector())
     if name == "insightface":
         from counterfactory.validation.backends.insightface import SCRFDDetector, resolve_pack
 
         pack = resolve_pack(insightface_pack)
-        return _cached(("detector", name, _path_key(pack)), lambda: SCRFDDetector(pack, threads=_threads or 0))
+        return MODELS.get(("detector", name, _path_key(pack)), lambda t: SCRFDDetector(pack, threads=t or 0))
     raise _unknown("face detector", name, DETECTORS)
 
 
@@ -84,12 +111,12 @@ def load_embedder(name: str, *, insightface_pack: str | Path | None = None) -> F
     if name == "sface":
         from counterfactory.validation.backends.sface import SFaceEmbedder
 
-        return _cached(("embedder", name), SFaceEmbedder)
+        return MODELS.get(("embedder", name), lambda _: SFaceEmbedder())
     if name == "insightface":
         from counterfactory.validation.backends.insightface import ArcFaceEmbedder, resolve_pack
 
         pack = resolve_pack(insightface_pack)
-        return _cached(("embedder", name, _path_key(pack)), lambda: ArcFaceEmbedder(pack, threads=_threads or 0))
+        return MODELS.get(("embedder", name, _path_key(pack)), lambda t: ArcFaceEmbedder(pack, threads=t or 0))
     raise _unknown("identity embedder", name, EMBEDDERS)
 
 
@@ -98,13 +125,12 @@ def load_au_model(name: str, *, libreface_weights: str | Path | None = None) -> 
     if name == "mediapipe":
         from counterfactory.validation.backends.mediapipe import BlendshapeAUs
 
-        return _cached(("au", name), BlendshapeAUs)
+        return MODELS.get(("au", name), lambda _: BlendshapeAUs())
     if name == "libreface":
         from counterfactory.validation.backends.libreface import LibreFaceAUs
 
-        return _cached(
-            ("au", name, _path_key(libreface_weights)),
-            lambda: LibreFaceAUs(libreface_weights, threads=_threads),
+        return MODELS.get(
+            ("au", name, _path_key(libreface_weights)), lambda t: LibreFaceAUs(libreface_weights, threads=t)
         )
     raise _unknown("AU", name, AU_MODELS)
 
@@ -118,6 +144,8 @@ __all__ = [
     "EMBEDDERS",
     "FaceDetector",
     "FaceEmbedder",
+    "MODELS",
+    "ModelCache",
     "align_face_112",
     "l2_normalise",
     "load_au_model",

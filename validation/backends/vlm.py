@@ -1,17 +1,17 @@
-"""Perceived race and gender from a vision-language model hosted on fal, asked for strict JSON.
+"""Perceived race and gender from a vision-language model, asked for strict JSON.
 
-The model is reached through fal's vision router (``openrouter/router/vision``; the older
-``fal-ai/any-llm/vision`` is deprecated by fal), as one client of the shared fal queue
-transport (:mod:`counterfactory.manifests.paid.fal`): the same queue client,
-retries, cancellation, concurrency bound, spend cap and request journal as the ``fal``
-editor, so a question already paid for is fetched by its journaled request id on resume,
-never asked again. A question sends ``image_urls`` (the candidate as a PNG data URI),
-``prompt``, ``model`` (e.g. ``google/gemini-2.5-flash``), ``temperature`` (0 by default, so
-that the same question gets the same answer as far as the model allows), ``reasoning`` and,
-when set, ``system_prompt`` and ``max_tokens``; the answer is ``{"output": <text>, "usage":
-{..., "cost": <USD>}}``.
+The model is reached through an answer backend of ``counterfactory ask``
+(:data:`~counterfactory.validation.scoring.registry.ANSWER_BACKENDS`, chosen by name:
+``fal``'s vision router, an ``openai``-compatible server, a local ``transformers`` model, a
+plug-in's), on that backend's paid client (:mod:`counterfactory.manifests.paid`): its
+retries, concurrency bound, spend cap and the caller's journal, so a question already
+answered (or, on fal, already submitted) is read back from the journal on resume, never paid
+twice. A question is the rendered prompt and the candidate as a PNG; ``temperature`` (0 by
+default, so that the same question gets the same answer as far as the model allows) and
+``max_tokens`` go as the backend sends them. :class:`VisionAsker` asks; this module's
+functions render the prompt and read the answer.
 
-Money. The router bills actual token usage; ``usage.cost`` is the USD charged, and it is what
+Money (fal). The router bills actual token usage; ``usage.cost`` is the USD charged, and it is what
 the journal (and so the spend cap) records for an answered question. Before a question is
 sent, the cap is checked against ``estimated_usd_per_question``, a conservative figure the
 user can set (default 0.01 USD, about 18 times the 0.00056 USD fal's documentation shows for a
@@ -31,26 +31,21 @@ Reference: FOCUS (Dehdashtian et al., 2025) checked its edits' labels with a VLM
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import re
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import numpy as np
-from pydantic import Field, field_validator
 
 from counterfactory.assets import PROMPTS_DIR
-from counterfactory.manifests.paid import PaidCall, PaidJournal, PaidReading
-from counterfactory.manifests.paid.fal import (
-    REFUSAL_TEXT,
-    FalQueue,
-    FalQueueOptions,
-    FalTransfer,
-    check_rgb,
-    png_data_uri,
-)
+from counterfactory.manifests.errors import CounterfactoryError
+from counterfactory.manifests.paid import PaidCall, PaidCallFailed, PaidJournal, PaidReading
+from counterfactory.manifests.paid.fal import REFUSAL_TEXT, check_rgb
 from counterfactory.manifests.vocabulary import OK, REFUSED
 
 AnswerStatus = Literal["ok", "malformed", "invalid_label", "refused", "failed"]
@@ -148,101 +143,78 @@ def parse_answer(
     return "ok", {k: str(v) for k, v in data.items()}, None
 
 
-class FalVisionOptions(FalQueueOptions):
-    """``gates.face.attribute.fal`` in the spec: the transport's options
-    (:class:`~counterfactory.manifests.paid.fal.FalQueueOptions`) and the router's.
+class VisionAsker:
+    """Questions about images through one answer backend
+    (:data:`~counterfactory.validation.scoring.registry.ANSWER_BACKENDS`: ``fal``, ``openai``,
+    ``transformers``, a plug-in's), on that backend's paid client with the caller's journal.
 
-    Attributes:
-        endpoint: fal endpoint id of the vision router.
-        estimated_usd_per_question: USD the spend cap assumes for a question before fal
-            reports its real ``usage.cost``; set it above what your model costs per image.
-        temperature: sampling temperature, 0..2 (fal's default is 1; 0 for reproducible answers).
-        max_tokens: the most tokens the model may answer with; ``None`` leaves fal's default.
-        reasoning: ask the model to reason first (costs more tokens; the answer must still be
-            one JSON object).
-        system_prompt: optional system prompt.
-    """
-
-    endpoint: str = DEFAULT_ENDPOINT
-    estimated_usd_per_question: float = Field(DEFAULT_ESTIMATE_USD, ge=0)
-    temperature: float = Field(0.0, ge=0, le=2)
-    max_tokens: int | None = Field(None, ge=1)
-    reasoning: bool = False
-    system_prompt: str | None = None
-
-    @field_validator("endpoint")
-    @classmethod
-    def _not_deprecated(cls, value: str) -> str:
-        return current_endpoint(value)
-
-
-class FalVisionClient:
-    """Questions about images to a fal-hosted VLM, one call each on a :class:`FalQueue`.
+    One client serves every question (its spend cap counts what is in flight across callers),
+    on one event loop of its own in a daemon thread, so that a backend whose connections
+    belong to a loop (the ``openai`` client) is used from one loop only, whichever thread asks.
 
     Args:
-        options: the router and transport options.
-        model: the ``model`` the router sends the question to (e.g. ``google/gemini-2.5-flash``).
+        backend: an :class:`~counterfactory.validation.scoring.backends.AnswerBackend`.
+        decoding: ``temperature`` / ``max_tokens`` as the backend takes them (part of every
+            question's id).
     """
 
-    name = "fal_vlm"
-
-    def __init__(self, options: FalVisionOptions, *, model: str) -> None:
-        self.options = options
-        self.model = model
-        self.queue = FalQueue(
-            options.endpoint,
-            options,
-            estimate_usd=options.estimated_usd_per_question,
-            known_endpoints=(DEFAULT_ENDPOINT,),
-            client_name="gates.face.attribute.fal",
-        )
+    def __init__(
+        self,
+        backend: Any,
+        *,
+        concurrency: int,
+        spend_cap_usd: float | None,
+        max_retries: int,
+        decoding: Mapping[str, Any],
+    ) -> None:
+        self.backend = backend
+        self.decoding = {k: v for k, v in decoding.items() if v is not None}
+        self.client = backend.client(concurrency=concurrency, spend_cap_usd=spend_cap_usd, max_retries=max_retries)
+        options = getattr(backend, "options", None)
+        self.estimate_usd = float(getattr(options, "estimated_usd_per_question", 0.0) or 0.0)
+        self._lock = threading.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     def lineage(self) -> dict[str, Any]:
         """Everything that decides an answer but the prompt and the image."""
-        o = self.options
-        return {
-            "backend": self.name,
-            "endpoint": o.endpoint,
-            "model": self.model,
-            "temperature": o.temperature,
-            "max_tokens": o.max_tokens,
-            "reasoning": o.reasoning,
-            "system_prompt": o.system_prompt,
-            "input_encoding": "png_data_uri",
-        }
-
-    def prepare(self) -> None:
-        """Checks fal-client, the key and the endpoint (see :meth:`FalQueue.prepare`)."""
-        self.queue.prepare()
+        return {**self.backend.lineage(), "decoding": self.decoding, "input_encoding": "png"}
 
     def question_id(self, image: np.ndarray, prompt: str) -> str:
         """Hash of everything deciding the answer: the lineage, prompt text, image pixels."""
         digest = hashlib.sha256()
-        digest.update(json.dumps({**self.lineage(), "prompt": prompt}, sort_keys=True).encode())
+        digest.update(json.dumps({**self.lineage(), "prompt": prompt}, sort_keys=True, default=str).encode())
         digest.update(repr((image.shape, str(image.dtype))).encode())
         digest.update(np.ascontiguousarray(image).tobytes())
         return "vlm-" + digest.hexdigest()
 
-    def arguments(self, image: np.ndarray, prompt: str) -> dict[str, Any]:
-        """The router's input for one question.
+    def arguments(self, image: np.ndarray, prompt: str, key: str) -> dict[str, Any]:
+        """The backend's request input for one question.
 
         Raises:
             PaidCallFailed: ``attribute_vlm_bad_input`` unless ``image`` is ``(H, W, 3)`` uint8.
         """
         check_rgb(image, "attribute_vlm_bad_input")
-        o = self.options
-        body: dict[str, Any] = {
-            "image_urls": [png_data_uri(image)],
-            "prompt": prompt,
-            "model": self.model,
-            "temperature": o.temperature,
-            "reasoning": o.reasoning,
-        }
-        if o.system_prompt is not None:
-            body["system_prompt"] = o.system_prompt
-        if o.max_tokens is not None:
-            body["max_tokens"] = o.max_tokens
-        return body
+        extra = {"answer_id": key} if getattr(self.backend, "takes_answer_id", False) else {}
+        return self.backend.arguments(prompt, [(png_bytes(image), ".png")], dict(self.decoding), 0, **extra)
+
+    async def _read(self, call: PaidCall, payload: dict[str, Any], transfer: Any) -> PaidReading:
+        """The backend's reading of a result -> (the reply text, its cost in USD)."""
+        try:
+            got = self.backend.read(payload)
+            reply, cost = got.get("reply"), float(got.get("cost_usd") or 0.0)
+        except (CounterfactoryError, KeyError, IndexError, TypeError, ValueError, AttributeError) as exc:
+            raise PaidCallFailed(
+                "failed", f"attribute_vlm_unreadable: {type(exc).__name__}: {exc}"[:500], cost_usd=self.estimate_usd
+            ) from None
+        return PaidReading(None if reply is None else str(reply), cost, {"finish_reason": got.get("finish_reason")})
+
+    def _run(self, coroutine: Any) -> Any:
+        with self._lock:
+            if self._loop is None:
+                self._loop = asyncio.new_event_loop()
+                threading.Thread(target=self._loop.run_forever, name="vision-asker", daemon=True).start()
+            loop = self._loop
+        return asyncio.run_coroutine_threadsafe(coroutine, loop).result()
 
     def ask_many(
         self, images: Sequence[np.ndarray], prompt: str, journal: PaidJournal | None = None
@@ -250,39 +222,40 @@ class FalVisionClient:
         """Ask ``prompt`` about each ``(H, W, 3)`` uint8 image, at most ``concurrency`` in
         flight; returns ``(question id, answer)`` in order, the answer's ``raw`` text unparsed
         (the caller knows the labels)."""
-        calls = [PaidCall(self.question_id(im, prompt), lambda im=im: self.arguments(im, prompt)) for im in images]
-        answers = self.queue.run_many(calls, self._read, journal)
+        calls = []
+        for image in images:
+            key = self.question_id(image, prompt)
+            calls.append(PaidCall(key, lambda im=image, key=key: self.arguments(im, prompt, key)))
+        answers = self._run(self.client.arun_many(calls, self._read, journal))
         out = []
         for call, a in zip(calls, answers, strict=True):
             kind: AnswerStatus = a.status if a.status in (OK, REFUSED) else "failed"
-            out.append(
-                (
-                    call.key,
-                    VisionAnswer(
-                        kind,
-                        raw=a.value if a.status == OK else None,
-                        reason=a.reason,
-                        cost_usd=a.cost_usd,
-                        request_id=a.request_id,
-                        resumed=a.resumed,
-                    ),
-                )
-            )
+            raw = a.value if a.status == OK else None
+            out.append((call.key, VisionAnswer(kind, {}, raw, a.reason, a.cost_usd, a.request_id, a.resumed)))
         return out
 
-    async def _read(self, call: PaidCall, payload: dict[str, Any], transfer: FalTransfer) -> PaidReading:
-        """The router's answer -> (its text, ``usage.cost`` in USD)."""
-        usage, cost, measured = router_usage(payload, self.options.estimated_usd_per_question)
-        text = payload.get("output")
-        return PaidReading(
-            None if text is None else str(text),
-            cost,
-            {"usage": usage, "cost_source": "usage" if measured else "estimate"},
-        )
+    def close(self) -> None:
+        """Closes the backend's connections and stops the loop (idempotent)."""
+        with self._lock:
+            loop, self._loop = self._loop, None
+        if loop is not None:
+            asyncio.run_coroutine_threadsafe(self.backend.aclose(), loop).result()
+            loop.call_soon_threadsafe(loop.stop)
+
+
+def png_bytes(image: np.ndarray) -> bytes:
+    """``(H, W, 3)`` uint8 RGB as PNG bytes (lossless)."""
+    import io
+
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.fromarray(np.ascontiguousarray(image), "RGB").save(buffer, format="PNG")
+    return buffer.getvalue()
 
 
 def ask_labels(
-    client: FalVisionClient,
+    asker: VisionAsker,
     images: Sequence[np.ndarray],
     labels: Mapping[str, Sequence[str]],
     *,
@@ -292,7 +265,7 @@ def ask_labels(
     """Perceived labels for each image: ask, then parse each raw answer against ``labels``."""
     prompt = render_prompt(load_prompt(prompt_version), labels)
     out = []
-    for _, answer in client.ask_many(images, prompt, journal):
+    for _, answer in asker.ask_many(images, prompt, journal):
         if answer.status != OK:
             out.append(answer)
             continue

@@ -2,8 +2,9 @@
 
 A classifier reads the candidate's perceived race and gender (``fairface``), or gender only
 (``insightface`` genderage); its classes are mapped to the spec's condition labels by
-``label_map``, written in the spec. Or a vision-language model on fal (``vlm``) is asked for
-the labels themselves, in strict JSON from the spec's label set (``labels``); its raw answer,
+``label_map``, written in the spec. Or a vision-language model (``vlm``), reached through an
+answer backend of ``ask`` by name (``answer_backend``: ``fal``, ``openai``, ``transformers``,
+a plug-in's), is asked for the labels themselves, in strict JSON from the spec's label set (``labels``); its raw answer,
 request id and cost are recorded, and an answer that is not valid JSON, names a label
 outside the set, or refuses goes to review (``attribute_vlm_malformed``,
 ``attribute_vlm_label_invalid``, ``attribute_vlm_refused``; ``attribute_vlm_unanswered`` when
@@ -24,8 +25,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
+from counterfactory.manifests.errors import SetupError
 from counterfactory.manifests.paid import MemoryJournal, PaidJournal
 from counterfactory.manifests.vocabulary import OK
 from counterfactory.validation.backends.attributes import (
@@ -35,7 +37,6 @@ from counterfactory.validation.backends.attributes import (
     GenderAgeClassifier,
     Perceived,
 )
-from counterfactory.validation.backends.vlm import FalVisionOptions
 from counterfactory.validation.gates.base import GateResult, PairContext
 from counterfactory.validation.gates.registry import GATES
 
@@ -60,11 +61,18 @@ class AttributeGateConfig(BaseModel):
         insightface_pack: the buffalo_l folder (``insightface`` only; default as the other
             InsightFace backends).
         labels: axis -> the labels a ``vlm`` may answer with.
-        model: the model fal's vision router asks (``vlm`` only), e.g. ``google/gemini-2.5-flash``.
+        model: the model the answer backend asks (``vlm`` only), e.g. ``google/gemini-2.5-flash``.
         prompt: the versioned prompt in ``assets/prompts/`` (``vlm`` only).
-        fal: the router and transport options (``vlm`` only): endpoint, concurrency,
-            spend_cap_usd, estimated_usd_per_question, temperature, ... (see
-            :class:`~counterfactory.validation.backends.vlm.FalVisionOptions`).
+        answer_backend: the answer backend that carries the question (``vlm`` only):
+            ``fal`` (the default), ``openai``, ``transformers`` or a plug-in's, as ``ask
+            --backend`` takes them.
+        temperature, max_tokens: decoding (``vlm`` only; part of every question's id).
+        concurrency, spend_cap_usd, max_retries: the backend's paid client (``vlm`` only), as
+            ``ask``'s ``--concurrency``, ``--max-spend``, ``--retries``.
+        options: the answer backend's own options (``vlm`` only; in the spec written inline
+            beside the fields above, e.g. ``base_url`` for ``openai``, ``estimated_usd_per_question``
+            or ``poll_interval_s`` for ``fal``), validated by that backend's options model with
+            ``model``.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -77,7 +85,31 @@ class AttributeGateConfig(BaseModel):
     labels: dict[str, list[str]] = Field(default_factory=dict)
     model: str | None = None
     prompt: str = "attribute_vlm_v1"
-    fal: FalVisionOptions = Field(default_factory=FalVisionOptions)
+    answer_backend: str = "fal"
+    temperature: float = Field(0.0, ge=0, le=2)
+    max_tokens: int | None = Field(None, ge=1)
+    concurrency: int = Field(4, ge=1)
+    spend_cap_usd: float | None = Field(None, ge=0)
+    max_retries: int = Field(3, ge=0)
+    options: dict[str, Any] = Field(default_factory=dict)
+    _answer_options: BaseModel | None = PrivateAttr(None)
+
+    @property
+    def answer_options(self) -> BaseModel | None:
+        """The answer backend's validated options (``vlm`` only)."""
+        return self._answer_options
+
+    @model_validator(mode="before")
+    @classmethod
+    def _inline_options(cls, data: Any) -> Any:
+        """With ``backend: vlm``, keys that are not the gate's own are the answer backend's options."""
+        if not isinstance(data, Mapping) or data.get("backend") != "vlm":
+            return data
+        own = {k: v for k, v in data.items() if k in cls.model_fields}
+        extra = {k: v for k, v in data.items() if k not in cls.model_fields}
+        if extra:
+            own["options"] = {**dict(own.get("options") or {}), **extra}
+        return own
 
     @model_validator(mode="after")
     def _consistent(self) -> AttributeGateConfig:
@@ -89,9 +121,10 @@ class AttributeGateConfig(BaseModel):
                 )
             if not self.model:
                 raise ValueError(
-                    "backend 'vlm' needs model: the model fal's vision router sends the question to, "
+                    "backend 'vlm' needs model: the model the answer backend sends the question to, "
                     "e.g. google/gemini-2.5-flash"
                 )
+            self._answer_options = validate_answer_options(self.answer_backend, str(self.model), self.options)
             return self
         if not self.label_map:
             raise ValueError(f"backend {self.backend!r} needs label_map: model class -> spec label per axis")
@@ -111,6 +144,30 @@ class AttributeGateConfig(BaseModel):
         if self.backend == "fairface" and (self.weights is None or self.sha256 is None):
             raise ValueError("backend 'fairface' needs weights (an ONNX file) and its sha256")
         return self
+
+
+def validate_answer_options(name: str, model: str, options: Mapping[str, Any]) -> BaseModel:
+    """The answer backend ``name``'s options model, validated from ``model`` and ``options``.
+
+    Raises:
+        ValueError: an unknown backend (naming ``answer_backend`` and the valid names), or
+            options that backend does not take (naming each field).
+    """
+    from counterfactory.validation.scoring.registry import ANSWER_BACKENDS
+
+    try:
+        plugin = ANSWER_BACKENDS.get(name)
+    except SetupError as exc:
+        raise ValueError(f"answer_backend: {exc}") from None
+    if "reasoning" in plugin.options.model_fields:  # fal's router: no reasoning unless asked, as before
+        options = {"reasoning": False, **options}
+    try:
+        return plugin.options.model_validate({"model": model, **options})
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or 'options'}: {e['msg']}" for e in exc.errors(include_url=False)
+        )
+        raise ValueError(f"answer_backend {name!r} options: {problems}") from None
 
 
 def check_label_map(config: AttributeGateConfig, axes: Mapping[str, Sequence[str]]) -> None:
@@ -140,6 +197,21 @@ def check_label_map(config: AttributeGateConfig, axes: Mapping[str, Sequence[str
         raise ValueError("gates.face.attribute: " + "; ".join(problems))
 
 
+def vision_asker(config: AttributeGateConfig) -> Any:
+    """The :class:`~counterfactory.validation.backends.vlm.VisionAsker` a ``vlm`` gate asks through."""
+    from counterfactory.validation.backends.vlm import VisionAsker
+    from counterfactory.validation.scoring.registry import ANSWER_BACKENDS
+
+    backend = ANSWER_BACKENDS.get(config.answer_backend).factory(config.answer_options)
+    return VisionAsker(
+        backend,
+        concurrency=config.concurrency,
+        spend_cap_usd=config.spend_cap_usd,
+        max_retries=config.max_retries,
+        decoding={"temperature": config.temperature, "max_tokens": config.max_tokens},
+    )
+
+
 class AttributeGate:
     """The configured target-attribute gate; the classifier is loaded once."""
 
@@ -154,9 +226,7 @@ class AttributeGate:
         if classifier is not None:
             self.classifier = classifier
         elif config.backend == "vlm":
-            from counterfactory.validation.backends.vlm import FalVisionClient
-
-            self.classifier = FalVisionClient(config.fal, model=str(config.model))
+            self.classifier = vision_asker(config)
         elif config.backend == "fairface":
             self.classifier = FairFaceClassifier(config.weights, config.sha256)  # type: ignore[arg-type]
         else:

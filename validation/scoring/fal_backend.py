@@ -1,7 +1,7 @@
 """``counterfactory ask --backend fal``: fal's vision router answers the trials.
 
-Questions go to ``openrouter/router/vision`` (the endpoint the VLM attribute gate asks,
-:mod:`counterfactory.validation.backends.vlm`) through the fal queue client
+Questions go to ``openrouter/router/vision`` (the VLM attribute gate asks through this
+backend too, :mod:`counterfactory.validation.backends.vlm`) through the fal queue client
 (:class:`~counterfactory.manifests.paid.fal.FalQueue`), the same paid-request client as the
 ``fal`` editor and that gate. A question sends ``image_urls`` (the trial's images as data URIs,
 in order), ``prompt``, ``model`` (``--model``, e.g. ``google/gemini-2.5-flash``), the trial's
@@ -51,12 +51,15 @@ class FalAnswerOptions(FalQueueOptions):
         estimated_usd_per_question: USD the spend cap holds for a question in flight, and
             records for an answer without ``usage.cost``.
         system_prompt: optional system prompt (part of the lineage, so of every answer id).
+        reasoning: ask the model to reason first (sent, and part of the lineage, only when set;
+            the attribute gate sets it to false).
     """
 
     model: str
     endpoint: str = DEFAULT_ENDPOINT
     estimated_usd_per_question: float = Field(DEFAULT_ESTIMATE_USD, ge=0, allow_inf_nan=False)
     system_prompt: str | None = None
+    reasoning: bool | None = None
 
     @field_validator("endpoint")
     @classmethod
@@ -76,7 +79,10 @@ class FalVisionRouter(AnswerBackend):
 
     def lineage(self) -> dict[str, Any]:
         o = self.options
-        return {"backend": self.name, "model": o.model, "endpoint": o.endpoint, "system_prompt": o.system_prompt}
+        lineage = {"backend": self.name, "model": o.model, "endpoint": o.endpoint, "system_prompt": o.system_prompt}
+        if o.reasoning is not None:  # absent when unset: the answer ids of earlier asks stay
+            lineage["reasoning"] = o.reasoning
+        return lineage
 
     def client(self, *, concurrency: int, spend_cap_usd: float | None, max_retries: int) -> PaidClient:
         o = self.options
@@ -111,6 +117,8 @@ class FalVisionRouter(AnswerBackend):
                 body[name] = decoding[name]
         if o.system_prompt is not None:
             body["system_prompt"] = o.system_prompt
+        if o.reasoning is not None:
+            body["reasoning"] = o.reasoning
         return body
 
     def read(self, result: dict[str, Any]) -> dict[str, Any]:

@@ -15,10 +15,11 @@ import numpy as np
 import pytest
 
 from counterfactory.validation.faces import face_mask
-from counterfactory.validation.gates.base import PairContext, SourceAnalysis
+from counterfactory.validation.gates.base import SourceAnalysis
 from counterfactory.validation.gates.locality import FLOOR_CONTEXT, FLOOR_IMAGE, FloorContext, locality_gate
 from counterfactory.validation.segment import work_stride
 from tests.conftest import REPO
+from tests.validation.pairs import make_pair
 
 METRICS = REPO / "validation" / "metrics"
 #: module-level calls whose value is immutable (or a constant array marked read-only)
@@ -144,17 +145,7 @@ def test_two_sources_judged_at_once_measure_as_judged_one_after_the_other(photo,
         extras = {"noise_floor": {"changed_share": 0.0}, FLOOR_IMAGE: floor}
         if context:
             extras[FLOOR_CONTEXT] = ctx
-        pair = PairContext(
-            source=source,
-            candidate=cands[c],
-            kind="face",
-            face_mask=fmask,
-            edit_mask=None,
-            source_faces=faces,
-            candidate_faces=faces,
-            extras=extras,
-            analysis=analysis,
-        )
+        pair = make_pair(source, cands[c], fmask=fmask, faces=faces, extras=extras, analysis=analysis)
         return locality_gate(pair, max_excess_share=0.001, max_largest_change_share=0.01).metrics
 
     jobs = [(t, c) for c in range(3) for t in range(2)]

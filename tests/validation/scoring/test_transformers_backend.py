@@ -31,7 +31,7 @@ from tests.flows.unchanged import cli_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
-TINY = Path(__file__).with_name("tiny_vlm.py")
+TINY = Path(__file__).parent.parent / "tiny_vlm.py"
 BATCH = 4
 
 
