@@ -394,28 +394,12 @@ def locality_gate(
     request's are), else ``none``. ``cohort`` / ``no_floor`` (:class:`LocalityPathConfig`) replace
     the :data:`PATH_THRESHOLDS` on their path when given.
     """
+    # the keyword arguments are the config's thresholds: taken by name, in the record's order
+    given = dict(locals())
+    values = {k: given[k] for k in _THRESHOLD_ORDER}
     floor = noise_floor_of(pair)
     path = "none" if floor is None else str(floor.get("path", "request"))
-    thresholds = locality_thresholds(
-        path,
-        cohort,
-        no_floor,
-        max_diff_nonface=max_diff_nonface,
-        min_diff_face=min_diff_face,
-        min_ratio=min_ratio,
-        max_diff_outside_edit=max_diff_outside_edit,
-        max_diff_face_drift=max_diff_face_drift,
-        max_changed_share=max_changed_share,
-        max_global_shift=max_global_shift,
-        max_global_gain_change=max_global_gain_change,
-        max_body_skin_delta_e=max_body_skin_delta_e,
-        min_diff_inside_edit=min_diff_inside_edit,
-        min_face_change=min_face_change,
-        min_band_ratio=min_band_ratio,
-        max_excess_share=max_excess_share,
-        max_hair_delta_e=max_hair_delta_e,
-        max_largest_change_share=max_largest_change_share,
-    )
+    thresholds = locality_thresholds(path, cohort, no_floor, **values)
     metrics, judged = locality_measures(pair, floor, path, thresholds, control_conditions)
     reasons, review = evaluate(LOCALITY_RULES, judged, thresholds, path=path, kind=pair.kind)
     return GateResult("locality", not reasons, metrics, reasons, review, thresholds)
@@ -458,23 +442,10 @@ _THRESHOLD_ORDER = (
     "max_hair_delta_e",
     "max_largest_change_share",
 )
-#: the thresholds that judge a face edit; any of them set asks for the face's measures
-FACE_THRESHOLDS = (
-    "max_diff_nonface",
-    "min_diff_face",
-    "min_ratio",
-    "max_changed_share",
-    "max_global_shift",
-    "max_global_gain_change",
-    "max_body_skin_delta_e",
-    "min_face_change",
-    "min_band_ratio",
-    "max_excess_share",
-    "max_hair_delta_e",
-    "max_largest_change_share",
-)
 #: the thresholds that judge a limb edit; any of them set asks for the edit mask
 LIMB_THRESHOLDS = ("max_diff_outside_edit", "max_diff_face_drift", "min_diff_inside_edit")
+#: the thresholds that judge a face edit (every other one); any of them set asks for the face's measures
+FACE_THRESHOLDS = tuple(t for t in _THRESHOLD_ORDER if t not in LIMB_THRESHOLDS)
 
 #: the floor-relative upper bounds: (measure, threshold, reason), judged above the floor with one
 _FLOOR_BOUNDS = (
