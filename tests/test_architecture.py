@@ -1,9 +1,11 @@
 """ARCHITECTURE.md is a map people follow: every file it names exists, and every package module
 above 600 lines is in its table of long modules with the one job it does (issue 35); no package
-module is over 900 lines at all (issue 46)."""
+module is over 900 lines at all, and no function in validation/gates/ is over 80 lines: a gate is
+its measures and a rule table (issue 46)."""
 
 from __future__ import annotations
 
+import ast
 import re
 import subprocess
 
@@ -58,6 +60,21 @@ def test_no_package_module_is_over_the_hard_cap():
     assert len(sizes) > 60, "the walk found too few modules: the rule would be vacuous"
     over = {p: n for p, n in sizes.items() if n > MAX_LINES}
     assert not over, f"modules over {MAX_LINES} lines (split each along a seam, one job a module): {over}"
+
+
+#: a gate function longer than this is deciding in prose: its checks belong in its rule table
+MAX_GATE_FUNCTION_LINES = 80
+
+
+def test_no_gate_function_is_over_80_lines():
+    sizes = {}
+    for path in sorted((REPO / "validation" / "gates").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                sizes[f"{path.name}::{node.name}"] = node.end_lineno - node.lineno + 1
+    assert len(sizes) > 40, "the walk found too few functions: the rule would be vacuous"
+    over = {name: n for name, n in sizes.items() if n > MAX_GATE_FUNCTION_LINES}
+    assert not over, f"gate functions over {MAX_GATE_FUNCTION_LINES} lines (measures + a rule table): {over}"
 
 
 #: the ledger's writing methods (manifests/ledger.py::Ledger)

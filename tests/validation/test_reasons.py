@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import re
 
+from counterfactory.validation.gates.rules import rule_rows
+from counterfactory.validation.gates.tables import RULE_TABLES, docs_section
 from counterfactory.validation.reasons import REASONS, code_of, docs_anchor, explain
 from tests.conftest import REPO
 
@@ -29,11 +31,6 @@ def _written() -> set[str]:
     codes = set()
     for path in SOURCES:
         codes |= {c for c in CODE.findall(path.read_text()) if c.endswith(ENDINGS)}
-    # expression.py writes f"expression_{key.removesuffix('_iod')}_above_max" for these keys
-    text = (REPO / "validation" / "gates" / "expression.py").read_text()
-    block = re.search(r"for key, bound in \((.*?)\):\n", text, re.S).group(1)
-    for key in re.findall(r'\("([a-z_]+_iod)"', block):
-        codes.add(f"expression_{key.removesuffix('_iod')}_above_max")
     return codes
 
 
@@ -50,3 +47,25 @@ def test_a_reason_with_its_detail_is_explained_by_its_code():
     assert explain(reason) == REASONS["align_registration_failed"][1]
     assert docs_anchor("review_rejected: artifact") == "docs/gates.md#review_rejected"
     assert explain("mine_plugin_reason") is None
+
+
+def test_every_reason_a_rule_table_can_give_is_explained_and_its_own_gates():
+    given = {rule.reason for rules in RULE_TABLES.values() for rule in rules}
+    assert len(given) > 30
+    assert given - set(REASONS) == set(), "explain these in validation/reasons.py"
+    for gate, rules in RULE_TABLES.items():
+        for rule in rules:
+            assert rule.reason.startswith(gate + "_"), (gate, rule.reason)
+            assert REASONS[rule.reason][0] == gate, rule.reason
+
+
+def test_the_docs_print_every_rule_of_every_table_as_the_code_declares_it():
+    page = (REPO / "docs" / "gates.md").read_text()
+    assert docs_section() in page, "run: python -m counterfactory.validation.gates.tables"
+    for gate, rules in RULE_TABLES.items():
+        section = page.split(f"### {gate}\n", 1)[1].split("\n\n", 1)[0]
+        printed = [line for line in section.splitlines() if line.startswith("| `")]
+        assert len(printed) == len(rules), gate
+        for line, row in zip(printed, rule_rows(rules), strict=True):
+            cells = [c.strip().strip("`") for c in line.strip("|").split(" | ")]
+            assert cells == [row[k] for k in ("metric", "comparison", "threshold", "reason", "outcome", "applies")]

@@ -49,6 +49,7 @@ from counterfactory.validation.faces import (
 )
 from counterfactory.validation.gates.base import REGISTRATION_FAILED, GateResult, PairContext, SourceAnalysis
 from counterfactory.validation.gates.registry import GATES
+from counterfactory.validation.gates.rules import Rule, evaluate
 
 BACKEND_THRESHOLDS = ("max_au_change", "max_mean_au_change")
 
@@ -345,6 +346,64 @@ def expression_gate(
         "max_mouth_corner_shift_iod": max_mouth_corner_shift_iod,
         "backend": au_model.name,
     }
+    metrics, facts = expression_measures(pair, au_model, source_aus, source_prepared)
+    reasons, _ = evaluate(EXPRESSION_RULES, {**metrics, **facts}, thresholds)
+    return GateResult("expression", not reasons, metrics, reasons, thresholds=thresholds)
+
+
+_NO_FACE = ("expression_source_no_face", "expression_candidate_no_face")
+
+#: The expression gate's decision, in order (``source_has_face`` / ``candidate_has_face``: a
+#: mesh on each side, without which nothing else is measured; ``aus_finite``: some AU change
+#: could be taken; ``brow_clear``: no glasses frame added or removed across the brow, which
+#: moves its match: the face gate names the accessory and the brow is not judged under it).
+EXPRESSION_RULES: tuple[Rule, ...] = (
+    Rule("source_has_face", "false", None, "expression_source_no_face"),
+    Rule("candidate_has_face", "false", None, "expression_candidate_no_face"),
+    Rule("aus_finite", "false", None, "expression_aus_not_finite", unless=_NO_FACE),
+    Rule("au_change_max", "above", "max_au_change", "expression_au_change_above_max", unless=_NO_FACE),
+    Rule("au_change_mean", "above", "max_mean_au_change", "expression_mean_au_change_above_max", unless=_NO_FACE),
+    Rule(
+        "mouth_corner_change_iod",
+        "above",
+        "max_mouth_corner_change_iod",
+        "expression_mouth_corner_change_above_max",
+        unless=_NO_FACE,
+    ),
+    Rule(
+        "brow_change_iod",
+        "above",
+        "max_brow_change_iod",
+        "expression_brow_change_above_max",
+        when="brow_clear",
+        unless=_NO_FACE,
+    ),
+    Rule(
+        "mouth_open_change_iod",
+        "above",
+        "max_mouth_open_change_iod",
+        "expression_mouth_open_change_above_max",
+        unless=_NO_FACE,
+    ),
+    Rule(
+        "mouth_corner_shift_iod",
+        "above",
+        "max_mouth_corner_shift_iod",
+        "expression_mouth_corner_shift_above_max",
+        unless=_NO_FACE,
+    ),
+)
+
+
+def expression_measures(
+    pair: PairContext,
+    au_model: AUEstimator,
+    source_aus: Mapping[str, float] | None,
+    source_prepared: ExpressionSource | None,
+) -> tuple[dict, dict]:
+    """The expression gate's measures of ``pair`` (see :func:`expression_gate`) and the facts
+    :data:`EXPRESSION_RULES` read; no decision. Without a face on either side nothing is
+    measured."""
     metrics: dict = {
         "au_change_max": None,
         "au_change_mean": None,
@@ -355,30 +414,21 @@ def expression_gate(
         "mouth_corner_shift_iod": None,
     }
     metrics.update({f"delta_{au}": None for au in au_model.aus})
-    reasons: list[str] = []
-    if not pair.source_faces:
-        reasons.append("expression_source_no_face")
-    if not pair.candidate_faces:
-        reasons.append("expression_candidate_no_face")
-    if reasons:
-        return GateResult("expression", False, metrics, tuple(reasons), thresholds=thresholds)
+    facts = {"source_has_face": bool(pair.source_faces), "candidate_has_face": bool(pair.candidate_faces)}
+    if not (pair.source_faces and pair.candidate_faces):
+        return metrics, facts
 
     src = dict(au_model.estimate(pair.source, pair.source_face) if source_aus is None else source_aus)
     cand = dict(au_model.estimate(pair.candidate, pair.candidate_face))
     deltas = au_changes(src, cand)
     for au, d in deltas.items():
         metrics[f"delta_{au}"] = d
-    if not deltas:
-        reasons.append("expression_aus_not_finite")
-    else:
+    facts["aus_finite"] = bool(deltas)
+    if deltas:
         argmax = max(deltas, key=lambda au: abs(deltas[au]))
         metrics["au_change_max"] = abs(deltas[argmax])
         metrics["au_change_mean"] = sum(abs(d) for d in deltas.values()) / len(deltas)
         metrics["au_change_argmax"] = argmax if deltas[argmax] != 0 else None
-        if metrics["au_change_max"] > max_au_change:
-            reasons.append("expression_au_change_above_max")
-        if max_mean_au_change is not None and metrics["au_change_mean"] > max_mean_au_change:
-            reasons.append("expression_mean_au_change_above_max")
     src_face, cand_face = pair.source_face, pair.candidate_face
     if src_face.landmarks.shape[0] > LEFT_IRIS_CENTER and cand_face.landmarks.shape[0] > LEFT_IRIS_CENTER:
         metrics.update(geometry_changes(src_face.landmarks, cand_face.landmarks))
@@ -401,20 +451,11 @@ def expression_gate(
                 mouth_corner_shift_left_iod=left,
                 mouth_corner_shift_iod=max(abs(right), abs(left)),
             )
-        # a glasses frame added or removed across the brow's patch moves its match: the face
-        # gate names the accessory (face_accessory_changed), and the brow is not judged under it
+        # a glasses frame added or removed across the brow's patch moves its match
         glasses = glasses_change(pair.source, pair.candidate, src_face.landmarks) if in_place else None
-        framed = glasses is not None and abs(glasses) > GLASSES_LEVEL
-        metrics["brow_under_frame"] = framed
-        for key, bound in (
-            ("mouth_corner_change_iod", max_mouth_corner_change_iod),
-            ("brow_change_iod", None if framed else max_brow_change_iod),
-            ("mouth_open_change_iod", max_mouth_open_change_iod),
-            ("mouth_corner_shift_iod", max_mouth_corner_shift_iod),
-        ):
-            if bound is not None and metrics[key] is not None and metrics[key] > bound:
-                reasons.append(f"expression_{key.removesuffix('_iod')}_above_max")
-    return GateResult("expression", not reasons, metrics, tuple(reasons), thresholds=thresholds)
+        metrics["brow_under_frame"] = glasses is not None and abs(glasses) > GLASSES_LEVEL
+    facts["brow_clear"] = not metrics.get("brow_under_frame")
+    return metrics, facts
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ from counterfactory.validation.backends.base import DetectedFace
 from counterfactory.validation.faces import FaceObservation
 from counterfactory.validation.gates.base import REGISTRATION_FAILED, GateResult, PairContext, SourceAnalysis
 from counterfactory.validation.gates.registry import GATES
+from counterfactory.validation.gates.rules import Rule, evaluate
 
 #: the ``PairContext.extras`` key set when the candidate has no source photo to compare with
 NO_SOURCE = "no_source"
@@ -131,8 +132,54 @@ def face_gate(
     scores below ``min_detection_score``, the lowest score of any real calibration photo).
     """
     alone = bool(pair.extras.get(NO_SOURCE))
+    thresholds = {
+        "expected_faces": expected_faces,
+        "detection_threshold": detection_threshold,
+        "min_detection_score": min_detection_score if detector is not None else None,
+        "max_pose_change_deg": None if alone else max_pose_change_deg,
+        "max_position_change": None if alone else max_position_change,
+        "max_scale_change": None if alone else max_scale_change,
+        "glasses_level": None if alone else GLASSES_LEVEL,
+        "backend": getattr(detector, "name", "landmarker"),
+    }
+    metrics = face_measures(pair, detector, detection_threshold, source_detections)
+    judged = {
+        **metrics,
+        "pose_available": alone or (pair.source_face is not None and pair.candidate_face is not None),
+        "expects_face": expected_faces > 0,
+    }
+    reasons, review = evaluate(FACE_RULES, judged, thresholds)
+    # a low score is a soft doubt about a face otherwise kept: moot once rejected
+    return GateResult("face", not reasons, metrics, reasons, review if not reasons else (), thresholds)
+
+
+#: The face gate's decision, in order (``pose_available``: the pose could be compared, or
+#: there is no source to compare with; ``expects_face``: ``expected_faces`` above 0). A face
+#: scoring under ``min_detection_score`` is still a face (it passed ``detection_threshold``)
+#: but weaker than in any real photo: people look. Not a rejection: detectors score darker
+#: faces lower, so a hard cut would reject some target groups more often than others.
+FACE_RULES: tuple[Rule, ...] = (
+    Rule("faces", "differs", "expected_faces", "face_count_mismatch"),
+    Rule("pose_change_deg", "above", "max_pose_change_deg", "face_pose_change_above_max"),
+    Rule("position_change", "above", "max_position_change", "face_position_change_above_max"),
+    Rule("scale_change", "above", "max_scale_change", "face_scale_change_above_max"),
+    Rule("glasses_change", "abs_above", "glasses_level", "face_accessory_changed"),
+    Rule("pose_available", "false", "max_pose_change_deg", "face_pose_unavailable", when="expects_face"),
+    Rule(
+        "detection_score", "below", "min_detection_score", "face_low_confidence", outcome="review", when="expects_face"
+    ),
+)
+
+
+def face_measures(
+    pair: PairContext,
+    detector: FaceDetector | None,
+    detection_threshold: float,
+    source_detections: Sequence[DetectedFace] | None,
+) -> dict:
+    """The face gate's measures of ``pair`` (see :func:`face_gate`); no decision."""
+    alone = bool(pair.extras.get(NO_SOURCE))
     metrics: dict = {"mesh_faces": len(pair.candidate_faces)}
-    reasons: list[str] = []
     if detector is not None:
         cand = _counted(detector.detect(pair.candidate), detection_threshold)
         if alone:
@@ -149,16 +196,6 @@ def face_gate(
         metrics["source_faces"] = None if alone else len(pair.source_faces)
         metrics["detection_score"] = None
         metrics["source_detection_score"] = None
-    if metrics["faces"] != expected_faces:
-        reasons.append("face_count_mismatch")
-    score = metrics["detection_score"]
-    review: tuple[str, ...] = ()
-    if detector is not None and expected_faces > 0 and score is not None and score < min_detection_score:
-        # a face is there (its score passed detection_threshold) but weaker than in any real
-        # photo: people look. Not a rejection: detectors score darker faces lower, so a hard
-        # cut here would reject some target groups more often than others.
-        review = ("face_low_confidence",)
-
     for key in (
         "yaw_change_deg",
         "pitch_change_deg",
@@ -191,41 +228,13 @@ def face_gate(
             pitch_deg=cand_pose[1],
             roll_deg=cand_pose[2],
         )
-        if max_pose_change_deg is not None and metrics["pose_change_deg"] > max_pose_change_deg:
-            reasons.append("face_pose_change_above_max")
         position, scale = face_placement_change(src_face, cand_face)
         metrics.update(position_change=position, scale_change=scale)
-        if max_position_change is not None and position > max_position_change:
-            reasons.append("face_position_change_above_max")
-        if max_scale_change is not None and scale > max_scale_change:
-            reasons.append("face_scale_change_above_max")
         if not pair.extras.get(REGISTRATION_FAILED) and src_face.landmarks.shape[0] > 473:
             # an accessory is its own change, not an expression or a pose (the brow a frame
             # crosses is not judged under it: the expression gate reads the same figure)
-            glasses = glasses_change(pair.source, pair.candidate, src_face.landmarks)
-            metrics["glasses_change"] = glasses
-            if glasses is not None and abs(glasses) > GLASSES_LEVEL:
-                reasons.append("face_accessory_changed")
-    elif max_pose_change_deg is not None and expected_faces > 0:
-        reasons.append("face_pose_unavailable")
-
-    return GateResult(
-        gate="face",
-        passed=not reasons,
-        metrics=metrics,
-        reasons=tuple(dict.fromkeys(reasons)),
-        review=review if not reasons else (),
-        thresholds={
-            "expected_faces": expected_faces,
-            "detection_threshold": detection_threshold,
-            "min_detection_score": min_detection_score if detector is not None else None,
-            "max_pose_change_deg": None if alone else max_pose_change_deg,
-            "max_position_change": None if alone else max_position_change,
-            "max_scale_change": None if alone else max_scale_change,
-            "glasses_level": None if alone else GLASSES_LEVEL,
-            "backend": getattr(detector, "name", "landmarker"),
-        },
-    )
+            metrics["glasses_change"] = glasses_change(pair.source, pair.candidate, src_face.landmarks)
+    return metrics
 
 
 class FaceGate:

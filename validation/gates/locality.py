@@ -62,6 +62,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from counterfactory.validation.faces import face_mask as draw_face_mask
 from counterfactory.validation.gates.base import GateResult, PairContext, SourceAnalysis, finite_or_none
 from counterfactory.validation.gates.registry import GATES
+from counterfactory.validation.gates.rules import Rule, evaluate
 from counterfactory.validation.gates.skin import CONTROL_CONDITIONS, is_control
 from counterfactory.validation.metrics.floor import (
     AGAINST_FLOOR,
@@ -367,25 +368,14 @@ def locality_gate(
 ) -> GateResult:
     """Judge where ``pair.candidate`` differs from ``pair.source``.
 
-    Face edits (thresholds ``max_diff_nonface``, ``min_diff_face``, ``min_ratio``,
-    ``max_changed_share``, ``max_global_shift``, ``max_global_gain_change``,
-    ``max_body_skin_delta_e``): reject ``locality_nonface_diff_above_max``,
-    ``locality_ratio_below_min`` (the change is not concentrated in the face),
-    ``locality_changed_share_above_max`` (something appeared or vanished away from the face),
-    ``locality_global_shift_above_max`` / ``locality_global_gain_above_max`` (colour cast,
-    white balance, contrast), ``locality_body_skin_above_max`` (skin recoloured outside the
-    head), ``locality_hair_above_max`` (the hair around the head recoloured, ``max_hair_delta_e``),
-    ``locality_largest_change_above_max`` (one compact place changed far beyond re-rendering:
-    an object pasted or erased, text written; ``max_largest_change_share``),
-    ``locality_no_face_mask``; a face that did not change beyond ``min_diff_face``
-    (judged only without a noise floor) or whose band-limited change stays under
-    ``min_face_change`` (above the floor's, with one) goes to review as
-    ``locality_face_unchanged`` (its ratio is noise and is not judged).
-    Limb edits (``max_diff_outside_edit``, ``max_diff_face_drift``): reject
-    ``locality_no_edit_mask``, ``locality_edit_mask_shape_mismatch``,
-    ``locality_outside_edit_diff_above_max``, ``locality_face_drift_above_max`` (judged only
-    when the source shows a face), and ``locality_limb_unchanged`` when the limb region changed
-    less than ``min_diff_inside_edit`` (a treatment that copies its source there is not an edit).
+    The decision is :data:`LOCALITY_RULES` (printed in the docs and the release's report),
+    applied by :func:`~counterfactory.validation.gates.rules.evaluate` to
+    :func:`locality_measures`. Face edits are rejected for change away from the face (totals,
+    changed share, colour cast, contrast, body skin, hair, largest compact change, excess over
+    the floor) or change not concentrated in the face (ratios); a face that did not change goes
+    to review (``locality_face_unchanged``, its ratio then noise and not judged). Limb edits are
+    rejected for change outside the limb mask, face drift, or a limb region that did not change
+    (a treatment that copies its source there is not an edit).
 
     A same-cue control (``pair.extras["condition"]`` one of ``control_conditions``, default
     ``[{cue: kept}]``, as the skin gate reads it) asks for the region re-synthesised with its cue
@@ -398,45 +388,33 @@ def locality_gate(
     ``locality_limb_unchanged``, and a person decides; above the ceiling it passes as before.
     Every other limb threshold judges a control as a treatment.
 
-    Metrics: :func:`locality_metrics` plus ``mask_mode``; with a source face also
-    ``changed_share``, ``global_shift``, ``global_gain_change``, ``body_skin_delta_e``,
-    ``body_skin_area_frac``; with ``pair.raw_candidate`` the ``raw_`` versions of the face
-    figures; with ``pair.unregistered`` ``focus_diff_face``, ``focus_diff_nonface``,
-    ``focus_ratio``.
-    Judged figures are those of ``pair.candidate`` (what is released).
-
     The judging path (``floor_path``, :data:`FLOOR_PATHS`) is ``request`` with a floor request's
     measures (``pair.extras["noise_floor"]``), ``cohort`` with a cohort floor (its image on the
     working grid, ``pair.extras[FLOOR_WORK_IMAGE]``, whose measures are taken here as a floor
     request's are), else ``none``. ``cohort`` / ``no_floor`` (:class:`LocalityPathConfig`) replace
     the :data:`PATH_THRESHOLDS` on their path when given.
     """
+    # the keyword arguments are the config's thresholds: taken by name, in the record's order
+    given = dict(locals())
+    values = {k: given[k] for k in _THRESHOLD_ORDER}
     floor = noise_floor_of(pair)
     path = "none" if floor is None else str(floor.get("path", "request"))
+    thresholds = locality_thresholds(path, cohort, no_floor, **values)
+    metrics, judged = locality_measures(pair, floor, path, thresholds, control_conditions)
+    reasons, review = evaluate(LOCALITY_RULES, judged, thresholds, path=path, kind=pair.kind)
+    return GateResult("locality", not reasons, metrics, reasons, review, thresholds)
+
+
+def locality_thresholds(
+    path: str, cohort: Mapping[str, Any] | None, no_floor: Mapping[str, Any] | None, **values: float | None
+) -> dict[str, Any]:
+    """The thresholds judged on ``path`` (``cohort`` / ``no_floor`` replace the
+    :data:`PATH_THRESHOLDS` on their path when given), with the fixed measuring levels."""
     chosen = {"cohort": cohort, "none": no_floor}.get(path)
     if chosen is not None:
-        values = {k: chosen.get(k) for k in PATH_THRESHOLDS}
-        min_diff_face, max_changed_share = values["min_diff_face"], values["max_changed_share"]
-        max_global_shift, max_global_gain_change = values["max_global_shift"], values["max_global_gain_change"]
-        max_body_skin_delta_e, min_face_change = values["max_body_skin_delta_e"], values["min_face_change"]
-        max_excess_share, max_hair_delta_e = values["max_excess_share"], values["max_hair_delta_e"]
-        max_largest_change_share = values["max_largest_change_share"]
-    thresholds = {
-        "max_diff_nonface": max_diff_nonface,
-        "min_diff_face": min_diff_face,
-        "min_ratio": min_ratio,
-        "max_diff_outside_edit": max_diff_outside_edit,
-        "max_diff_face_drift": max_diff_face_drift,
-        "max_changed_share": max_changed_share,
-        "max_global_shift": max_global_shift,
-        "max_global_gain_change": max_global_gain_change,
-        "max_body_skin_delta_e": max_body_skin_delta_e,
-        "min_diff_inside_edit": min_diff_inside_edit,
-        "min_face_change": min_face_change,
-        "min_band_ratio": min_band_ratio,
-        "max_excess_share": max_excess_share,
-        "max_hair_delta_e": max_hair_delta_e,
-        "max_largest_change_share": max_largest_change_share,
+        values.update({k: chosen.get(k) for k in PATH_THRESHOLDS})
+    return {
+        **{k: values[k] for k in _THRESHOLD_ORDER},
         "ratio_floor": RATIO_FLOOR,
         "local_change_level": LOCAL_CHANGE_LEVEL,
         "band_frac": BAND_FRAC,
@@ -444,14 +422,130 @@ def locality_gate(
         "excess_level": EXCESS_LEVEL,
         "largest_change_level": LARGEST_CHANGE_LEVEL,
     }
-    reasons: list[str] = []
-    review: list[str] = []
+
+
+#: the order of the thresholds in a result's record
+_THRESHOLD_ORDER = (
+    "max_diff_nonface",
+    "min_diff_face",
+    "min_ratio",
+    "max_diff_outside_edit",
+    "max_diff_face_drift",
+    "max_changed_share",
+    "max_global_shift",
+    "max_global_gain_change",
+    "max_body_skin_delta_e",
+    "min_diff_inside_edit",
+    "min_face_change",
+    "min_band_ratio",
+    "max_excess_share",
+    "max_hair_delta_e",
+    "max_largest_change_share",
+)
+#: the thresholds that judge a limb edit; any of them set asks for the edit mask
+LIMB_THRESHOLDS = ("max_diff_outside_edit", "max_diff_face_drift", "min_diff_inside_edit")
+#: the thresholds that judge a face edit (every other one); any of them set asks for the face's measures
+FACE_THRESHOLDS = tuple(t for t in _THRESHOLD_ORDER if t not in LIMB_THRESHOLDS)
+
+#: the floor-relative upper bounds: (measure, threshold, reason), judged above the floor with one
+_FLOOR_BOUNDS = (
+    ("changed_share", "max_changed_share", "locality_changed_share_above_max"),
+    ("global_shift", "max_global_shift", "locality_global_shift_above_max"),
+    ("global_gain_change", "max_global_gain_change", "locality_global_gain_above_max"),
+    ("body_skin_delta_e", "max_body_skin_delta_e", "locality_body_skin_above_max"),
+    ("hair_delta_e", "max_hair_delta_e", "locality_hair_above_max"),
+    ("largest_change_share", "max_largest_change_share", "locality_largest_change_above_max"),
+)
+_NO_FACE = ("locality_no_face_mask",)
+_NO_MASK = ("locality_edit_mask_shape_mismatch", "locality_no_edit_mask")
+
+#: The locality gate's decision, in order. Measures named ``*_judged`` are what
+#: :func:`locality_measures` judges (above the floor with one, else as measured; recorded as
+#: ``<metric>`` / ``<metric>_above_floor``); ``diff_face_without_floor`` is ``diff_face`` when
+#: no floor gives a face change (FOCUS's raw diff_face tells a copy only where nothing
+#: re-renders the pixels), ``face_measured`` / ``edit_mask_usable`` / ``edit_mask_shape_ok``
+#: whether the masks could be used, ``is_control`` a same-cue control (``control_conditions``).
+LOCALITY_RULES: tuple[Rule, ...] = (
+    Rule("edit_mask_shape_ok", "false", None, "locality_edit_mask_shape_mismatch"),
+    Rule("face_measured", "false", FACE_THRESHOLDS, "locality_no_face_mask"),
+    Rule("diff_nonface", "above", "max_diff_nonface", "locality_nonface_diff_above_max", unless=_NO_FACE),
+    *(Rule(f"{m}_judged", "above", t, r, unless=_NO_FACE) for m, t, r in _FLOOR_BOUNDS),
+    Rule("excess_share", "above", "max_excess_share", "locality_excess_share_above_max", unless=_NO_FACE),
+    Rule(
+        "diff_face_without_floor",
+        "below",
+        "min_diff_face",
+        "locality_face_unchanged",
+        outcome="review",
+        unless=_NO_FACE,
+    ),
+    Rule(
+        "face_change_judged", "below", "min_face_change", "locality_face_unchanged", outcome="review", unless=_NO_FACE
+    ),
+    Rule(
+        "ratio",
+        "below",
+        "min_ratio",
+        "locality_ratio_below_min",
+        missing="fire",
+        unless=(*_NO_FACE, "locality_face_unchanged"),
+    ),
+    Rule(
+        "band_ratio",
+        "below",
+        "min_band_ratio",
+        "locality_band_ratio_below_min",
+        missing="fire",
+        unless=(*_NO_FACE, "locality_face_unchanged", "locality_ratio_below_min"),
+    ),
+    Rule("edit_mask_usable", "false", LIMB_THRESHOLDS, "locality_no_edit_mask", unless=_NO_MASK[:1]),
+    Rule(
+        "diff_outside_edit", "above", "max_diff_outside_edit", "locality_outside_edit_diff_above_max", unless=_NO_MASK
+    ),
+    Rule("diff_face_drift", "above", "max_diff_face_drift", "locality_face_drift_above_max", unless=_NO_MASK),
+    # a control is asked to keep its cue: an unchanged limb region goes to review, never rejected
+    Rule(
+        "diff_inside_edit",
+        "below",
+        "min_diff_inside_edit",
+        "locality_limb_unchanged",
+        outcome="review",
+        when="is_control",
+        unless=_NO_MASK,
+    ),
+    Rule(
+        "diff_inside_edit",
+        "below",
+        "min_diff_inside_edit",
+        "locality_limb_unchanged",
+        missing="fire",
+        unless=(*_NO_MASK, "locality_limb_unchanged"),
+    ),
+)
+
+
+def locality_measures(
+    pair: PairContext,
+    floor: dict | None,
+    path: str,
+    thresholds: Mapping[str, Any],
+    control_conditions: list[dict[str, str]] | None,
+) -> tuple[dict, dict]:
+    """The locality gate's measures of ``pair``: ``(metrics, judged)``, what a result records
+    and what :data:`LOCALITY_RULES` judge (the metrics plus the facts the rules read). No
+    decision is taken here; the floor-relative figures are recorded, as ever, when a face
+    threshold is set and the face was measured.
+
+    Metrics: :func:`locality_metrics` plus ``mask_mode``; with a source face also
+    ``changed_share``, ``global_shift``, ``global_gain_change``, ``body_skin_delta_e``,
+    ``body_skin_area_frac``; with ``pair.raw_candidate`` the ``raw_`` versions of the face
+    figures; with ``pair.unregistered`` ``focus_diff_face``, ``focus_diff_nonface``,
+    ``focus_ratio``.
+    Judged figures are those of ``pair.candidate`` (what is released).
+    """
     edit_mask = pair.edit_mask
-    if edit_mask is not None and edit_mask.shape[:2] != pair.source.shape[:2]:
-        reasons.append("locality_edit_mask_shape_mismatch")
-        edit_mask = None
-    elif edit_mask is not None:
-        edit_mask = binary_mask(edit_mask)
+    shape_ok = edit_mask is None or edit_mask.shape[:2] == pair.source.shape[:2]
+    edit_mask = binary_mask(edit_mask) if edit_mask is not None and shape_ok else None
     face = pair.source_face
     prepared = pair.source_data("locality")
     if prepared is None and face is not None and pair.face_mask is not None:
@@ -462,58 +556,109 @@ def locality_gate(
     # the stack draws face masks as {0, 255} already; only caller-given edit masks are coerced
     m = locality_metrics(pair.source, pair.candidate, pair.face_mask, edit_mask, pair.covered, oval_mask=oval)
     metrics: dict = {"mask_mode": pair.face_mask_mode, **({"floor_path": path} if pair.kind == "face" else {}), **m}
+    floor, against = _face_measures(pair, prepared, floor, path, metrics)
+    _raw_and_focus_measures(pair, prepared, edit_mask, oval, metrics)
+    face_measured = m["diff_face"] is not None and m["diff_nonface"] is not None
+    judged = dict(metrics)
+    if face_measured and any(thresholds.get(t) is not None for t in FACE_THRESHOLDS):
+        judged.update(_above_floor(metrics, floor, against))
+    controls = CONTROL_CONDITIONS if control_conditions is None else control_conditions
+    judged.update(
+        edit_mask_shape_ok=shape_ok,
+        edit_mask_usable=edit_mask is not None,
+        face_measured=face_measured,
+        is_control=is_control(pair.extras.get("condition"), None, source_fields={}, control_conditions=list(controls)),
+    )
+    return metrics, judged
+
+
+def _above_floor(metrics: dict, floor: dict | None, against: dict | None) -> dict:
+    """The floor-relative measures as judged: ``<metric>_judged``, their excess over the
+    floor where there is one (recorded in ``metrics`` as ``floor_<metric>`` and
+    ``<metric>_above_floor``), else as measured; and ``diff_face_without_floor``."""
+    judged: dict = {}
+    for key, _, _ in _FLOOR_BOUNDS:
+        value = metrics.get(key)
+        base = None if floor is None else finite_or_none(floor.get(key))
+        if value is not None and base is not None:
+            # judged above the editor's own re-rendering of this photo: against its
+            # output itself where the pair has it, else as the measures' difference
+            metrics[f"floor_{key}"] = base
+            direct = against.get(key) if key in AGAINST_FLOOR and against is not None else None
+            value = metrics[f"{key}_above_floor"] = direct if direct is not None else value - base
+        judged[f"{key}_judged"] = value
+    face_change = metrics.get("face_change")
+    floor_face = None if floor is None else finite_or_none(floor.get("face_change"))
+    if face_change is not None and floor_face is not None:
+        metrics["floor_face_change"] = floor_face
+        face_change = metrics["face_change_above_floor"] = face_change - floor_face
+    judged["face_change_judged"] = face_change
+    # with the editor's floor, the face change above it tells a copy (a subtle good edit's
+    # re-rendered face differs by less than 0.02 on its own, a copy's by up to 0.026)
+    judged["diff_face_without_floor"] = metrics["diff_face"] if floor_face is None else None
+    return {**metrics, **judged}
+
+
+def _face_measures(
+    pair: PairContext, prepared: LocalitySource | None, floor: dict | None, path: str, metrics: dict
+) -> tuple[dict | None, dict | None]:
+    """The face measures (and ``excess_share`` against the floor image) into ``metrics``;
+    returns the floor's measures (a cohort's taken here) and the candidate's against the floor
+    image, when there is one."""
+    if prepared is None:
+        return floor, None
     against: dict[str, float | None] | None = None
-    if prepared is not None:
-        floor_image, stride = floor_image_of(pair), pair.stride
-        work_floor = floor_work_image_of(pair)
-        if floor_image is None and work_floor is not None:
-            floor_image, stride = work_floor, 1
-        # the source padded once per source: the candidate's per-pixel difference from it serves
-        # its largest area of change and its excess over the floor (taken once, handed to both)
-        padded = source_padding(prepared, pair.work_source)
-        matched = padded is not None and prepared.inner_region is not None and floor_image is not None
-        cand_diff = matched_diff(padded, pair.work_candidate) if matched else None
-        # the candidate's low-pass serves its face measures and its shift against the floor
-        cand_low = lowpass(pair.work_candidate)
-        metrics.update(
-            face_measures(
-                prepared,
-                pair.work_source,
-                pair.work_candidate,
-                work_covered=pair.work_covered,
-                candidate_low=cand_low,
-                candidate_diff=cand_diff,
-            )
+    floor_image, stride = floor_image_of(pair), pair.stride
+    work_floor = floor_work_image_of(pair)
+    if floor_image is None and work_floor is not None:
+        floor_image, stride = work_floor, 1
+    # the source padded once per source: the candidate's per-pixel difference from it serves
+    # its largest area of change and its excess over the floor (taken once, handed to both)
+    padded = source_padding(prepared, pair.work_source)
+    matched = padded is not None and prepared.inner_region is not None and floor_image is not None
+    cand_diff = matched_diff(padded, pair.work_candidate) if matched else None
+    # the candidate's low-pass serves its face measures and its shift against the floor
+    cand_low = lowpass(pair.work_candidate)
+    metrics.update(
+        face_measures(
+            prepared,
+            pair.work_source,
+            pair.work_candidate,
+            work_covered=pair.work_covered,
+            candidate_low=cand_low,
+            candidate_diff=cand_diff,
         )
-        floor_diff = None
-        if path == "cohort" and work_floor is not None:
-            # the cohort's floor is measured here as a floor request's output is when it is
-            # judged, except its face: the other candidates' faces are edited too
-            if matched and floor_image is work_floor:
-                floor_diff = matched_diff(padded, work_floor)
-            measured = face_measures(
-                prepared, pair.work_source, work_floor, work_covered=pair.work_covered, candidate_diff=floor_diff
-            )
-            floor = {**floor, **{k: measured[k] for k in FLOOR_RELATIVE if k != "face_change"}}
-            metrics["floor_members"] = floor.get("members")
-        if floor_image is not None:
-            grid = floor_grid(pair, prepared, floor_image, stride, floor_diff)
-            against = against_floor(
-                prepared,
-                None,
-                pair.work_candidate,
-                pair.work_covered,
-                candidate_low=cand_low,
-                floor_low=grid.low,
-            )
-            region = prepared.work_region
-            if pair.work_covered is not None:
-                region = np.where(pair.work_covered, region, np.uint8(0))
-            metrics["excess_share"] = finite_or_none(
-                excess_share(
-                    pair.work_source, pair.work_candidate, None, region, side=grid.side, candidate_diff=cand_diff
-                )
-            )
+    )
+    floor_diff = None
+    if path == "cohort" and work_floor is not None:
+        # the cohort's floor is measured here as a floor request's output is when it is
+        # judged, except its face: the other candidates' faces are edited too
+        if matched and floor_image is work_floor:
+            floor_diff = matched_diff(padded, work_floor)
+        measured = face_measures(
+            prepared, pair.work_source, work_floor, work_covered=pair.work_covered, candidate_diff=floor_diff
+        )
+        floor = {**floor, **{k: measured[k] for k in FLOOR_RELATIVE if k != "face_change"}}
+        metrics["floor_members"] = floor.get("members")
+    if floor_image is not None:
+        grid = floor_grid(pair, prepared, floor_image, stride, floor_diff)
+        against = against_floor(
+            prepared, None, pair.work_candidate, pair.work_covered, candidate_low=cand_low, floor_low=grid.low
+        )
+        region = prepared.work_region
+        if pair.work_covered is not None:
+            region = np.where(pair.work_covered, region, np.uint8(0))
+        metrics["excess_share"] = finite_or_none(
+            excess_share(pair.work_source, pair.work_candidate, None, region, side=grid.side, candidate_diff=cand_diff)
+        )
+    return floor, against
+
+
+def _raw_and_focus_measures(
+    pair: PairContext, prepared: LocalitySource | None, edit_mask: np.ndarray | None, oval, metrics: dict
+) -> None:
+    """The raw edit's figures (``raw_*``, with ``pair.raw_candidate``) and FOCUS's
+    (``focus_*``, with ``pair.unregistered``) into ``metrics``."""
     raw = pair.raw_candidate
     if raw is not None and raw.shape == pair.source.shape:
         r = locality_metrics(pair.source, raw, pair.face_mask, edit_mask, pair.covered, oval_mask=oval)
@@ -530,93 +675,6 @@ def locality_gate(
             pair.source, resize_to(np.asarray(un, np.uint8), pair.source.shape[:2]), pair.face_mask, oval_mask=oval
         )
         metrics.update(focus_diff_face=f["diff_face"], focus_diff_nonface=f["diff_nonface"], focus_ratio=f["ratio"])
-
-    face_judged = any(
-        t is not None
-        for t in (
-            max_diff_nonface,
-            min_diff_face,
-            min_ratio,
-            max_changed_share,
-            max_global_shift,
-            max_global_gain_change,
-            max_body_skin_delta_e,
-            min_face_change,
-            min_band_ratio,
-            max_excess_share,
-            max_hair_delta_e,
-            max_largest_change_share,
-        )
-    )
-    if face_judged:
-        if m["diff_face"] is None or m["diff_nonface"] is None:
-            reasons.append("locality_no_face_mask")
-        else:
-            if max_diff_nonface is not None and m["diff_nonface"] > max_diff_nonface:
-                reasons.append("locality_nonface_diff_above_max")
-            for key, bound, code in (
-                ("changed_share", max_changed_share, "locality_changed_share_above_max"),
-                ("global_shift", max_global_shift, "locality_global_shift_above_max"),
-                ("global_gain_change", max_global_gain_change, "locality_global_gain_above_max"),
-                ("body_skin_delta_e", max_body_skin_delta_e, "locality_body_skin_above_max"),
-                ("hair_delta_e", max_hair_delta_e, "locality_hair_above_max"),
-                ("largest_change_share", max_largest_change_share, "locality_largest_change_above_max"),
-            ):
-                value = metrics.get(key)
-                base = None if floor is None else finite_or_none(floor.get(key))
-                if value is not None and base is not None:
-                    # judged above the editor's own re-rendering of this photo: against its
-                    # output itself where the pair has it, else as the measures' difference
-                    metrics[f"floor_{key}"] = base
-                    direct = against.get(key) if key in AGAINST_FLOOR and against is not None else None
-                    value = metrics[f"{key}_above_floor"] = direct if direct is not None else value - base
-                if bound is not None and value is not None and value > bound:
-                    reasons.append(code)
-            excess = metrics.get("excess_share")
-            if max_excess_share is not None and excess is not None and excess > max_excess_share:
-                reasons.append("locality_excess_share_above_max")
-            face_change = metrics.get("face_change")
-            floor_face = None if floor is None else finite_or_none(floor.get("face_change"))
-            if face_change is not None and floor_face is not None:
-                metrics["floor_face_change"] = floor_face
-                face_change = metrics["face_change_above_floor"] = face_change - floor_face
-            # FOCUS's raw diff_face tells a copy only where nothing re-renders the pixels: with
-            # the editor's floor, the face change above it does (a subtle good edit's re-rendered
-            # face differs by less than 0.02 on its own, a copy's by up to 0.026)
-            raw_copy = min_diff_face is not None and floor_face is None and m["diff_face"] < min_diff_face
-            unchanged = raw_copy or (
-                min_face_change is not None and face_change is not None and face_change < min_face_change
-            )
-            if unchanged:
-                review.append("locality_face_unchanged")
-            elif min_ratio is not None and (m["ratio"] is None or m["ratio"] < min_ratio):
-                reasons.append("locality_ratio_below_min")
-            elif min_band_ratio is not None and (
-                metrics.get("band_ratio") is None or metrics["band_ratio"] < min_band_ratio
-            ):
-                reasons.append("locality_band_ratio_below_min")
-
-    limb_judged = any(t is not None for t in (max_diff_outside_edit, max_diff_face_drift, min_diff_inside_edit))
-    if limb_judged:
-        if edit_mask is None:
-            if "locality_edit_mask_shape_mismatch" not in reasons:
-                reasons.append("locality_no_edit_mask")
-        else:
-            outside = m.get("diff_outside_edit")
-            if max_diff_outside_edit is not None and outside is not None and outside > max_diff_outside_edit:
-                reasons.append("locality_outside_edit_diff_above_max")
-            drift = m.get("diff_face_drift")
-            if max_diff_face_drift is not None and drift is not None and drift > max_diff_face_drift:
-                reasons.append("locality_face_drift_above_max")
-            inside = m.get("diff_inside_edit")
-            controls = CONTROL_CONDITIONS if control_conditions is None else control_conditions
-            control = is_control(
-                pair.extras.get("condition"), None, source_fields={}, control_conditions=list(controls)
-            )
-            if min_diff_inside_edit is not None and (inside is None or inside < min_diff_inside_edit):
-                # a control is asked to keep its cue: review (docstring), never rejected
-                (review if control and inside is not None else reasons).append("locality_limb_unchanged")
-    return GateResult("locality", not reasons, metrics, tuple(reasons), tuple(review), thresholds)
 
 
 def _prepare(

@@ -48,6 +48,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from counterfactory.validation.gates.base import GateResult, PairContext, SourceAnalysis, finite_or_none
 from counterfactory.validation.gates.registry import GATES
+from counterfactory.validation.gates.rules import Rule, evaluate
 from counterfactory.validation.segment import PersonSegmenter, get_person_segmenter, work_stride
 from counterfactory.validation.skin import SourceSkin, measure_candidate_skin, prepare_source_skin
 
@@ -184,7 +185,6 @@ class SkinGate:
             "max_body_ita_shift_deg": c.max_body_ita_shift_deg,
             "max_against_direction_deg": c.max_against_direction_deg,
         }
-        cand_face = pair.candidate_face
         prepared = pair.source_data(self.name)
         if prepared is None:
             faces = tuple(pair.source_faces)
@@ -200,88 +200,125 @@ class SkinGate:
                 region_mask=pair.edit_region_mask,
             )
             prepared = self.prepare(pair.source, analysis)
-        src, cand = measure_candidate_skin(
-            prepared,
-            pair.candidate,
-            candidate_landmarks=cand_face.landmarks if cand_face is not None else None,
-            edit_mask=pair.edit_mask if pair.kind == "limb" else None,
-            covered=pair.covered,
-            work_candidate=pair.work_candidate,
-        )
-        control = is_control(
-            pair.extras.get("condition"),
-            pair.extras.get("source"),
-            source_fields=c.source_fields,
-            control_conditions=c.control_conditions,
-        )
-        face_change = _diff(cand.face_ita_deg, src.face_ita_deg)
-        body_change = _diff(cand.body_ita_deg, src.body_ita_deg)
-        src_gap = _diff(src.face_ita_deg, src.body_ita_deg)
-        cand_gap = _diff(cand.face_ita_deg, cand.body_ita_deg)
-        growth = None if src_gap is None or cand_gap is None else abs(cand_gap) - abs(src_gap)
-        metrics: dict[str, Any] = {
-            "face_ita_deg": finite_or_none(cand.face_ita_deg),
-            "source_face_ita_deg": finite_or_none(src.face_ita_deg),
-            "face_ita_change_deg": finite_or_none(face_change),
-            "body_ita_deg": finite_or_none(cand.body_ita_deg),
-            "source_body_ita_deg": finite_or_none(src.body_ita_deg),
-            "body_ita_change_deg": finite_or_none(body_change),
-            "face_body_gap_deg": finite_or_none(cand_gap),
-            "source_face_body_gap_deg": finite_or_none(src_gap),
-            "face_body_gap_growth_deg": finite_or_none(growth),
-            "face_skin_px": cand.face_pixels,
-            "body_skin_px": src.body_pixels,
-            "body_skin_visible": src.body_ita_deg is not None,
-            "control": control,
-            "lightened": None if face_change is None else bool(face_change > c.max_ita_shift_deg),
-            "darkened": None if face_change is None else bool(face_change < -c.max_ita_shift_deg),
-        }
-        reasons: list[str] = []
-        review: list[str] = []
-        if pair.kind == "limb":
-            # the face is the person's best-measured skin (a landmark mask, no colour gate);
-            # the body mask is the fallback for photos without a usable face
-            def reference(t):
-                return t.face_ita_deg if t.face_ita_deg is not None else t.body_ita_deg
-
-            gap = _diff(cand.inpaint_ita_deg, reference(cand))
-            before = _diff(src.inpaint_ita_deg, reference(src))
-            # judged on how much further from the person's skin the region is than it was:
-            # what the mask covered before (a glove, a prosthesis, a sleeve) may differ anyway
-            growth = None if gap is None else abs(gap) - (abs(before) if before is not None else 0.0)
-            metrics["inpaint_ita_deg"] = finite_or_none(cand.inpaint_ita_deg)
-            metrics["source_inpaint_ita_deg"] = finite_or_none(src.inpaint_ita_deg)
-            metrics["inpaint_gap_deg"] = finite_or_none(gap)
-            metrics["source_inpaint_gap_deg"] = finite_or_none(before)
-            metrics["inpaint_gap_growth_deg"] = finite_or_none(growth)
-            metrics["inpaint_skin_px"] = cand.inpaint_pixels
-            if growth is not None and growth > c.max_inpaint_gap_deg and control is not True:
-                reasons.append("skin_inpaint_mismatch")
+        metrics, facts = skin_measures(pair, prepared, c)
         body_limit = c.max_body_ita_shift_deg if c.max_body_ita_shift_deg is not None else 2 * c.max_ita_shift_deg
-        must_hold = pair.kind == "limb" or control is True
-        shifts = [abs(v) for v in (face_change, body_change) if v is not None]
-        if must_hold and shifts and max(shifts) > c.max_ita_shift_deg:
-            reasons.append("skin_tone_shift")
-        elif pair.kind == "face" and body_change is not None and abs(body_change) > body_limit:
-            # skin outside the region the prompt names must keep its tone whatever the condition
-            reasons.append("skin_body_tone_shift")
-        if pair.kind == "face":
-            direction = _direction(pair.extras.get("condition"), c.direction_by_condition)
-            metrics["requested_direction"] = direction
-            if (
-                c.max_against_direction_deg is not None
-                and direction is not None
-                and face_change is not None
-                and -direction * face_change > c.max_against_direction_deg
-            ):
-                reasons.append("skin_against_direction")
-        if pair.kind == "face" and growth is not None and growth > c.max_face_body_gap_growth_deg:
-            metrics["face_body_incongruent"] = True
-            if c.require_congruent:
-                review.append("skin_face_body_mismatch")
-        elif pair.kind == "face":
-            metrics["face_body_incongruent"] = None if growth is None else False
-        return GateResult(self.name, not reasons, metrics, tuple(reasons), tuple(review), thresholds)
+        judging = {**thresholds, "body_ita_limit_deg": body_limit}
+        reasons, review = evaluate(SKIN_RULES, {**metrics, **facts}, judging, kind=pair.kind)
+        return GateResult(self.name, not reasons, metrics, reasons, review, thresholds)
+
+
+#: The skin gate's decision, in order. Judged figures are the unrounded ones (``*_judged``:
+#: ``inpaint_gap_growth_deg``, ``face_body_gap_growth_deg``; ``tone_shift_judged``: the larger
+#: absolute face or body ITA change; ``body_ita_change_judged``; ``against_direction_deg``:
+#: the face's ITA change against the direction the condition asks for). ``not_control``: the
+#: pair is not known to be a same-group control; ``tone_must_hold``: a limb edit or a control,
+#: whose skin must keep its tone; ``require_congruent`` is the config's switch;
+#: ``body_ita_limit_deg`` is ``max_body_ita_shift_deg``, else twice ``max_ita_shift_deg``.
+SKIN_RULES: tuple[Rule, ...] = (
+    Rule(
+        "inpaint_gap_growth_judged",
+        "above",
+        "max_inpaint_gap_deg",
+        "skin_inpaint_mismatch",
+        kinds=("limb",),
+        when="not_control",
+    ),
+    Rule("tone_shift_judged", "above", "max_ita_shift_deg", "skin_tone_shift", when="tone_must_hold"),
+    # skin outside the region the prompt names must keep its tone whatever the condition
+    Rule(
+        "body_ita_change_judged",
+        "abs_above",
+        "body_ita_limit_deg",
+        "skin_body_tone_shift",
+        kinds=("face",),
+        unless=("skin_tone_shift",),
+    ),
+    Rule("against_direction_deg", "above", "max_against_direction_deg", "skin_against_direction", kinds=("face",)),
+    Rule(
+        "face_body_gap_growth_judged",
+        "above",
+        "max_face_body_gap_growth_deg",
+        "skin_face_body_mismatch",
+        kinds=("face",),
+        outcome="review",
+        when="require_congruent",
+    ),
+)
+
+
+def skin_measures(pair: PairContext, prepared: SourceSkin, c: SkinGateConfig) -> tuple[dict, dict]:
+    """The skin gate's measures of ``pair`` and the facts :data:`SKIN_RULES` read; no
+    decision (``lightened`` / ``darkened`` / ``face_body_incongruent`` record where a figure
+    lies against its threshold)."""
+    cand_face = pair.candidate_face
+    src, cand = measure_candidate_skin(
+        prepared,
+        pair.candidate,
+        candidate_landmarks=cand_face.landmarks if cand_face is not None else None,
+        edit_mask=pair.edit_mask if pair.kind == "limb" else None,
+        covered=pair.covered,
+        work_candidate=pair.work_candidate,
+    )
+    control = is_control(
+        pair.extras.get("condition"),
+        pair.extras.get("source"),
+        source_fields=c.source_fields,
+        control_conditions=c.control_conditions,
+    )
+    face_change = _diff(cand.face_ita_deg, src.face_ita_deg)
+    body_change = _diff(cand.body_ita_deg, src.body_ita_deg)
+    src_gap = _diff(src.face_ita_deg, src.body_ita_deg)
+    cand_gap = _diff(cand.face_ita_deg, cand.body_ita_deg)
+    growth = None if src_gap is None or cand_gap is None else abs(cand_gap) - abs(src_gap)
+    metrics: dict[str, Any] = {
+        "face_ita_deg": finite_or_none(cand.face_ita_deg),
+        "source_face_ita_deg": finite_or_none(src.face_ita_deg),
+        "face_ita_change_deg": finite_or_none(face_change),
+        "body_ita_deg": finite_or_none(cand.body_ita_deg),
+        "source_body_ita_deg": finite_or_none(src.body_ita_deg),
+        "body_ita_change_deg": finite_or_none(body_change),
+        "face_body_gap_deg": finite_or_none(cand_gap),
+        "source_face_body_gap_deg": finite_or_none(src_gap),
+        "face_body_gap_growth_deg": finite_or_none(growth),
+        "face_skin_px": cand.face_pixels,
+        "body_skin_px": src.body_pixels,
+        "body_skin_visible": src.body_ita_deg is not None,
+        "control": control,
+        "lightened": None if face_change is None else bool(face_change > c.max_ita_shift_deg),
+        "darkened": None if face_change is None else bool(face_change < -c.max_ita_shift_deg),
+    }
+    shifts = [abs(v) for v in (face_change, body_change) if v is not None]
+    facts: dict[str, Any] = {
+        "not_control": control is not True,
+        "tone_must_hold": pair.kind == "limb" or control is True,
+        "tone_shift_judged": max(shifts) if shifts else None,
+        "body_ita_change_judged": body_change,
+    }
+    if pair.kind == "limb":
+        # the face is the person's best-measured skin (a landmark mask, no colour gate);
+        # the body mask is the fallback for photos without a usable face
+        def reference(t):
+            return t.face_ita_deg if t.face_ita_deg is not None else t.body_ita_deg
+
+        gap = _diff(cand.inpaint_ita_deg, reference(cand))
+        before = _diff(src.inpaint_ita_deg, reference(src))
+        # judged on how much further from the person's skin the region is than it was:
+        # what the mask covered before (a glove, a prosthesis, a sleeve) may differ anyway
+        inpaint_growth = None if gap is None else abs(gap) - (abs(before) if before is not None else 0.0)
+        metrics["inpaint_ita_deg"] = finite_or_none(cand.inpaint_ita_deg)
+        metrics["source_inpaint_ita_deg"] = finite_or_none(src.inpaint_ita_deg)
+        metrics["inpaint_gap_deg"] = finite_or_none(gap)
+        metrics["source_inpaint_gap_deg"] = finite_or_none(before)
+        metrics["inpaint_gap_growth_deg"] = finite_or_none(inpaint_growth)
+        metrics["inpaint_skin_px"] = cand.inpaint_pixels
+        facts["inpaint_gap_growth_judged"] = inpaint_growth
+    if pair.kind == "face":
+        direction = _direction(pair.extras.get("condition"), c.direction_by_condition)
+        metrics["requested_direction"] = direction
+        facts["against_direction_deg"] = None if direction is None or face_change is None else -direction * face_change
+        facts["face_body_gap_growth_judged"] = growth
+        metrics["face_body_incongruent"] = None if growth is None else bool(growth > c.max_face_body_gap_growth_deg)
+    return metrics, facts
 
 
 GATES.register("skin", SkinGateConfig, SkinGate, order=50)
