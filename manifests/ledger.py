@@ -385,22 +385,41 @@ class Ledger:
         )
 
     def record_sources(self, rows: Sequence[Mapping[str, Any]]) -> None:
-        """:meth:`record_source` for each of ``rows`` (its arguments by name), in one transaction:
-        a run records every source, and one commit each was most of a settled re-run's writing."""
+        """:meth:`record_source` for each of ``rows`` (its arguments by name), in one transaction
+        and, on SQLite and PostgreSQL, one statement: a run records every source, and one commit
+        (then one statement) each was most of a settled re-run's writing."""
         now = _now()
+        by_id = {
+            row["source_id"]: {
+                "source_id": row["source_id"],
+                "path": row["path"],
+                "sha256": row["sha256"],
+                "status": row["status"],
+                "reason": row.get("reason"),
+                "meta": _jsonable(row.get("meta") or {}),
+                "updated_at": now,
+            }
+            for row in rows  # an id given twice: its last row, as one upsert after the other
+        }
+        if not by_id:
+            return
+        update = ("path", "sha256", "status", "reason", "meta", "updated_at")
         with self.session() as s, s.begin():
-            for row in rows:
-                values = {
-                    "source_id": row["source_id"],
-                    "path": row["path"],
-                    "sha256": row["sha256"],
-                    "status": row["status"],
-                    "reason": row.get("reason"),
-                    "meta": _jsonable(row.get("meta") or {}),
-                    "updated_at": now,
-                }
-                # workers of one study sharing a ledger record the same photos at the same moment
-                _upsert(s, SourceRow, values, key="source_id", update=tuple(k for k in values if k != "source_id"))
+            dialect = s.get_bind().dialect.name
+            if dialect not in ("postgresql", "sqlite"):
+                for values in by_id.values():
+                    _upsert(s, SourceRow, values, key="source_id", update=update)
+                return
+            if dialect == "postgresql":
+                from sqlalchemy.dialects.postgresql import insert
+            else:
+                from sqlalchemy.dialects.sqlite import insert
+            # workers of one study sharing a ledger record the same photos at the same moment
+            statement = insert(SourceRow)
+            statement = statement.on_conflict_do_update(
+                index_elements=["source_id"], set_={c: statement.excluded[c] for c in update}
+            )
+            s.execute(statement, list(by_id.values()))
 
     def sources(self) -> list[SourceRow]:
         with self.session() as s:
@@ -419,23 +438,29 @@ class Ledger:
                 q = q.where(AttemptRow.cell_id.in_(list(cell_ids)))
             return [_attempt(r) for r in s.scalars(q)]
 
+    def finished_outputs(self) -> list[str]:
+        """The output sha256 of every ``ok`` attempt, in one query of that one column."""
+        q = select(AttemptRow.output_sha256).where(AttemptRow.status == OK, AttemptRow.output_sha256.is_not(None))
+        with self.session() as s:
+            return list(s.scalars(q))
+
     def has_attempts(self) -> bool:
         """Whether any attempt was ever started through this ledger."""
         with self.session() as s:
             return s.scalar(select(AttemptRow.attempt_id).limit(1)) is not None
 
     def attempts_by_id(self, attempt_ids: Iterable[str]) -> dict[str, Attempt]:
-        """The attempts among ``attempt_ids`` that exist, by id, read in a few queries (not one per id)."""
+        """The attempts among ``attempt_ids`` that exist, by id, in one query (:func:`_by_ids`)."""
         with self.session() as s:
             return {
                 row.attempt_id: _attempt(row)
-                for chunk in _chunks(attempt_ids)
-                for row in s.scalars(select(AttemptRow).where(AttemptRow.attempt_id.in_(chunk)))
+                for row in _by_ids(s, select(AttemptRow), AttemptRow.attempt_id, attempt_ids, scalars=True)
             }
 
     def settled_states(self, attempt_ids: Iterable[str]) -> dict[str, SettledState]:
         """The :class:`SettledState` of those of ``attempt_ids`` that exist, by id: attempts joined
-        with their candidates, one query per 500 ids, only the columns the settled check reads."""
+        with their candidates, in one query (:func:`_by_ids`), only the columns the settled check
+        reads."""
         columns = (
             AttemptRow.attempt_id,
             AttemptRow.status,
@@ -447,19 +472,14 @@ class Ledger:
             CandidateRow.verdict,
             CandidateRow.reasons,
         )
-        found: dict[str, SettledState] = {}
+        q = select(*columns).outerjoin(CandidateRow, CandidateRow.attempt_id == AttemptRow.attempt_id)
         with self.session() as s:
-            for chunk in _chunks(attempt_ids):
-                q = (
-                    select(*columns)
-                    .outerjoin(CandidateRow, CandidateRow.attempt_id == AttemptRow.attempt_id)
-                    .where(AttemptRow.attempt_id.in_(chunk))
+            return {
+                aid: SettledState(aid, status, reason, output, meta or {}, jkey, image, verdict, list(reasons or []))
+                for aid, status, reason, output, meta, jkey, image, verdict, reasons in _by_ids(
+                    s, q, AttemptRow.attempt_id, attempt_ids
                 )
-                for aid, status, reason, output, meta, jkey, image, verdict, reasons in s.execute(q):
-                    found[aid] = SettledState(
-                        aid, status, reason, output, meta or {}, jkey, image, verdict, list(reasons or [])
-                    )
-        return found
+            }
 
     def start_attempt(
         self,
@@ -572,15 +592,10 @@ class Ledger:
             row.status, row.reason, row.output_sha256 = FAILED, reason, None
 
     def cost_usd(self, attempt_ids: Iterable[str]) -> float:
-        """Money spent on these attempts (USD); ids not in the ledger count 0."""
-        ids = sorted(set(attempt_ids))
-        total = 0.0
+        """Money spent on these attempts (USD); ids not in the ledger count 0. One query."""
+        q = select(AttemptRow.attempt_id, AttemptRow.cost_usd)
         with self.session() as s:
-            for start in range(0, len(ids), 500):  # bounded IN lists for every database
-                chunk = ids[start : start + 500]
-                q = select(func.coalesce(func.sum(AttemptRow.cost_usd), 0.0)).where(AttemptRow.attempt_id.in_(chunk))
-                total += float(s.scalar(q) or 0.0)
-        return total
+            return float(sum(cost or 0.0 for _, cost in _by_ids(s, q, AttemptRow.attempt_id, attempt_ids)))
 
     def editor_calls(self) -> int:
         """Total editor calls ever made through this ledger."""
@@ -594,12 +609,11 @@ class Ledger:
             return _candidate(row) if row else None
 
     def candidates_by_id(self, attempt_ids: Iterable[str]) -> dict[str, Candidate]:
-        """The candidates of those of ``attempt_ids`` that were judged, by attempt id, in a few queries."""
+        """The candidates of those of ``attempt_ids`` that were judged, by attempt id, in one query."""
         with self.session() as s:
             return {
                 row.attempt_id: _candidate(row)
-                for chunk in _chunks(attempt_ids)
-                for row in s.scalars(select(CandidateRow).where(CandidateRow.attempt_id.in_(chunk)))
+                for row in _by_ids(s, select(CandidateRow), CandidateRow.attempt_id, attempt_ids, scalars=True)
             }
 
     def candidates_of_cells(self, cell_ids: Sequence[str]) -> list[Candidate]:
@@ -711,10 +725,33 @@ def _upsert(s: Session, model: type[Base], values: Mapping[str, Any], *, key: st
     s.execute(statement.on_conflict_do_update(index_elements=[key], set_={c: statement.excluded[c] for c in update}))
 
 
-def _chunks(ids: Iterable[str], size: int = 500) -> list[list[str]]:
+#: the longest ``IN (...)`` list a query is given (every database accepts it)
+_CHUNK = 500
+
+
+def _chunks(ids: Iterable[str], size: int = _CHUNK) -> list[list[str]]:
     """Distinct ids in bounded lists, so an ``IN (...)`` stays within every database's limits."""
     unique = sorted(set(ids))
     return [unique[i : i + size] for i in range(0, len(unique), size)]
+
+
+def _by_ids(s: Session, q: Any, column: Any, ids: Iterable[str], *, scalars: bool = False) -> list[Any]:
+    """The rows of ``q`` whose ``column`` is one of ``ids``, in one query however many there are.
+
+    Up to one bounded ``IN (...)`` list (:func:`_chunks`' size) the database filters; beyond
+    it, ``q`` is read whole, once, and filtered here: a re-run's settled check and its release
+    ask for every cell's attempt at once, and one statement per 500 ids made their cost grow
+    with the cells already settled (the key column must be the rows' first column, or with
+    ``scalars`` the rows' ``attempt_id``)."""
+    wanted = set(ids)
+    if not wanted:
+        return []
+    if len(wanted) <= _CHUNK:
+        q = q.where(column.in_(sorted(wanted)))
+        return list(s.scalars(q) if scalars else s.execute(q))
+    if scalars:
+        return [row for row in s.scalars(q) if row.attempt_id in wanted]
+    return [row for row in s.execute(q) if row[0] in wanted]
 
 
 def _run_lock_key(run_id: str) -> int:

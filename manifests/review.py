@@ -407,16 +407,27 @@ def final_attempts(
     spec comparing editors; None: every attempt the ledger holds). ``cell_ids`` limits the
     answer to those cells.
     """
+    # the five columns read here, not every attempt row whole (its lineage, prompt, editor JSON):
+    # a publish asks this three times over every cell
     q = (
-        select(AttemptRow, CandidateRow.verdict, CandidateRow.reasons)
+        select(
+            AttemptRow.attempt_id,
+            AttemptRow.cell_id,
+            AttemptRow.attempt_no,
+            AttemptRow.status,
+            AttemptRow.meta,
+            CandidateRow.verdict,
+            CandidateRow.reasons,
+        )
         .outerjoin(CandidateRow, CandidateRow.attempt_id == AttemptRow.attempt_id)
         .order_by(AttemptRow.cell_id, AttemptRow.attempt_no, AttemptRow.attempt_id)
     )
     if cell_ids is not None:
         q = q.where(AttemptRow.cell_id.in_(list(cell_ids)))
     with ledger.session() as s:
-        rows = s.execute(q).all()  # read in the session; only plain columns are used after it
-        rows = [(_Row(a.attempt_id, a.cell_id, a.attempt_no, a.status, dict(a.meta or {})), v, r) for a, v, r in rows]
+        rows = [
+            (_Row(aid, cid, no, status, dict(meta or {})), v, r) for aid, cid, no, status, meta, v, r in s.execute(q)
+        ]
     numbered: dict[tuple[str, int], list[_LedgerAttempt]] = {}
     settled: dict[str, Settled] = {}
     cells: dict[str, _LedgerCell] = {}

@@ -491,7 +491,10 @@ def publish_release(
     # a spec comparing editors: every cell once per editor, in one order however the run got them
     grid = with_editors(grid, [view.editor_name for view in spec.editor_views()])
     outcomes = sorted(outcomes, key=outcome_order(spec))
-    report, left_out = completeness(cell_rows(ws, spec, outcomes), failed, grid)
+    # every cell's row, reviews applied, read once: completeness reads its status (cell_rows
+    # would read the same reviews a second time over every cell)
+    items = item_rows(spec, ws, prepared, outcomes)
+    report, left_out = completeness(items, failed, grid)
     # items waiting for a person still make a release worth sealing (the review queue reports
     # them); no accepted and no undecided cell is an empty release
     kept = sum(g["accepted"] + g["undecided"] for g in report["per_group"])
@@ -510,7 +513,6 @@ def publish_release(
             f"(the release then lists what was left out).\n{summary}"
         )
     biographies = load_biographies(spec.trials.biographies) if needs_biographies(spec.trials) else None
-    items = item_rows(spec, ws, prepared, outcomes)
     review = release_review_stats(ws.ledger, spec.review, items)
     # this release's attempts only: other specs may share the ledger
     cost = ws.ledger.cost_usd(a for o in outcomes for c in o.cells for a in c.attempt_ids)

@@ -29,7 +29,6 @@ from counterfactory.manifests.errors import CounterfactoryError
 from counterfactory.manifests.ledger import Ledger
 from counterfactory.manifests.runlock import RunFolderError, RunFolderLock
 from counterfactory.manifests.store import ImageStore, atomic_write
-from counterfactory.manifests.vocabulary import OK
 
 #: the ledger's file, unless the spec's ``ledger_url`` names another database
 LEDGER_FILE = "ledger.sqlite"
@@ -177,6 +176,5 @@ def open_workspace(spec: Spec, out: str | Path) -> Workspace:
 
 def count_missing_outputs(ws: Workspace) -> int:
     """Finished attempts whose output image is gone from the store (each will run once more)."""
-    return sum(
-        1 for a in ws.ledger.attempts() if a.status == OK and a.output_sha256 and not ws.store.has(a.output_sha256)
-    )
+    # one column of the finished attempts, not every row whole (a re-run asks this first)
+    return sum(1 for sha in ws.ledger.finished_outputs() if sha and not ws.store.has(sha))

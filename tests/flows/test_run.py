@@ -418,3 +418,40 @@ def test_crash_loop_ten_sigkills_then_the_release_of_an_uninterrupted_run(demo_r
         calls, attempts = db.execute("select sum(calls), count(*) from attempts").fetchone()
     # each kill can cost at most the one edit it interrupted
     assert calls - attempts <= kills
+
+
+def test_a_settled_rerun_sends_the_same_statements_however_many_ids_a_query_holds(demo_run, tmp_path, monkeypatch):
+    """A re-run of a finished run reads the ledger in a bounded number of statements that does
+    not grow with its cells: with the longest IN list cut from 500 ids to 2 (so every read of
+    the demo's cells would need several), it sends exactly the statements it sends otherwise,
+    and records its sources in at most two (usable, failed). On the old code: one upsert per
+    source (7), and no ``_CHUNK`` to cut."""
+    from sqlalchemy import event
+    from sqlalchemy.engine import Engine
+
+    from counterfactory.flows.engine.spec import load_spec
+    from counterfactory.flows.resume import run_spec
+    from counterfactory.manifests import ledger as ledger_module
+
+    sent: list[str] = []
+
+    def count(conn, cursor, statement, *rest):
+        sent.append(statement)
+
+    event.listen(Engine, "before_cursor_execute", count)
+    try:
+        counts = []
+        for chunk in (500, 2):
+            monkeypatch.setattr(ledger_module, "_CHUNK", chunk)
+            out = tmp_path / f"out-{chunk}"
+            shutil.copytree(demo_run.out, out, ignore=shutil.ignore_patterns(".run.lock"))
+            sent.clear()
+            summary = run_spec(load_spec(REPO / "assets/specs/demo-face.yaml"), out, progress=False, publish=True,
+                               allow_incomplete=True)  # fmt: skip
+            assert summary.settled and summary.editor_calls == 0 and not summary.release_created
+            counts.append(len(sent))
+            # one executemany per shape of row (the usable sources, the failed ones), not one per source
+            assert sum(s.lstrip().upper().startswith("INSERT INTO SOURCES") for s in sent) <= 2, sent
+    finally:
+        event.remove(Engine, "before_cursor_execute", count)
+    assert counts[0] == counts[1] < 60, counts

@@ -310,3 +310,68 @@ def test_workers_recording_the_same_photos_at_once_both_succeed(ledger_url):
     finally:
         for ledger in ledgers:
             ledger.close()
+
+
+def _count_statements(ledger: Ledger) -> list[str]:
+    """Every SQL statement ``ledger`` sends from now on (a SQLAlchemy cursor event)."""
+    from sqlalchemy import event
+
+    sent: list[str] = []
+    event.listen(ledger.engine, "before_cursor_execute", lambda conn, cur, stmt, *rest: sent.append(stmt))
+    return sent
+
+
+def test_reads_of_many_attempts_and_writes_of_many_sources_take_one_statement_each(ledger_url):
+    """A settled re-run asks for every cell's attempt at once and records every source: one
+    statement each, however many (one per 500 ids and one per source made a re-run's cost grow
+    with the cells already settled; on the old code 2 statements per read of 600 ids, 600 upserts)."""
+    from sqlalchemy import insert
+
+    from counterfactory.manifests.ledger import AttemptRow, CandidateRow
+
+    ledger = Ledger(ledger_url)
+    n = 600  # more than one bounded IN list (500 ids)
+    ids = [f"{i:064x}" for i in range(n)]
+    with ledger.session() as s, s.begin():
+        s.execute(
+            insert(AttemptRow),
+            [
+                {"attempt_id": a, "cell_id": f"t{i % 7}|c={i}", "attempt_no": 1, "seed": 1, "backend": "fake",
+                 "lineage": {}, "prompt": "p", "status": "ok", "output_sha256": a, "cost_usd": 0.25, "calls": 1,
+                 "meta": {"i": i}}
+                for i, a in enumerate(ids)
+            ],
+        )  # fmt: skip
+        s.execute(
+            insert(CandidateRow),
+            [{"attempt_id": a, "cell_id": f"t{i % 7}|c={i}", "judge_key": "k", "image_sha256": a, "verdict": "accepted",
+              "reasons": [], "gates": {}, "alignment": {}} for i, a in enumerate(ids) if i % 2]
+        )  # fmt: skip
+    asked = ids[3:] + ["f" * 64]  # one id the ledger lacks
+    sent = _count_statements(ledger)
+    states = ledger.settled_states(asked)
+    assert len(sent) == 1 and set(states) == set(ids[3:])
+    assert states[ids[5]].verdict == "accepted" and states[ids[4]].verdict is None and states[ids[4]].meta == {"i": 4}
+    sent.clear()
+    attempts = ledger.attempts_by_id(asked)
+    candidates = ledger.candidates_by_id(asked)
+    cost = ledger.cost_usd(asked)
+    assert len(sent) == 3
+    assert set(attempts) == set(ids[3:]) and set(candidates) == {a for i, a in enumerate(ids) if i % 2 and i >= 3}
+    assert cost == pytest.approx(0.25 * (n - 3))
+    # a short list is still filtered by the database, with the same answers
+    sent.clear()
+    assert set(ledger.settled_states(ids[:4])) == set(ids[:4]) and ledger.cost_usd(ids[:4]) == pytest.approx(1.0)
+    assert len(sent) == 2 and all("IN" in statement for statement in sent)
+    assert ledger.finished_outputs() and sorted(ledger.finished_outputs()) == ids
+    sent.clear()
+    rows = [{"source_id": f"s{i}", "path": f"p{i}.png", "sha256": "a" * 64, "status": "ok", "meta": {"i": i}}
+            for i in range(n)]  # fmt: skip
+    ledger.record_sources(rows)
+    ledger.record_sources([{**rows[7], "status": "failed", "reason": "gone"}])  # an upsert updates
+    assert len(sent) <= 2 + 2 * 2  # each: its one statement, and BEGIN/COMMIT where the driver sends them
+    assert sum(s.lstrip().upper().startswith("INSERT") for s in sent) == 2
+    recorded = {row.source_id: row for row in ledger.sources()}
+    assert len(recorded) == n and recorded["s7"].status == "failed" and recorded["s7"].reason == "gone"
+    assert recorded["s8"].meta == {"i": 8}
+    ledger.close()
