@@ -65,12 +65,9 @@ def _heaviest_groups_first(items: list[pytest.Item]) -> None:
     collected last keeping a worker busy alone while the other waits (longest first)."""
     from collections import Counter
 
-    def group(item: pytest.Item) -> str:
-        return "_".join(sorted(str(m.args[0]) for m in item.iter_markers("xdist_group") if m.args))
-
-    weight = Counter(group(item) for item in items if item.get_closest_marker("slow"))
+    weight = Counter(_group_of(item) for item in items if item.get_closest_marker("slow"))
     place = {id(item): i for i, item in enumerate(items)}
-    items.sort(key=lambda item: (-weight[group(item)], place[id(item)]))
+    items.sort(key=lambda item: (-weight[_group_of(item)], place[id(item)]))
 
 
 def _suffix_group(item: pytest.Item) -> None:
@@ -79,14 +76,19 @@ def _suffix_group(item: pytest.Item) -> None:
     structured ``item._id``): every group was spread over both workers, each building its
     session's runs. Here the id is set where this pytest keeps it (once: an older pytest reads
     ``_nodeid`` and xdist's own hook appends the same suffix, which names the same group)."""
-    names = sorted(
-        {str(m.args[0] if m.args else m.kwargs.get("name", "default")) for m in item.iter_markers("xdist_group")}
-    )
-    if not names or not hasattr(item, "_id"):
+    group = _group_of(item)
+    if not group or not hasattr(item, "_id"):
         return
     from _pytest.nodeid import NodeId
 
-    item._id = NodeId.parse(f"{item.nodeid}@{'_'.join(names)}")
+    item._id = NodeId.parse(f"{item.nodeid}@{group}")
+
+
+def _group_of(item: pytest.Item) -> str:
+    """The xdist group ``item`` runs in, as pytest-xdist names it (its marks' names, sorted and
+    joined; ``""`` for none)."""
+    names = {str(m.args[0] if m.args else m.kwargs.get("name", "default")) for m in item.iter_markers("xdist_group")}
+    return "_".join(sorted(names))
 
 
 @pytest.fixture(scope="session")
@@ -109,10 +111,10 @@ def astronaut() -> np.ndarray:
     return read_rgb("astronaut.png")
 
 
-def demo_spec(folder: Path, *, strata: list[str] | None = None, **top_level) -> Path:
+def demo_spec(folder: Path, *, strata: list[str] | None = None, release: dict | None = None, **top_level) -> Path:
     """``assets/specs/demo-face.yaml`` written to ``folder/spec.yaml`` with absolute photo paths,
-    ``top_level`` sections replaced, and, given ``strata``, the design stratified by those fields
-    only: ``strata=[]`` makes one template of six cells, ``["presented_gender"]`` two (the demo
+    ``top_level`` sections replaced, ``release`` fields set in its release section (a version),
+    and, given ``strata``, the design stratified by those fields only: ``strata=[]`` makes one template of six cells, ``["presented_gender"]`` two (the demo
     has three). Whole-flow tests that check how a run behaves, not the demo's own grid, run
     the smaller grid: each template costs a floor and six re-rendered edits."""
     import yaml
@@ -121,6 +123,7 @@ def demo_spec(folder: Path, *, strata: list[str] | None = None, **top_level) -> 
     spec["sources"] = {k: str((SPECS_DIR / v).resolve()) for k, v in spec["sources"].items()}
     if strata is not None:
         spec["design"]["strata"] = list(strata)
+    spec["release"].update(release or {})
     spec.update(top_level)
     path = folder / "spec.yaml"
     path.write_text(yaml.safe_dump(spec, sort_keys=False))  # axis order decides cell ids

@@ -244,16 +244,6 @@ def test_broken_metadata_stops_before_any_work(tmp_path):
     assert not out.exists()
 
 
-def _demo_spec_copy(tmp_path: Path, **release) -> Path:
-    """The demo spec with absolute photo paths (and release fields overridden), in ``tmp_path``."""
-    spec = yaml.safe_load((REPO / "assets/specs/demo-face.yaml").read_text())
-    spec["sources"] = {k: str((REPO / "assets/specs" / v).resolve()) for k, v in spec["sources"].items()}
-    spec["release"].update(release)
-    path = tmp_path / "spec.yaml"
-    path.write_text(yaml.safe_dump(spec, sort_keys=False))  # axis order decides cell ids
-    return path
-
-
 def test_a_deleted_store_is_rebuilt_by_rerunning_only_those_attempts(demo_run, tmp_path):
     reference = demo_run.out
     out = tmp_path / "out"
@@ -270,7 +260,7 @@ def test_a_deleted_store_is_rebuilt_by_rerunning_only_those_attempts(demo_run, t
         ok = db.execute("select count(*) from attempts where status='ok' and backend='classical'").fetchone()[0]
     # reproduction: the whole store is gone (before: a raw FileNotFoundError traceback)
     shutil.rmtree(out / "store")
-    spec = _demo_spec_copy(tmp_path, version="0.2.0")
+    spec = demo_spec(tmp_path, release={"version": "0.2.0"})
     result = _run(["run", str(spec), "--out", str(out), "--no-progress", *PUBLISH])
     assert result.returncode == 0, result.stderr[-3000:]
     assert "Traceback" not in result.stderr
