@@ -21,6 +21,16 @@ if "PREFECT_HOME" not in os.environ or os.environ.get(_OWN_HOME) == os.environ["
     _worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
     os.environ["PREFECT_HOME"] = os.environ[_OWN_HOME] = tempfile.mkdtemp(prefix=f"cf-prefect-{_worker}-")
     atexit.register(shutil.rmtree, os.environ["PREFECT_HOME"], ignore_errors=True)
+# TAEF2 round trips (generation/rerender.py) kept in one folder that every process of the session
+# shares: made by the first process to import this file (the controller under pytest-xdist, whose
+# environment the workers inherit) and removed by it. The same demo and corpus edits are
+# re-rendered by dozens of tests; the cache is keyed on the pixels and the graphs, so the bytes
+# are the ones a fresh round trip gives (tests/generation/test_rerender_cache.py; the recorded
+# fingerprints of tests/flows/test_unchanged.py are reached through it).
+_OWN_CACHE = "COUNTERFACTORY_TEST_RERENDER_CACHE"
+if "COUNTERFACTORY_RERENDER_CACHE" not in os.environ:
+    os.environ["COUNTERFACTORY_RERENDER_CACHE"] = os.environ[_OWN_CACHE] = tempfile.mkdtemp(prefix="cf-rerender-")
+    atexit.register(shutil.rmtree, os.environ["COUNTERFACTORY_RERENDER_CACHE"], ignore_errors=True)
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 
@@ -156,12 +166,13 @@ class DemoRun:
 
 def user_env() -> dict[str, str]:
     """The environment a user's shell gives the CLI: no variable that quiets or tunes native
-    libraries (``GLOG_``, ``TF_CPP_``, ``OPENCV_``) or the package (``COUNTERFACTORY_``), and
-    Prefect kept local and quiet in a home of its own (:func:`tests.flows.unchanged.cli_env`)."""
+    libraries (``GLOG_``, ``TF_CPP_``, ``OPENCV_``) or the package (``COUNTERFACTORY_``, but for
+    the session's re-render cache, which changes neither a byte nor a line), and Prefect kept local and quiet in a home of its own (:func:`tests.flows.unchanged.cli_env`)."""
     from tests.flows.unchanged import cli_env
 
     prefixes = ("GLOG_", "TF_CPP_", "OPENCV_", "COUNTERFACTORY_")
-    return {k: v for k, v in cli_env().items() if not k.startswith(prefixes)}
+    kept = ("COUNTERFACTORY_RERENDER_CACHE",)  # the session's re-render cache: speed, never bytes or lines
+    return {k: v for k, v in cli_env().items() if not k.startswith(prefixes) or k in kept}
 
 
 @pytest.fixture(scope="session")
