@@ -522,31 +522,60 @@ def global_change(source: np.ndarray, candidate: np.ndarray, region: np.ndarray)
 
 
 def global_change_at(sample: RegionSample, candidate: np.ndarray) -> tuple[float | None, float | None]:
+    """:func:`global_change` on a prepared sample (``candidate`` on the sample's grid).
+
+    The medians are exact, as :func:`numpy.median`'s: the values are float32 (a low-pass
+    image's), not grey levels, so no histogram holds them; each is a selection
+    (:func:`numpy.partition`) in a buffer taken once, not a sort. The candidate is gathered
+    by flat index and the lightness thirds' samples by index, in the order and the float32
+    arithmetic of the reference (``tests/validation/test_global_change.py`` compares both on
+    the bundled photos to the digit)."""
     if sample.rows.size == 0:
         return None, None
     src = sample.source
-    cand = candidate[sample.rows, sample.cols].astype(np.float32)
+    flat = sample.rows * candidate.shape[1] + sample.cols
+    cand = np.take(candidate.reshape(-1, candidate.shape[2]), flat, axis=0).astype(np.float32, copy=False)
     # per channel on contiguous rows: numpy reduces a 3-wide last axis slowly
     diff = np.ascontiguousarray((cand - src).T)
-    shift = float(np.max(np.abs(np.median(diff, axis=1)))) / 255.0
     # a contrast or tone-curve change moves the dark and the light parts oppositely, and where
     # the image's mean is a plain wall's (a studio portrait) the whole-region median stays put:
     # the medians of each third by lightness too. Thirds of the mean of both images' lightness,
     # not of one's: choosing pixels by one image's noise biases the other's difference there.
-    far = sample.far if sample.far is not None else np.ones(diff.shape[1], bool)
-    if np.count_nonzero(far) >= 3 * MIN_STRATUM_SAMPLES:
-        far_diff = diff[:, far]
-        lightness = (cand[far] + src[far]).sum(axis=1)
+    far = None if sample.far is None else np.flatnonzero(sample.far)
+    n_far = diff.shape[1] if far is None else far.size
+    far_diff = lightness = None
+    if n_far >= 3 * MIN_STRATUM_SAMPLES:
+        if far is None:
+            far_diff, lightness = diff.copy(), (cand + src).sum(axis=1)
+        else:
+            far_diff = np.take(diff, far, axis=1)
+            lightness = (np.take(cand, far, axis=0) + np.take(src, far, axis=0)).sum(axis=1)
+    shift = _largest_median(diff)  # partitions diff in place: the thirds read their copy
+    if far_diff is not None and lightness is not None:
         low, high = np.quantile(lightness, [1 / 3, 2 / 3])
         for part in (lightness <= low, (lightness > low) & (lightness <= high), lightness > high):
             if np.count_nonzero(part) >= MIN_STRATUM_SAMPLES:
-                stratum = float(np.max(np.abs(np.median(far_diff[:, part], axis=1)))) / 255.0
-                shift = max(shift, stratum)
+                shift = max(shift, _largest_median(far_diff[:, part]))
     s_std = _channel_std(src)
     c_std = _channel_std(cand)
     ok = s_std > 1.0
     gain = float(np.max(np.abs(c_std[ok] / s_std[ok] - 1.0))) if ok.any() else None
     return shift, gain
+
+
+def _largest_median(rows: np.ndarray) -> float:
+    """The largest |median| of the rows of ``rows`` (``(C, N)`` float32, reordered in place),
+    over 255: :func:`numpy.median`'s value (the mean of the two middle values for even ``N``,
+    in float32), by selection rather than a sort or a copy."""
+    n = rows.shape[1]
+    mid = n // 2
+    if n % 2:
+        rows.partition(mid, axis=1)
+        medians = rows[:, mid]
+    else:
+        rows.partition([mid - 1, mid], axis=1)
+        medians = (rows[:, mid - 1] + rows[:, mid]) / rows.dtype.type(2)
+    return float(np.max(np.abs(medians))) / 255.0
 
 
 def _channel_std(values: np.ndarray) -> np.ndarray:
