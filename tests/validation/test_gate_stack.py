@@ -121,6 +121,28 @@ def test_the_raw_candidate_is_measured_only_with_diagnostics(face_stack, photo):
     assert GateStack.from_config(GatesConfig(diagnostics=True), "face").diagnostics is True
 
 
+def test_the_glasses_figure_is_taken_once_per_pair(face_stack, photo, monkeypatch):
+    """The face gate judges glasses_change and the expression gate reads it: one measurement."""
+    from counterfactory.validation import accessories
+    from counterfactory.validation.gates import base, expression, face
+
+    calls = []
+
+    def counted(*args):
+        calls.append(args)
+        return accessories.glasses_change(*args)
+
+    for module in (base, expression, face):
+        for name in ("glasses_change", "_glasses_change"):
+            if hasattr(module, name):
+                monkeypatch.setattr(module, name, counted)
+    image = photo("biden_portrait.jpg")
+    judgement = face_stack.evaluate(image, image.copy(), source_key="biden")
+    assert len(calls) == 1
+    assert judgement.metrics["face.glasses_change"] == 0.0
+    assert judgement.metrics["expression.brow_under_frame"] is False
+
+
 @pytest.mark.slow
 def test_a_face_only_morph_is_accepted_and_a_feature_transplant_is_a_swap(face_stack, photo, landmarker):
     """A stand-in for a race x gender edit: the source's face taken half-way toward another
