@@ -12,7 +12,7 @@ No thresholds and no verdicts: the constants below say how a measure is taken, n
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import cv2
 import numpy as np
@@ -475,6 +475,12 @@ class RegionSample:
     cols: np.ndarray
     source: np.ndarray
     far: np.ndarray | None = None
+    #: ``(3, N)`` float32 :attr:`source` channel by channel (contiguous rows)
+    source_channels: np.ndarray = field(init=False, repr=False, compare=False)
+    #: the indices of :attr:`far`'s samples, or None (all of them)
+    far_index: np.ndarray | None = field(init=False, repr=False, compare=False)
+    #: ``(3,)`` float64 :attr:`source`'s per-channel standard deviation
+    source_std: np.ndarray = field(init=False, repr=False, compare=False)
 
     def covered_by(self, covered: np.ndarray | None) -> RegionSample:
         """The samples where ``covered`` (``(H, W)`` bool) is True; self for None."""
@@ -483,6 +489,13 @@ class RegionSample:
         keep = covered[self.rows, self.cols]
         far = None if self.far is None else self.far[keep]
         return RegionSample(self.rows[keep], self.cols[keep], self.source[keep], far)
+
+    def __post_init__(self) -> None:
+        # what every candidate's global_change_at reads of the source side, made with the
+        # sample (a source's, once for all its candidates); frozen: set here only
+        object.__setattr__(self, "source_channels", np.ascontiguousarray(self.source.T))
+        object.__setattr__(self, "far_index", None if self.far is None else np.flatnonzero(self.far))
+        object.__setattr__(self, "source_std", _channel_std(self.source) if self.source.size else np.zeros(3))
 
 
 #: :func:`global_change` reads about this many pixels of its region (an even stride).
@@ -532,31 +545,35 @@ def global_change_at(sample: RegionSample, candidate: np.ndarray) -> tuple[float
     the bundled photos to the digit)."""
     if sample.rows.size == 0:
         return None, None
-    src = sample.source
     flat = sample.rows * candidate.shape[1] + sample.cols
     cand = np.take(candidate.reshape(-1, candidate.shape[2]), flat, axis=0).astype(np.float32, copy=False)
-    # per channel on contiguous rows: numpy reduces a 3-wide last axis slowly
-    diff = np.ascontiguousarray((cand - src).T)
+    # per channel on contiguous rows: numpy reduces a 3-wide last axis slowly; the source's
+    # rows are the sample's own (made once per source)
+    cand_rows = np.ascontiguousarray(cand.T)
+    src_rows = sample.source_channels
+    diff = cand_rows - src_rows
     # a contrast or tone-curve change moves the dark and the light parts oppositely, and where
     # the image's mean is a plain wall's (a studio portrait) the whole-region median stays put:
     # the medians of each third by lightness too. Thirds of the mean of both images' lightness,
     # not of one's: choosing pixels by one image's noise biases the other's difference there.
-    far = None if sample.far is None else np.flatnonzero(sample.far)
+    far = sample.far_index
     n_far = diff.shape[1] if far is None else far.size
     far_diff = lightness = None
     if n_far >= 3 * MIN_STRATUM_SAMPLES:
         if far is None:
-            far_diff, lightness = diff.copy(), (cand + src).sum(axis=1)
+            far_diff, both = diff.copy(), cand_rows + src_rows
         else:
             far_diff = np.take(diff, far, axis=1)
-            lightness = (np.take(cand, far, axis=0) + np.take(src, far, axis=0)).sum(axis=1)
+            both = np.take(cand_rows, far, axis=1) + np.take(src_rows, far, axis=1)
+        lightness = both[0] + both[1]  # the channels summed in order, as a sum over them is
+        lightness += both[2]
     shift = _largest_median(diff)  # partitions diff in place: the thirds read their copy
     if far_diff is not None and lightness is not None:
         low, high = np.quantile(lightness, [1 / 3, 2 / 3])
         for part in (lightness <= low, (lightness > low) & (lightness <= high), lightness > high):
             if np.count_nonzero(part) >= MIN_STRATUM_SAMPLES:
                 shift = max(shift, _largest_median(far_diff[:, part]))
-    s_std = _channel_std(src)
+    s_std = sample.source_std
     c_std = _channel_std(cand)
     ok = s_std > 1.0
     gain = float(np.max(np.abs(c_std[ok] / s_std[ok] - 1.0))) if ok.any() else None
