@@ -469,17 +469,17 @@ class RegionSample:
         source: ``(N, 3)`` float32 source values there.
         far: ``(N,)`` bool, the samples at least :data:`STRATA_MARGIN_FRAC` face sizes from the
             edit region (what the lightness thirds of :func:`global_change` read), or None: all.
+        source_channels, far_index, source_std: made with the sample (a source's, once for
+            all its candidates): ``source.T`` contiguous, ``far``'s indices (None: all), and
+            the source's per-channel standard deviation.
     """
 
     rows: np.ndarray
     cols: np.ndarray
     source: np.ndarray
     far: np.ndarray | None = None
-    #: ``(3, N)`` float32 :attr:`source` channel by channel (contiguous rows)
     source_channels: np.ndarray = field(init=False, repr=False, compare=False)
-    #: the indices of :attr:`far`'s samples, or None (all of them)
     far_index: np.ndarray | None = field(init=False, repr=False, compare=False)
-    #: ``(3,)`` float64 :attr:`source`'s per-channel standard deviation
     source_std: np.ndarray = field(init=False, repr=False, compare=False)
 
     def covered_by(self, covered: np.ndarray | None) -> RegionSample:
@@ -491,8 +491,7 @@ class RegionSample:
         return RegionSample(self.rows[keep], self.cols[keep], self.source[keep], far)
 
     def __post_init__(self) -> None:
-        # what every candidate's global_change_at reads of the source side, made with the
-        # sample (a source's, once for all its candidates); frozen: set here only
+        # the source side every candidate's global_change_at reads (frozen: set here only)
         object.__setattr__(self, "source_channels", np.ascontiguousarray(self.source.T))
         object.__setattr__(self, "far_index", None if self.far is None else np.flatnonzero(self.far))
         object.__setattr__(self, "source_std", _channel_std(self.source) if self.source.size else np.zeros(3))
@@ -535,14 +534,10 @@ def global_change(source: np.ndarray, candidate: np.ndarray, region: np.ndarray)
 
 
 def global_change_at(sample: RegionSample, candidate: np.ndarray) -> tuple[float | None, float | None]:
-    """:func:`global_change` on a prepared sample (``candidate`` on the sample's grid).
-
-    The medians are exact, as :func:`numpy.median`'s: the values are float32 (a low-pass
-    image's), not grey levels, so no histogram holds them; each is a selection
-    (:func:`numpy.partition`) in a buffer taken once, not a sort. The candidate is gathered
-    by flat index and the lightness thirds' samples by index, in the order and the float32
-    arithmetic of the reference (``tests/validation/test_global_change.py`` compares both on
-    the bundled photos to the digit)."""
+    """:func:`global_change` on a prepared sample (``candidate`` on the sample's grid). The
+    medians are :func:`numpy.median`'s to the digit (float32 low-pass values, no histogram holds
+    them), each a selection in place (:func:`numpy.partition`), not a sort of a copy
+    (``tests/validation/metrics/test_global_change.py`` compares both on real photos)."""
     if sample.rows.size == 0:
         return None, None
     flat = sample.rows * candidate.shape[1] + sample.cols
@@ -581,9 +576,8 @@ def global_change_at(sample: RegionSample, candidate: np.ndarray) -> tuple[float
 
 
 def _largest_median(rows: np.ndarray) -> float:
-    """The largest |median| of the rows of ``rows`` (``(C, N)`` float32, reordered in place),
-    over 255: :func:`numpy.median`'s value (the mean of the two middle values for even ``N``,
-    in float32), by selection rather than a sort or a copy."""
+    """The largest |median| of the rows of ``rows`` (``(C, N)`` float32, reordered in place)
+    over 255: :func:`numpy.median`'s (even ``N``: the two middle values' float32 mean)."""
     n = rows.shape[1]
     mid = n // 2
     if n % 2:
