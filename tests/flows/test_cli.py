@@ -184,8 +184,9 @@ def test_measure_limb_pair_with_mask(tmp_path):
     report = json.loads(result.stdout)
     assert report["kind"] == "limb"
     assert report["gates"]["locality"]["metrics"]["diff_outside_edit"] == 0.0
-    # a limb cell is composited: --diagnostics measures its output before compositing too
-    assert report["gates"]["locality"]["metrics"]["raw_diff_outside_edit"] == 0.0
+    # a limb cell is composited: --diagnostics measures its output before compositing too (the
+    # registration's resampling, which the composite replaced by the source outside the mask)
+    assert 0.0 <= report["gates"]["locality"]["metrics"]["raw_diff_outside_edit"] < 0.01
 
 
 @pytest.mark.slow
