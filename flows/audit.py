@@ -60,7 +60,7 @@ class PairMeasurer:
     source cache reuses each source's analysis across its candidates, as a run does per template.
     """
 
-    def __init__(self, spec_path: Path | None = None) -> None:
+    def __init__(self, spec_path: Path | None = None, *, diagnostics: bool = False) -> None:
         self.align_config, self.gates_config = AlignConfig(), GatesConfig()
         #: the face edit region, as a run of the spec draws it (the prompt's region, or
         #: ``gates.edit_region``); without a spec, ``gates.edit_region`` else :data:`AUDIT_REGION`
@@ -72,6 +72,9 @@ class PairMeasurer:
             spec = load_spec(spec_path)
             self.align_config, self.gates_config = spec.align, spec.gates
             self.region = edit_region_name(spec)
+        if diagnostics:
+            # the raw_* figures of a composited pair too (gates.diagnostics)
+            self.gates_config = self.gates_config.model_copy(update={"diagnostics": True})
         self._stacks: dict[str, GateStack] = {}
         self._sources: OrderedDict[tuple[str, str, str | None], _Source] = OrderedDict()
         #: each source's floor output, measured once for the pairs that name it (a table's rows)
@@ -255,6 +258,7 @@ def measure_pair(
     kind: str | None = None,
     spec_path: Path | None = None,
     floor_path: Path | None = None,
+    diagnostics: bool = False,
 ) -> dict[str, Any]:
     """Align ``candidate_path`` to ``source_path`` and judge it (relative to the editor's
     noise floor when ``floor_path``, its output for "return this photo unchanged", is given).
@@ -266,10 +270,13 @@ def measure_pair(
     registration fails, face, identity and expression are still measured on the unregistered
     candidate and ``locality`` is marked ``measurable: false``.
 
+    ``diagnostics``: also the ``locality.raw_*`` figures of a composited pair (the registered
+    output before compositing; :attr:`~counterfactory.validation.gate_stack.GatesConfig.diagnostics`).
+
     Raises:
         PairError: a file cannot be read (its reason code and a message naming the file).
     """
-    return PairMeasurer(spec_path).measure(
+    return PairMeasurer(spec_path, diagnostics=diagnostics).measure(
         source_path, candidate_path, mask_path=mask_path, kind=kind, floor_path=floor_path
     )
 
@@ -284,6 +291,7 @@ def measure_batch(
     *,
     spec_path: Path | None = None,
     kind: str | None = None,
+    diagnostics: bool = False,
 ) -> Iterator[dict[str, Any]]:
     """Measure every pair of the table at ``table_path``, one report at a time, in table order.
 
@@ -308,7 +316,7 @@ def measure_batch(
         )
     folder = table_folder(table_path)
     conditions = [name for name in columns if name not in BATCH_COLUMNS]
-    measurer = PairMeasurer(spec_path)
+    measurer = PairMeasurer(spec_path, diagnostics=diagnostics)
     # every path a row names, resolved inside the table's folder first (nothing refused is read)
     resolved: dict[int, dict[str, Path] | str] = {}
     for row in rows:

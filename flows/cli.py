@@ -352,6 +352,12 @@ def masks(spec_path: Path, checkpoint: Path, model_type: str, device: str | None
     help="The editor's output for 'return this photo unchanged' of SOURCE: judge locality above it.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (with --batch: one object per pair, JSONL).")
+@click.option(
+    "--diagnostics",
+    is_flag=True,
+    help="Also measure a composited pair's registered output before compositing (locality.raw_*); "
+    "no rule judges these.",
+)
 def measure(
     source: Path | None,
     candidate: Path | None,
@@ -361,6 +367,7 @@ def measure(
     spec_path: Path | None,
     floor_path: Path | None,
     as_json: bool,
+    diagnostics: bool,
 ) -> None:
     """Align CANDIDATE to SOURCE and print every gate's metrics (audit any counterfactual pair).
 
@@ -373,11 +380,19 @@ def measure(
     if table is not None:
         if source is not None or candidate is not None or mask is not None or floor_path is not None:
             fail("--batch TABLE takes no SOURCE, CANDIDATE, --mask or --floor (the table names them per pair)")
-        _measure_batch(table, kind=kind, spec_path=spec_path, as_json=as_json)
+        _measure_batch(table, kind=kind, spec_path=spec_path, as_json=as_json, diagnostics=diagnostics)
         return
     if source is None or candidate is None:
         fail("give SOURCE and CANDIDATE, or --batch TABLE")
-    report = measure_pair(source, candidate, mask_path=mask, kind=kind, spec_path=spec_path, floor_path=floor_path)
+    report = measure_pair(
+        source,
+        candidate,
+        mask_path=mask,
+        kind=kind,
+        spec_path=spec_path,
+        floor_path=floor_path,
+        diagnostics=diagnostics,
+    )
     if as_json:
         click.echo(json.dumps(report, indent=2, sort_keys=True, default=str))
         return
@@ -397,12 +412,14 @@ def measure(
             click.echo(f"    {name:28s} {value}")
 
 
-def _measure_batch(table: Path, *, kind: str | None, spec_path: Path | None, as_json: bool) -> None:
+def _measure_batch(
+    table: Path, *, kind: str | None, spec_path: Path | None, as_json: bool, diagnostics: bool = False
+) -> None:
     """``measure --batch``: a line (or JSON object) per pair as it is measured, then the summary."""
     from counterfactory.flows.audit import measure_batch, summarise_batch
 
     reports = []
-    for report in measure_batch(table, spec_path=spec_path, kind=kind):
+    for report in measure_batch(table, spec_path=spec_path, kind=kind, diagnostics=diagnostics):
         reports.append({k: report[k] for k in ("verdict", "condition")})
         if as_json:
             click.echo(json.dumps(report, sort_keys=True, default=str))

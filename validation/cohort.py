@@ -74,9 +74,32 @@ def cohort_floors(
     """
     present = [(i, im) for i, im in enumerate(images) if im is not None]
     out: list[CohortFloor | None] = [None] * len(images)
-    for i, _ in present:
-        others = [im for j, im in present if j != i] + list(members)
-        if len(others) < min_others:
+    n_others = len(present) - 1 + len(members)
+    if not present or n_others < min_others:
+        return out
+    if n_others < 1:
+        median_image([])  # raises: the median of no images
+    everyone = [np.asarray(im, np.uint8) for _, im in present] + [np.asarray(m, np.uint8) for m in members]
+    shapes = {im.shape for im in everyone}
+    if len(shapes) != 1:
+        raise ValueError(f"cohort images differ in shape: {sorted(shapes)}")
+    # Every floor is the median of all the images but one: sort them once per pixel, and
+    # drop each candidate's own value from the sorted order. With the values ``s[0] <= ... <=
+    # s[n-1]`` and ``v`` the candidate's, its position may be taken as the first of its ties
+    # (the same multiset stays whichever copy of ``v`` goes), so the ``j``-th smallest of the
+    # others is ``s[j]`` where ``s[j] < v`` (at least ``j + 1`` values lie below ``v``), else
+    # ``s[j + 1]``: median_image of the others, exactly, without a partition per candidate.
+    ordered = np.sort(np.stack(everyone), axis=0)
+    n = n_others  # each floor's count
+    low_at, high_at = (n - 1) // 2, n // 2
+    for (i, _), value in zip(present, everyone):
+        low = np.where(ordered[low_at] < value, ordered[low_at], ordered[low_at + 1])
+        if low_at == high_at:
+            out[i] = CohortFloor(low, n)
             continue
-        out[i] = CohortFloor(median_image(others), len(others))
+        high = np.where(ordered[high_at] < value, ordered[high_at], ordered[high_at + 1])
+        # the mean of the two, rounded half to even (np.rint), in integers
+        total = low.astype(np.uint16) + high
+        half = total >> 1
+        out[i] = CohortFloor((half + (total & half & 1)).astype(np.uint8), n)
     return out

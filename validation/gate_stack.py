@@ -192,6 +192,12 @@ class GatesConfig(BaseModel):
     #: column, ``noise_floor: false``), judge its cells together, each above the median of the
     #: others (:mod:`~counterfactory.validation.cohort`); False: each as a lone pair.
     cohort_floor: bool = True
+    #: Also measure the registered output before compositing (composited cells: every limb
+    #: cell, face cells with ``align.composite: mask``) and record its figures as
+    #: ``locality.raw_*``: a diagnostic no rule, report or release reader judges, which doubles
+    #: the locality gate's face measures of such a cell. False: not measured (``counterfactory
+    #: measure --diagnostics`` asks for them on one pair). True enters the judge key.
+    diagnostics: bool = False
     face: KindGatesConfig = Field(default_factory=lambda: KindGatesConfig(kind="face"))
     limb: KindGatesConfig = Field(default_factory=lambda: KindGatesConfig(kind="limb"))
 
@@ -298,9 +304,12 @@ class GateStack:
         segmenter: PersonSegmenter | None = None,
         sources: SourceCache | None = None,
         region: str = DEFAULT_REGION,
+        diagnostics: bool = False,
     ) -> None:
         self.gates = gates
         self.kind = kind
+        #: whether a pair's ``raw_candidate`` is measured (:attr:`GatesConfig.diagnostics`)
+        self.diagnostics = diagnostics
         self.face_mask_mode = face_mask_mode
         self.region = get_region(region).name
         self.landmarker = landmarker or get_face_landmarker()
@@ -332,7 +341,7 @@ class GateStack:
         """
         gates: list[Gate] = [plugin.factory(options) for plugin, options in config.for_kind(kind).enabled()]
         chosen = config.edit_region or region or DEFAULT_REGION
-        return cls(gates, kind=kind, face_mask_mode=config.face_mask, region=chosen)
+        return cls(gates, kind=kind, face_mask_mode=config.face_mask, region=chosen, diagnostics=config.diagnostics)
 
     def without(self, *names: str) -> GateStack:
         """The same stack minus the gates called ``names`` (models stay shared)."""
@@ -346,6 +355,7 @@ class GateStack:
             segmenter=self._segmenter,
             sources=self.sources,
             region=self.region,
+            diagnostics=self.diagnostics,
         )
 
     def has(self, name: str) -> bool:
@@ -507,7 +517,8 @@ class GateStack:
             covered: ``(H, W)`` bool, where the editor's output covers the source frame
                 (:attr:`~counterfactory.generation.align.Alignment.covered`); None for all.
             raw_candidate: the registered output before compositing, same shape (reported as
-                ``locality.raw_*``); None when there was no composite.
+                ``locality.raw_*`` when the stack's :attr:`diagnostics` is on; not read
+                otherwise); None when there was no composite.
             unregistered: the editor's output as returned, uint8 RGB of any size (reported
                 as ``locality.focus_*``, FOCUS's figures without registration).
             source_key: a key naming the source's pixels (e.g. its sha256 in the image store)
@@ -528,7 +539,7 @@ class GateStack:
                 edit_mask=edit_mask,
                 extras=extras,
                 covered=covered,
-                raw_candidate=raw_candidate,
+                raw_candidate=raw_candidate if self.diagnostics else None,
                 unregistered=unregistered,
                 analysis=analysis,
             )

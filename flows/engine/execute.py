@@ -82,6 +82,9 @@ def judge_key(spec: Spec) -> str:
             # judged without a source (and whether a pass of the rest is accepted); absent
             # otherwise, so every other spec's key is as it was
             **({"no_source": alone} if (alone := no_source_mode(spec)) is not None else {}),
+            # the raw_* diagnostics recorded (gates.diagnostics); absent otherwise, so every
+            # other spec's key is as it was
+            **({"diagnostics": True} if spec.gates.diagnostics else {}),
         },
         sort_keys=True,
     )

@@ -178,13 +178,15 @@ def test_measure_limb_pair_with_mask(tmp_path):
     candidate[mask > 0] = 255 - candidate[mask > 0]
     for name, pixels in (("s.png", source), ("c.png", candidate), ("m.png", mask)):
         Image.fromarray(pixels).save(tmp_path / name)
-    result = _run(
-        ["measure", str(tmp_path / "s.png"), str(tmp_path / "c.png"), "--mask", str(tmp_path / "m.png"), "--json"]
-    )
+    files = [str(tmp_path / "s.png"), str(tmp_path / "c.png"), "--mask", str(tmp_path / "m.png")]
+    result = _run(["measure", *files, "--json", "--diagnostics"])
     assert result.returncode == 0, result.stderr[-2000:]
     report = json.loads(result.stdout)
     assert report["kind"] == "limb"
     assert report["gates"]["locality"]["metrics"]["diff_outside_edit"] == 0.0
+    # a limb cell is composited: --diagnostics measures its output before compositing too (the
+    # registration's resampling, which the composite replaced by the source outside the mask)
+    assert 0.0 <= report["gates"]["locality"]["metrics"]["raw_diff_outside_edit"] < 0.01
 
 
 @pytest.mark.slow

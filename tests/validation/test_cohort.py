@@ -50,6 +50,28 @@ def test_too_few_others_and_unregistered_outputs_get_no_floor():
     assert floors[0].image[0, 0, 0] == 40  # median of 30, 40, 50
 
 
+def test_leave_one_out_floors_are_the_median_of_the_others_exactly():
+    """cohort_floors sorts once and drops each candidate's own value: every floor equals
+    median_image of the others (ties, odd and even counts, unregistered outputs, members)."""
+    rng = np.random.default_rng(45)
+    for trial in range(150):
+        shape = (int(rng.integers(1, 7)), int(rng.integers(1, 7)), 3)
+        spread = int(rng.choice([2, 5, 256]))  # 2: ties everywhere
+        images = [rng.integers(0, spread, shape, dtype=np.uint8) for _ in range(int(rng.integers(1, 9)))]
+        if len(images) > 2 and trial % 3 == 0:
+            images[1] = None
+        members = [rng.integers(0, spread, shape, dtype=np.uint8) for _ in range(int(rng.integers(0, 4)))]
+        min_others = int(rng.integers(1, 5))
+        present = [i for i, im in enumerate(images) if im is not None]
+        for i, floor in enumerate(cohort_floors(images, members, min_others=min_others)):
+            others = [images[j] for j in present if j != i] + members
+            if i not in present or len(others) < min_others:
+                assert floor is None
+            else:
+                assert floor.members == len(others)
+                assert np.array_equal(floor.image, median_image(others)), trial
+
+
 def _pair(extras=None):
     source = _flat(120, (32, 32, 3))
     mask = np.zeros((32, 32), np.uint8)

@@ -104,6 +104,45 @@ def test_identical_images_pass_every_gate(face_stack, limb_stack, photo):
     assert data["gates"]["locality"]["thresholds"]["max_diff_outside_edit"] == 0.0
 
 
+def test_the_raw_candidate_is_measured_only_with_diagnostics(face_stack, photo):
+    """``raw_*`` (the composited cell's output before compositing) is a diagnostic: a run's
+    stack does not measure it unless ``gates.diagnostics`` asks; verdicts are the same."""
+    source = photo("biden_portrait.jpg")
+    raw = source.copy()
+    raw[:40] = 255 - raw[:40]  # the editor changed the top rows; the composite put them back
+    plain = face_stack.evaluate(source, source.copy(), raw_candidate=raw, source_key="biden")
+    assert not [k for k in _no_crash_json(plain)["gates"]["locality"]["metrics"] if k.startswith("raw_")]
+    asked = face_stack.without()
+    asked.diagnostics = True
+    diagnosed = asked.evaluate(source, source.copy(), raw_candidate=raw, source_key="biden")
+    metrics = _no_crash_json(diagnosed)["gates"]["locality"]["metrics"]
+    assert metrics["raw_diff_nonface"] > 0.005 and "raw_largest_change_share" in metrics
+    assert (diagnosed.verdict, diagnosed.reasons) == (plain.verdict, plain.reasons)
+    assert GateStack.from_config(GatesConfig(diagnostics=True), "face").diagnostics is True
+
+
+def test_the_glasses_figure_is_taken_once_per_pair(face_stack, photo, monkeypatch):
+    """The face gate judges glasses_change and the expression gate reads it: one measurement."""
+    from counterfactory.validation import accessories
+    from counterfactory.validation.gates import base, expression, face
+
+    calls = []
+
+    def counted(*args):
+        calls.append(args)
+        return accessories.glasses_change(*args)
+
+    for module in (base, expression, face):
+        for name in ("glasses_change", "_glasses_change"):
+            if hasattr(module, name):
+                monkeypatch.setattr(module, name, counted)
+    image = photo("biden_portrait.jpg")
+    judgement = face_stack.evaluate(image, image.copy(), source_key="biden")
+    assert len(calls) == 1
+    assert judgement.metrics["face.glasses_change"] == 0.0
+    assert judgement.metrics["expression.brow_under_frame"] is False
+
+
 @pytest.mark.slow
 def test_a_face_only_morph_is_accepted_and_a_feature_transplant_is_a_swap(face_stack, photo, landmarker):
     """A stand-in for a race x gender edit: the source's face taken half-way toward another

@@ -27,6 +27,7 @@ from counterfactory.manifests.vocabulary import (  # noqa: F401  (gates and repo
     VERDICTS,
     Verdict,
 )
+from counterfactory.validation.accessories import glasses_change as _glasses_change
 from counterfactory.validation.faces import FaceObservation, nearest_face
 from counterfactory.validation.metrics.pixels import finite_or_none  # noqa: F401  (gates import it from here)
 from counterfactory.validation.segment import work_stride
@@ -193,6 +194,14 @@ class PairContext:
             return None
         k = self.stride
         return np.ascontiguousarray(np.asarray(self.covered, dtype=bool)[::k, ::k])
+
+    @cached_property
+    def glasses_change(self) -> float | None:
+        """:func:`~counterfactory.validation.accessories.glasses_change` of the pair on the
+        source face's mesh (None without a source face), taken once per pair: the face gate
+        judges it and the expression gate reads it (a brow under a frame is not judged)."""
+        face = self.source_face
+        return None if face is None else _glasses_change(self.source, self.candidate, face.landmarks)
 
     def source_data(self, gate: str) -> Any:
         """What ``gate``'s ``prepare`` computed on this pair's source, or None."""

@@ -37,7 +37,7 @@ import cv2
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from counterfactory.validation.accessories import GLASSES_LEVEL, glasses_change
+from counterfactory.validation.accessories import GLASSES_LEVEL
 from counterfactory.validation.backends import AUEstimator, load_au_model
 from counterfactory.validation.faces import (
     LEFT_BROW,
@@ -452,7 +452,7 @@ def expression_measures(
                 mouth_corner_shift_iod=max(abs(right), abs(left)),
             )
         # a glasses frame added or removed across the brow's patch moves its match
-        glasses = glasses_change(pair.source, pair.candidate, src_face.landmarks) if in_place else None
+        glasses = pair.glasses_change if in_place else None  # the face gate's figure, taken once
         metrics["brow_under_frame"] = glasses is not None and abs(glasses) > GLASSES_LEVEL
     facts["brow_clear"] = not metrics.get("brow_under_frame")
     return metrics, facts

@@ -15,7 +15,7 @@ from typing import Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from counterfactory.validation.accessories import GLASSES_LEVEL, glasses_change
+from counterfactory.validation.accessories import GLASSES_LEVEL
 from counterfactory.validation.backends import FaceDetector, load_detector
 from counterfactory.validation.backends.base import DetectedFace
 from counterfactory.validation.faces import FaceObservation
@@ -233,7 +233,7 @@ def face_measures(
         if not pair.extras.get(REGISTRATION_FAILED) and src_face.landmarks.shape[0] > 473:
             # an accessory is its own change, not an expression or a pose (the brow a frame
             # crosses is not judged under it: the expression gate reads the same figure)
-            metrics["glasses_change"] = glasses_change(pair.source, pair.candidate, src_face.landmarks)
+            metrics["glasses_change"] = pair.glasses_change
     return metrics
 
 

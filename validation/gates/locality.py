@@ -321,13 +321,16 @@ def floor_grid(
     floor_image: np.ndarray,
     stride: int,
     floor_diff: np.ndarray | None = None,
+    floor_low: np.ndarray | None = None,
 ) -> FloorGrid:
     """The :class:`~counterfactory.validation.metrics.floor.FloorGrid` of ``floor_image`` against
     ``pair``'s source: from the template's :class:`FloorContext` when the pair carries one for
     this very image, else made here."""
 
     def build() -> FloorGrid:
-        return prepare_floor(prepared, pair.work_source, floor_image, stride, floor_diff=floor_diff)
+        return prepare_floor(
+            prepared, pair.work_source, floor_image, stride, floor_diff=floor_diff, floor_low=floor_low
+        )
 
     context = (pair.extras or {}).get(FLOOR_CONTEXT)
     if not isinstance(context, FloorContext) or context.image is not floor_image or pair.analysis is None:
@@ -629,19 +632,28 @@ def _face_measures(
             candidate_diff=cand_diff,
         )
     )
-    floor_diff = None
+    floor_diff = floor_low = None
     if path == "cohort" and work_floor is not None:
         # the cohort's floor is measured here as a floor request's output is when it is
-        # judged, except its face: the other candidates' faces are edited too
+        # judged, except its face: the other candidates' faces are edited too; its low-pass
+        # and per-pixel difference serve those measures and its grid below (taken once)
         if matched and floor_image is work_floor:
             floor_diff = matched_diff(padded, work_floor)
+        floor_low = lowpass(work_floor)
         measured = face_measures(
-            prepared, pair.work_source, work_floor, work_covered=pair.work_covered, candidate_diff=floor_diff
+            prepared,
+            pair.work_source,
+            work_floor,
+            work_covered=pair.work_covered,
+            candidate_low=floor_low,
+            candidate_diff=floor_diff,
         )
         floor = {**floor, **{k: measured[k] for k in FLOOR_RELATIVE if k != "face_change"}}
         metrics["floor_members"] = floor.get("members")
     if floor_image is not None:
-        grid = floor_grid(pair, prepared, floor_image, stride, floor_diff)
+        grid = floor_grid(
+            pair, prepared, floor_image, stride, floor_diff, floor_low if floor_image is work_floor else None
+        )
         against = against_floor(
             prepared, None, pair.work_candidate, pair.work_covered, candidate_low=cand_low, floor_low=grid.low
         )

@@ -303,14 +303,17 @@ def prepare_floor(
     stride: int,
     *,
     floor_diff: np.ndarray | None = None,
+    floor_low: np.ndarray | None = None,
 ) -> FloorGrid:
     """:class:`FloorGrid` of ``floor_image`` (full size, of which every ``stride``-th pixel is the
     working grid; ``stride`` 1: on the grid already) against the source ``prepared`` describes
     (``work_source``: the source on the working grid). ``floor_diff``: the floor's
     :func:`~counterfactory.validation.metrics.pixels.matched_diff` from ``prepared.padded``
-    when the caller took it already."""
-    on_grid = floor_image if stride == 1 else np.ascontiguousarray(floor_image[::stride, ::stride])
-    low = lowpass(on_grid)
+    when the caller took it already; ``floor_low``: its :func:`lowpass` on the grid likewise."""
+    if floor_low is None:
+        on_grid = floor_image if stride == 1 else np.ascontiguousarray(floor_image[::stride, ::stride])
+        floor_low = lowpass(on_grid)
+    low = floor_low.view()
     low.flags.writeable = False
     padded = source_padding(prepared, work_source)
     if padded is None:

@@ -12,7 +12,7 @@ No thresholds and no verdicts: the constants below say how a measure is taken, n
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import cv2
 import numpy as np
@@ -469,12 +469,18 @@ class RegionSample:
         source: ``(N, 3)`` float32 source values there.
         far: ``(N,)`` bool, the samples at least :data:`STRATA_MARGIN_FRAC` face sizes from the
             edit region (what the lightness thirds of :func:`global_change` read), or None: all.
+        source_channels, far_index, source_std: made with the sample (a source's, once for
+            all its candidates): ``source.T`` contiguous, ``far``'s indices (None: all), and
+            the source's per-channel standard deviation.
     """
 
     rows: np.ndarray
     cols: np.ndarray
     source: np.ndarray
     far: np.ndarray | None = None
+    source_channels: np.ndarray = field(init=False, repr=False, compare=False)
+    far_index: np.ndarray | None = field(init=False, repr=False, compare=False)
+    source_std: np.ndarray = field(init=False, repr=False, compare=False)
 
     def covered_by(self, covered: np.ndarray | None) -> RegionSample:
         """The samples where ``covered`` (``(H, W)`` bool) is True; self for None."""
@@ -483,6 +489,12 @@ class RegionSample:
         keep = covered[self.rows, self.cols]
         far = None if self.far is None else self.far[keep]
         return RegionSample(self.rows[keep], self.cols[keep], self.source[keep], far)
+
+    def __post_init__(self) -> None:
+        # the source side every candidate's global_change_at reads (frozen: set here only)
+        object.__setattr__(self, "source_channels", np.ascontiguousarray(self.source.T))
+        object.__setattr__(self, "far_index", None if self.far is None else np.flatnonzero(self.far))
+        object.__setattr__(self, "source_std", _channel_std(self.source) if self.source.size else np.zeros(3))
 
 
 #: :func:`global_change` reads about this many pixels of its region (an even stride).
@@ -522,31 +534,59 @@ def global_change(source: np.ndarray, candidate: np.ndarray, region: np.ndarray)
 
 
 def global_change_at(sample: RegionSample, candidate: np.ndarray) -> tuple[float | None, float | None]:
+    """:func:`global_change` on a prepared sample (``candidate`` on the sample's grid). The
+    medians are :func:`numpy.median`'s to the digit (float32 low-pass values, no histogram holds
+    them), each a selection in place (:func:`numpy.partition`), not a sort of a copy
+    (``tests/validation/metrics/test_global_change.py`` compares both on real photos)."""
     if sample.rows.size == 0:
         return None, None
-    src = sample.source
-    cand = candidate[sample.rows, sample.cols].astype(np.float32)
-    # per channel on contiguous rows: numpy reduces a 3-wide last axis slowly
-    diff = np.ascontiguousarray((cand - src).T)
-    shift = float(np.max(np.abs(np.median(diff, axis=1)))) / 255.0
+    flat = sample.rows * candidate.shape[1] + sample.cols
+    cand = np.take(candidate.reshape(-1, candidate.shape[2]), flat, axis=0).astype(np.float32, copy=False)
+    # per channel on contiguous rows: numpy reduces a 3-wide last axis slowly; the source's
+    # rows are the sample's own (made once per source)
+    cand_rows = np.ascontiguousarray(cand.T)
+    src_rows = sample.source_channels
+    diff = cand_rows - src_rows
     # a contrast or tone-curve change moves the dark and the light parts oppositely, and where
     # the image's mean is a plain wall's (a studio portrait) the whole-region median stays put:
     # the medians of each third by lightness too. Thirds of the mean of both images' lightness,
     # not of one's: choosing pixels by one image's noise biases the other's difference there.
-    far = sample.far if sample.far is not None else np.ones(diff.shape[1], bool)
-    if np.count_nonzero(far) >= 3 * MIN_STRATUM_SAMPLES:
-        far_diff = diff[:, far]
-        lightness = (cand[far] + src[far]).sum(axis=1)
+    far = sample.far_index
+    n_far = diff.shape[1] if far is None else far.size
+    far_diff = lightness = None
+    if n_far >= 3 * MIN_STRATUM_SAMPLES:
+        if far is None:
+            far_diff, both = diff.copy(), cand_rows + src_rows
+        else:
+            far_diff = np.take(diff, far, axis=1)
+            both = np.take(cand_rows, far, axis=1) + np.take(src_rows, far, axis=1)
+        lightness = both[0] + both[1]  # the channels summed in order, as a sum over them is
+        lightness += both[2]
+    shift = _largest_median(diff)  # partitions diff in place: the thirds read their copy
+    if far_diff is not None and lightness is not None:
         low, high = np.quantile(lightness, [1 / 3, 2 / 3])
         for part in (lightness <= low, (lightness > low) & (lightness <= high), lightness > high):
             if np.count_nonzero(part) >= MIN_STRATUM_SAMPLES:
-                stratum = float(np.max(np.abs(np.median(far_diff[:, part], axis=1)))) / 255.0
-                shift = max(shift, stratum)
-    s_std = _channel_std(src)
+                shift = max(shift, _largest_median(far_diff[:, part]))
+    s_std = sample.source_std
     c_std = _channel_std(cand)
     ok = s_std > 1.0
     gain = float(np.max(np.abs(c_std[ok] / s_std[ok] - 1.0))) if ok.any() else None
     return shift, gain
+
+
+def _largest_median(rows: np.ndarray) -> float:
+    """The largest |median| of the rows of ``rows`` (``(C, N)`` float32, reordered in place)
+    over 255: :func:`numpy.median`'s (even ``N``: the two middle values' float32 mean)."""
+    n = rows.shape[1]
+    mid = n // 2
+    if n % 2:
+        rows.partition(mid, axis=1)
+        medians = rows[:, mid]
+    else:
+        rows.partition([mid - 1, mid], axis=1)
+        medians = (rows[:, mid - 1] + rows[:, mid]) / rows.dtype.type(2)
+    return float(np.max(np.abs(medians))) / 255.0
 
 
 def _channel_std(values: np.ndarray) -> np.ndarray:

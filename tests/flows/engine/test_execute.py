@@ -41,3 +41,6 @@ def test_the_judge_key_moves_with_what_decides_a_verdict_only(specs):
     assert judge_key(_gates(face, cohort_floor=False)) != key
     assert judge_key(_gates(face, face_mask="skin" if face.gates.face_mask != "skin" else "oval")) != key
     assert judge_key(limb) != key
+    # the raw_* diagnostics recorded: a key of its own when asked, every other key as it was
+    assert judge_key(_gates(face, diagnostics=False)) == key
+    assert judge_key(_gates(face, diagnostics=True)) != key
