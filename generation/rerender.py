@@ -35,6 +35,7 @@ import numpy as np
 
 from counterfactory.assets import MODELS_DIR
 from counterfactory.manifests.errors import SetupError
+from counterfactory.manifests.safefiles import sha256_file
 
 TAEF2_ENCODER = MODELS_DIR / "taef2_encoder.onnx"
 TAEF2_DECODER = MODELS_DIR / "taef2_decoder.onnx"
@@ -42,14 +43,6 @@ TAEF2_DECODER = MODELS_DIR / "taef2_decoder.onnx"
 LATENT_SCALE = 8
 #: the environment variable naming a folder to keep round trips in (:class:`RerenderCache`)
 CACHE_ENV = "COUNTERFACTORY_RERENDER_CACHE"
-
-
-def _file_digest(path: str | Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 class RerenderCache:
@@ -73,10 +66,13 @@ class RerenderCache:
         digest.update(np.ascontiguousarray(image).data)
         return digest.hexdigest()
 
+    def path(self, key: str) -> Path:
+        """Where the round trip of ``key`` is kept (a sub-folder per first two hex digits)."""
+        return self.folder / key[:2] / f"{key}.npy"
+
     def get(self, key: str, shape: tuple[int, ...]) -> np.ndarray | None:
-        path = self.folder / key[:2] / f"{key}.npy"
         try:
-            out = np.load(path, allow_pickle=False)
+            out = np.load(self.path(key), allow_pickle=False)
         except (OSError, ValueError, EOFError):
             return None
         if out.dtype != np.uint8 or out.shape != shape:
@@ -86,7 +82,7 @@ class RerenderCache:
 
     def put(self, key: str, image: np.ndarray) -> None:
         self.misses += 1
-        path = self.folder / key[:2] / f"{key}.npy"
+        path = self.path(key)
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             part = path.with_name(f"{key}.{os.getpid()}.{threading.get_ident()}.part")
@@ -140,7 +136,7 @@ class Rerenderer:
         self.max_side = max_side
         self.cache = None
         if cache is not None:
-            model = f"taef2:{_file_digest(encoder)}:{_file_digest(decoder)}:onnxruntime {ort.__version__}"
+            model = f"taef2:{sha256_file(encoder)}:{sha256_file(decoder)}:onnxruntime {ort.__version__}"
             self.cache = RerenderCache(cache, model)
         # one call at a time per session pair: onnxruntime sessions are thread-safe, but two
         # concurrent full-size calls only compete for the same cores

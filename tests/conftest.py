@@ -27,10 +27,10 @@ if "PREFECT_HOME" not in os.environ or os.environ.get(_OWN_HOME) == os.environ["
 # re-rendered by dozens of tests; the cache is keyed on the pixels and the graphs, so the bytes
 # are the ones a fresh round trip gives (tests/generation/test_rerender_cache.py; the recorded
 # fingerprints of tests/flows/test_unchanged.py are reached through it).
-_OWN_CACHE = "COUNTERFACTORY_TEST_RERENDER_CACHE"
-if "COUNTERFACTORY_RERENDER_CACHE" not in os.environ:
-    os.environ["COUNTERFACTORY_RERENDER_CACHE"] = os.environ[_OWN_CACHE] = tempfile.mkdtemp(prefix="cf-rerender-")
-    atexit.register(shutil.rmtree, os.environ["COUNTERFACTORY_RERENDER_CACHE"], ignore_errors=True)
+_RERENDER_CACHE = "COUNTERFACTORY_RERENDER_CACHE"  # generation/rerender.py's CACHE_ENV
+if _RERENDER_CACHE not in os.environ:
+    os.environ[_RERENDER_CACHE] = tempfile.mkdtemp(prefix="cf-rerender-")
+    atexit.register(shutil.rmtree, os.environ[_RERENDER_CACHE], ignore_errors=True)
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 
@@ -124,9 +124,10 @@ def astronaut() -> np.ndarray:
 def demo_spec(folder: Path, *, strata: list[str] | None = None, release: dict | None = None, **top_level) -> Path:
     """``assets/specs/demo-face.yaml`` written to ``folder/spec.yaml`` with absolute photo paths,
     ``top_level`` sections replaced, ``release`` fields set in its release section (a version),
-    and, given ``strata``, the design stratified by those fields only: ``strata=[]`` makes one template of six cells, ``["presented_gender"]`` two (the demo
-    has three). Whole-flow tests that check how a run behaves, not the demo's own grid, run
-    the smaller grid: each template costs a floor and six re-rendered edits."""
+    and, given ``strata``, the design stratified by those fields only: ``strata=[]`` makes one
+    template of six cells, ``["presented_gender"]`` two (the demo has three). Whole-flow tests
+    that check how a run behaves, not the demo's own grid, run the smaller grid: each template
+    costs a floor and six re-rendered edits."""
     import yaml
 
     spec = yaml.safe_load((SPECS_DIR / "demo-face.yaml").read_text())
@@ -167,12 +168,12 @@ class DemoRun:
 def user_env() -> dict[str, str]:
     """The environment a user's shell gives the CLI: no variable that quiets or tunes native
     libraries (``GLOG_``, ``TF_CPP_``, ``OPENCV_``) or the package (``COUNTERFACTORY_``, but for
-    the session's re-render cache, which changes neither a byte nor a line), and Prefect kept local and quiet in a home of its own (:func:`tests.flows.unchanged.cli_env`)."""
+    the session's re-render cache, which changes neither a byte nor a line), and Prefect kept
+    local and quiet in a home of its own (:func:`tests.flows.unchanged.cli_env`)."""
     from tests.flows.unchanged import cli_env
 
     prefixes = ("GLOG_", "TF_CPP_", "OPENCV_", "COUNTERFACTORY_")
-    kept = ("COUNTERFACTORY_RERENDER_CACHE",)  # the session's re-render cache: speed, never bytes or lines
-    return {k: v for k, v in cli_env().items() if not k.startswith(prefixes) or k in kept}
+    return {k: v for k, v in cli_env().items() if not k.startswith(prefixes) or k == _RERENDER_CACHE}
 
 
 @pytest.fixture(scope="session")
