@@ -30,6 +30,7 @@ import math
 import random
 import re
 import threading
+import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
@@ -40,6 +41,8 @@ CallStatus = Literal["ok", "refused", "failed"]
 
 #: the longest wait between two tries of one request, in seconds
 BACKOFF_CAP_S = 30.0
+#: the longest a request the cap would refuse waits for journal writes in progress, in seconds
+LANDING_WAIT_S = 10.0
 
 
 @runtime_checkable
@@ -203,6 +206,24 @@ class SpendHold:
             self._cap._reserved_usd += cost - self.usd
             self.usd = cost
 
+    @contextlib.contextmanager
+    def landing(self) -> Iterator[None]:
+        """Wraps the journal write that records this hold's cost: the hold ends the moment the
+        write returns, on the writer's thread. While the write runs, the cost may already be
+        in the journal's spend and is still held; a request checked then waits for the write
+        instead of counting the cost twice (which refused requests below the cap)."""
+        cap = self._cap
+        with cap._lock:
+            cap._landing += 1
+        try:
+            yield
+        finally:
+            with cap._lock:
+                cap._landing -= 1
+                cap._reserved_usd -= self.usd
+                self.usd = 0.0
+                cap._landed.notify_all()
+
 
 class SpendCap:
     """A spend cap shared by every batch of one client, whatever thread or loop it runs in.
@@ -228,6 +249,9 @@ class SpendCap:
         self.cap_usd = cap_usd
         self.code = code
         self._lock = threading.Lock()
+        #: notified when a journal write of a held cost returns (:meth:`SpendHold.landing`)
+        self._landed = threading.Condition(self._lock)
+        self._landing = 0
         self._reserved_usd = 0.0
 
     @contextlib.contextmanager
@@ -244,11 +268,21 @@ class SpendCap:
         price_usd = price_usd if math.isfinite(price_usd) and price_usd > 0 else 0.0
         # Check and reserve under one lock: no call of this or another batch can slip in.
         with self._lock:
-            committed = journal.spent_usd() + self._reserved_usd
-            if cap is not None and (
+            deadline = time.monotonic() + LANDING_WAIT_S
+            while True:
+                committed = journal.spent_usd() + self._reserved_usd
                 # a spend that is not a number (a journal row of NaN) counts as the cap reached
-                not committed == committed or committed >= cap - 1e-9 or committed + price_usd > cap + 1e-9
-            ):
+                over = cap is not None and (
+                    not committed == committed or committed >= cap - 1e-9 or committed + price_usd > cap + 1e-9
+                )
+                # a cost being journaled may be counted twice (in the journal and in its hold):
+                # a refusal waits for the writes in progress (one database write; they do not
+                # need this thread) and checks again
+                left = deadline - time.monotonic()
+                if not (over and self._landing and left > 0):
+                    break
+                self._landed.wait(left)
+            if over:
                 raise PaidCallFailed(
                     "failed",
                     f"{self.code}: ${committed:.4f} spent or committed, ${price_usd:.4f} more "

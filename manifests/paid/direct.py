@@ -39,6 +39,7 @@ from counterfactory.manifests.paid.base import (
     PaidJournal,
     Reader,
     SpendCap,
+    SpendHold,
     backoff_delay,
     redact,
     reraise_setup_error,
@@ -46,6 +47,13 @@ from counterfactory.manifests.paid.base import (
 )
 
 logger = logging.getLogger(__name__)
+
+
+def _land(journal: PaidJournal, key: str, row: dict[str, Any], cost_usd: float, hold: SpendHold) -> None:
+    """Writes one paid call's journal row on the batch's writer thread; its hold against the cap
+    ends as the write returns, in the same thread (:meth:`SpendHold.landing`)."""
+    with hold.landing():
+        journal.save(key, row, cost_usd=cost_usd)
 
 
 class DirectClient:
@@ -126,8 +134,8 @@ class DirectClient:
         writer = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"{self.name}-journal")
         sending = asyncio.Semaphore(self.concurrency)
 
-        async def save(key: str, row: dict[str, Any], cost_usd: float) -> None:
-            await loop.run_in_executor(writer, functools.partial(journal.save, key, row, cost_usd=cost_usd))
+        async def save(key: str, row: dict[str, Any], cost_usd: float, hold: SpendHold) -> None:
+            await loop.run_in_executor(writer, functools.partial(_land, journal, key, row, cost_usd, hold))
 
         async def worker() -> None:
             for call in todo:  # one iterator shared by the workers: each call is taken once
@@ -225,13 +233,13 @@ class DirectClient:
                         free()
                         # paid for: journaled at the estimate when the reader refuses or fails it,
                         # so a re-run reads it back instead of paying again
-                        await asyncio.shield(save(call.key, row, cost))
+                        await asyncio.shield(save(call.key, row, cost, hold))
                         raise
                     hold.settle(cost)
                 finally:
                     free()
                 # journaled before the hold ends, at the reader's cost
-                await asyncio.shield(save(call.key, row, cost))
+                await asyncio.shield(save(call.key, row, cost, hold))
                 return reading
         finally:
             free()

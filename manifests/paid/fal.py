@@ -562,7 +562,7 @@ class FalQueue:
         endpoint, price = self.endpoint, self.estimate_usd
         # the cap is checked and the price reserved under one lock, so no call of this or
         # another batch slips in; the journal row written below takes the reservation over
-        with self._cap.reserve(batch.journal, price):
+        with self._cap.reserve(batch.journal, price) as hold:
             extra = {"start_timeout": self.options.timeout_s} if self.options.timeout_s > 1 else {}
             failures = 0
             while True:
@@ -586,7 +586,8 @@ class FalQueue:
                         continue
                     raise self._http_outcome(exc, "submit", tries=failures + 1) from None
             progress.request_id, progress.endpoint, progress.ended = handle.request_id, endpoint, False
-            batch.journal.save(call.key, _row(progress, "submitted"), cost_usd=price)
+            with hold.landing():  # the row takes the reservation over as it lands
+                batch.journal.save(call.key, _row(progress, "submitted"), cost_usd=price)
             track(OpenRequest(call.key, endpoint, handle.request_id, str(self._key), batch.journal, price))
 
     async def _collect(self, progress: _Progress, batch: _Batch, *, cancelled: bool = False) -> dict[str, Any]:

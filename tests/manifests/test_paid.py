@@ -143,3 +143,25 @@ def test_journal_writes_run_on_one_writer_thread_while_the_loop_keeps_sending():
     # a slot is freed when its answer returns, not when it is written: with writes slower than
     # the requests, the bound is still reached, never passed
     assert server.most_in_flight == 4 and journal.spent_usd() == pytest.approx(6.0)
+
+
+class CountsThenWaits(MemoryJournal):
+    """A journal that counts a row's cost, then takes 30 ms more before its write returns (the
+    answers ledger commits the answer, then reports progress): the window in which the row is
+    in the journal's spend and its hold is still held."""
+
+    def save(self, key: str, data, *, cost_usd: float = 0.0) -> None:
+        super().save(key, data, cost_usd=cost_usd)
+        time.sleep(0.03)
+
+
+def test_an_answer_being_journaled_is_counted_once_against_the_cap():
+    # $0.50 an answer, a $2.00 cap, no estimate: four answers reach it, the fifth is refused.
+    # The next request is checked while the last answer's row is being written; counting the
+    # answer both in the journal and in its hold refused it at $1.50 (seen in CI: ask stopped
+    # at $30 of a $40 cap)
+    server, journal = Server(delay_s=0.0), CountsThenWaits()
+    answers = client(server, concurrency=1, spend_cap_usd=2.0).run_many(calls(*"abcdef"), read, journal)
+    assert [a.status for a in answers] == ["ok"] * 4 + ["failed"] * 2
+    assert answers[4].reason.startswith("x_spend_cap_reached: $2.0000 spent or committed")
+    assert server.requests == 4 and journal.spent_usd() == pytest.approx(2.0)
