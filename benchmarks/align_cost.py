@@ -74,7 +74,8 @@ def main() -> None:
         for name, frac in variants.items():
             align.BANDPASS_SIGMA_FRAC = frac
             for _photo, source, output, size, mask, truth in cases:
-                align._SOURCE_FEATURES.clear()  # each variant pays its own source keypoints
+                align._SOURCE_FEATURES.clear()  # each variant pays its own source keypoints and band
+                align._SOURCE_BANDS.clear()
                 t0 = time.perf_counter()
                 result = align.align_candidate(source, output, mask=mask, kind="face", face_size_px=size)
                 seconds[name] += time.perf_counter() - t0

@@ -35,8 +35,9 @@ import hashlib
 import math
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Literal, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 import cv2
 import numpy as np
@@ -266,32 +267,51 @@ def _detect(grey: np.ndarray, mask: np.ndarray | None) -> tuple[np.ndarray, np.n
     return points, descriptors, f
 
 
-#: The source's keypoints of the last few (source, region) pairs: every cell of a template
-#: registers its output to the same source on the same region, and SIFT on the source costs
-#: as much as on the output.
-_SOURCE_FEATURES: OrderedDict[str, tuple[np.ndarray, np.ndarray | None, float]] = OrderedDict()
-_SOURCE_FEATURES_MAX = 4
-_SOURCE_FEATURES_LOCK = threading.Lock()
+class _Recent:
+    """The last few values of an expensive function of one source, by the sha256 of exactly
+    what decides each (every cell of a template registers its output to the same source on the
+    same region); callers must not modify the values returned. Shared by the executor's threads."""
+
+    def __init__(self, size: int) -> None:
+        self.size, self._values, self._lock = size, OrderedDict(), threading.Lock()
+
+    def get(self, parts: tuple, arrays: tuple[np.ndarray, ...], make: Callable[[], Any]) -> Any:
+        digest = hashlib.sha256(repr(parts + tuple(a.shape for a in arrays)).encode())
+        for a in arrays:
+            digest.update(np.ascontiguousarray(a).tobytes())
+        key = digest.hexdigest()
+        with self._lock:
+            found = self._values.get(key)
+            if found is not None:
+                self._values.move_to_end(key)
+                return found
+        found = make()
+        with self._lock:
+            self._values[key] = found
+            while len(self._values) > self.size:
+                self._values.popitem(last=False)
+        return found
+
+    def clear(self) -> None:
+        with self._lock:
+            self._values.clear()
+
+
+#: the source's keypoints (SIFT on the source costs as much as on the output) and its band-passed
+#: grey (a Gaussian of ~1/48 of the image: each registration read it twice), per recent source
+_SOURCE_FEATURES = _Recent(4)
+_SOURCE_BANDS = _Recent(4)
 
 
 def _source_features(grey: np.ndarray, region: np.ndarray) -> tuple[np.ndarray, np.ndarray | None, float]:
-    """:func:`_detect` of the source on ``region``, cached by the sha256 of exactly what
-    decides it (both arrays' shapes and bytes); callers must not modify the returned arrays."""
-    digest = hashlib.sha256(f"{grey.shape}|{region.shape}|{FEATURE_MAX_SIDE}|".encode())
-    digest.update(np.ascontiguousarray(grey).tobytes())
-    digest.update(np.ascontiguousarray(region).tobytes())
-    key = digest.hexdigest()
-    with _SOURCE_FEATURES_LOCK:
-        found = _SOURCE_FEATURES.get(key)
-        if found is not None:
-            _SOURCE_FEATURES.move_to_end(key)
-            return found
-    found = _detect(grey, region)
-    with _SOURCE_FEATURES_LOCK:
-        _SOURCE_FEATURES[key] = found
-        while len(_SOURCE_FEATURES) > _SOURCE_FEATURES_MAX:
-            _SOURCE_FEATURES.popitem(last=False)
-    return found
+    """:func:`_detect` of the source on ``region``, kept for the source's next outputs."""
+    return _SOURCE_FEATURES.get(("features", FEATURE_MAX_SIDE), (grey, region), lambda: _detect(grey, region))
+
+
+def _source_band(grey: np.ndarray) -> np.ndarray:
+    """:func:`bandpass` of the source's grey at :func:`bandpass_sigma`, kept for its next outputs."""
+    sigma = bandpass_sigma(grey.shape)
+    return _SOURCE_BANDS.get(("band", sigma), (grey,), lambda: bandpass(grey, sigma))
 
 
 def _fit_scale_translation(p_src: np.ndarray, p_cand: np.ndarray, *, per_axis: bool) -> np.ndarray:
@@ -536,7 +556,7 @@ def register(
     init, p_src, p_cand = _feature_estimate(s, c, region)
     starts = [init] if init is not None else list(editor_frames(s.shape, c.shape).values())
     best: tuple[np.ndarray, float] | None = None
-    s_band = bandpass(s, bandpass_sigma(s.shape))  # every start refines against the same copy
+    s_band = _source_band(s)  # every start (and every output of this source) refines against one copy
     for start in starts:
         refined = _refine_at_source_scale(s_band, c, region, start)
         if (
@@ -581,7 +601,7 @@ def registration_correlation(
     if int(where.sum()) < 64:
         return None
     sigma = bandpass_sigma(source.shape)
-    a = bandpass(_grey(source), sigma)[where].astype(np.float64)
+    a = _source_band(_grey(source))[where].astype(np.float64)
     b = bandpass(_grey(registered), sigma)[where].astype(np.float64)
     a -= a.mean()
     b -= b.mean()

@@ -303,17 +303,28 @@ def test_the_source_keypoints_are_found_once_per_source_and_region(monkeypatch):
 
     src = read_rgb("grace_hopper.jpg")
     cands = [_apply(src, dx=dx, dy=1.0)[0] for dx in (2.0, -1.5)]
-    align._SOURCE_FEATURES.clear()
     uncached = []
     for cand in cands:
         align._SOURCE_FEATURES.clear()
+        align._SOURCE_BANDS.clear()
         uncached.append(align_candidate(src, cand).transform)
     align._SOURCE_FEATURES.clear()
-    calls = []
-    real = align._detect
+    align._SOURCE_BANDS.clear()
+    calls, bands = [], []
+    real, real_band = align._detect, align.bandpass
     monkeypatch.setattr(align, "_detect", lambda grey, mask: calls.append(mask is not None) or real(grey, mask))
+    source_grey = align._grey(src)
+
+    def band(grey, sigma):
+        bands.append(grey.shape == source_grey.shape and np.array_equal(grey, source_grey))
+        return real_band(grey, sigma)
+
+    monkeypatch.setattr(align, "bandpass", band)
     cached = [align_candidate(src, cand).transform for cand in cands]
     assert calls.count(True) == 1 and calls.count(False) == 2  # the source once, each output once
+    # the source's band-passed grey once (registration and its correlation both read it), each
+    # output's at least once
+    assert bands.count(True) == 1 and bands.count(False) >= 2, bands
     for a, b in zip(uncached, cached):
         np.testing.assert_array_equal(a, b)
     other = src.copy()

@@ -87,6 +87,7 @@ def test_raw_intensity_ecc_misregisters_the_same_output(monkeypatch):
     output, truth = _as_an_editor_returns(source, shift=(2.1, -1.4), zoom=1.012)
     monkeypatch.setattr(align, "BANDPASS_SIGMA_FRAC", 0.0)
     align._SOURCE_FEATURES.clear()
+    align._SOURCE_BANDS.clear()
     result = align_candidate(source, output, mask=mask, kind="face", face_size_px=size)
     assert not result.ok or _error_at(mask, result.raw_transform, truth) > 2.0
 
