@@ -38,9 +38,11 @@ from counterfactory.validation.attrition import wilson_interval
 
 
 def cohens_kappa(pairs: Sequence[tuple[Any, Any]]) -> float | None:
-    """Cohen's kappa of two raters' labels on the same items, ``(p_o - p_e) / (1 - p_e)``, from
-    statsmodels (``statsmodels.stats.inter_rater.cohens_kappa`` of the square table of counts,
-    labels in order of first appearance).
+    """Cohen's kappa of two raters' labels on the same items, ``(p_o - p_e) / (1 - p_e)``:
+    statsmodels' ``statsmodels.stats.inter_rater.cohens_kappa`` of the square table of counts
+    (labels in order of first appearance), operation for operation, so equal to the last bit
+    (``tests/validation/test_review_stats.py`` checks it against statsmodels); written out
+    because importing statsmodels cost every command that writes a release 2 s.
 
     Args:
         pairs: ``(rater A's label, rater B's label)`` per item; any hashable labels.
@@ -50,8 +52,6 @@ def cohens_kappa(pairs: Sequence[tuple[Any, Any]]) -> float | None:
         (``p_e`` = 1, perfect but uninformative agreement: statsmodels gives NaN there); ``None``
         for no items.
     """
-    from statsmodels.stats.inter_rater import cohens_kappa as sm_cohens_kappa
-
     if not pairs:
         return None
     index: dict[Any, int] = {}
@@ -60,10 +60,16 @@ def cohens_kappa(pairs: Sequence[tuple[Any, Any]]) -> float | None:
         index.setdefault(b, len(index))
     if len(index) == 1:
         return 1.0
-    table = np.zeros((len(index), len(index)), np.int64)
+    counts = np.zeros((len(index), len(index)), np.int64)
     for a, b in pairs:
-        table[index[a], index[b]] += 1
-    return float(sm_cohens_kappa(table, return_results=False))
+        counts[index[a], index[b]] += 1
+    table = np.asarray(counts, float)
+    agree = np.diag(table).sum()
+    nobs = table.sum()
+    freq_row = table.sum(1) / nobs
+    freq_col = table.sum(0) / nobs
+    agree_exp = np.diag(freq_col * freq_row[:, None]).sum()
+    return float((agree / nobs - agree_exp) / (1 - agree_exp))
 
 
 def _rate(hits: int, n: int) -> dict[str, Any]:

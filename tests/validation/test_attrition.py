@@ -102,3 +102,22 @@ def test_empty_and_plot(tmp_path):
     path = plot_attrition(attrition_table(_rows()), tmp_path / "attrition.png")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     plot_attrition(empty, tmp_path / "empty.png")
+
+
+def test_wilson_bounds_are_statsmodels_to_the_last_bit():
+    """The interval is statsmodels' formula written out (its import cost every release command
+    1.5 s): the same floats, not nearly the same, or every release's stats would change bytes."""
+    import math
+
+    from statsmodels.stats.proportion import proportion_confint
+
+    from counterfactory.validation.attrition import Z95, wilson_bounds
+
+    differ = []
+    for alpha in (0.05, math.erfc(Z95 / math.sqrt(2)), 0.1, 0.01):
+        for n in [*range(1, 90), 1000, 4321, 123457]:
+            for k in range(0, n + 1, max(1, n // 90)):
+                theirs = tuple(float(x) for x in proportion_confint(k, n, alpha=alpha, method="wilson"))
+                if wilson_bounds(k, n, alpha=alpha) != theirs:
+                    differ.append((alpha, k, n))
+    assert differ == []

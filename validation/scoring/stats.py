@@ -1,6 +1,8 @@
-"""Intervals and tests for ``score``, from scipy and statsmodels (none hand-written).
+"""Intervals and tests for ``score``, from scipy and statsmodels (none hand-written but the Wilson
+interval, statsmodels' own formula written out to the bit).
 
-- :func:`wilson`: a rate's Wilson 95 % interval (``statsmodels.stats.proportion.proportion_confint``);
+- :func:`wilson`: a rate's Wilson 95 % interval (``statsmodels.stats.proportion.proportion_confint``,
+  as :func:`counterfactory.validation.attrition.wilson_bounds`);
 - :func:`template_bootstrap`: a statistic's percentile interval by resampling templates, the unit
   that was edited, within strata (``scipy.stats.bootstrap``, one sample per stratum: FOCUS 5
   "stratified template-cluster bootstrap confidence intervals");
@@ -25,10 +27,10 @@ def wilson(k: int, n: int, confidence: float = 0.95) -> dict[str, Any]:
     """``{"k", "n", "rate", "ci": [low, high]}`` (``rate`` and ``ci`` None when ``n`` is 0)."""
     if n == 0:
         return {"k": 0, "n": 0, "rate": None, "ci": None}
-    from statsmodels.stats.proportion import proportion_confint
+    from counterfactory.validation.attrition import wilson_bounds
 
-    low, high = proportion_confint(k, n, alpha=1 - confidence, method="wilson")
-    return {"k": int(k), "n": int(n), "rate": k / n, "ci": [float(low), float(high)]}
+    low, high = wilson_bounds(k, n, alpha=1 - confidence)
+    return {"k": int(k), "n": int(n), "rate": k / n, "ci": [low, high]}
 
 
 def binomial_p(k: int, n: int, p: float = 0.5) -> float | None:
