@@ -10,6 +10,9 @@
 # --smoke        then run the demo in the image as its non-root user, offline (--network none), with a
 #                host folder mounted on /data, and `counterfactory verify` on the release it wrote.
 # --data DIR     the host folder for --smoke (kept afterwards; default: a temporary one, removed).
+#                With COUNTERFACTORY_RERENDER_CACHE set to a folder here, the smoke run reads TAEF2
+#                round trips from it, mounted read-only (keys are the graphs' bytes, onnxruntime's
+#                version and the pixels: a hit is the byte-identical round trip; the models still load).
 #
 # pip inside the build is given this machine's CA bundle as a BuildKit secret (never a layer) and
 # the same package index this machine's pip uses (http(s) indexes only: a file:// index on the host
@@ -121,8 +124,13 @@ uid=$("$DOCKER" run --rm --network none --entrypoint id "$tag" -u)
 [ "$uid" != 0 ] || { echo "the image runs as root" >&2; exit 1; }
 chown "$uid" "$data" 2>/dev/null || chmod 0777 "$data"
 log "smoke: demo as uid $uid, /data = $data"
+cache=()
+if [ -n "${COUNTERFACTORY_RERENDER_CACHE:-}" ] && [ -d "$COUNTERFACTORY_RERENDER_CACHE" ]; then
+    cache=(-v "$(cd "$COUNTERFACTORY_RERENDER_CACHE" && pwd):/rerender-cache:ro" -e COUNTERFACTORY_RERENDER_CACHE=/rerender-cache)
+    log "smoke: TAEF2 round trips read from $COUNTERFACTORY_RERENDER_CACHE (read-only)"
+fi
 smoke_started=$(date +%s)
-"$DOCKER" run --rm --network none -v "$data:/data" "$tag" \
+"$DOCKER" run --rm --network none -v "$data:/data" "${cache[@]}" "$tag" \
     run /opt/counterfactory/assets/specs/demo-face.yaml --out /data/demo-face --publish --allow-incomplete --no-progress
 release=/data/demo-face/releases/demo-face/0.1.0
 "$DOCKER" run --rm --network none -v "$data:/data" "$tag" verify "$release"

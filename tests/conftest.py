@@ -30,6 +30,7 @@ if "PREFECT_HOME" not in os.environ or os.environ.get(_OWN_HOME) == os.environ["
 _RERENDER_CACHE = "COUNTERFACTORY_RERENDER_CACHE"  # generation/rerender.py's CACHE_ENV
 if _RERENDER_CACHE not in os.environ:
     os.environ[_RERENDER_CACHE] = tempfile.mkdtemp(prefix="cf-rerender-")
+    os.chmod(os.environ[_RERENDER_CACHE], 0o755)  # the Docker smoke run reads it as uid 10001
     atexit.register(shutil.rmtree, os.environ[_RERENDER_CACHE], ignore_errors=True)
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")

@@ -122,7 +122,9 @@ def asked(python, demo_run, tmp_path_factory) -> dict:
     again = _ask(python, release, model, ledger, "--concurrency", str(BATCH))
     assert again.returncode == 0, again.stderr[-3000:]
     trials = read_jsonl(release / "trials.jsonl")
-    reference = _reference(python, release, trials, model, root)
+    # generate alone on every third trial (each place in a batch of 4 in turn, both protocols):
+    # all 184 one by one took 23 s of the suite
+    reference = _reference(python, release, trials[::3], model, root)
     # new weights in the same folder (same names, same sizes): new answer ids (asked on the MCQ
     # trials: the ids are the question, not the protocol)
     _build(python, model, seed=1)
@@ -149,7 +151,10 @@ def test_every_trial_gets_the_models_reply_batched_as_generate_alone(asked):
     for r in rows:
         assert r["backend"] == "transformers" and r["cost_usd"] == 0.0
         assert r["finish_reason"] in ("stop", "length") and r["tokens_in"] > 0
-        assert r["reply"] == asked["reference"][r["trial_id"]], r["trial_id"]
+        if r["trial_id"] in asked["reference"]:
+            assert r["reply"] == asked["reference"][r["trial_id"]], r["trial_id"]
+    assert len(asked["reference"]) == len(trials[::3])
+    assert {len(t["image_paths"]) for t in trials[::3]} == {1, 2}
     assert len({r["reply"] for r in rows}) > 1  # the replies depend on the images and prompts
 
 
