@@ -115,8 +115,8 @@ def test_wilson_bounds_are_statsmodels_to_the_last_bit():
 
     differ = []
     for alpha in (0.05, math.erfc(Z95 / math.sqrt(2)), 0.1, 0.01):
-        for n in [*range(1, 90), 1000, 4321, 123457]:
-            for k in range(0, n + 1, max(1, n // 90)):
+        for n in [*range(1, 50), 1000, 4321, 123457]:
+            for k in range(0, n + 1, max(1, n // 50)):
                 theirs = tuple(float(x) for x in proportion_confint(k, n, alpha=alpha, method="wilson"))
                 if wilson_bounds(k, n, alpha=alpha) != theirs:
                     differ.append((alpha, k, n))
