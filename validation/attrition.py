@@ -47,8 +47,9 @@ def wilson_bounds(k: int, n: int, *, alpha: float) -> tuple[float, float]:
     """statsmodels' ``proportion_confint(k, n, alpha, method="wilson")``, operation for operation
     (its quantile from ``scipy.special.ndtri``, as ``scipy.stats.norm.isf`` takes it), so equal to
     the last bit (``tests/validation/test_attrition.py`` checks 6,000 cases against statsmodels;
-    400,000 agreed when it was written). Written out because importing ``statsmodels.stats.proportion`` (pandas, scipy.stats) cost
-    every command that writes or verifies a release 1.5 s; ``n`` must be >= 1."""
+    400,000 agreed when it was written). Written out because importing
+    ``statsmodels.stats.proportion`` (pandas, scipy.stats) cost every command that writes or
+    verifies a release 1.5 s; ``n`` must be >= 1."""
     from scipy.special import ndtri
 
     crit = float(-ndtri(alpha / 2.0))

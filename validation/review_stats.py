@@ -60,10 +60,9 @@ def cohens_kappa(pairs: Sequence[tuple[Any, Any]]) -> float | None:
         index.setdefault(b, len(index))
     if len(index) == 1:
         return 1.0
-    counts = np.zeros((len(index), len(index)), np.int64)
+    table = np.zeros((len(index), len(index)))  # counts, as floats (statsmodels' asarray(table, float))
     for a, b in pairs:
-        counts[index[a], index[b]] += 1
-    table = np.asarray(counts, float)
+        table[index[a], index[b]] += 1
     agree = np.diag(table).sum()
     nobs = table.sum()
     freq_row = table.sum(1) / nobs

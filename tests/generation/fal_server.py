@@ -108,6 +108,7 @@ class Job:
     accepted_at: float
     latency_s: float
     input_image: np.ndarray
+    input_key: str  # :func:`_pixels_key` of ``input_image``
     arguments: dict[str, Any]
     status_errors: list[int] = field(default_factory=list)
     collected: bool = False
@@ -384,7 +385,7 @@ class FalServer:
 
     def _cost(self, job: Job) -> float:
         if job.app in self.vision_apps:
-            scripted = self._answers.get(_pixels_key(job.input_image))
+            scripted = self._answers.get(job.input_key)
             if scripted is not None and scripted[1] is not None:
                 return scripted[1]
         return self.price_usd
@@ -492,7 +493,7 @@ class FalServer:
                         [{"loc": ["body", k], "msg": "Field required", "type": "missing"} for k in missing],
                     )
             try:
-                image = await asyncio.to_thread(_decode_data_uri, body["image_urls"][0])
+                image, image_key = await asyncio.to_thread(_decode_data_uri, body["image_urls"][0])
             except Exception as exc:
                 return error(
                     422,
@@ -515,6 +516,7 @@ class FalServer:
                 time.monotonic(),
                 latency,
                 image,
+                image_key,
                 {k: v for k, v in body.items() if k != "image_urls"},
                 list(behaviour.status_errors),
             )
@@ -657,7 +659,7 @@ class FalServer:
             )
         if job.app in self.vision_apps:
             with self._lock:
-                text, _ = self._answers.get(_pixels_key(job.input_image), (self.default_answer, None))
+                text, _ = self._answers.get(job.input_key, (self.default_answer, None))
                 cost = self._cost(job)
             prompt_tokens = 1290 + len(str(job.arguments.get("prompt", ""))) // 4
             completion_tokens = max(1, len(text) // 4)
@@ -718,9 +720,6 @@ class FalServer:
 
 
 def _pixels_key(pixels: np.ndarray) -> str:
-    known = _PIXEL_KEYS.get(id(pixels))
-    if known is not None and known[0] is pixels:
-        return known[1]
     a = np.ascontiguousarray(pixels, dtype=np.uint8)
     return hashlib.sha256(repr(a.shape).encode() + a.tobytes()).hexdigest()
 
@@ -743,17 +742,17 @@ def _encode_png(pixels: np.ndarray) -> bytes:
 _DATA_URI_FORMATS = {"data:image/png;base64": "PNG", "data:image/jpeg;base64": "JPEG", "data:image/webp;base64": "WEBP"}
 
 
-#: the last images the fake decoded, by the sha256 of their data URI (a scoring release sends each
-#: image with every question about it: decoding them again was a third of the fake's time), and
-#: each decoded array's pixel key by the array's id (the array kept beside it)
-_DECODED: OrderedDict[str, np.ndarray] = OrderedDict()
-_PIXEL_KEYS: dict[int, tuple[np.ndarray, str]] = {}
+#: the last images the fake decoded with their pixel keys, by the sha256 of their data URI (a
+#: scoring release sends each image with every question about it: decoding them again was a
+#: third of the fake's time)
+_DECODED: OrderedDict[str, tuple[np.ndarray, str]] = OrderedDict()
 _DECODED_LOCK = threading.Lock()
 _DECODED_MAX = 64
 
 
-def _decode_data_uri(uri: str) -> np.ndarray:
-    """The image of a data URI, read-only (the same array for the same URI)."""
+def _decode_data_uri(uri: str) -> tuple[np.ndarray, str]:
+    """The image of a data URI, read-only (the same array for the same URI), and its
+    :func:`_pixels_key`."""
     digest = hashlib.sha256(uri.encode()).hexdigest()
     with _DECODED_LOCK:
         found = _DECODED.get(digest)
@@ -762,14 +761,12 @@ def _decode_data_uri(uri: str) -> np.ndarray:
             return found
     pixels = _decode(uri)
     pixels.flags.writeable = False
-    key = _pixels_key(pixels)
+    found = pixels, _pixels_key(pixels)
     with _DECODED_LOCK:
-        _DECODED[digest] = pixels
-        _PIXEL_KEYS[id(pixels)] = (pixels, key)
+        _DECODED[digest] = found
         while len(_DECODED) > _DECODED_MAX:
-            _, gone = _DECODED.popitem(last=False)
-            _PIXEL_KEYS.pop(id(gone), None)
-    return pixels
+            _DECODED.popitem(last=False)
+    return found
 
 
 def _decode(uri: str) -> np.ndarray:
